@@ -1,0 +1,1 @@
+"""Prefect deployments: archive processing and scheduled maintenance of live session folders."""

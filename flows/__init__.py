@@ -1,0 +1,1 @@
+"""Prefect flows that orchestrate om_core: ingest, replay, workers, compaction."""

@@ -1,0 +1,177 @@
+"""Opening the DuckDB ledger: migrations, views and macros, and a polite wait when it is busy.
+
+DuckDB admits one writing process. Long runs therefore open the database only to write, and every
+opener retries briefly on a lock before giving a clear ``DatabaseBusy`` error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from om_core.errors import DatabaseBusy, DatabaseMissing
+from om_core.sqlfiles import migrations, query, view_scripts, views_fingerprint
+
+DEFAULT_DB = "om.duckdb"
+DEFAULT_BUSY_SECONDS = 5.0
+
+
+def resolve_db_path(explicit: str | os.PathLike | None = None) -> Path:
+    """``--db`` wins, then ``OM_DB``, then ``./om.duckdb``."""
+    return Path(explicit or os.environ.get("OM_DB") or DEFAULT_DB)
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc)
+    return "Could not set lock" in text or "Conflicting lock" in text
+
+
+def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyConnection:
+    deadline = time.monotonic() + busy_seconds
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if not _is_lock_error(exc):
+                raise
+            if time.monotonic() >= deadline:
+                holder = str(exc).split("Conflicting lock is held in", 1)[-1].split(". See", 1)[0].strip()
+                raise DatabaseBusy(
+                    f"the database {path} is being written by another process ({holder}); "
+                    "try again when it finishes"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Apply every pending migration, each in its own transaction with its record."""
+    con.execute(query("create_schema_migrations"))
+    con.execute(query("create_om_meta"))
+    done = {row[0] for row in con.execute(query("applied_migrations")).fetchall()}
+    applied = []
+    for version, name, script in migrations():
+        if version in done:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(script)
+            con.execute(query("record_migration"), {"version": version, "name": name})
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        applied.append(version)
+    return applied
+
+
+def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
+    """(Re)create views and macros when their SQL text changed. Returns True if it did."""
+    fingerprint = views_fingerprint()
+    row = con.execute(query("get_meta"), {"key": "views_fingerprint"}).fetchone()
+    if row and row[0] == fingerprint:
+        return False
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for _, script in view_scripts():
+            con.execute(script)
+        con.execute(query("set_meta"), {"key": "views_fingerprint", "value": fingerprint})
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return True
+
+
+def _schema_current(con: duckdb.DuckDBPyConnection) -> bool:
+    if not con.execute(query("table_exists"), {"name": "schema_migrations"}).fetchone()[0]:
+        return False
+    done = {row[0] for row in con.execute(query("applied_migrations")).fetchall()}
+    if not {v for v, _, _ in migrations()} <= done:
+        return False
+    row = con.execute(query("get_meta"), {"key": "views_fingerprint"}).fetchone()
+    return bool(row and row[0] == views_fingerprint())
+
+
+def connect(
+    path: str | os.PathLike,
+    *,
+    read_only: bool = False,
+    busy_seconds: float = DEFAULT_BUSY_SECONDS,
+) -> duckdb.DuckDBPyConnection:
+    """Open the database; a writer brings schema, views and macros up to date first.
+
+    A reader of an outdated file briefly opens it for writing to upgrade it, then reopens it
+    read-only, so analysts never see a half-built schema.
+    """
+    path = Path(path)
+    if read_only:
+        if not path.exists():
+            raise DatabaseMissing(f"no database at {path}; run `om ingest PATH` first (or pass --db)")
+        con = _open(path, True, busy_seconds)
+        if _schema_current(con):
+            return con
+        con.close()
+        _open_for_write(path, busy_seconds).close()
+        return _open(path, True, busy_seconds)
+    return _open_for_write(path, busy_seconds)
+
+
+def _open_for_write(path: Path, busy_seconds: float) -> duckdb.DuckDBPyConnection:
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    con = _open(path, False, busy_seconds)
+    try:
+        apply_migrations(con)
+        ensure_views(con)
+    except Exception:
+        con.close()
+        raise
+    return con
+
+
+@contextmanager
+def writing(path: str | os.PathLike, busy_seconds: float = DEFAULT_BUSY_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A write connection that is closed (and the file released) as soon as the block ends."""
+    con = connect(path, busy_seconds=busy_seconds)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+@contextmanager
+def reading(path: str | os.PathLike, busy_seconds: float = DEFAULT_BUSY_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+    con = connect(path, read_only=True, busy_seconds=busy_seconds)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]

@@ -1,0 +1,259 @@
+"""Reading Pi session files with Pi's own semantics (pi-sessions.md §1).
+
+The reader is incremental: ``SessionParser`` takes one line at a time and remembers just enough
+state (entry index, last id, minted ids) to continue after the last ingested line when Pi appends
+to a file. It yields ``ParsedEntry`` for lines that belong in the tree and ``RejectedLine`` for
+lines that must be quarantined.
+
+Migration happens in memory only; the raw line is always kept as written:
+* v1 (no ``version``): every entry gets a deterministic 8-hex id and is linked to the previous
+  entry; ``firstKeptEntryIndex`` (header counted as index 0) becomes ``firstKeptEntryId``.
+* v1 and v2: a message with role ``hookMessage`` becomes role ``custom``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from om_core.tokens import SOURCE_ROLES, estimate_message_tokens, message_text_pieces
+
+SOURCE_ENTRY_TYPES = frozenset({"message", "custom_message", "branch_summary"})
+CURRENT_VERSION = 3
+
+
+class SessionHeader(BaseModel):
+    """The first parsed object of a session file (``type: "session"``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    id: str = Field(min_length=1)
+    version: int | None = None
+    timestamp: str | None = None
+    cwd: str | None = None
+    parentSession: str | None = None
+
+    @property
+    def file_version(self) -> int:
+        return self.version if isinstance(self.version, int) and self.version >= 1 else 1
+
+
+def header_from(obj: Any) -> SessionHeader | None:
+    """Pi's header check: an object with ``type == "session"`` and a string ``id``."""
+    if not isinstance(obj, dict) or obj.get("type") != "session" or not isinstance(obj.get("id"), str):
+        return None
+    version = obj.get("version")
+    fields = {
+        "type": "session",
+        "id": obj["id"],
+        "version": version if isinstance(version, int) and not isinstance(version, bool) else None,
+        "timestamp": obj.get("timestamp") if isinstance(obj.get("timestamp"), str) else None,
+        "cwd": obj.get("cwd") if isinstance(obj.get("cwd"), str) else None,
+        "parentSession": obj.get("parentSession") if isinstance(obj.get("parentSession"), str) else None,
+    }
+    if not fields["id"]:
+        return None
+    return SessionHeader(**fields)
+
+
+@dataclass(slots=True)
+class ParsedEntry:
+    line_no: int  # 1-based physical line in the file (header = 1)
+    entry_index: int  # index in Pi's parsed-entry list, header = 0
+    entry_id: str
+    parent_id: str | None
+    entry_type: str
+    role: str | None
+    timestamp: str | None
+    is_source: bool
+    first_kept_entry_id: str | None
+    custom_type: str | None
+    raw: str
+    obj: dict = field(repr=False)  # the migrated object (what Pi holds in memory)
+    tokens_pi: int | None = None
+    text_pieces: list[str] | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class RejectedLine:
+    line_no: int
+    reason: str
+    detail: str
+    raw: bytes
+
+
+@dataclass(slots=True)
+class ParserState:
+    """What the parser must remember to continue a file after its last ingested line."""
+
+    session_id: str | None = None
+    version: int = 1
+    header: SessionHeader | None = None
+    next_entry_index: int = 0  # Pi's parsed-object index of the next object
+    last_entry_id: str | None = None  # v1 chain: parent of the next entry
+    minted_ids: set[str] = field(default_factory=set)  # v1 only
+    ids_by_index: dict[int, str] = field(default_factory=dict)  # v1 only: firstKeptEntryIndex targets
+    header_missing: bool = False  # the first parsed object was not a header: Pi reads nothing
+
+
+def mint_v1_id(session_id: str, entry_index: int, taken: set[str]) -> str:
+    """Deterministic 8-hex id for a v1 entry: the same file always gets the same ids."""
+    salt = 0
+    while True:
+        seed = f"{session_id}\x00{entry_index}\x00{salt}".encode()
+        candidate = hashlib.sha256(seed).hexdigest()[:8]
+        if candidate not in taken:
+            return candidate
+        salt += 1
+
+
+def is_source_entry(entry_type: str, role: str | None) -> bool:
+    """SPEC §1: message (conversation roles only), custom_message and branch_summary."""
+    if entry_type == "message":
+        return role in SOURCE_ROLES
+    return entry_type in SOURCE_ENTRY_TYPES
+
+
+def entry_as_message(entry_type: str, obj: dict) -> dict | None:
+    """The AgentMessage Pi builds from a source entry (buildSessionContext's appendMessage)."""
+    if entry_type == "message":
+        message = obj.get("message")
+        return message if isinstance(message, dict) else None
+    if entry_type == "custom_message":
+        return {"role": "custom", "content": obj.get("content"), "customType": obj.get("customType")}
+    if entry_type == "branch_summary":
+        return {"role": "branchSummary", "summary": obj.get("summary")}
+    return None
+
+
+class SessionParser:
+    """Turns the lines of one session file into entries, with Pi's migration applied."""
+
+    def __init__(self, state: ParserState | None = None) -> None:
+        self.state = state or ParserState()
+
+    @property
+    def has_header(self) -> bool:
+        return self.state.header is not None
+
+    def feed(self, line_no: int, data: bytes) -> ParsedEntry | RejectedLine | SessionHeader | None:
+        """Parse one physical line (without its newline). Blank lines give None."""
+        text = data.decode("utf-8", errors="replace")  # Node reads files the same lossy way
+        if not text.strip():
+            return None
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            return RejectedLine(line_no, "invalid_json", str(exc)[:200], data)
+        st = self.state
+        if not isinstance(obj, dict):
+            if st.header is None:
+                st.header_missing = True  # a parsed value that is not a header ends Pi's read too
+            else:
+                st.next_entry_index += 1
+            return RejectedLine(line_no, "not_an_object", f"JSON {type(obj).__name__}, not an object", data)
+        if st.header is None:
+            header = header_from(obj) if not st.header_missing else None
+            if header is None:
+                # Pi requires the first parsed object to be the header; otherwise the file is empty.
+                st.header_missing = True
+                return RejectedLine(line_no, "no_session_header", "file has no valid session header", data)
+            st.header = header
+            st.session_id = header.id
+            st.version = header.file_version
+            st.next_entry_index = 1
+            return header
+        index = st.next_entry_index
+        st.next_entry_index += 1
+        raw_type = obj.get("type")
+        entry_type = raw_type if isinstance(raw_type, str) else ""  # typeless: an unknown type to Pi
+        if entry_type == "session":
+            return RejectedLine(line_no, "extra_session_header", "a second session header; Pi ignores it", data)
+        if st.version < 2:
+            return self._entry_v1(line_no, index, entry_type, obj, text)
+        entry_id = obj.get("id")
+        if not isinstance(entry_id, str) or not entry_id:
+            return RejectedLine(line_no, "missing_id", f"v{st.version} entry without a string 'id'", data)
+        parent = obj.get("parentId")
+        parent_id = parent if isinstance(parent, str) and parent else None
+        first_kept = obj.get("firstKeptEntryId") if entry_type == "compaction" else None
+        return self._finish(line_no, index, entry_id, parent_id, entry_type, obj, text, first_kept)
+
+    def _entry_v1(self, line_no: int, index: int, entry_type: str, obj: dict, text: str) -> ParsedEntry:
+        st = self.state
+        entry_id = mint_v1_id(st.session_id or "", index, st.minted_ids)
+        st.minted_ids.add(entry_id)
+        parent_id = st.last_entry_id
+        st.last_entry_id = entry_id
+        first_kept = None
+        if entry_type == "compaction":
+            target = obj.get("firstKeptEntryIndex")
+            # The index counts the header as 0 and resolves only to an entry that already has an id:
+            # an earlier one (or the compaction itself). Otherwise Pi leaves firstKeptEntryId unset.
+            if isinstance(target, (int, float)) and not isinstance(target, bool) and target == int(target):
+                target = int(target)
+                if 1 <= target <= index:
+                    first_kept = st.ids_by_index.get(target) if target < index else entry_id
+        st.ids_by_index[index] = entry_id
+        return self._finish(line_no, index, entry_id, parent_id, entry_type, obj, text, first_kept)
+
+    def _finish(
+        self,
+        line_no: int,
+        index: int,
+        entry_id: str,
+        parent_id: str | None,
+        entry_type: str,
+        obj: dict,
+        text: str,
+        first_kept: Any,
+    ) -> ParsedEntry:
+        role = None
+        if entry_type == "message":
+            message = obj.get("message")
+            if isinstance(message, dict):
+                role = message.get("role") if isinstance(message.get("role"), str) else None
+                if role == "hookMessage" and self.state.version < 3:
+                    role = "custom"
+                    obj = {**obj, "message": {**message, "role": "custom"}}
+        ts = obj.get("timestamp")
+        custom_type = obj.get("customType") if entry_type in ("custom", "custom_message") else None
+        source = is_source_entry(entry_type, role)
+        entry = ParsedEntry(
+            line_no=line_no,
+            entry_index=index,
+            entry_id=entry_id,
+            parent_id=parent_id,
+            entry_type=entry_type,
+            role=role,
+            timestamp=ts if isinstance(ts, str) else None,
+            is_source=source,
+            first_kept_entry_id=first_kept if isinstance(first_kept, str) and first_kept else None,
+            custom_type=custom_type if isinstance(custom_type, str) else None,
+            raw=text,
+            obj=obj,
+        )
+        if source:
+            message = entry_as_message(entry_type, obj) or {}
+            entry.tokens_pi = estimate_message_tokens(message)
+            entry.text_pieces = message_text_pieces(message)
+        return entry
+
+
+def parse_lines(lines: list[bytes]) -> tuple[SessionHeader | None, list[ParsedEntry], list[RejectedLine]]:
+    """Parse a whole file held in memory (tests and small tools; ingest streams instead)."""
+    parser = SessionParser()
+    entries: list[ParsedEntry] = []
+    rejected: list[RejectedLine] = []
+    for number, data in enumerate(lines, start=1):
+        result = parser.feed(number, data.rstrip(b"\r"))
+        if isinstance(result, ParsedEntry):
+            entries.append(result)
+        elif isinstance(result, RejectedLine):
+            rejected.append(result)
+    return parser.state.header, entries, rejected

@@ -1,0 +1,86 @@
+"""The session tree: effective parents, leaves, and root-to-leaf branches (pi-sessions.md §1.6).
+
+Pi follows ``parentId`` through its id map until the parent is empty or unknown; an orphan becomes
+a root. Pi has no cycle guard (a cycle would loop forever). We break every cycle once, at the edge
+that points forward in the file (a parent written after its child cannot be a real append), so the
+tree is a forest and every branch is well defined and consistent between leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TreeNote:
+    entry_id: str
+    kind: str  # "dangling_parent" | "parent_cycle"
+    detail: str
+
+
+@dataclass(slots=True)
+class Forest:
+    parent: dict[str, str | None]  # effective parent of every entry
+    order: dict[str, int]  # file order (line number) of every entry
+    notes: list[TreeNote]
+
+    def leaves(self) -> list[str]:
+        """Entries with no children, in file order."""
+        has_child = {p for p in self.parent.values() if p is not None}
+        return sorted((e for e in self.parent if e not in has_child), key=self.order.__getitem__)
+
+    def path(self, tip: str) -> list[str]:
+        """Root-first path to ``tip`` (any entry, not only a leaf)."""
+        out: list[str] = []
+        node: str | None = tip
+        while node is not None:
+            out.append(node)
+            node = self.parent[node]
+        out.reverse()
+        return out
+
+    def branch_rows(self) -> Iterator[tuple[str, int, str]]:
+        """(leaf_id, position, entry_id) for every entry on every leaf's branch."""
+        for leaf in self.leaves():
+            for position, entry_id in enumerate(self.path(leaf)):
+                yield leaf, position, entry_id
+
+
+def build_forest(rows: Iterable[tuple[str, str | None, int]]) -> Forest:
+    """rows: (entry_id, raw parent_id, line_no) of every entry of one session."""
+    parent: dict[str, str | None] = {}
+    order: dict[str, int] = {}
+    notes: list[TreeNote] = []
+    for entry_id, parent_id, line_no in rows:
+        parent[entry_id] = parent_id
+        order[entry_id] = line_no
+    for entry_id, parent_id in parent.items():
+        if parent_id is not None and parent_id not in parent:
+            parent[entry_id] = None
+            notes.append(TreeNote(entry_id, "dangling_parent", f"parent {parent_id} is not in the file; treated as a root"))
+    # Break cycles: colour walk; when a walk meets a node on its own stack, cut the forward edge.
+    state: dict[str, int] = {}  # 1 = on the current walk, 2 = done
+    for start in sorted(parent, key=order.__getitem__):
+        if state.get(start):
+            continue
+        stack: list[str] = []
+        node: str | None = start
+        while node is not None and not state.get(node):
+            state[node] = 1
+            stack.append(node)
+            node = parent[node]
+        if node is not None and state.get(node) == 1:
+            cycle = stack[stack.index(node):]
+            child = _forward_edge(cycle, parent, order)
+            notes.append(TreeNote(child, "parent_cycle", f"parent {parent[child]} closes a cycle; treated as a root"))
+            parent[child] = None
+        for done in stack:
+            state[done] = 2
+    return Forest(parent=parent, order=order, notes=notes)
+
+
+def _forward_edge(cycle: list[str], parent: dict[str, str | None], order: dict[str, int]) -> str:
+    """The child in a cycle whose parent comes later in the file (first such child by file order)."""
+    candidates = [c for c in cycle if order[parent[c]] >= order[c]]  # type: ignore[index]
+    return min(candidates or cycle, key=order.__getitem__)

@@ -1,0 +1,23 @@
+-- name: session_by_id
+SELECT session_id FROM sessions WHERE session_id = $ref;
+
+-- name: sessions_by_prefix
+SELECT session_id FROM sessions WHERE starts_with(session_id, $ref) ORDER BY session_id LIMIT 5;
+
+-- name: session_by_path
+SELECT session_id FROM sessions WHERE file_path = $path;
+
+-- name: list_sessions
+SELECT session_id, file_path, version, cwd, started_at, leaf_id, entry_count, source_count,
+       leaf_count, tokens_pi, tokens, ingested_at
+FROM sessions ORDER BY file_path;
+
+-- name: session_leaf
+SELECT leaf_id FROM sessions WHERE session_id = $session_id;
+
+-- name: entry_exists
+SELECT count(*) > 0 FROM entries WHERE session_id = $session_id AND entry_id = $entry_id;
+
+-- name: branch_for_cut_point
+SELECT entry_id, entry_type, role, tokens_pi
+FROM branch_detail($session_id, $tip) ORDER BY position;

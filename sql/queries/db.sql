@@ -1,0 +1,33 @@
+-- name: create_schema_migrations
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     INTEGER PRIMARY KEY,
+    name        VARCHAR NOT NULL,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+);
+
+-- name: create_om_meta
+CREATE TABLE IF NOT EXISTS om_meta (
+    key    VARCHAR PRIMARY KEY,
+    value  VARCHAR NOT NULL
+);
+
+-- name: applied_migrations
+SELECT version FROM schema_migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO schema_migrations (version, name) VALUES ($version, $name);
+
+-- name: get_meta
+SELECT value FROM om_meta WHERE key = $key;
+
+-- name: set_meta
+INSERT OR REPLACE INTO om_meta (key, value) VALUES ($key, $value);
+
+-- name: table_exists
+SELECT count(*) > 0 FROM duckdb_tables() WHERE table_name = $name AND NOT temporary;
+
+-- name: start_run
+INSERT INTO runs (run_id, command, status, detail) VALUES ($run_id, $command, 'running', $detail);
+
+-- name: finish_run
+UPDATE runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;
