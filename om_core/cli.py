@@ -155,12 +155,143 @@ def cutpoint(
         )
 
 
+# ------------------------------------------------------------------ memory: view, compact, recall, status
+
+
+@app.command()
+def view(
+    session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Any entry id: memory as of that point on its branch."),
+    full: bool = typer.Option(False, "--full", help="Full memory at the tip (the whole ledger), not visible memory."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"observations": [...], "reflections": [...]}.'),
+) -> None:
+    """Show visible memory (what the latest folded compaction shows the agent), or full memory."""
+    from om_core.memory import view as memory_view
+
+    _, tip, memory = memory_view(state.db, session, leaf, full)
+    if as_json:
+        _print_json(memory.wire())
+        return
+    summary = memory.summary()
+    if summary is None:
+        what = "full memory" if full else "visible memory (no folded compaction on this branch yet)"
+        err.print(f"{what} is empty at {tip}")
+        return
+    sys.stdout.write(summary + "\n")
+
+
+@app.command()
+def compact(
+    session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
+    first_kept: str = typer.Option(..., "--first-kept", help="F: the first entry Pi keeps verbatim."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
+    pool_max: Optional[int] = typer.Option(None, "--pool-max", help="observationsPoolMaxTokens (default 20000)."),
+    as_json: bool = typer.Option(False, "--json", help="Print fullFold, ids, summary and the om.folded details."),
+) -> None:
+    """The compaction the ledger gives at F: deterministic, model-free (SPEC §4-5)."""
+    from om_core.memory import compact as run_compact
+
+    result = run_compact(state.db, session, first_kept, leaf, pool_max)
+    if as_json:
+        _print_json(result.as_json())
+        return
+    if result.summary is None:
+        err.print("the projection is empty: Pi's native summarizer would run instead")
+        return
+    sys.stdout.write(result.summary + "\n")
+    err.print(f"fullFold={str(result.fullFold).lower()}  observations={len(result.memory.observations)}  "
+              f"reflections={len(result.memory.reflections)}")
+
+
+@app.command()
+def recall(
+    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id."),
+    session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions)."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Branch ending at this entry (needs --session)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recall result as JSON."),
+) -> None:
+    """The exact evidence behind a memory id: records, status, and the original source messages."""
+    from om_core.errors import InvalidArgument
+    from om_core.recall import recall as run_recall
+
+    if leaf is not None and session is None:
+        raise InvalidArgument("--leaf needs --session")
+    result = run_recall(state.db, memory_id, session, leaf)
+    if as_json:
+        _print_json(result.as_json())
+    else:
+        _print_recall(result)
+    if result.status == "invalid_id":
+        raise typer.Exit(2)
+
+
+def _print_recall(result) -> None:
+    from rich.markup import escape
+
+    if result.status != "found":
+        err.print(result.message or result.status)
+        return
+    flags = [f for f, on in (("collision", result.collision), ("partial", result.partial)) if on]
+    out.print(f"[bold]{result.id}[/]: {result.kind}" + (f" ({', '.join(flags)})" if flags else "")
+              + f" in {', '.join(result.sessionIds)}")
+    for r in result.reflections:
+        out.print(f"\n[bold]reflection[/] {escape(f'[{r.id}] {r.content}')}", highlight=False)
+        out.print(f"  supported by {', '.join(r.supportingObservationIds)}")
+    for o in result.observations:
+        label = "observation" if o.matched else "supporting observation"
+        line = f"({o.status}) [{o.id}] {o.timestamp} [{o.relevance}] {o.content}"
+        out.print(f"\n[bold]{label}[/] {escape(line)}", highlight=False)
+        for src in o.sources:
+            out.print(f"  [dim]{src.entryId} {src.role} @ {src.timestamp}[/]")
+            out.print("    " + src.text.replace("\n", "\n    "), markup=False, highlight=False)
+        if o.missingSourceEntryIds:
+            out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
+        if o.nonSourceEntryIds:
+            out.print(f"  [yellow]not source entries:[/] {', '.join(o.nonSourceEntryIds)}")
+    if result.missingSupportingObservationIds:
+        out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(result.missingSupportingObservationIds)}")
+
+
+@app.command()
+def status(
+    session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Status as of this entry (default: current leaf)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Memory status: observation and reflection counts, drift, the four clocks, pool pressure, errors."""
+    from om_core.memory import status as memory_status
+
+    from rich.markup import escape
+
+    s = memory_status(state.db, session, leaf)
+    if as_json:
+        _print_json(s.model_dump(mode="json"))
+        return
+    o, r, p = s.observations, s.reflections, s.pools
+    out.print(f"[bold]{s.session_id}[/] at {s.tip}")
+    out.print(f"observations: {o['recorded']} recorded, {o['active']} active, {o['dropped']} dropped, "
+              f"{o['visible']} visible")
+    out.print(f"reflections: {r['recorded']} recorded, {r['visible']} visible")
+    out.print(f"drift: {len(s.drift.observationsOnlyInFull)} observation(s) and {len(s.drift.reflectionsOnlyInFull)} "
+              f"reflection(s) only in full memory; {len(s.drift.visibleNoLongerActive)} visible but no longer active")
+    table = Table("clock", "tokens", "threshold", "due", "since")
+    for c in s.clocks.values():
+        table.add_row(c.name, str(c.tokens), "" if c.threshold is None else str(c.threshold),
+                      "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start")
+    out.print(table)
+    out.print(f"pools: active {p['activeTokens']} / target {p['targetTokens']} / max {p['maxTokens']} tokens "
+              f"({p['activePressure']:.0%}); visible {p['visibleTokens']} ({p['visiblePressure']:.0%})")
+    for e in s.lastErrors:
+        out.print(f"[yellow]{e.get('source')}[/]: " + escape(f"{e.get('reason')} {e.get('detail') or ''}"),
+                  highlight=False)
+
+
 def main() -> None:
     """Console entry point: one error handler for every command."""
     try:
         app()
     except OmError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from om_core import db as dbmod
 from om_core.errors import OmError
+from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger_candidates
 from om_core.session import ParsedEntry, ParserState, RejectedLine, SessionHeader, SessionParser
 from om_core.sqlfiles import query
 from om_core.tokens import DEFAULT_ENCODING, count_tokens
@@ -50,6 +51,7 @@ class FileReport(BaseModel):
     entries_added: int = 0
     lines_quarantined: int = 0
     bytes_read: int = 0
+    ledger: dict[str, int] = Field(default_factory=dict)  # imported records, folded compactions, ignored
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
 
@@ -68,6 +70,13 @@ class IngestReport(BaseModel):
     def lines_quarantined(self) -> int:
         return sum(f.lines_quarantined for f in self.files)
 
+    def ledger_counts(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for f in self.files:
+            for key, value in f.ledger.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for f in self.files:
@@ -81,6 +90,7 @@ class IngestReport(BaseModel):
             "by_status": self.counts(),
             "entries_added": self.entries_added,
             "lines_quarantined": self.lines_quarantined,
+            "ledger": self.ledger_counts(),
             "bytes_read": sum(f.bytes_read for f in self.files),
             "missing_paths": self.missing_paths,
             "errors": [{"path": f.path, "error": f.error} for f in self.files if f.error],
@@ -120,14 +130,13 @@ def total_bytes(files: Iterable[Path]) -> int:
 class _BatchWriter:
     """Collects parsed rows and writes them on a worker thread, one batch in flight at a time."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, file_path: str, encoding: str, threads: int,
-                 on_entries: Callable[[duckdb.DuckDBPyConnection, list[ParsedEntry]], None] | None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, file_path: str, encoding: str,
+                 threads: int) -> None:
         self.con = con
         self.run_id = run_id
         self.file_path = file_path
         self.encoding = encoding
         self.threads = threads
-        self.on_entries = on_entries
         self.session_id: str | None = None
         self.entries: list[ParsedEntry] = []
         self.rejected: list[RejectedLine] = []
@@ -201,8 +210,6 @@ class _BatchWriter:
                 self.con.execute(query("insert_entries"))
             finally:
                 self.con.unregister("entry_batch")
-            if self.on_entries is not None:
-                self.on_entries(self.con, entries)
             self.entries_written += len(entries)
         if rejected:
             table = pa.table(
@@ -270,7 +277,7 @@ def _state_from_json(text: str | None) -> ParserState:
 
 class _FileIngest:
     def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, run_id: str, progress: ProgressFn | None,
-                 encoding: str, threads: int, on_entries, on_session_reset) -> None:
+                 encoding: str, threads: int) -> None:
         self.con = con
         self.path = path
         self.key = str(path)
@@ -278,8 +285,6 @@ class _FileIngest:
         self.progress = progress
         self.encoding = encoding
         self.threads = threads
-        self.on_entries = on_entries
-        self.on_session_reset = on_session_reset
 
     def run(self) -> FileReport:
         stat = self.path.stat()
@@ -315,8 +320,7 @@ class _FileIngest:
         for name in ("delete_session_entries", "delete_session_branches", "delete_session_row"):
             self.con.execute(query(name), {"session_id": session_id})
         self.con.execute(query("delete_session_notes"), {"session_id": session_id, "file_path": self.key})
-        if self.on_session_reset is not None:
-            self.on_session_reset(self.con, session_id)
+        forget_imported(self.con, session_id)
 
     def _read(self, stat: os.stat_result, mode: str, resume: tuple | None = None) -> FileReport:
         report = FileReport(path=self.key, status=mode)
@@ -335,7 +339,7 @@ class _FileIngest:
         else:
             parser = SessionParser()
             hasher = hashlib.sha256()
-        writer = _BatchWriter(self.con, self.run_id, self.key, self.encoding, self.threads, self.on_entries)
+        writer = _BatchWriter(self.con, self.run_id, self.key, self.encoding, self.threads)
         writer.session_id = parser.state.session_id
         duplicate_of: str | None = None
         try:
@@ -412,6 +416,14 @@ class _FileIngest:
             self.con.execute(query("delete_duplicate_ids"), {"session_id": sid})
             report.lines_quarantined += dup[0]
             report.notes.append(f"{dup[0]} entries share an id with a later entry (Pi keeps the later)")
+        # Ledger entries are imported from the stored entries once duplicates are settled; after a
+        # plain append only the new ones are read.
+        only_run = self.run_id if report.status == "appended" and not (dup and dup[0]) else None
+        if only_run is None:
+            forget_imported(self.con, sid)
+        counts = ImportCounts()
+        import_entries(self.con, sid, ledger_candidates(self.con, sid, only_run), self.run_id, counts)
+        report.ledger = counts.as_dict()
         forest = build_forest(self.con.execute(query("tree_rows"), {"session_id": sid}).fetchall())
         self.con.execute(query("delete_session_branches"), {"session_id": sid})
         self.con.execute(query("delete_session_notes"), {"session_id": sid, "file_path": self.key})
@@ -452,10 +464,6 @@ class _FileIngest:
 # ------------------------------------------------------------------ many files
 
 
-EntryHook = Callable[[duckdb.DuckDBPyConnection, list[ParsedEntry]], None]
-ResetHook = Callable[[duckdb.DuckDBPyConnection, str], None]
-
-
 def ingest(
     db_path: str | os.PathLike,
     paths: Iterable[str | os.PathLike],
@@ -463,8 +471,6 @@ def ingest(
     progress: ProgressFn | None = None,
     encoding: str = DEFAULT_ENCODING,
     threads: int = 2,
-    on_entries: EntryHook | None = None,
-    on_session_reset: ResetHook | None = None,
 ) -> IngestReport:
     """Ingest files and directories; one bad file never stops the others."""
     started = time.monotonic()
@@ -485,7 +491,7 @@ def ingest(
             try:
                 with dbmod.transaction(con):
                     report.files.append(
-                        _FileIngest(con, path, run_id, progress, encoding, threads, on_entries, on_session_reset).run()
+                        _FileIngest(con, path, run_id, progress, encoding, threads).run()
                     )
             except OmError:
                 raise

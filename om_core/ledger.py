@@ -1,0 +1,371 @@
+"""The memory ledger's records (SPEC §2): wire models, validation, ids, and import into DuckDB.
+
+Validation is strict and all-or-nothing per record: one bad item invalidates its whole record (and
+one bad item in ``om.folded`` details invalidates those details). Invalid records, unknown ``om.*``
+types and the extension's older V2 formats are ignored everywhere; the ingest counts them and keeps
+a row in ``ledger_rejects`` so analysts can see why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import duckdb
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
+
+from om_core.sqlfiles import query
+
+OBSERVATIONS_RECORDED = "om.observations.recorded"
+REFLECTIONS_RECORDED = "om.reflections.recorded"
+OBSERVATIONS_DROPPED = "om.observations.dropped"
+LEDGER_KINDS = (OBSERVATIONS_RECORDED, REFLECTIONS_RECORDED, OBSERVATIONS_DROPPED)
+FOLDED_TYPE = "om.folded"
+
+Relevance = Literal["low", "medium", "high", "critical"]
+RELEVANCE_ORDER = {"low": 0, "medium": 1, "high": 2, "critical": 3}
+_MEMORY_ID = re.compile(r"^[0-9a-f]{12}$")
+
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+
+
+def memory_id(content: str) -> str:
+    """Observation and reflection ids: the first 12 hex digits of SHA-256 of the content (UTF-8)."""
+    return hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def is_memory_id(value: Any) -> bool:
+    return isinstance(value, str) and bool(_MEMORY_ID.match(value))
+
+
+def _token_count(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError("tokenCount must be a finite number >= 0")
+    return value
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class Observation(_Wire):
+    id: StrictStr
+    content: NonEmptyStr
+    timestamp: NonEmptyStr
+    relevance: Relevance
+    sourceEntryIds: list[NonEmptyStr] = Field(min_length=1)
+    tokenCount: int | float
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not is_memory_id(v):
+            raise ValueError("observation id must be 12 lowercase hex characters")
+        return v
+
+    @field_validator("tokenCount", mode="before")
+    @classmethod
+    def _tokens(cls, v: Any) -> float:
+        return _token_count(v)
+
+    def line(self) -> str:
+        """The rendered line its tokenCount counts (SPEC §2, §5)."""
+        return f"[{self.id}] {self.timestamp} [{self.relevance}] {self.content}"
+
+
+class Reflection(_Wire):
+    id: StrictStr
+    content: NonEmptyStr
+    supportingObservationIds: list[NonEmptyStr] = Field(min_length=1)
+    tokenCount: int | float
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not is_memory_id(v):
+            raise ValueError("reflection id must be 12 lowercase hex characters")
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _single_line(cls, v: str) -> str:
+        if "\n" in v or "\r" in v:
+            raise ValueError("reflection content must be a single line")
+        return v
+
+    @field_validator("tokenCount", mode="before")
+    @classmethod
+    def _tokens(cls, v: Any) -> float:
+        return _token_count(v)
+
+    def line(self) -> str:
+        return f"[{self.id}] {self.content}"
+
+
+class ObservationsRecorded(_Wire):
+    observations: list[Observation] = Field(min_length=1)
+    coversUpToId: NonEmptyStr
+
+
+class ReflectionsRecorded(_Wire):
+    reflections: list[Reflection] = Field(min_length=1)
+    coversUpToId: NonEmptyStr
+
+
+class ObservationsDropped(_Wire):
+    observationIds: list[NonEmptyStr] = Field(min_length=1)
+    coversUpToId: NonEmptyStr
+
+
+class FoldedDetails(_Wire):
+    """``details`` of a compaction the extension (or this project) folded from the ledger."""
+
+    type: Literal["om.folded"]
+    version: Literal[1]
+    fullFold: StrictBool
+    observations: list[Observation]
+    reflections: list[Reflection]
+
+
+RECORD_MODELS: dict[str, type[_Wire]] = {
+    OBSERVATIONS_RECORDED: ObservationsRecorded,
+    REFLECTIONS_RECORDED: ReflectionsRecorded,
+    OBSERVATIONS_DROPPED: ObservationsDropped,
+}
+
+LedgerPayload = ObservationsRecorded | ReflectionsRecorded | ObservationsDropped
+
+
+def parse_record(kind: str, data: Any) -> LedgerPayload | None:
+    """The record if ``data`` is a valid V3 record of ``kind``; None otherwise (ignored, never fatal)."""
+    model = RECORD_MODELS.get(kind)
+    if model is None or not isinstance(data, dict):
+        return None
+    try:
+        return model.model_validate(data)  # type: ignore[return-value]
+    except ValidationError:
+        return None
+
+
+def parse_folded(details: Any) -> FoldedDetails | None:
+    if not isinstance(details, dict) or details.get("type") != FOLDED_TYPE:
+        return None
+    try:
+        return FoldedDetails.model_validate(details)
+    except ValidationError:
+        return None
+
+
+def rejection_reason(kind: str, data: Any) -> str:
+    """A short, human reason why a record was ignored."""
+    model = RECORD_MODELS.get(kind)
+    if model is None:
+        return "unknown or V2 om.* type"
+    if not isinstance(data, dict):
+        return "data is not an object"
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"invalid {where}: {first['msg']}"[:300]
+    return "valid"
+
+
+# ------------------------------------------------------------------ rows
+
+
+@dataclass
+class LedgerRows:
+    """Column lists for the ledger tables, filled record by record and written with one insert each."""
+
+    records: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "ledger_id", "kind", "covers_up_to_id", "anchor_entry_id", "origin", "created_at",
+        "run_id", "stage", "stage_key")})
+    observations: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "ledger_id", "item_index", "obs_id", "content", "ts", "relevance", "source_entry_ids",
+        "token_count")})
+    reflections: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "ledger_id", "item_index", "refl_id", "content", "supporting_observation_ids",
+        "token_count")})
+    drops: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "ledger_id", "item_index", "obs_id")})
+    folds: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "compaction_id", "origin", "anchor_entry_id", "first_kept_entry_id", "folded", "full_fold",
+        "summary", "note", "trigger", "created_at", "run_id")})
+    fold_items: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "compaction_id", "item_kind", "item_index", "id", "content", "ts", "relevance",
+        "source_entry_ids", "supporting_observation_ids", "token_count")})
+    rejects: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "entry_id", "kind", "reason", "run_id")})
+
+    def add_record(self, session_id: str, ledger_id: str, kind: str, payload: LedgerPayload, *, anchor: str,
+                   origin: str, created_at: str | None, run_id: str | None, stage: str | None = None,
+                   stage_key: str | None = None) -> None:
+        for key, value in (("session_id", session_id), ("ledger_id", ledger_id), ("kind", kind),
+                           ("covers_up_to_id", payload.coversUpToId), ("anchor_entry_id", anchor),
+                           ("origin", origin), ("created_at", created_at), ("run_id", run_id), ("stage", stage),
+                           ("stage_key", stage_key)):
+            self.records[key].append(value)
+        if isinstance(payload, ObservationsRecorded):
+            for i, o in enumerate(payload.observations):
+                _append(self.observations, session_id, ledger_id, i, o.id, o.content, o.timestamp, o.relevance,
+                        list(o.sourceEntryIds), float(o.tokenCount))
+        elif isinstance(payload, ReflectionsRecorded):
+            for i, r in enumerate(payload.reflections):
+                _append(self.reflections, session_id, ledger_id, i, r.id, r.content,
+                        list(r.supportingObservationIds), float(r.tokenCount))
+        else:
+            for i, obs_id in enumerate(payload.observationIds):
+                _append(self.drops, session_id, ledger_id, i, obs_id)
+
+    def add_fold(self, session_id: str, compaction_id: str, *, origin: str, anchor: str, first_kept: str | None,
+                 details: FoldedDetails | None, summary: str | None, note: str | None, trigger: str | None,
+                 created_at: str | None, run_id: str | None) -> None:
+        _append(self.folds, session_id, compaction_id, origin, anchor, first_kept, details is not None,
+                details.fullFold if details else None, summary, note, trigger, created_at, run_id)
+        if details is None:
+            return
+        for i, o in enumerate(details.observations):
+            _append(self.fold_items, session_id, compaction_id, "observation", i, o.id, o.content, o.timestamp,
+                    o.relevance, list(o.sourceEntryIds), None, float(o.tokenCount))
+        for i, r in enumerate(details.reflections):
+            _append(self.fold_items, session_id, compaction_id, "reflection", i, r.id, r.content, None, None, None,
+                    list(r.supportingObservationIds), float(r.tokenCount))
+
+    def reject(self, session_id: str, entry_id: str, kind: str | None, reason: str, run_id: str | None) -> None:
+        _append(self.rejects, session_id, entry_id, kind, reason, run_id)
+
+    @property
+    def empty(self) -> bool:
+        return not any(cols[next(iter(cols))] for cols in self._tables().values())
+
+    def _tables(self) -> dict[str, dict[str, list]]:
+        return {"records": self.records, "observations": self.observations, "reflections": self.reflections,
+                "drops": self.drops, "folds": self.folds, "fold_items": self.fold_items, "rejects": self.rejects}
+
+    def write(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Insert every collected row; call inside the caller's transaction."""
+        for name, cols in self._tables().items():
+            if not cols[next(iter(cols))]:
+                continue
+            table = pa.table({k: pa.array(v, _ARROW_TYPES.get(k, pa.string())) for k, v in cols.items()})
+            con.register("ledger_batch", table)
+            try:
+                con.execute(query(f"insert_ledger_{name}"))
+            finally:
+                con.unregister("ledger_batch")
+
+
+_ARROW_TYPES = {
+    "item_index": pa.int32(),
+    "source_entry_ids": pa.list_(pa.string()),
+    "supporting_observation_ids": pa.list_(pa.string()),
+    "token_count": pa.float64(),
+    "folded": pa.bool_(),
+    "full_fold": pa.bool_(),
+}
+
+
+def _append(cols: dict[str, list], *values: Any) -> None:
+    for key, value in zip(cols, values):
+        cols[key].append(value)
+
+
+# ------------------------------------------------------------------ import of entries the extension wrote
+
+
+@dataclass
+class ImportCounts:
+    records: int = 0
+    folded_compactions: int = 0
+    invalid: int = 0
+    ignored_types: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"records": self.records, "folded_compactions": self.folded_compactions, "invalid": self.invalid,
+                "ignored_types": self.ignored_types}
+
+
+def import_entries(con: duckdb.DuckDBPyConnection, session_id: str, entries: Iterable[Any], run_id: str | None,
+                   counts: ImportCounts) -> None:
+    """Import ``custom`` om.* ledger entries and om.folded compactions from parsed session entries."""
+    rows = LedgerRows()
+    for e in entries:
+        if e.entry_type == "custom" and isinstance(e.custom_type, str) and e.custom_type.startswith("om."):
+            data = e.obj.get("data")
+            payload = parse_record(e.custom_type, data)
+            if payload is None:
+                if e.custom_type in RECORD_MODELS:
+                    counts.invalid += 1
+                else:
+                    counts.ignored_types += 1
+                rows.reject(session_id, e.entry_id, e.custom_type, rejection_reason(e.custom_type, data), run_id)
+                continue
+            rows.add_record(session_id, e.entry_id, e.custom_type, payload, anchor=e.entry_id, origin="imported",
+                            created_at=e.timestamp, run_id=run_id)
+            counts.records += 1
+        elif e.entry_type == "compaction":
+            details = e.obj.get("details")
+            if not (isinstance(details, dict) and isinstance(details.get("type"), str)
+                    and details["type"].startswith("om.")):
+                continue  # Pi's own compaction
+            folded = parse_folded(details)
+            if folded is None:
+                reason = "invalid om.folded details" if details.get("type") == FOLDED_TYPE else "V2 or unknown om.* details"
+                if details.get("type") == FOLDED_TYPE:
+                    counts.invalid += 1
+                else:
+                    counts.ignored_types += 1
+                rows.reject(session_id, e.entry_id, str(details.get("type")), reason, run_id)
+                continue
+            summary = e.obj.get("summary")
+            rows.add_fold(session_id, e.entry_id, origin="imported", anchor=e.entry_id,
+                          first_kept=e.first_kept_entry_id, details=folded,
+                          summary=summary if isinstance(summary, str) else None, note=None, trigger=None,
+                          created_at=e.timestamp, run_id=run_id)
+            counts.folded_compactions += 1
+    if not rows.empty:
+        rows.write(con)
+
+
+@dataclass(slots=True)
+class StoredEntry:
+    """The fields of a stored entry that ledger import needs."""
+
+    entry_id: str
+    entry_type: str | None
+    custom_type: str | None
+    timestamp: str | None
+    first_kept_entry_id: str | None
+    obj: dict
+
+
+def ledger_candidates(con: duckdb.DuckDBPyConnection, session_id: str, run_id: str | None) -> list[StoredEntry]:
+    """Stored entries that may hold ledger records: om.* custom entries and compactions."""
+    rows = con.execute(query("ledger_candidates"), {"session_id": session_id, "run_id": run_id}).fetchall()
+    out = []
+    for entry_id, entry_type, custom_type, first_kept, raw in rows:
+        obj = json.loads(raw)
+        ts = obj.get("timestamp")
+        out.append(StoredEntry(entry_id, entry_type, custom_type, ts if isinstance(ts, str) else None, first_kept, obj))
+    return out
+
+
+def forget_imported(con: duckdb.DuckDBPyConnection, session_id: str) -> None:
+    """Remove what ingest imported for a session (its file is being re-read)."""
+    for name in ("delete_imported_observations", "delete_imported_reflections", "delete_imported_drops",
+                 "delete_imported_records", "delete_imported_fold_items", "delete_imported_folds",
+                 "delete_ledger_rejects"):
+        con.execute(query(name), {"session_id": session_id})
+
+
+def wire_record(kind: str, payload: LedgerPayload) -> dict[str, Any]:
+    """The ``data`` object of a ``custom`` entry, exactly as the extension writes it."""
+    return json.loads(payload.model_dump_json())

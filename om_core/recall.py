@@ -1,0 +1,160 @@
+"""Recall (SPEC §6): the exact evidence behind a memory id, from the branch's whole ledger history."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+import duckdb
+from pydantic import BaseModel, Field
+
+from om_core.catalog import resolve_session, resolve_tip
+from om_core.db import reading
+from om_core.ledger import is_memory_id
+from om_core.source_text import entry_text, minute, role_label
+from om_core.sqlfiles import query
+
+
+class RecallSource(BaseModel):
+    entryId: str
+    role: str
+    timestamp: str
+    text: str
+
+
+class RecallObservation(BaseModel):
+    id: str
+    status: Literal["active", "dropped"]
+    content: str
+    timestamp: str
+    relevance: str
+    ledgerId: str
+    matched: bool  # False: listed as a supporting observation of a matched reflection
+    sourceEntryIds: list[str]
+    missingSourceEntryIds: list[str] = Field(default_factory=list)
+    nonSourceEntryIds: list[str] = Field(default_factory=list)
+    sources: list[RecallSource] = Field(default_factory=list)
+    sessionId: str | None = None
+
+
+class RecallReflection(BaseModel):
+    id: str
+    content: str
+    supportingObservationIds: list[str]
+    ledgerId: str
+    sessionId: str | None = None
+
+
+class RecallResult(BaseModel):
+    status: Literal["found", "not_found", "invalid_id"]
+    id: str
+    kind: Literal["observation", "reflection", "mixed"] | None = None
+    collision: bool = False
+    partial: bool = False
+    observations: list[RecallObservation] = Field(default_factory=list)
+    reflections: list[RecallReflection] = Field(default_factory=list)
+    missingSupportingObservationIds: list[str] = Field(default_factory=list)
+    sessionIds: list[str] = Field(default_factory=list)
+    message: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _rows(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    cursor = con.execute(query(name), params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, r)) for r in cursor.fetchall()]
+
+
+def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row: dict[str, Any], matched: bool,
+                 resolved: dict[str, dict[str, Any]]) -> RecallObservation:
+    item = RecallObservation(
+        id=row["id"], status=row["status"], content=row["content"], timestamp=row["ts"], relevance=row["relevance"],
+        ledgerId=row["ledger_id"], matched=matched, sourceEntryIds=list(row["source_entry_ids"]), sessionId=session_id,
+    )
+    for entry_id in item.sourceEntryIds:
+        info = resolved.get(entry_id)
+        if info is None or info["position"] is None:
+            item.missingSourceEntryIds.append(entry_id)
+        elif not info["is_source"]:
+            item.nonSourceEntryIds.append(entry_id)
+        else:
+            obj = json.loads(info["raw"])
+            item.sources.append(RecallSource(entryId=entry_id, role=role_label(info["entry_type"], obj),
+                                             timestamp=minute(obj.get("timestamp")),
+                                             text=entry_text(info["entry_type"], obj)))
+    return item
+
+
+def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, memory_id: str) -> RecallResult:
+    """Recall on the branch ending at ``tip`` of one session."""
+    if not is_memory_id(memory_id):
+        return RecallResult(status="invalid_id", id=memory_id,
+                            message="a memory id is 12 lowercase hexadecimal characters")
+    params = {"session_id": session_id, "tip": tip}
+    obs_rows = _rows(con, "recall_observations", {**params, "ids": [memory_id]})
+    refl_rows = _rows(con, "recall_reflections", {**params, "id": memory_id})
+    supporting_ids: list[str] = []
+    for r in refl_rows:
+        for s in r["supporting_observation_ids"]:
+            if s not in supporting_ids:
+                supporting_ids.append(s)
+    first_support = {r["id"]: r for r in _rows(con, "recall_observations", {**params, "ids": supporting_ids})
+                     if r["occurrence"] == 1} if supporting_ids else {}
+    cited = {e for r in obs_rows for e in r["source_entry_ids"]} | {
+        e for r in first_support.values() for e in r["source_entry_ids"]}
+    resolved = {r["entry_id"]: r for r in _rows(con, "resolve_entries", {**params, "ids": sorted(cited)})} if cited else {}
+
+    result = RecallResult(status="found" if obs_rows or refl_rows else "not_found", id=memory_id,
+                          sessionIds=[session_id] if obs_rows or refl_rows else [])
+    result.observations = [_observation(con, session_id, tip, r, True, resolved) for r in obs_rows]
+    result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledgerId=r["ledger_id"],
+                                           supportingObservationIds=list(r["supporting_observation_ids"]),
+                                           sessionId=session_id) for r in refl_rows]
+    matched_ids = {(o.id, o.ledgerId) for o in result.observations}
+    for sid in supporting_ids:
+        row = first_support.get(sid)
+        if row is None:
+            result.missingSupportingObservationIds.append(sid)
+        elif (row["id"], row["ledger_id"]) not in matched_ids:
+            result.observations.append(_observation(con, session_id, tip, row, False, resolved))
+    _finish(result)
+    return result
+
+
+def _finish(result: RecallResult) -> None:
+    has_obs = any(o.matched for o in result.observations)
+    has_refl = bool(result.reflections)
+    result.kind = "mixed" if has_obs and has_refl else "observation" if has_obs else "reflection" if has_refl else None
+    result.collision = sum(o.matched for o in result.observations) + len(result.reflections) > 1
+    result.partial = bool(result.missingSupportingObservationIds) or any(
+        o.missingSourceEntryIds or o.nonSourceEntryIds for o in result.observations)
+    if result.status == "not_found":
+        result.message = f"no observation or reflection with id {result.id} on this branch"
+
+
+def recall(db_path: str | os.PathLike, memory_id: str, session: str | None = None, leaf: str | None = None) -> RecallResult:
+    """Recall in one session (``--session``), or in every session at its current leaf."""
+    with reading(db_path) as con:
+        if session is not None:
+            sid = resolve_session(con, session)
+            return recall_in_session(con, sid, resolve_tip(con, sid, leaf), memory_id)
+        if not is_memory_id(memory_id):
+            return RecallResult(status="invalid_id", id=memory_id,
+                                message="a memory id is 12 lowercase hexadecimal characters")
+        combined = RecallResult(status="not_found", id=memory_id)
+        for sid, tip in con.execute(query("sessions_mentioning_memory_id"), {"id": memory_id}).fetchall():
+            one = recall_in_session(con, sid, tip, memory_id)
+            if one.status != "found":
+                continue
+            combined.status = "found"
+            combined.sessionIds.append(sid)
+            combined.observations += one.observations
+            combined.reflections += one.reflections
+            combined.missingSupportingObservationIds += one.missingSupportingObservationIds
+        _finish(combined)
+        if combined.status == "not_found":
+            combined.message = f"no observation or reflection with id {memory_id} in any ingested session"
+        return combined

@@ -1,0 +1,117 @@
+"""The exact text of source entries, for recall and for the observer's input.
+
+Text is the original message text, never a paraphrase: text blocks verbatim, thinking verbatim,
+tool calls as ``name(arguments-as-JSON)``, tool results verbatim, images as a placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+ROLE_LABELS = {
+    "user": "User",
+    "assistant": "Assistant",
+    "toolResult": "Tool result",
+    "bashExecution": "User ran a command",
+    "custom": "Extension message",
+    "branchSummary": "Branch summary",
+    "compactionSummary": "Compaction summary",
+}
+
+
+def _blocks_text(content: Any, *, images: bool = True) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "image" and images:
+            parts.append(f"[image: {block.get('mimeType', 'unknown type')}]")
+    return parts
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The readable text of one AgentMessage."""
+    role = message.get("role")
+    if role == "assistant":
+        parts: list[str] = []
+        for block in message.get("content") if isinstance(message.get("content"), list) else ():
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "thinking" and isinstance(block.get("thinking"), str) and block["thinking"]:
+                parts.append(f"(thinking) {block['thinking']}")
+            elif kind == "text" and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+            elif kind == "toolCall":
+                args = json.dumps(block.get("arguments"), ensure_ascii=False, separators=(",", ":"))
+                parts.append(f"(tool call {block.get('id', '')}) {block.get('name', '?')}({args})")
+        if not parts and message.get("errorMessage"):
+            parts.append(f"(no reply: {message.get('stopReason', 'error')}: {message['errorMessage']})")
+        return "\n".join(parts)
+    if role == "toolResult":
+        text = "\n".join(_blocks_text(message.get("content")))
+        name = message.get("toolName", "tool")
+        prefix = f"({name}{' error' if message.get('isError') else ''}) "
+        return prefix + text
+    if role == "bashExecution":
+        out = f"$ {message.get('command', '')}\n{message.get('output', '')}"
+        if message.get("cancelled"):
+            out += "\n(command cancelled)"
+        elif message.get("exitCode") not in (None, 0):
+            out += f"\n(exit code {message['exitCode']})"
+        return out
+    if role in ("branchSummary", "compactionSummary"):
+        summary = message.get("summary")
+        return summary if isinstance(summary, str) else ""
+    return "\n".join(_blocks_text(message.get("content")))
+
+
+def entry_message(entry_type: str | None, obj: dict[str, Any]) -> dict[str, Any] | None:
+    if entry_type == "message":
+        message = obj.get("message")
+        return message if isinstance(message, dict) else None
+    if entry_type == "custom_message":
+        return {"role": "custom", "content": obj.get("content"), "customType": obj.get("customType")}
+    if entry_type == "branch_summary":
+        return {"role": "branchSummary", "summary": obj.get("summary")}
+    return None
+
+
+def entry_text(entry_type: str | None, obj: dict[str, Any]) -> str:
+    message = entry_message(entry_type, obj)
+    return message_text(message) if message else ""
+
+
+def entry_role(entry_type: str | None, obj: dict[str, Any]) -> str | None:
+    message = entry_message(entry_type, obj)
+    return message.get("role") if message else None
+
+
+def minute(ts: Any) -> str:
+    """``YYYY-MM-DD HH:MM`` (UTC) from an ISO string or datetime; '' when unknown."""
+    if isinstance(ts, datetime):
+        value = ts
+    elif isinstance(ts, str) and ts:
+        try:
+            value = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            return ""
+    else:
+        return ""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc)
+    return value.strftime("%Y-%m-%d %H:%M")
+
+
+def role_label(entry_type: str | None, obj: dict[str, Any]) -> str:
+    role = entry_role(entry_type, obj)
+    if role == "custom" and obj.get("customType"):
+        return f"Extension message ({obj.get('customType')})"
+    return ROLE_LABELS.get(role or "", role or entry_type or "entry")

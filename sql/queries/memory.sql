@@ -1,0 +1,52 @@
+-- name: position_on_branch
+SELECT position_on_branch($session_id, $tip, $entry_id);
+
+-- name: full_projection
+SELECT * FROM full_projection($session_id, $tip, $boundary);
+
+-- name: visible_projection
+SELECT * FROM visible_projection($session_id, $tip);
+
+-- name: ledger_observations_at
+SELECT * FROM ledger_observations_at($session_id, $tip) ORDER BY ordinal;
+
+-- name: ledger_reflections_at
+SELECT * FROM ledger_reflections_at($session_id, $tip) ORDER BY ordinal;
+
+-- name: compaction_projection
+SELECT * FROM compaction_projection($session_id, $tip, $first_kept, $pool_max);
+
+-- name: observation_watermark_through
+-- C of SPEC §10: the largest watermark among observation records covered through F.
+SELECT max(wm_pos) FROM branch_records($session_id, $tip)
+WHERE kind = 'om.observations.recorded' AND wm_pos <= position_on_branch($session_id, $tip, $first_kept);
+
+-- name: memory_drift
+SELECT drift, id FROM memory_drift($session_id, $tip);
+
+-- name: progress_clocks
+SELECT * FROM progress_clocks($session_id, $tip);
+
+-- name: coverage_tiers
+SELECT * FROM coverage_tiers($session_id, $tip);
+
+-- name: last_errors
+SELECT 'quarantine' AS source, reason, detail, quarantined_at AS occurred_at FROM quarantine WHERE session_id = $session_id
+UNION ALL
+SELECT 'ledger', reason, kind || ' ' || entry_id, NULL FROM ledger_rejects WHERE session_id = $session_id
+ORDER BY occurred_at DESC NULLS LAST LIMIT 5;
+
+-- name: recall_observations
+SELECT * FROM recall_observations($session_id, $tip, $ids::VARCHAR[]) ORDER BY rec_order, item_index;
+
+-- name: recall_reflections
+SELECT * FROM recall_reflections($session_id, $tip, $id) ORDER BY rec_order, item_index;
+
+-- name: resolve_entries
+SELECT * FROM resolve_entries($session_id, $tip, $ids::VARCHAR[]);
+
+-- name: sessions_mentioning_memory_id
+SELECT s.session_id, s.leaf_id FROM sessions s
+WHERE s.session_id IN (SELECT session_id FROM ledger_observations WHERE obs_id = $id
+                       UNION SELECT session_id FROM ledger_reflections WHERE refl_id = $id)
+ORDER BY s.session_id;

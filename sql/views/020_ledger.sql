@@ -1,0 +1,77 @@
+-- Public ledger views (stable names, documented in the README) and the branch-local record order.
+
+CREATE OR REPLACE VIEW ledger AS
+    SELECT session_id, ledger_id, kind, covers_up_to_id, anchor_entry_id, origin, created_at,
+           append_seq, run_id, stage
+    FROM ledger_records;
+
+CREATE OR REPLACE VIEW observations AS
+    SELECT o.session_id, o.ledger_id, o.obs_id, o.content, o.ts, o.relevance, o.source_entry_ids,
+           o.token_count, o.item_index, r.covers_up_to_id, r.anchor_entry_id, r.origin
+    FROM ledger_observations o
+    JOIN ledger_records r ON r.session_id = o.session_id AND r.ledger_id = o.ledger_id;
+
+CREATE OR REPLACE VIEW reflections AS
+    SELECT f.session_id, f.ledger_id, f.refl_id, f.content, f.supporting_observation_ids,
+           f.token_count, f.item_index, r.covers_up_to_id, r.anchor_entry_id, r.origin
+    FROM ledger_reflections f
+    JOIN ledger_records r ON r.session_id = f.session_id AND r.ledger_id = f.ledger_id;
+
+CREATE OR REPLACE VIEW drops AS
+    SELECT d.session_id, d.ledger_id, d.obs_id, d.item_index, r.covers_up_to_id, r.anchor_entry_id,
+           r.origin
+    FROM ledger_drops d
+    JOIN ledger_records r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id;
+
+-- Every compaction: Pi's own entries (origin pi), the extension's om.folded ones (imported), and
+-- the ones this project simulated. full_fold and the item lists exist only for folded ones.
+CREATE OR REPLACE VIEW compactions AS
+    SELECT e.session_id, e.entry_id AS compaction_id,
+           CASE WHEN f.compaction_id IS NULL THEN 'pi' ELSE 'imported' END AS origin,
+           e.first_kept_entry_id, f.full_fold, e.raw ->> '$.summary' AS summary,
+           coalesce(f.folded, false) AS folded, e.entry_id AS anchor_entry_id, e.line_no,
+           TRY_CAST(e.raw ->> '$.tokensBefore' AS BIGINT) AS tokens_before, e.ts AS created_at,
+           NULL::VARCHAR AS note, NULL::VARCHAR AS trigger
+    FROM entries e
+    LEFT JOIN compaction_folds f
+           ON f.session_id = e.session_id AND f.compaction_id = e.entry_id AND f.origin = 'imported'
+    WHERE e.entry_type = 'compaction'
+    UNION ALL
+    SELECT session_id, compaction_id, origin, first_kept_entry_id, full_fold, summary, folded,
+           anchor_entry_id, NULL AS line_no, NULL AS tokens_before, created_at, note, trigger
+    FROM compaction_folds
+    WHERE origin = 'simulated';
+
+CREATE OR REPLACE VIEW compaction_items AS
+    SELECT session_id, compaction_id, item_kind, item_index, id, content, ts, relevance,
+           source_entry_ids, supporting_observation_ids, token_count
+    FROM compaction_fold_items;
+
+-- Position of an entry on the branch to p_tip (NULL when it is not on that branch).
+CREATE OR REPLACE MACRO position_on_branch(p_session, p_tip, p_entry) AS (
+    SELECT max(position) FROM branch(p_session, p_tip) WHERE entry_id = p_entry
+);
+
+-- Every valid ledger record on the branch to p_tip, in branch order (anchor position, imported
+-- before pipeline at one anchor, then append order), with its watermark position (NULL = dangling).
+CREATE OR REPLACE MACRO branch_records(p_session, p_tip) AS TABLE
+    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
+    SELECT r.ledger_id, r.kind, r.origin, r.covers_up_to_id, r.anchor_entry_id,
+           a.position AS anchor_pos, w.position AS wm_pos,
+           row_number() OVER (ORDER BY a.position, r.origin <> 'imported', r.append_seq) AS rec_order
+    FROM ledger_records r
+    JOIN b a ON a.entry_id = r.anchor_entry_id
+    LEFT JOIN b w ON w.entry_id = r.covers_up_to_id
+    WHERE r.session_id = p_session;
+
+-- Every compaction on the branch to p_tip, in branch order, with where its first kept entry sits.
+CREATE OR REPLACE MACRO branch_compactions(p_session, p_tip) AS TABLE
+    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
+    SELECT c.compaction_id, c.origin, c.folded, c.full_fold, c.first_kept_entry_id, c.summary,
+           a.position AS anchor_pos, k.position AS first_kept_pos,
+           row_number() OVER (ORDER BY a.position, c.origin = 'simulated', f.append_seq) AS compaction_order
+    FROM compactions c
+    JOIN b a ON a.entry_id = c.anchor_entry_id
+    LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id
+    LEFT JOIN compaction_folds f ON f.session_id = c.session_id AND f.compaction_id = c.compaction_id
+    WHERE c.session_id = p_session;

@@ -1,0 +1,84 @@
+-- Progress clocks (SPEC §7), coverage tiers (SPEC §8) and recall (SPEC §6).
+
+-- Source tokens on the branch after each worker's latest valid watermark, and after the latest
+-- compaction's first kept entry. from_pos is the first counted position.
+CREATE OR REPLACE MACRO progress_clocks(p_session, p_tip) AS TABLE
+    WITH b AS (
+        SELECT position, entry_id, is_source, tokens_pi, tokens FROM branch_detail(p_session, p_tip)
+    ),
+    marks AS (
+        SELECT kind, max(wm_pos) AS wm_pos FROM branch_records(p_session, p_tip)
+        WHERE wm_pos IS NOT NULL GROUP BY kind
+    ),
+    latest_compaction AS (
+        SELECT compaction_id, first_kept_pos, anchor_pos FROM branch_compactions(p_session, p_tip)
+        ORDER BY compaction_order DESC LIMIT 1
+    ),
+    starts AS (
+        SELECT k.clock, coalesce(m.wm_pos + 1, 0) AS from_pos, m.wm_pos AS watermark_pos
+        FROM (VALUES ('observer', 'om.observations.recorded'), ('reflector', 'om.reflections.recorded'),
+                     ('dropper', 'om.observations.dropped')) k(clock, kind)
+        LEFT JOIN marks m ON m.kind = k.kind
+        UNION ALL
+        SELECT 'compaction', coalesce((SELECT coalesce(first_kept_pos, anchor_pos + 1) FROM latest_compaction), 0),
+               (SELECT anchor_pos FROM latest_compaction)
+    )
+    SELECT s.clock, s.from_pos, s.watermark_pos,
+           (SELECT entry_id FROM b WHERE b.position = s.watermark_pos) AS watermark_entry_id,
+           coalesce(sum(b.tokens_pi) FILTER (WHERE b.is_source AND b.position >= s.from_pos), 0) AS tokens_pi,
+           coalesce(sum(b.tokens) FILTER (WHERE b.is_source AND b.position >= s.from_pos), 0) AS tokens
+    FROM starts s, b
+    GROUP BY s.clock, s.from_pos, s.watermark_pos;
+
+-- Active observations at the tip with their coverage tier: none (cited by no current reflection),
+-- partial (by one), strong (by two or more).
+CREATE OR REPLACE MACRO coverage_tiers(p_session, p_tip) AS TABLE
+    WITH active AS (SELECT * FROM ledger_observations_at(p_session, p_tip) WHERE NOT dropped),
+    cites AS (
+        SELECT DISTINCT refl_id, unnest(supporting_observation_ids) AS obs_id
+        FROM ledger_reflections_at(p_session, p_tip)
+    ),
+    counted AS (
+        SELECT a.obs_id, count(c.refl_id) AS citing_reflections
+        FROM active a LEFT JOIN cites c ON c.obs_id = a.obs_id
+        GROUP BY a.obs_id
+    )
+    SELECT a.ordinal, a.obs_id, a.content, a.ts, a.relevance, a.source_entry_ids, a.token_count,
+           n.citing_reflections,
+           CASE WHEN n.citing_reflections = 0 THEN 'none'
+                WHEN n.citing_reflections = 1 THEN 'partial' ELSE 'strong' END AS coverage
+    FROM active a JOIN counted n ON n.obs_id = a.obs_id;
+
+-- Recall searches the whole ledger history of the branch, every valid record, regardless of
+-- watermarks. Each occurrence of the id in a record is one match.
+CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
+    WITH recs AS (SELECT * FROM branch_records(p_session, p_tip)),
+    dropped AS (
+        SELECT DISTINCT d.obs_id FROM ledger_drops d
+        JOIN recs r ON r.ledger_id = d.ledger_id AND r.kind = 'om.observations.dropped'
+        WHERE d.session_id = p_session AND list_contains(p_ids, d.obs_id)
+    )
+    SELECT o.obs_id AS id, o.ledger_id, r.rec_order, o.item_index, o.content, o.ts, o.relevance,
+           o.source_entry_ids, o.token_count,
+           CASE WHEN x.obs_id IS NULL THEN 'active' ELSE 'dropped' END AS status,
+           row_number() OVER (PARTITION BY o.obs_id ORDER BY r.rec_order, o.item_index) AS occurrence
+    FROM ledger_observations o
+    JOIN recs r ON r.ledger_id = o.ledger_id AND r.kind = 'om.observations.recorded'
+    LEFT JOIN dropped x ON x.obs_id = o.obs_id
+    WHERE o.session_id = p_session AND list_contains(p_ids, o.obs_id);
+
+CREATE OR REPLACE MACRO recall_reflections(p_session, p_tip, p_id) AS TABLE
+    SELECT f.refl_id AS id, f.ledger_id, r.rec_order, f.item_index, f.content,
+           f.supporting_observation_ids, f.token_count
+    FROM ledger_reflections f
+    JOIN branch_records(p_session, p_tip) r ON r.ledger_id = f.ledger_id AND r.kind = 'om.reflections.recorded'
+    WHERE f.session_id = p_session AND f.refl_id = p_id;
+
+-- How each cited entry id resolves on the branch: missing, a source entry, or a non-source entry.
+CREATE OR REPLACE MACRO resolve_entries(p_session, p_tip, p_ids) AS TABLE
+    WITH wanted AS (SELECT DISTINCT unnest(p_ids) AS entry_id),
+    b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
+    SELECT w.entry_id, b.position, e.entry_type, e.role, e.is_source, e.ts, e.raw
+    FROM wanted w
+    LEFT JOIN b ON b.entry_id = w.entry_id
+    LEFT JOIN entries e ON e.session_id = p_session AND e.entry_id = b.entry_id;

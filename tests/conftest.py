@@ -1,0 +1,38 @@
+"""Shared fixtures. The real sample sessions live in ../shared/sessions, which a user's clone lacks:
+tests that need them are skipped there with a clear reason (CI always has them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_SESSIONS = (REPO.parent / "shared" / "sessions").resolve()
+EXAMPLES = REPO / "examples" / "sessions"
+
+# Nothing in the tests may reach the network or a real model.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def shared_session(name: str) -> Path:
+    path = SHARED_SESSIONS / name
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (../shared is only present in CI and the team's checkout)")
+    return path
+
+
+@pytest.fixture
+def large_session() -> Path:
+    return shared_session("large-session.jsonl")
+
+
+@pytest.fixture
+def before_compaction() -> Path:
+    return shared_session("before-compaction.jsonl")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "om.duckdb"
