@@ -10,7 +10,7 @@ import duckdb
 from pydantic import BaseModel
 
 from om_core.cutpoint import DEFAULT_KEEP_RECENT_TOKENS, BranchEntry, CutPoint, NothingToCompact, compaction_cut_point
-from om_core.db import reading, rows_as_dicts
+from om_core.db import one, reading, rows_as_dicts, scalar
 from om_core.errors import AmbiguousSession, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.sqlfiles import query
 
@@ -34,12 +34,12 @@ def resolve_session(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """A session id, a unique prefix of one, or the path of an ingested file."""
     if not ref:
         raise InvalidArgument("empty session reference")
-    row = con.execute(query("session_by_id"), {"ref": ref}).fetchone()
+    row = one(con, "session_by_id", {"ref": ref})
     if row:
         return row[0]
     candidate = Path(ref)
     if candidate.exists():
-        row = con.execute(query("session_by_path"), {"path": str(candidate.resolve())}).fetchone()
+        row = one(con, "session_by_path", {"path": str(candidate.resolve())})
         if row:
             return row[0]
         raise SessionNotFound(f"{ref} has not been ingested; run `om ingest {ref}`")
@@ -54,11 +54,11 @@ def resolve_session(con: duckdb.DuckDBPyConnection, ref: str) -> str:
 def resolve_tip(con: duckdb.DuckDBPyConnection, session_id: str, leaf: str | None) -> str:
     """``--leaf`` (any entry id) or the session's current leaf."""
     if leaf is None:
-        row = con.execute(query("session_leaf"), {"session_id": session_id}).fetchone()
+        row = one(con, "session_leaf", {"session_id": session_id})
         if not row or row[0] is None:
             raise EntryNotFound(f"session {session_id} has no entries")
         return row[0]
-    if not con.execute(query("entry_exists"), {"session_id": session_id, "entry_id": leaf}).fetchone()[0]:
+    if not scalar(con, "entry_exists", {"session_id": session_id, "entry_id": leaf}):
         raise EntryNotFound(f"entry {leaf!r} is not in session {session_id}")
     return leaf
 

@@ -76,8 +76,7 @@ def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
 def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
     """(Re)create views and macros when their SQL text changed. Returns True if it did."""
     fingerprint = views_fingerprint()
-    row = con.execute(query("get_meta"), {"key": "views_fingerprint"}).fetchone()
-    if row and row[0] == fingerprint:
+    if scalar(con, "get_meta", {"key": "views_fingerprint"}) == fingerprint:
         return False
     con.execute("BEGIN TRANSACTION")
     try:
@@ -92,13 +91,12 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def _schema_current(con: duckdb.DuckDBPyConnection) -> bool:
-    if not con.execute(query("table_exists"), {"name": "schema_migrations"}).fetchone()[0]:
+    if not scalar(con, "table_exists", {"name": "schema_migrations"}):
         return False
     done = {row[0] for row in con.execute(query("applied_migrations")).fetchall()}
     if not {v for v, _, _ in migrations()} <= done:
         return False
-    row = con.execute(query("get_meta"), {"key": "views_fingerprint"}).fetchone()
-    return bool(row and row[0] == views_fingerprint())
+    return scalar(con, "get_meta", {"key": "views_fingerprint"}) == views_fingerprint()
 
 
 def connect(
@@ -170,6 +168,18 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def one(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> tuple | None:
+    """First row of a named query, or None. Reads the whole result: DuckDB refuses some calls
+    (``register``) while a result is still open."""
+    rows = con.execute(query(name), params or {}).fetchall()
+    return rows[0] if rows else None
+
+
+def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> Any:
+    row = one(con, name, params)
+    return None if row is None else row[0]
 
 
 def rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:

@@ -288,14 +288,16 @@ class _FileIngest:
 
     def run(self) -> FileReport:
         stat = self.path.stat()
-        row = self.con.execute(query("get_session_file"), {"file_path": self.key}).fetchone()
+        row = dbmod.one(self.con, "get_session_file", {"file_path": self.key})
         if row is None:
             return self._read(stat, mode="new")
         _, session_id, status, size, mtime_ns, done_bytes, done_lines, prefix, state_json = row
-        if stat.st_size == size and stat.st_mtime_ns == mtime_ns:
+        unchanged = stat.st_size == size and stat.st_mtime_ns == mtime_ns
+        if unchanged and status != "duplicate_session":
             return FileReport(path=self.key, session_id=session_id, status="unchanged")
         if status != "ingested":
-            # Never became a session (no header, or a copy of another file): read it afresh.
+            # Never became a session (no header, or a copy of another file): read it afresh. A copy
+            # is looked at every time, since the file it copies may have gone (cheap: one line).
             self.con.execute(query("delete_file_quarantine"), {"file_path": self.key})
             self.con.execute(query("delete_session_file"), {"file_path": self.key})
             return self._read(stat, mode="new")
@@ -397,7 +399,7 @@ class _FileIngest:
 
     def _claim_session(self, session_id: str) -> str | None:
         """Another ingested file with the same session id: a copy (skip this one) or a move (take over)."""
-        row = self.con.execute(query("session_file_of_session"), {"session_id": session_id}).fetchone()
+        row = dbmod.one(self.con, "session_file_of_session", {"session_id": session_id})
         if row is None or row[0] == self.key:
             return None
         if Path(row[0]).exists():
@@ -411,10 +413,11 @@ class _FileIngest:
     def _finish_session(self, state: ParserState, report: FileReport) -> None:
         sid = state.session_id
         params = {"session_id": sid, "file_path": self.key, "run_id": self.run_id}
-        dup = self.con.execute(query("quarantine_duplicate_ids"), params).fetchone()
+        dup = dbmod.one(self.con, "quarantine_duplicate_ids", params)
         if dup and dup[0]:
             self.con.execute(query("delete_duplicate_ids"), {"session_id": sid})
             report.lines_quarantined += dup[0]
+            report.entries_added -= dup[0]
             report.notes.append(f"{dup[0]} entries share an id with a later entry (Pi keeps the later)")
         # Ledger entries are imported from the stored entries once duplicates are settled; after a
         # plain append only the new ones are read.
@@ -457,49 +460,69 @@ class _FileIngest:
             "started_at": header.timestamp,
             "parent_session": header.parentSession,
             "leaf_count": len(forest.leaves()),
-            "header": header.model_dump_json(exclude_none=True),
+            "header": state.header_raw or header.model_dump_json(exclude_none=True),
         })
 
 
 # ------------------------------------------------------------------ many files
 
 
+class _Connection:
+    """The write connection of an ingest: a given one, or one opened from a path and released
+    between files every few seconds so a waiting reader can take the file."""
+
+    def __init__(self, db: str | os.PathLike | duckdb.DuckDBPyConnection) -> None:
+        self.path = None if isinstance(db, duckdb.DuckDBPyConnection) else db
+        self.con = db if self.path is None else dbmod.connect(self.path)
+        self.since = time.monotonic()
+
+    def breathe(self) -> duckdb.DuckDBPyConnection:
+        if self.path is not None and time.monotonic() - self.since > HOLD_SECONDS:
+            self.con.close()
+            time.sleep(0.2)
+            self.con = dbmod.connect(self.path)
+            self.since = time.monotonic()
+        return self.con
+
+    def close(self) -> None:
+        if self.path is not None:
+            self.con.close()
+
+
 def ingest(
-    db_path: str | os.PathLike,
+    db: str | os.PathLike | duckdb.DuckDBPyConnection,
     paths: Iterable[str | os.PathLike],
     *,
     progress: ProgressFn | None = None,
     encoding: str = DEFAULT_ENCODING,
     threads: int = 2,
+    command: str = "ingest",
 ) -> IngestReport:
-    """Ingest files and directories; one bad file never stops the others."""
+    """Ingest files and directories into ``db`` (a path, or an open write connection).
+
+    One bad file never stops the others; its error is in the report.
+    """
     started = time.monotonic()
     files, missing = discover(paths)
     run_id = dbmod.new_run_id()
     report = IngestReport(run_id=run_id, missing_paths=missing)
-    con = dbmod.connect(db_path)
-    held_since = time.monotonic()
+    holder = _Connection(db)
     try:
-        con.execute(query("start_run"), {"run_id": run_id, "command": "ingest",
-                                         "detail": json.dumps({"paths": [str(p) for p in files]})})
+        holder.con.execute(query("start_run"), {"run_id": run_id, "command": command,
+                                                "detail": json.dumps({"paths": [str(p) for p in files]})})
         for path in files:
-            if time.monotonic() - held_since > HOLD_SECONDS:
-                con.close()
-                time.sleep(0.2)  # let a waiting reader take the file
-                con = dbmod.connect(db_path)
-                held_since = time.monotonic()
+            con = holder.breathe()
             try:
                 with dbmod.transaction(con):
-                    report.files.append(
-                        _FileIngest(con, path, run_id, progress, encoding, threads).run()
-                    )
+                    report.files.append(_FileIngest(con, path, run_id, progress, encoding, threads).run())
             except OmError:
                 raise
             except Exception as exc:  # a bad file is reported, never fatal to the rest
                 report.files.append(FileReport(path=str(path), status="error", error=f"{type(exc).__name__}: {exc}"))
         report.seconds = time.monotonic() - started
         status = "failed" if any(f.error for f in report.files) else "ok"
-        con.execute(query("finish_run"), {"run_id": run_id, "status": status, "detail": json.dumps(report.summary())})
+        holder.con.execute(query("finish_run"), {"run_id": run_id, "status": status,
+                                                 "detail": json.dumps(report.summary())})
     finally:
-        con.close()
+        holder.close()
     return report

@@ -20,6 +20,8 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
 
+from om_core.db import scalar
+from om_core.render import observation_line, reflection_line
 from om_core.sqlfiles import query
 
 OBSERVATIONS_RECORDED = "om.observations.recorded"
@@ -76,7 +78,7 @@ class Observation(_Wire):
 
     def line(self) -> str:
         """The rendered line its tokenCount counts (SPEC §2, §5)."""
-        return f"[{self.id}] {self.timestamp} [{self.relevance}] {self.content}"
+        return observation_line(self.id, self.timestamp, self.relevance, self.content)
 
 
 class Reflection(_Wire):
@@ -105,7 +107,7 @@ class Reflection(_Wire):
         return _token_count(v)
 
     def line(self) -> str:
-        return f"[{self.id}] {self.content}"
+        return reflection_line(self.id, self.content)
 
 
 class ObservationsRecorded(_Wire):
@@ -369,3 +371,49 @@ def forget_imported(con: duckdb.DuckDBPyConnection, session_id: str) -> None:
 def wire_record(kind: str, payload: LedgerPayload) -> dict[str, Any]:
     """The ``data`` object of a ``custom`` entry, exactly as the extension writes it."""
     return json.loads(payload.model_dump_json())
+
+
+# ------------------------------------------------------------------ records this project appends
+
+
+def mint_ledger_id(con: duckdb.DuckDBPyConnection, session_id: str, seed: str) -> str:
+    """An 8-hex id (Pi's entry id shape) unused by the session's entries, records and compactions."""
+    salt = 0
+    while True:
+        candidate = hashlib.sha256(f"{session_id}\x00{seed}\x00{salt}".encode()).hexdigest()[:8]
+        taken = scalar(con, "ledger_id_taken", {"session_id": session_id, "id": candidate})
+        if not taken:
+            return candidate
+        salt += 1
+
+
+def append_record(con: duckdb.DuckDBPyConnection, session_id: str, kind: str, payload: LedgerPayload, *,
+                  anchor_entry_id: str, run_id: str | None = None, stage: str | None = None,
+                  stage_key: str | None = None, created_at: str | None = None) -> str:
+    """Append one pipeline record anchored after ``anchor_entry_id``; returns its ledger id.
+
+    The caller owns the transaction, so a stage's records land together or not at all.
+    """
+    if kind not in RECORD_MODELS or not isinstance(payload, RECORD_MODELS[kind]):
+        raise ValueError(f"payload does not match record kind {kind}")
+    seed = stage_key or f"{kind}\x00{anchor_entry_id}\x00{payload.model_dump_json()}"
+    ledger_id = mint_ledger_id(con, session_id, seed)
+    rows = LedgerRows()
+    rows.add_record(session_id, ledger_id, kind, payload, anchor=anchor_entry_id, origin="pipeline",
+                    created_at=created_at, run_id=run_id, stage=stage, stage_key=stage_key)
+    rows.write(con)
+    return ledger_id
+
+
+def store_simulated_compaction(con: duckdb.DuckDBPyConnection, session_id: str, *, anchor_entry_id: str,
+                               first_kept_entry_id: str | None, details: FoldedDetails | None,
+                               summary: str | None, note: str | None = None, trigger: str | None = None,
+                               run_id: str | None = None, seed: str | None = None) -> str:
+    """Store a compaction this project simulated; ``details`` None records a native fallback."""
+    compaction_id = mint_ledger_id(con, session_id, seed or f"compaction\x00{anchor_entry_id}\x00{first_kept_entry_id}")
+    rows = LedgerRows()
+    rows.add_fold(session_id, compaction_id, origin="simulated", anchor=anchor_entry_id,
+                  first_kept=first_kept_entry_id, details=details, summary=summary, note=note, trigger=trigger,
+                  created_at=None, run_id=run_id)
+    rows.write(con)
+    return compaction_id

@@ -11,13 +11,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from om_core.catalog import resolve_session, resolve_tip
-from om_core.db import reading
+from om_core.db import reading, scalar
 from om_core.errors import EntryNotFound
 from om_core.ledger import Observation, Reflection
-from om_core.render import render_summary
+from om_core.render import observation_line, reflection_line, render_summary
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 
@@ -55,7 +55,7 @@ class MemoryView(BaseModel):
         return not self.observations and not self.reflections
 
     def summary(self) -> str | None:
-        return render_summary(self.reflections, self.observations)
+        return render_summary([r.line() for r in self.reflections], [o.line() for o in self.observations])
 
     def observation_tokens(self) -> float:
         return sum(o.tokenCount for o in self.observations)
@@ -67,7 +67,7 @@ class MemoryView(BaseModel):
 
 def _split(rows: Iterable[dict[str, Any]]) -> MemoryView:
     view = MemoryView()
-    for row in sorted(rows, key=lambda r: (r["item_kind"], r["ordinal"])):
+    for row in sorted(rows, key=lambda r: (r["item_kind"], r["fold_order"])):
         if row["item_kind"] == "observation":
             view.observations.append(observation_from_row(row))
         else:
@@ -76,10 +76,10 @@ def _split(rows: Iterable[dict[str, Any]]) -> MemoryView:
 
 
 def require_on_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, entry_id: str, what: str) -> int:
-    row = con.execute(query("position_on_branch"), {"session_id": session_id, "tip": tip, "entry_id": entry_id}).fetchone()
-    if row is None or row[0] is None:
+    position = scalar(con, "position_on_branch", {"session_id": session_id, "tip": tip, "entry_id": entry_id})
+    if position is None:
         raise EntryNotFound(f"{what} {entry_id!r} is not on the branch ending at {tip}")
-    return row[0]
+    return position
 
 
 # ------------------------------------------------------------------ projections
@@ -97,50 +97,81 @@ def visible_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) ->
     return _split(_rows(con, "visible_projection", {"session_id": session_id, "tip": tip}))
 
 
+def _ledger_rows(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[dict[str, Any]]:
+    return _rows(con, "ledger_at", {"session_id": session_id, "tip": tip})
+
+
 def ledger_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
     """The plain fold through the tip: current reflections and active observations (what workers read)."""
-    obs = _rows(con, "ledger_observations_at", {"session_id": session_id, "tip": tip})
-    refl = _rows(con, "ledger_reflections_at", {"session_id": session_id, "tip": tip})
-    return MemoryView(
-        observations=[observation_from_row({**r, "id": r["obs_id"]}) for r in obs if not r["dropped"]],
-        reflections=[reflection_from_row({**r, "id": r["refl_id"]}) for r in refl],
-    )
+    return _split(r for r in _ledger_rows(con, session_id, tip) if not r["dropped"])
 
 
 class CompactionResult(BaseModel):
+    """A compaction projection. Built straight from the query rows: this is the hot path of every
+    compaction, so the full records are materialised only when asked for (``details``, ``memory``)."""
+
     fullFold: bool
-    memory: MemoryView
-    summary: str | None
     firstKeptEntryId: str
+    observationIds: list[str]
+    reflectionIds: list[str]
+    summary: str | None
     observationWatermarkPosition: int | None = None  # C of SPEC §10: largest watermark included
+    normalObservationTokens: float = 0
+    _observations: list[tuple] = PrivateAttr(default_factory=list)
+    _reflections: list[tuple] = PrivateAttr(default_factory=list)
 
     def details(self) -> dict[str, Any]:
         """The om.folded object stored with the compaction (SPEC §5)."""
-        return {"type": "om.folded", "version": 1, "fullFold": self.fullFold, **self.memory.wire()}
+        return {
+            "type": "om.folded", "version": 1, "fullFold": self.fullFold,
+            "observations": [{"id": i, "content": c, "timestamp": ts, "relevance": rel, "sourceEntryIds": list(src),
+                              "tokenCount": _number(tok)} for i, c, ts, rel, src, _, tok in self._observations],
+            "reflections": [{"id": i, "content": c, "supportingObservationIds": list(sup), "tokenCount": _number(tok)}
+                            for i, c, _, _, _, sup, tok in self._reflections],
+        }
+
+    @property
+    def memory(self) -> MemoryView:
+        d = self.details()
+        return MemoryView(observations=[Observation.model_construct(**o) for o in d["observations"]],
+                          reflections=[Reflection.model_construct(**r) for r in d["reflections"]])
 
     def as_json(self) -> dict[str, Any]:
         return {
             "fullFold": self.fullFold,
-            "observations": [o.id for o in self.memory.observations],
-            "reflections": [r.id for r in self.memory.reflections],
+            "observations": self.observationIds,
+            "reflections": self.reflectionIds,
             "summary": self.summary,
             "details": self.details(),
         }
 
 
 def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str,
-                          pool_max_tokens: int) -> CompactionResult:
+                          pool_max_tokens: float) -> CompactionResult:
     """Compaction projection at F with its normal/full-fold decision (SPEC §4), rendered (SPEC §5)."""
-    require_on_branch(con, session_id, tip, first_kept, "first kept entry")
-    rows = _rows(con, "compaction_projection", {"session_id": session_id, "tip": tip, "first_kept": first_kept,
-                                                "pool_max": pool_max_tokens})
-    # No rows means the normal projection held nothing, so it was a full fold only if P <= 0.
-    full_fold = bool(rows[0]["full_fold"]) if rows else pool_max_tokens <= 0
-    memory = _split(rows)
-    watermark = con.execute(query("observation_watermark_through"),
-                            {"session_id": session_id, "tip": tip, "first_kept": first_kept}).fetchone()[0]
-    return CompactionResult(fullFold=full_fold, memory=memory, summary=memory.summary(), firstKeptEntryId=first_kept,
-                            observationWatermarkPosition=watermark)
+    rows = con.execute(query("compaction_projection"), {"session_id": session_id, "tip": tip,
+                                                        "first_kept": first_kept, "pool_max": pool_max_tokens}).fetchall()
+    # columns: item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supporting ids,
+    #          token_count, wm_pos, full_fold  (the boundary row carries F's check, C and the decision)
+    boundary = next(r for r in rows if r[0] == "boundary")
+    if boundary[1] is None:
+        raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip}")
+    items = sorted((r for r in rows if r[0] != "boundary"), key=lambda r: (r[0], r[1]))
+    observations = [r[2:9] for r in items if r[0] == "observation"]
+    reflections = [r[2:9] for r in items if r[0] == "reflection"]
+    result = CompactionResult(
+        fullFold=bool(boundary[10]),
+        firstKeptEntryId=first_kept,
+        observationIds=[o[0] for o in observations],
+        reflectionIds=[r[0] for r in reflections],
+        summary=render_summary([reflection_line(r[0], r[1]) for r in reflections],
+                               [observation_line(o[0], o[2], o[3], o[1]) for o in observations]),
+        observationWatermarkPosition=boundary[9],
+        normalObservationTokens=_number(boundary[8]),
+    )
+    result._observations = observations
+    result._reflections = reflections
+    return result
 
 
 class Drift(BaseModel):
@@ -198,7 +229,7 @@ class CoveredObservation(BaseModel):
 
 def coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[CoveredObservation]:
     rows = _rows(con, "coverage_tiers", {"session_id": session_id, "tip": tip})
-    rows.sort(key=lambda r: r["ordinal"])
+    rows.sort(key=lambda r: r["fold_order"])
     return [CoveredObservation(observation=observation_from_row({**r, "id": r["obs_id"]}),
                                citingReflections=r["citing_reflections"], coverage=r["coverage"]) for r in rows]
 
@@ -219,8 +250,9 @@ class MemoryStatus(BaseModel):
 
 def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> MemoryStatus:
     settings = settings or Settings()
-    obs = _rows(con, "ledger_observations_at", {"session_id": session_id, "tip": tip})
-    refl = _rows(con, "ledger_reflections_at", {"session_id": session_id, "tip": tip})
+    state = _ledger_rows(con, session_id, tip)
+    obs = [r for r in state if r["item_kind"] == "observation"]
+    refl = [r for r in state if r["item_kind"] == "reflection"]
     visible = visible_memory(con, session_id, tip)
     active_tokens = sum(r["token_count"] for r in obs if not r["dropped"])
     visible_tokens = visible.observation_tokens()

@@ -43,6 +43,19 @@ class SessionHeader(BaseModel):
         return self.version if isinstance(self.version, int) and self.version >= 1 else 1
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (JSON.parse rejects it)")
+
+
+def _integral(value: Any) -> int | None:
+    """A JSON number that JavaScript would treat as an integer (3 and 3.0 alike)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value)
+
+
 def header_from(obj: Any) -> SessionHeader | None:
     """Pi's header check: an object with ``type == "session"`` and a string ``id``."""
     if not isinstance(obj, dict) or obj.get("type") != "session" or not isinstance(obj.get("id"), str):
@@ -51,7 +64,7 @@ def header_from(obj: Any) -> SessionHeader | None:
     fields = {
         "type": "session",
         "id": obj["id"],
-        "version": version if isinstance(version, int) and not isinstance(version, bool) else None,
+        "version": _integral(version),
         "timestamp": obj.get("timestamp") if isinstance(obj.get("timestamp"), str) else None,
         "cwd": obj.get("cwd") if isinstance(obj.get("cwd"), str) else None,
         "parentSession": obj.get("parentSession") if isinstance(obj.get("parentSession"), str) else None,
@@ -99,6 +112,7 @@ class ParserState:
     minted_ids: set[str] = field(default_factory=set)  # v1 only
     ids_by_index: dict[int, str] = field(default_factory=dict)  # v1 only: firstKeptEntryIndex targets
     header_missing: bool = False  # the first parsed object was not a header: Pi reads nothing
+    header_raw: str | None = None  # the header line exactly as written
 
 
 def mint_v1_id(session_id: str, entry_index: int, taken: set[str]) -> str:
@@ -147,9 +161,12 @@ class SessionParser:
         if not text.strip():
             return None
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, parse_constant=_reject_constant)
         except ValueError as exc:
             return RejectedLine(line_no, "invalid_json", str(exc)[:200], data)
+        except RecursionError:
+            # JSON.parse would read it; Python cannot nest that deep. Kept aside, never fatal.
+            return RejectedLine(line_no, "invalid_json", "nested too deeply to parse", data)
         st = self.state
         if not isinstance(obj, dict):
             if st.header is None:
@@ -164,6 +181,7 @@ class SessionParser:
                 st.header_missing = True
                 return RejectedLine(line_no, "no_session_header", "file has no valid session header", data)
             st.header = header
+            st.header_raw = text
             st.session_id = header.id
             st.version = header.file_version
             st.next_entry_index = 1
@@ -195,10 +213,9 @@ class SessionParser:
             target = obj.get("firstKeptEntryIndex")
             # The index counts the header as 0 and resolves only to an entry that already has an id:
             # an earlier one (or the compaction itself). Otherwise Pi leaves firstKeptEntryId unset.
-            if isinstance(target, (int, float)) and not isinstance(target, bool) and target == int(target):
-                target = int(target)
-                if 1 <= target <= index:
-                    first_kept = st.ids_by_index.get(target) if target < index else entry_id
+            target = _integral(target)
+            if target is not None and 1 <= target <= index:
+                first_kept = st.ids_by_index.get(target) if target < index else entry_id
         st.ids_by_index[index] = entry_id
         return self._finish(line_no, index, entry_id, parent_id, entry_type, obj, text, first_kept)
 

@@ -59,3 +59,8 @@ WHERE session_id = $session_id
   AND (starts_with(custom_type, 'om.') OR entry_type = 'compaction')
   AND ($run_id IS NULL OR run_id = $run_id)
 ORDER BY line_no;
+
+-- name: ledger_id_taken
+SELECT EXISTS (SELECT 1 FROM entries WHERE session_id = $session_id AND entry_id = $id)
+    OR EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND ledger_id = $id)
+    OR EXISTS (SELECT 1 FROM compaction_folds WHERE session_id = $session_id AND compaction_id = $id);

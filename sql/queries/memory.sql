@@ -7,19 +7,15 @@ SELECT * FROM full_projection($session_id, $tip, $boundary);
 -- name: visible_projection
 SELECT * FROM visible_projection($session_id, $tip);
 
--- name: ledger_observations_at
-SELECT * FROM ledger_observations_at($session_id, $tip) ORDER BY ordinal;
-
--- name: ledger_reflections_at
-SELECT * FROM ledger_reflections_at($session_id, $tip) ORDER BY ordinal;
+-- name: ledger_at
+SELECT * FROM ledger_at($session_id, $tip) ORDER BY item_kind, fold_order;
 
 -- name: compaction_projection
-SELECT * FROM compaction_projection($session_id, $tip, $first_kept, $pool_max);
-
--- name: observation_watermark_through
--- C of SPEC §10: the largest watermark among observation records covered through F.
-SELECT max(wm_pos) FROM branch_records($session_id, $tip)
-WHERE kind = 'om.observations.recorded' AND wm_pos <= position_on_branch($session_id, $tip, $first_kept);
+SELECT item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supporting_observation_ids,
+       token_count,
+       CASE WHEN item_kind = 'boundary' THEN wm_pos END AS c_pos,
+       full_fold
+FROM compaction_projection($session_id, $tip, $first_kept, $pool_max);
 
 -- name: memory_drift
 SELECT drift, id FROM memory_drift($session_id, $tip);

@@ -17,8 +17,14 @@ CREATE OR REPLACE MACRO branch_detail(p_session, p_tip) AS TABLE
     FROM branch(p_session, p_tip) b
     JOIN entries e ON e.session_id = p_session AND e.entry_id = b.entry_id;
 
--- The current branch of every session (to its last entry in file order).
+-- The current branch of every session (to its last entry in file order, which may have children).
 CREATE OR REPLACE VIEW current_branches AS
-    SELECT s.session_id, b.leaf_id, b.position, b.entry_id
-    FROM sessions s
-    JOIN branch_entries b ON b.session_id = s.session_id AND b.leaf_id = s.leaf_id;
+    WITH anchor AS (
+        SELECT s.session_id, s.leaf_id, min(b.leaf_id) AS via_leaf, min(b.position) AS tip_position
+        FROM sessions s
+        JOIN branch_entries b ON b.session_id = s.session_id AND b.entry_id = s.leaf_id
+        GROUP BY s.session_id, s.leaf_id
+    )
+    SELECT a.session_id, a.leaf_id, b.position, b.entry_id
+    FROM anchor a
+    JOIN branch_entries b ON b.session_id = a.session_id AND b.leaf_id = a.via_leaf AND b.position <= a.tip_position;

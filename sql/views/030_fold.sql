@@ -5,156 +5,208 @@
 -- tombstoned. It stops at a boundary in one of two ways, kept distinct by p_mode:
 --   'anchor'    a plain fold through an entry: records whose own branch position is <= the bound;
 --   'watermark' a projection: records whose watermark is on the branch at a position <= the bound.
--- Bounds are branch positions given per kind; a NULL bound includes nothing of that kind.
+-- Each kind has its own boundary entry (NULL, or an entry not on the branch, includes nothing).
+-- The macros are written flat (one branch walk, one pass per table) because they are the hot path
+-- of every compaction.
 
-CREATE OR REPLACE MACRO fold_selection(p_session, p_tip, p_mode, p_obs_bound, p_refl_bound, p_drop_bound) AS TABLE
-    SELECT ledger_id, kind, rec_order, wm_pos
-    FROM branch_records(p_session, p_tip)
-    WHERE (CASE WHEN p_mode = 'anchor' THEN anchor_pos ELSE wm_pos END)
-          <= (CASE kind WHEN 'om.observations.recorded' THEN p_obs_bound
-                        WHEN 'om.reflections.recorded' THEN p_refl_bound
-                        ELSE p_drop_bound END);
-
--- Observations of a fold, first-seen order, with the tombstone flag (active = NOT dropped).
-CREATE OR REPLACE MACRO fold_observations(p_session, p_tip, p_mode, p_obs_bound, p_drop_bound) AS TABLE
-    WITH sel AS (
-        SELECT * FROM fold_selection(p_session, p_tip, p_mode, p_obs_bound, NULL, p_drop_bound)
+CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_through, p_drop_through) AS TABLE
+    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip)),
+    bounds AS (
+        SELECT (SELECT position FROM b WHERE entry_id = p_obs_through) AS obs_b,
+               (SELECT position FROM b WHERE entry_id = p_refl_through) AS refl_b,
+               (SELECT position FROM b WHERE entry_id = p_drop_through) AS drop_b
     ),
-    occurrences AS (
-        SELECT o.obs_id, o.content, o.ts, o.relevance, o.source_entry_ids, o.token_count, o.ledger_id,
-               o.item_index, s.rec_order, s.wm_pos,
-               row_number() OVER (PARTITION BY o.obs_id ORDER BY s.rec_order, o.item_index) AS occurrence
+    sel AS (
+        SELECT r.ledger_id, r.kind, w.position AS wm_pos,
+               row_number() OVER (ORDER BY a.position, r.origin <> 'imported', r.append_seq) AS rec_order
+        FROM ledger_records r
+        JOIN b a ON a.entry_id = r.anchor_entry_id
+        LEFT JOIN b w ON w.entry_id = r.covers_up_to_id
+        CROSS JOIN bounds
+        WHERE r.session_id = p_session
+          AND (CASE WHEN p_mode = 'anchor' THEN a.position ELSE w.position END)
+              <= (CASE r.kind WHEN 'om.observations.recorded' THEN bounds.obs_b
+                              WHEN 'om.reflections.recorded' THEN bounds.refl_b
+                              ELSE bounds.drop_b END)
+    ),
+    -- first occurrence of each id: the smallest (record order, item index), found on narrow rows
+    first_obs AS (
+        SELECT o.obs_id, min(s.rec_order * 1000000 + o.item_index) AS fold_order,
+               arg_min(o.ledger_id, s.rec_order * 1000000 + o.item_index) AS ledger_id,
+               arg_min(o.item_index, s.rec_order * 1000000 + o.item_index) AS item_index,
+               arg_min(s.wm_pos, s.rec_order * 1000000 + o.item_index) AS wm_pos
         FROM ledger_observations o
         JOIN sel s ON s.ledger_id = o.ledger_id AND s.kind = 'om.observations.recorded'
         WHERE o.session_id = p_session
+        GROUP BY o.obs_id
     ),
     tombstones AS (
         SELECT DISTINCT d.obs_id
         FROM ledger_drops d
         JOIN sel s ON s.ledger_id = d.ledger_id AND s.kind = 'om.observations.dropped'
         WHERE d.session_id = p_session
-    )
-    SELECT row_number() OVER (ORDER BY f.rec_order, f.item_index) AS ordinal,
-           f.obs_id, f.content, f.ts, f.relevance, f.source_entry_ids, f.token_count, f.ledger_id,
-           f.wm_pos, t.obs_id IS NOT NULL AS dropped
-    FROM occurrences f
-    LEFT JOIN tombstones t ON t.obs_id = f.obs_id
-    WHERE f.occurrence = 1;
-
--- Reflections of a fold, first-seen order.
-CREATE OR REPLACE MACRO fold_reflections(p_session, p_tip, p_mode, p_refl_bound) AS TABLE
-    WITH sel AS (
-        SELECT * FROM fold_selection(p_session, p_tip, p_mode, NULL, p_refl_bound, NULL)
     ),
-    occurrences AS (
-        SELECT r.refl_id, r.content, r.supporting_observation_ids, r.token_count, r.ledger_id,
-               r.item_index, s.rec_order,
-               row_number() OVER (PARTITION BY r.refl_id ORDER BY s.rec_order, r.item_index) AS occurrence
-        FROM ledger_reflections r
-        JOIN sel s ON s.ledger_id = r.ledger_id AND s.kind = 'om.reflections.recorded'
-        WHERE r.session_id = p_session
+    first_refl AS (
+        SELECT x.refl_id, min(s.rec_order * 1000000 + x.item_index) AS fold_order,
+               arg_min(x.ledger_id, s.rec_order * 1000000 + x.item_index) AS ledger_id,
+               arg_min(x.item_index, s.rec_order * 1000000 + x.item_index) AS item_index
+        FROM ledger_reflections x
+        JOIN sel s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
+        WHERE x.session_id = p_session
+        GROUP BY x.refl_id
     )
-    SELECT row_number() OVER (ORDER BY rec_order, item_index) AS ordinal,
-           refl_id, content, supporting_observation_ids, token_count, ledger_id
-    FROM occurrences
-    WHERE occurrence = 1;
+    SELECT 'observation' AS item_kind, f.fold_order, o.obs_id AS id, o.content, o.ts, o.relevance,
+           o.source_entry_ids, NULL::VARCHAR[] AS supporting_observation_ids, o.token_count, o.ledger_id,
+           f.wm_pos, t.obs_id IS NOT NULL AS dropped
+    FROM first_obs f
+    JOIN ledger_observations o
+      ON o.session_id = p_session AND o.ledger_id = f.ledger_id AND o.item_index = f.item_index
+    LEFT JOIN tombstones t ON t.obs_id = f.obs_id
+    UNION ALL
+    SELECT 'reflection', f.fold_order, x.refl_id, x.content, NULL, NULL, NULL, x.supporting_observation_ids,
+           x.token_count, x.ledger_id, NULL, false
+    FROM first_refl f
+    JOIN ledger_reflections x
+      ON x.session_id = p_session AND x.ledger_id = f.ledger_id AND x.item_index = f.item_index;
 
--- The ledger as it stands at p_tip: a plain fold through the tip (every record on the branch).
--- This is what the workers read.
-CREATE OR REPLACE MACRO ledger_observations_at(p_session, p_tip) AS TABLE
-    SELECT * FROM fold_observations(p_session, p_tip, 'anchor',
-                                    position_on_branch(p_session, p_tip, p_tip),
-                                    position_on_branch(p_session, p_tip, p_tip));
-
-CREATE OR REPLACE MACRO ledger_reflections_at(p_session, p_tip) AS TABLE
-    SELECT * FROM fold_reflections(p_session, p_tip, 'anchor', position_on_branch(p_session, p_tip, p_tip));
+-- The ledger as it stands at p_tip: a plain fold through the tip (every record on the branch),
+-- dropped observations included with dropped = true. This is what the workers read.
+CREATE OR REPLACE MACRO ledger_at(p_session, p_tip) AS TABLE
+    SELECT * FROM fold(p_session, p_tip, 'anchor', p_tip, p_tip, p_tip);
 
 -- Full projection at boundary p_boundary ("full memory" when the boundary is the tip): fold only
--- the records covered through it. Rows: one per active observation, then one per reflection.
+-- the records covered through it; active observations, then reflections.
 CREATE OR REPLACE MACRO full_projection(p_session, p_tip, p_boundary) AS TABLE
-    SELECT 'observation' AS item_kind, ordinal, obs_id AS id, content, ts, relevance, source_entry_ids,
-           NULL::VARCHAR[] AS supporting_observation_ids, token_count, ledger_id
-    FROM fold_observations(p_session, p_tip, 'watermark',
-                           position_on_branch(p_session, p_tip, p_boundary),
-                           position_on_branch(p_session, p_tip, p_boundary))
-    WHERE NOT dropped
-    UNION ALL
-    SELECT 'reflection', ordinal, refl_id, content, NULL, NULL, NULL, supporting_observation_ids,
-           token_count, ledger_id
-    FROM fold_reflections(p_session, p_tip, 'watermark', position_on_branch(p_session, p_tip, p_boundary));
+    SELECT * EXCLUDE (dropped) FROM fold(p_session, p_tip, 'watermark', p_boundary, p_boundary, p_boundary)
+    WHERE NOT dropped;
+
+-- Folded compactions on the branch (the extension's and simulated ones), newest first.
+CREATE OR REPLACE MACRO branch_folds(p_session, p_tip) AS TABLE
+    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
+    SELECT c.compaction_id, c.origin, c.full_fold, c.first_kept_entry_id, c.summary,
+           a.position AS anchor_pos, k.position AS first_kept_pos
+    FROM compaction_folds c
+    JOIN b a ON a.entry_id = c.anchor_entry_id
+    LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id
+    WHERE c.session_id = p_session AND c.folded
+    ORDER BY a.position DESC, c.origin = 'simulated' DESC, c.append_seq DESC;
 
 -- Visible projection: the lists stored in the latest folded compaction on the branch.
 CREATE OR REPLACE MACRO visible_projection(p_session, p_tip) AS TABLE
-    WITH latest AS (
-        SELECT compaction_id FROM branch_compactions(p_session, p_tip)
-        WHERE folded ORDER BY compaction_order DESC LIMIT 1
-    )
-    SELECT i.item_kind, i.item_index + 1 AS ordinal, i.id, i.content, i.ts, i.relevance,
+    WITH latest AS (SELECT compaction_id FROM branch_folds(p_session, p_tip) LIMIT 1)
+    SELECT i.item_kind, i.item_index AS fold_order, i.id, i.content, i.ts, i.relevance,
            i.source_entry_ids, i.supporting_observation_ids, i.token_count, i.compaction_id
     FROM compaction_fold_items i
     JOIN latest l ON l.compaction_id = i.compaction_id
     WHERE i.session_id = p_session;
 
--- M: the firstKeptEntryId position of the latest folded full-fold compaction on the branch whose
--- first kept entry is on the branch (the last full-fold boundary); NULL when there is none.
-CREATE OR REPLACE MACRO last_full_fold_position(p_session, p_tip) AS (
-    SELECT first_kept_pos FROM branch_compactions(p_session, p_tip)
-    WHERE folded AND full_fold AND first_kept_pos IS NOT NULL
-    ORDER BY compaction_order DESC LIMIT 1
-);
-
 -- Compaction projection at F = p_first_kept with pool limit P = p_pool_max (SPEC §4):
--- normal = observations covered through F, reflections and drops covered through M; when the
--- normal observations' tokens reach P, the full projection at F instead (full_fold = true).
+--   M = first kept entry of the latest folded full-fold compaction on the branch whose first kept
+--       entry is on the branch (the last full-fold boundary);
+--   normal = observations covered through F, reflections and drops covered through M (none
+--       without M); when the normal observations' tokens reach P, the full projection at F.
+-- Observations are selected the same way in both, so one pass serves both; only tombstones and
+-- reflections depend on the decision.
 CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_pool_max) AS TABLE
-    WITH normal_obs AS (
-        SELECT * FROM fold_observations(p_session, p_tip, 'watermark',
-                                        position_on_branch(p_session, p_tip, p_first_kept),
-                                        last_full_fold_position(p_session, p_tip))
-        WHERE NOT dropped
+    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip)),
+    m AS (
+        SELECT k.position AS m_pos
+        FROM compaction_folds c
+        JOIN b a ON a.entry_id = c.anchor_entry_id
+        JOIN b k ON k.entry_id = c.first_kept_entry_id
+        WHERE c.session_id = p_session AND c.folded AND c.full_fold
+        ORDER BY a.position DESC, c.origin = 'simulated' DESC, c.append_seq DESC
+        LIMIT 1
+    ),
+    bounds AS (
+        SELECT (SELECT position FROM b WHERE entry_id = p_first_kept) AS f_pos, (SELECT m_pos FROM m) AS m_pos
+    ),
+    recs AS (
+        SELECT r.ledger_id, r.kind, w.position AS wm_pos,
+               row_number() OVER (ORDER BY a.position, r.origin <> 'imported', r.append_seq) AS rec_order
+        FROM ledger_records r
+        JOIN b a ON a.entry_id = r.anchor_entry_id
+        JOIN b w ON w.entry_id = r.covers_up_to_id
+        WHERE r.session_id = p_session
+    ),
+    first_obs AS (
+        SELECT o.obs_id, min(s.rec_order * 1000000 + o.item_index) AS fold_order,
+               arg_min(o.ledger_id, s.rec_order * 1000000 + o.item_index) AS ledger_id,
+               arg_min(o.item_index, s.rec_order * 1000000 + o.item_index) AS item_index,
+               arg_min(o.token_count, s.rec_order * 1000000 + o.item_index) AS token_count,
+               arg_min(s.wm_pos, s.rec_order * 1000000 + o.item_index) AS wm_pos
+        FROM ledger_observations o
+        JOIN recs s ON s.ledger_id = o.ledger_id AND s.kind = 'om.observations.recorded'
+        CROSS JOIN bounds
+        WHERE o.session_id = p_session AND s.wm_pos <= bounds.f_pos
+        GROUP BY o.obs_id
+    ),
+    tombstones AS (
+        SELECT d.obs_id, bool_or(s.wm_pos <= bounds.m_pos) AS in_normal, bool_or(s.wm_pos <= bounds.f_pos) AS in_full
+        FROM ledger_drops d
+        JOIN recs s ON s.ledger_id = d.ledger_id AND s.kind = 'om.observations.dropped'
+        CROSS JOIN bounds
+        WHERE d.session_id = p_session
+        GROUP BY d.obs_id
+    ),
+    marked AS (
+        SELECT f.*, coalesce(t.in_normal, false) AS dropped_normal, coalesce(t.in_full, false) AS dropped_full
+        FROM first_obs f LEFT JOIN tombstones t ON t.obs_id = f.obs_id
     ),
     decision AS (
-        SELECT pool_tokens >= p_pool_max AS full_fold
-        FROM (SELECT coalesce(sum(token_count), 0) AS pool_tokens FROM normal_obs)
+        SELECT normal_tokens >= p_pool_max AS full_fold
+        FROM (SELECT coalesce(sum(token_count) FILTER (WHERE NOT dropped_normal), 0) AS normal_tokens FROM marked)
     ),
-    full_obs AS (
-        SELECT * FROM fold_observations(p_session, p_tip, 'watermark',
-                                        position_on_branch(p_session, p_tip, p_first_kept),
-                                        position_on_branch(p_session, p_tip, p_first_kept))
-        WHERE NOT dropped
-    ),
-    chosen_obs AS (
-        SELECT n.* FROM normal_obs n, decision d WHERE NOT d.full_fold
-        UNION ALL
-        SELECT f.* FROM full_obs f, decision d WHERE d.full_fold
-    ),
-    chosen_refl AS (
-        SELECT r.* FROM fold_reflections(p_session, p_tip, 'watermark',
-                                         last_full_fold_position(p_session, p_tip)) r, decision d
-        WHERE NOT d.full_fold
-        UNION ALL
-        SELECT r.* FROM fold_reflections(p_session, p_tip, 'watermark',
-                                         position_on_branch(p_session, p_tip, p_first_kept)) r, decision d
-        WHERE d.full_fold
+    first_refl AS (
+        SELECT x.refl_id, min(s.rec_order * 1000000 + x.item_index) AS fold_order,
+               arg_min(x.ledger_id, s.rec_order * 1000000 + x.item_index) AS ledger_id,
+               arg_min(x.item_index, s.rec_order * 1000000 + x.item_index) AS item_index
+        FROM ledger_reflections x
+        JOIN recs s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
+        CROSS JOIN bounds
+        CROSS JOIN decision
+        WHERE x.session_id = p_session
+          AND s.wm_pos <= (CASE WHEN decision.full_fold THEN bounds.f_pos ELSE bounds.m_pos END)
+        GROUP BY x.refl_id
     )
-    SELECT 'observation' AS item_kind, o.ordinal, o.obs_id AS id, o.content, o.ts, o.relevance,
-           o.source_entry_ids, NULL::VARCHAR[] AS supporting_observation_ids, o.token_count,
-           o.ledger_id, o.wm_pos, d.full_fold
-    FROM chosen_obs o, decision d
+    SELECT 'observation' AS item_kind, w.fold_order, o.obs_id AS id, o.content, o.ts, o.relevance,
+           o.source_entry_ids, NULL::VARCHAR[] AS supporting_observation_ids, o.token_count, o.ledger_id,
+           w.wm_pos, d.full_fold
+    FROM marked w
+    CROSS JOIN decision d
+    JOIN ledger_observations o
+      ON o.session_id = p_session AND o.ledger_id = w.ledger_id AND o.item_index = w.item_index
+    WHERE NOT (CASE WHEN d.full_fold THEN w.dropped_full ELSE w.dropped_normal END)
     UNION ALL
-    SELECT 'reflection', r.ordinal, r.refl_id, r.content, NULL, NULL, NULL, r.supporting_observation_ids,
-           r.token_count, r.ledger_id, NULL, d.full_fold
-    FROM chosen_refl r, decision d;
+    SELECT 'reflection', w.fold_order, x.refl_id, x.content, NULL, NULL, NULL, x.supporting_observation_ids,
+           x.token_count, x.ledger_id, NULL, d.full_fold
+    FROM first_refl w
+    CROSS JOIN decision d
+    JOIN ledger_reflections x
+      ON x.session_id = p_session AND x.ledger_id = w.ledger_id AND x.item_index = w.item_index
+    UNION ALL
+    -- One 'boundary' row always, so callers can tell an empty projection from an F that is not
+    -- on the branch: fold_order = position of F, token_count = the normal projection's
+    -- observation tokens, wm_pos = C of SPEC §10 (largest observation watermark included).
+    SELECT 'boundary', bounds.f_pos, p_first_kept, NULL, NULL, NULL, NULL, NULL,
+           (SELECT coalesce(sum(token_count) FILTER (WHERE NOT dropped_normal), 0) FROM marked),
+           NULL, (SELECT max(wm_pos) FROM recs
+                  WHERE kind = 'om.observations.recorded' AND wm_pos <= bounds.f_pos),
+           d.full_fold
+    FROM decision d CROSS JOIN bounds;
 
--- Drift (SPEC §4): full memory at the tip against visible memory.
+-- Drift (SPEC §4): full memory at the tip against visible memory, in each list's own order.
 CREATE OR REPLACE MACRO memory_drift(p_session, p_tip) AS TABLE
-    WITH full_memory AS (SELECT item_kind, id FROM full_projection(p_session, p_tip, p_tip)),
-         visible AS (SELECT item_kind, id FROM visible_projection(p_session, p_tip))
-    SELECT 'observation_only_in_full' AS drift, id FROM full_memory
-    WHERE item_kind = 'observation' AND id NOT IN (SELECT id FROM visible WHERE item_kind = 'observation')
-    UNION ALL
-    SELECT 'reflection_only_in_full', id FROM full_memory
-    WHERE item_kind = 'reflection' AND id NOT IN (SELECT id FROM visible WHERE item_kind = 'reflection')
-    UNION ALL
-    SELECT 'visible_not_active', id FROM visible
-    WHERE item_kind = 'observation' AND id NOT IN (SELECT id FROM full_memory WHERE item_kind = 'observation');
+    WITH full_memory AS (SELECT item_kind, fold_order, id FROM full_projection(p_session, p_tip, p_tip)),
+         visible AS (SELECT item_kind, fold_order, id FROM visible_projection(p_session, p_tip)),
+         drift AS (
+             SELECT 1 AS list, fold_order, 'observation_only_in_full' AS drift, id FROM full_memory
+             WHERE item_kind = 'observation' AND id NOT IN (SELECT id FROM visible WHERE item_kind = 'observation')
+             UNION ALL
+             SELECT 2, fold_order, 'reflection_only_in_full', id FROM full_memory
+             WHERE item_kind = 'reflection' AND id NOT IN (SELECT id FROM visible WHERE item_kind = 'reflection')
+             UNION ALL
+             SELECT 3, fold_order, 'visible_not_active', id FROM visible
+             WHERE item_kind = 'observation' AND id NOT IN (SELECT id FROM full_memory WHERE item_kind = 'observation')
+         )
+    SELECT drift, id FROM drift ORDER BY list, fold_order;

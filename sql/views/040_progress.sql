@@ -33,21 +33,22 @@ CREATE OR REPLACE MACRO progress_clocks(p_session, p_tip) AS TABLE
 -- Active observations at the tip with their coverage tier: none (cited by no current reflection),
 -- partial (by one), strong (by two or more).
 CREATE OR REPLACE MACRO coverage_tiers(p_session, p_tip) AS TABLE
-    WITH active AS (SELECT * FROM ledger_observations_at(p_session, p_tip) WHERE NOT dropped),
+    WITH state AS (SELECT * FROM ledger_at(p_session, p_tip)),
+    active AS (SELECT * FROM state WHERE item_kind = 'observation' AND NOT dropped),
     cites AS (
-        SELECT DISTINCT refl_id, unnest(supporting_observation_ids) AS obs_id
-        FROM ledger_reflections_at(p_session, p_tip)
+        SELECT DISTINCT id AS refl_id, unnest(supporting_observation_ids) AS obs_id
+        FROM state WHERE item_kind = 'reflection'
     ),
     counted AS (
-        SELECT a.obs_id, count(c.refl_id) AS citing_reflections
-        FROM active a LEFT JOIN cites c ON c.obs_id = a.obs_id
-        GROUP BY a.obs_id
+        SELECT a.id, count(c.refl_id) AS citing_reflections
+        FROM active a LEFT JOIN cites c ON c.obs_id = a.id
+        GROUP BY a.id
     )
-    SELECT a.ordinal, a.obs_id, a.content, a.ts, a.relevance, a.source_entry_ids, a.token_count,
+    SELECT a.fold_order, a.id AS obs_id, a.content, a.ts, a.relevance, a.source_entry_ids, a.token_count,
            n.citing_reflections,
            CASE WHEN n.citing_reflections = 0 THEN 'none'
                 WHEN n.citing_reflections = 1 THEN 'partial' ELSE 'strong' END AS coverage
-    FROM active a JOIN counted n ON n.obs_id = a.obs_id;
+    FROM active a JOIN counted n ON n.id = a.id;
 
 -- Recall searches the whole ledger history of the branch, every valid record, regardless of
 -- watermarks. Each occurrence of the id in a record is one match.

@@ -1,0 +1,300 @@
+"""The catalog (session references, listing, read-only SQL, cut point) and the analyst schema (issue 2,
+items 5 and 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from builders import SessionBuilder
+from om_core import catalog, db as dbmod
+from om_core.errors import AmbiguousSession, DatabaseMissing, EntryNotFound, InvalidArgument, OmError, SessionNotFound
+from om_core.ingest import ingest
+
+SID_A = "abc11111-0000-4000-8000-000000000001"
+SID_B = "abc22222-0000-4000-8000-000000000002"
+SID_C = "f0f0f0f0-0000-4000-8000-000000000003"
+T0 = 1768485600  # 2026-01-15T14:00:00Z, the builder's start
+
+
+def q(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
+
+
+def two_branches(session_id: str = SID_A) -> tuple[SessionBuilder, dict[str, str]]:
+    """u1 a1 u2 a2, then back to a1: u3 a3. Every message is 400 chars, i.e. 100 tokens by Pi's estimate."""
+    b = SessionBuilder(session_id)
+    ids = {}
+    ids["u1"] = b.user("x" * 400)
+    ids["a1"] = b.assistant("y" * 400)
+    ids["u2"] = b.user("z" * 400)
+    ids["a2"] = b.assistant("w" * 400)
+    b.go(ids["a1"])
+    ids["u3"] = b.user("v" * 400)
+    ids["a3"] = b.assistant("t" * 400)
+    return b, ids
+
+
+@pytest.fixture
+def catalog_db(tmp_path, db_path):
+    """Three sessions: A (two branches), B (same 3-char prefix as A), C (a compaction in the middle)."""
+    a, a_ids = two_branches(SID_A)
+    path_a = a.write(tmp_path / "sessions" / "a.jsonl")
+    b = SessionBuilder(SID_B)
+    b._n = 0x1000  # entry ids distinct from A's (the builder numbers them per session)
+    b.user("hello")
+    b.assistant("hi")
+    path_b = b.write(tmp_path / "sessions" / "b.jsonl")
+    c = SessionBuilder(SID_C)
+    c._n = 0x2000
+    c_ids = {}
+    c_ids["u1"] = c.user("x" * 400)
+    c_ids["a1"] = c.assistant("y" * 400)
+    c_ids["u2"] = c.user("z" * 400)
+    c_ids["a2"] = c.assistant("w" * 400)
+    c_ids["comp"] = c.compaction("so far", first_kept=c_ids["u2"])
+    c_ids["think"] = c.thinking_level("high")
+    c_ids["u3"] = c.user("v" * 400)
+    c_ids["a3"] = c.assistant("t" * 400)
+    path_c = c.write(tmp_path / "sessions" / "c.jsonl")
+    report = ingest(db_path, [tmp_path / "sessions"])
+    assert [f.status for f in report.files] == ["new", "new", "new"]
+    return {"db": db_path, "a": path_a, "b": path_b, "c": path_c, "a_ids": a_ids, "c_ids": c_ids}
+
+
+# ------------------------------------------------------------------ session references
+
+
+def test_resolve_session_by_id_prefix_and_path(catalog_db, tmp_path, monkeypatch):
+    with dbmod.reading(catalog_db["db"]) as con:
+        assert catalog.resolve_session(con, SID_A) == SID_A
+        assert catalog.resolve_session(con, SID_B) == SID_B
+        assert catalog.resolve_session(con, "abc1") == SID_A
+        assert catalog.resolve_session(con, "abc22222-0000") == SID_B
+        assert catalog.resolve_session(con, "f") == SID_C
+        assert catalog.resolve_session(con, str(catalog_db["b"])) == SID_B
+        monkeypatch.chdir(tmp_path / "sessions")
+        assert catalog.resolve_session(con, "c.jsonl") == SID_C
+        assert catalog.resolve_session(con, "./a.jsonl") == SID_A
+        assert catalog.resolve_session(con, "../sessions/b.jsonl") == SID_B
+
+
+def test_resolve_session_errors(catalog_db, tmp_path):
+    with dbmod.reading(catalog_db["db"]) as con:
+        with pytest.raises(AmbiguousSession) as exc:
+            catalog.resolve_session(con, "abc")
+        assert SID_A in str(exc.value) and SID_B in str(exc.value)
+        with pytest.raises(SessionNotFound) as exc:
+            catalog.resolve_session(con, "0123")
+        assert "0123" in str(exc.value)
+        stray = tmp_path / "stray.jsonl"
+        stray.write_text("{}\n")
+        with pytest.raises(SessionNotFound) as exc:
+            catalog.resolve_session(con, str(stray))
+        assert "stray.jsonl" in str(exc.value)
+        with pytest.raises(InvalidArgument):
+            catalog.resolve_session(con, "")
+
+
+def test_list_sessions(catalog_db):
+    rows = {s.session_id: s for s in catalog.sessions(catalog_db["db"])}
+    assert set(rows) == {SID_A, SID_B, SID_C}
+    a = rows[SID_A]
+    assert (a.file_path, a.version, a.cwd, a.leaf_id) == (
+        str(catalog_db["a"].resolve()), 3, "/home/dev/project", catalog_db["a_ids"]["a3"])
+    assert (a.entry_count, a.source_count, a.leaf_count, a.tokens_pi) == (6, 6, 2, 600)
+    c = rows[SID_C]
+    assert (c.entry_count, c.source_count, c.leaf_count, c.tokens_pi) == (8, 6, 1, 600)
+    assert (rows[SID_B].entry_count, rows[SID_B].leaf_count) == (2, 1)
+
+
+# ------------------------------------------------------------------ read-only SQL
+
+
+def test_run_sql_returns_columns_and_rows(catalog_db):
+    result = catalog.run_sql(catalog_db["db"], "SELECT session_id, entry_count FROM sessions ORDER BY session_id")
+    assert result.columns == ["session_id", "entry_count"]
+    assert result.rows == [[SID_A, 6], [SID_B, 2], [SID_C, 8]]
+
+
+@pytest.mark.parametrize("statement", [
+    "INSERT INTO sessions (session_id, file_path, version, entry_count, source_count, leaf_count, header) "
+    "VALUES ('x', 'y', 3, 0, 0, 0, '{}')",
+    "DELETE FROM entries",
+    "CREATE TABLE scratch (a INTEGER)",
+])
+def test_run_sql_is_read_only(catalog_db, statement):
+    before = q(catalog_db["db"], "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM entries)")
+    with pytest.raises(OmError) as exc:
+        catalog.run_sql(catalog_db["db"], statement)
+    assert "read-only" in str(exc.value).lower() or "read only" in str(exc.value).lower()
+    assert q(catalog_db["db"], "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM entries)") == before
+    assert q(catalog_db["db"], "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'scratch'") == [(0,)]
+
+
+def test_run_sql_bad_query_is_a_clear_error(catalog_db):
+    with pytest.raises(OmError) as exc:
+        catalog.run_sql(catalog_db["db"], "SELECT nope FROM sessions")
+    assert "nope" in str(exc.value)
+
+
+def test_missing_database(tmp_path):
+    missing = tmp_path / "none.duckdb"
+    with pytest.raises(DatabaseMissing) as exc:
+        catalog.run_sql(missing, "SELECT 1")
+    assert str(missing) in str(exc.value)
+    with pytest.raises(DatabaseMissing):
+        catalog.sessions(missing)
+    with pytest.raises(DatabaseMissing):
+        catalog.cut_point(missing, SID_A)
+    assert not missing.exists()
+
+
+# ------------------------------------------------------------------ cut point
+
+
+def test_cut_point_at_current_leaf(catalog_db):
+    db, ids = catalog_db["db"], catalog_db["a_ids"]
+    # branch of a3: u1 a1 u3 a3 (100 tokens each)
+    cp = catalog.cut_point(db, SID_A, keep_recent_tokens=150)
+    assert cp.model_dump() == {"firstKeptEntryId": ids["u3"], "firstKeptPosition": 2, "turnStartPosition": -1,
+                               "isSplitTurn": False}
+    cp = catalog.cut_point(db, "abc1", keep_recent_tokens=50)
+    assert cp.model_dump() == {"firstKeptEntryId": ids["a3"], "firstKeptPosition": 3, "turnStartPosition": 2,
+                               "isSplitTurn": True}
+    # the budget is never reached: the first cut point
+    cp = catalog.cut_point(db, str(catalog_db["a"]))
+    assert cp.model_dump() == {"firstKeptEntryId": ids["u1"], "firstKeptPosition": 0, "turnStartPosition": -1,
+                               "isSplitTurn": False}
+
+
+def test_cut_point_at_other_leaf_and_interior_entry(catalog_db):
+    db, ids = catalog_db["db"], catalog_db["a_ids"]
+    cp = catalog.cut_point(db, SID_A, leaf=ids["a2"], keep_recent_tokens=150)
+    assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["u2"], 2, -1, False)
+    cp = catalog.cut_point(db, SID_A, leaf=ids["a1"], keep_recent_tokens=50)
+    assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["a1"], 1, 0, True)
+    with pytest.raises(EntryNotFound):
+        catalog.cut_point(db, SID_A, leaf="not-an-entry")
+    with pytest.raises(EntryNotFound):
+        catalog.cut_point(db, SID_A, leaf=catalog_db["c_ids"]["u1"])  # an entry of another session
+    with pytest.raises(InvalidArgument):
+        catalog.cut_point(db, SID_A, keep_recent_tokens=-1)
+
+
+def test_cut_point_after_a_compaction(catalog_db):
+    db, ids = catalog_db["db"], catalog_db["c_ids"]
+    # branch: u1 a1 u2 a2 comp think u3 a3; the boundary starts after the compaction
+    cp = catalog.cut_point(db, SID_C, keep_recent_tokens=1_000_000)
+    # first cut point after the compaction is u3 (6); backward absorption takes the thinking change (5)
+    assert cp.model_dump() == {"firstKeptEntryId": ids["think"], "firstKeptPosition": 5, "turnStartPosition": -1,
+                               "isSplitTurn": False}
+    with pytest.raises(OmError) as exc:
+        catalog.cut_point(db, SID_C, leaf=ids["comp"])
+    assert "compact" in str(exc.value)
+
+
+# ------------------------------------------------------------------ analyst schema
+
+
+REQUIRED_COLUMNS = {
+    "sessions": {"session_id", "file_path", "version", "cwd", "leaf_id", "entry_count"},
+    "entries": {"session_id", "entry_id", "parent_id", "line_no", "entry_type", "role", "ts", "is_source",
+                "tokens_pi", "tokens", "first_kept_entry_id", "raw"},
+    "branch_entries": {"session_id", "leaf_id", "position", "entry_id"},
+    "quarantine": {"file_path", "line_no", "reason", "raw"},
+}
+
+
+def test_analyst_tables_have_the_documented_columns(catalog_db):
+    for table, wanted in REQUIRED_COLUMNS.items():
+        cols = {r[0] for r in q(catalog_db["db"], "SELECT column_name FROM information_schema.columns "
+                                                  "WHERE table_name = ?", [table])}
+        assert wanted <= cols, (table, wanted - cols)
+    types = dict(q(catalog_db["db"], "SELECT column_name, data_type FROM information_schema.columns "
+                                     "WHERE table_name = 'entries'"))
+    assert types["line_no"] in ("INTEGER", "BIGINT")
+    assert types["is_source"] == "BOOLEAN"
+    assert types["ts"].startswith("TIMESTAMP")
+
+
+def test_branch_entries_one_row_per_entry_per_leaf_path(catalog_db):
+    ids = catalog_db["a_ids"]
+    got = q(catalog_db["db"], "SELECT leaf_id, position, entry_id FROM branch_entries WHERE session_id = ? "
+                              "ORDER BY leaf_id, position", [SID_A])
+    expected = [(ids["a2"], p, ids[k]) for p, k in enumerate(["u1", "a1", "u2", "a2"])]
+    expected += [(ids["a3"], p, ids[k]) for p, k in enumerate(["u1", "a1", "u3", "a3"])]
+    assert got == sorted(expected)
+
+
+def test_branch_macro_for_interior_entries(catalog_db):
+    db, ids = catalog_db["db"], catalog_db["a_ids"]
+
+    def branch(tip):
+        return q(db, "SELECT position, entry_id FROM branch(?, ?) ORDER BY position", [SID_A, tip])
+
+    assert branch(ids["a1"]) == [(0, ids["u1"]), (1, ids["a1"])]
+    assert branch(ids["u1"]) == [(0, ids["u1"])]
+    assert branch(ids["u3"]) == [(0, ids["u1"]), (1, ids["a1"]), (2, ids["u3"])]
+    assert branch(ids["a2"]) == [(0, ids["u1"]), (1, ids["a1"]), (2, ids["u2"]), (3, ids["a2"])]
+    assert branch("no-such-entry") == []
+    # a session's tip does not leak into another session
+    assert q(db, "SELECT count(*) FROM branch(?, ?)", [SID_B, ids["a1"]]) == [(0,)]
+
+
+def test_entry_columns_by_type(tmp_path, db_path):
+    b = SessionBuilder(SID_A)
+    b.system("You are Pi.")
+    b.model_change()
+    u1 = b.user("hello world")  # 11 chars -> 3 tokens
+    b.assistant("ok", tool_calls=[("c1", "read", {"path": "a.py"})])
+    b.tool_result("c1", "read", "print(1)")
+    b.bash("ls", "a.py")
+    b.custom_message("note", "abcd")
+    b.custom("ext.state", {"k": 1})
+    b.branch_summary("abandoned path")
+    comp = b.compaction("summary", first_kept=u1)
+    b.label(u1, "start")
+    b.write(tmp_path / "s.jsonl")
+    ingest(db_path, [tmp_path / "s.jsonl"])
+    got = q(db_path, "SELECT entry_type, role, is_source, tokens_pi, tokens IS NOT NULL, first_kept_entry_id, "
+                     "custom_type, CAST(epoch(ts) AS BIGINT) FROM entries ORDER BY line_no")
+    assert got == [
+        ("message", "system", False, None, False, None, None, T0 + 60),
+        ("model_change", None, False, None, False, None, None, T0 + 120),
+        ("message", "user", True, 3, True, None, None, T0 + 180),
+        ("message", "assistant", True, 6, True, None, None, T0 + 240),  # "ok" + "read" + {"path":"a.py"}: 21 chars
+        ("message", "toolResult", True, 2, True, None, None, T0 + 300),
+        ("message", "bashExecution", True, 2, True, None, None, T0 + 360),
+        ("custom_message", None, True, 1, True, None, "note", T0 + 420),
+        ("custom", None, False, None, False, None, "ext.state", T0 + 480),
+        ("branch_summary", None, True, 4, True, None, None, T0 + 540),
+        ("compaction", None, False, None, False, u1, None, T0 + 600),
+        ("label", None, False, None, False, None, None, T0 + 660),
+    ]
+    assert q(db_path, "SELECT source_count, leaf_id FROM sessions") == [(6, b.leaf)]
+    assert q(db_path, "SELECT count(*) FROM entries WHERE entry_id = ? AND entry_type = 'compaction'", [comp]) == [(1,)]
+
+
+def test_entry_ids_repeat_across_sessions(tmp_path, db_path):
+    """Entry ids are unique only within a session: two sessions with the same ids stay apart."""
+    first, ids = two_branches(SID_A)
+    second = SessionBuilder(SID_B)
+    second.user("q" * 40)
+    second.assistant("r" * 40)
+    assert second.entries[0]["id"] == ids["u1"]
+    first.write(tmp_path / "a.jsonl")
+    second.write(tmp_path / "b.jsonl")
+    ingest(db_path, [tmp_path])
+    assert q(db_path, "SELECT session_id, count(*) FROM entries GROUP BY 1 ORDER BY 1") == [(SID_A, 6), (SID_B, 2)]
+    assert q(db_path, "SELECT position, entry_id FROM branch(?, ?) ORDER BY 1", [SID_B, ids["a1"]]) == [
+        (0, ids["u1"]), (1, ids["a1"])]
+    assert q(db_path, "SELECT count(*) FROM branch_detail(?, ?) WHERE tokens_pi = 10", [SID_B, ids["a1"]]) == [(2,)]
+    cp = catalog.cut_point(db_path, SID_B, keep_recent_tokens=5)
+    assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["a1"], 1, 0, True)

@@ -1,0 +1,364 @@
+"""The `om` command line: ingest, sessions, sql, cutpoint; --db / OM_DB; clear errors without tracebacks
+(issue 2, items 5-8)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from builders import SessionBuilder
+from conftest import shared_session
+from om_core import db as dbmod
+from om_core.cli import app
+from om_core.errors import DatabaseBusy
+from om_core.ingest import ingest
+
+SID_A = "abc11111-0000-4000-8000-000000000001"
+SID_B = "abc22222-0000-4000-8000-000000000002"
+LARGE_ID = "d703a1a9-1b7b-4fb1-b512-c9738b1fe617"
+BEFORE_ID = "ffae836b-9420-4060-ac13-7745215f90ff"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """No OM_DB from the caller's shell, and a cwd where a default ./om.duckdb would be harmless."""
+    monkeypatch.delenv("OM_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def invoke(args: list[str], env: dict[str, str] | None = None):
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200", **(env or {})})
+
+
+def run_om(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
+    """`python -m om_core.cli ...` in a fresh process, so main()'s error handler is what the user sees."""
+    full_env = {k: v for k, v in os.environ.items() if k != "OM_DB"}
+    full_env.update({"COLUMNS": "200", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "om_core.cli", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def q(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
+
+
+def cut_session(session_id: str) -> tuple[SessionBuilder, dict[str, str]]:
+    """u1 a1 u2 a2, 100 tokens each by Pi's estimate."""
+    b = SessionBuilder(session_id)
+    ids = {"u1": b.user("x" * 400), "a1": b.assistant("y" * 400), "u2": b.user("z" * 400),
+           "a2": b.assistant("w" * 400)}
+    return b, ids
+
+
+@pytest.fixture
+def two_sessions(tmp_path, db_path):
+    a, ids = cut_session(SID_A)
+    path_a = a.write(tmp_path / "in" / "a.jsonl")
+    b = SessionBuilder(SID_B)
+    b._n = 0x1000
+    b.user("hello")
+    b.assistant("hi")
+    path_b = b.write(tmp_path / "in" / "b.jsonl")
+    ingest(db_path, [path_a, path_b])
+    return {"db": db_path, "a": path_a, "b": path_b, "ids": ids}
+
+
+# ------------------------------------------------------------------ ingest
+
+
+def test_ingest_reports_entries_and_quarantine(tmp_path, db_path):
+    b = SessionBuilder(SID_A)
+    b.user("hi")
+    b.assistant("hello")
+    path = b.write(tmp_path / "s.jsonl")
+    with open(path, "ab") as f:
+        f.write(b"not json\n{\"type\":\"message\",\"id\":\"zz\"")  # a bad line and a truncated tail
+    result = invoke(["--db", str(db_path), "ingest", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["entries_added"] == 2
+    assert report["lines_quarantined"] == 2
+    assert report["by_status"] == {"new": 1}
+    assert report["missing_paths"] == []
+    assert [f["status"] for f in report["files"]] == ["new"]
+    assert q(db_path, "SELECT line_no, reason FROM quarantine ORDER BY 1") == [(4, "invalid_json"),
+                                                                                 (5, "truncated_last_line")]
+
+    path2 = SessionBuilder(SID_B)
+    path2.user("x")
+    p2 = path2.write(tmp_path / "t.jsonl")
+    result = invoke(["--db", str(db_path), "ingest", str(p2), str(path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "1 entries added" in text
+    assert "0 line(s) quarantined" in text
+    assert "new: 1" in text and "unchanged: 1" in text
+
+
+def test_ingest_missing_path_exits_non_zero_but_ingests_the_rest(tmp_path, db_path):
+    b = SessionBuilder(SID_A)
+    b.user("hi")
+    path = b.write(tmp_path / "s.jsonl")
+    result = run_om(["--db", str(db_path), "ingest", str(path), str(tmp_path / "missing.jsonl")], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "missing.jsonl" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert q(db_path, "SELECT session_id, entry_count FROM sessions") == [(SID_A, 1)]
+
+
+def test_ingest_defaults_to_om_duckdb_in_cwd(tmp_path):
+    b = SessionBuilder(SID_A)
+    b.user("hi")
+    path = b.write(tmp_path / "s.jsonl")
+    result = invoke(["ingest", str(path)])
+    assert result.exit_code == 0, result.output
+    assert q(tmp_path / "om.duckdb", "SELECT session_id FROM sessions") == [(SID_A,)]
+
+
+# ------------------------------------------------------------------ --db and OM_DB
+
+
+def test_db_option_and_env_select_the_database(tmp_path):
+    db_a, db_b = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+    a, _ = cut_session(SID_A)
+    b, _ = cut_session(SID_B)
+    assert invoke(["--db", str(db_a), "ingest", str(a.write(tmp_path / "a.jsonl"))]).exit_code == 0
+    assert invoke(["ingest", str(b.write(tmp_path / "b.jsonl"))], env={"OM_DB": str(db_b)}).exit_code == 0
+    assert q(db_a, "SELECT session_id FROM sessions") == [(SID_A,)]
+    assert q(db_b, "SELECT session_id FROM sessions") == [(SID_B,)]
+    assert not (tmp_path / "om.duckdb").exists()
+
+    def listed(args, env=None):
+        result = invoke(args, env)
+        assert result.exit_code == 0, result.output
+        return [s["session_id"] for s in json.loads(result.stdout)]
+
+    assert listed(["--db", str(db_a), "sessions", "--json"]) == [SID_A]
+    assert listed(["sessions", "--json"], env={"OM_DB": str(db_b)}) == [SID_B]
+    assert listed(["--db", str(db_a), "sessions", "--json"], env={"OM_DB": str(db_b)}) == [SID_A]  # --db wins
+
+    sql = ["sql", "SELECT session_id FROM sessions", "--json"]
+    assert json.loads(invoke(sql, env={"OM_DB": str(db_a)}).stdout) == [{"session_id": SID_A}]
+    assert json.loads(invoke(["--db", str(db_b), *sql]).stdout) == [{"session_id": SID_B}]
+
+
+@pytest.mark.parametrize("args", [["sql", "SELECT 1"], ["sessions"], ["cutpoint", "abc"]])
+def test_missing_database_is_a_clear_error(tmp_path, args):
+    missing = tmp_path / "nowhere.duckdb"
+    result = run_om(["--db", str(missing), *args], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "no database" in result.stderr
+    assert "nowhere.duckdb" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not missing.exists()
+    if args[0] == "sql":  # the same through OM_DB
+        result = run_om(args, cwd=tmp_path, env={"OM_DB": str(missing)})
+        assert result.returncode != 0 and "no database" in result.stderr and "Traceback" not in result.stderr
+        assert not missing.exists()
+
+
+# ------------------------------------------------------------------ sessions and sql
+
+
+def test_sessions_json(two_sessions):
+    result = invoke(["--db", str(two_sessions["db"]), "sessions", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["session_id"]: r for r in json.loads(result.stdout)}
+    assert set(rows) == {SID_A, SID_B}
+    assert rows[SID_A]["file_path"] == str(two_sessions["a"].resolve())
+    assert (rows[SID_A]["entry_count"], rows[SID_A]["source_count"], rows[SID_A]["leaf_count"]) == (4, 4, 1)
+    assert rows[SID_A]["leaf_id"] == two_sessions["ids"]["a2"]
+    assert rows[SID_A]["version"] == 3
+    table = invoke(["--db", str(two_sessions["db"]), "sessions"])
+    assert table.exit_code == 0 and SID_A in table.stdout and SID_B in table.stdout
+
+
+def test_sql_json_prints_an_array_of_row_objects(two_sessions):
+    result = invoke(["--db", str(two_sessions["db"]), "sql",
+                     "SELECT session_id, entry_count, cwd IS NULL AS no_cwd FROM sessions ORDER BY 1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == [
+        {"session_id": SID_A, "entry_count": 4, "no_cwd": False},
+        {"session_id": SID_B, "entry_count": 2, "no_cwd": False},
+    ]
+    empty = invoke(["--db", str(two_sessions["db"]), "sql", "SELECT * FROM sessions WHERE false", "--json"])
+    assert empty.exit_code == 0 and json.loads(empty.stdout) == []
+
+
+def test_sql_csv(two_sessions):
+    result = invoke(["--db", str(two_sessions["db"]), "sql",
+                     "SELECT session_id, line_no, entry_type FROM entries WHERE session_id = 'abc22222-0000-4000-8000-000000000002' "
+                     "ORDER BY line_no", "--csv"])
+    assert result.exit_code == 0, result.output
+    assert list(csv.reader(io.StringIO(result.stdout))) == [
+        ["session_id", "line_no", "entry_type"],
+        [SID_B, "2", "message"],
+        [SID_B, "3", "message"],
+    ]
+
+
+def test_sql_table_output(two_sessions):
+    result = invoke(["--db", str(two_sessions["db"]), "sql", "SELECT count(*) AS n FROM entries"])
+    assert result.exit_code == 0, result.output
+    assert "n" in result.stdout and "6" in result.stdout
+
+
+def test_sql_is_read_only(two_sessions, tmp_path):
+    db = two_sessions["db"]
+    result = run_om(["--db", str(db), "sql", "INSERT INTO runs (run_id, command) VALUES ('x', 'hack')"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "read-only" in result.stderr.lower() or "read only" in result.stderr.lower()
+    assert "Traceback" not in result.stderr + result.stdout
+    assert q(db, "SELECT count(*) FROM runs WHERE run_id = 'x'") == [(0,)]
+
+
+def test_sql_error_is_clear(two_sessions, tmp_path):
+    result = run_om(["--db", str(two_sessions["db"]), "sql", "SELECT no_such_column FROM sessions"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "no_such_column" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+# ------------------------------------------------------------------ cutpoint and session references
+
+
+def test_cutpoint_json_shape_and_values(two_sessions):
+    db, ids = two_sessions["db"], two_sessions["ids"]
+    result = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"firstKeptEntryId": ids["a2"], "firstKeptPosition": 3,
+                                         "turnStartPosition": 2, "isSplitTurn": True}
+    result = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "150", "--json"])
+    assert json.loads(result.stdout) == {"firstKeptEntryId": ids["u2"], "firstKeptPosition": 2,
+                                         "turnStartPosition": -1, "isSplitTurn": False}
+    result = invoke(["--db", str(db), "cutpoint", SID_A, "--leaf", ids["a1"], "--keep-recent", "50", "--json"])
+    assert json.loads(result.stdout) == {"firstKeptEntryId": ids["a1"], "firstKeptPosition": 1,
+                                         "turnStartPosition": 0, "isSplitTurn": True}
+    text = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "50"])
+    assert text.exit_code == 0 and ids["a2"] in text.stdout
+
+
+def test_session_argument_accepts_id_prefix_and_path(two_sessions, tmp_path, monkeypatch):
+    db = two_sessions["db"]
+    expected = invoke(["--db", str(db), "cutpoint", SID_A, "--json"]).stdout
+    assert json.loads(expected)["firstKeptPosition"] == 0
+    for ref in ("abc1", "abc11111-0000", str(two_sessions["a"])):
+        result = invoke(["--db", str(db), "cutpoint", ref, "--json"])
+        assert result.exit_code == 0, (ref, result.output)
+        assert result.stdout == expected, ref
+    monkeypatch.chdir(tmp_path / "in")
+    result = invoke(["--db", str(db), "cutpoint", "a.jsonl", "--json"])
+    assert result.exit_code == 0 and result.stdout == expected
+
+
+def test_ambiguous_and_unknown_session_are_clear_errors(two_sessions, tmp_path):
+    db = two_sessions["db"]
+    result = run_om(["--db", str(db), "cutpoint", "abc", "--json"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert SID_A in result.stderr and SID_B in result.stderr
+    assert "several" in result.stderr or "ambiguous" in result.stderr.lower()
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stdout == ""
+
+    result = run_om(["--db", str(db), "cutpoint", "999"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "999" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+    result = run_om(["--db", str(db), "cutpoint", SID_A, "--leaf", "nope"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "nope" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+# ------------------------------------------------------------------ a busy database
+
+
+HOLDER = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1])
+con.execute("SELECT count(*) FROM sessions").fetchall()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_busy_database_is_a_clear_error(two_sessions, tmp_path):
+    db = two_sessions["db"]
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        with pytest.raises(DatabaseBusy) as exc:
+            dbmod.connect(db, read_only=True, busy_seconds=0.3)
+        assert time.monotonic() - started < 5
+        assert str(db) in str(exc.value)
+
+        result = run_om(["--db", str(db), "sql", "SELECT 1"], cwd=tmp_path, timeout=60)
+        assert result.returncode != 0
+        message = result.stderr.lower()
+        assert "busy" in message or "being written by another process" in message, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+    finally:
+        holder.kill()
+        holder.wait()
+    # released: it works again
+    result = run_om(["--db", str(db), "sql", "SELECT count(*) AS n FROM sessions", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"n": 2}]
+
+
+# ------------------------------------------------------------------ the real sample sessions
+
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory):
+    large = shared_session("large-session.jsonl")
+    before = shared_session("before-compaction.jsonl")
+    db = tmp_path_factory.mktemp("real_cli") / "om.duckdb"
+    report = ingest(db, [large, before])
+    assert [f.status for f in report.files] == ["new", "new"]
+    return db, large, before
+
+
+@pytest.mark.real_sessions
+@pytest.mark.parametrize("ref, session_id, first_kept, turn_start", [
+    ("d703a1a9", LARGE_ID, 837, 834),
+    ("large-session.jsonl", LARGE_ID, 837, 834),
+    (BEFORE_ID, BEFORE_ID, 946, 939),
+    ("ffae", BEFORE_ID, 946, 939),
+])
+def test_real_session_cutpoints(real_db, ref, session_id, first_kept, turn_start):
+    db, large, _ = real_db
+    if ref.endswith(".jsonl"):
+        ref = str(large)
+    result = invoke(["--db", str(db), "cutpoint", ref, "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    (leaf,) = q(db, "SELECT leaf_id FROM sessions WHERE session_id = ?", [session_id])[0]
+    (kept_id, kept_role, kept_line) = q(
+        db, "SELECT b.entry_id, e.role, e.line_no FROM branch(?, ?) b JOIN entries e "
+            "ON e.session_id = ? AND e.entry_id = b.entry_id WHERE b.position = ?",
+        [session_id, leaf, session_id, first_kept])[0]
+    assert got == {"firstKeptEntryId": kept_id, "firstKeptPosition": first_kept, "turnStartPosition": turn_start,
+                   "isSplitTurn": True}
+    assert kept_role == "assistant"
+    assert kept_line == first_kept + 2  # a linear v1 file: position p is line p + 2
+    (turn_role,) = q(db, "SELECT e.role FROM branch(?, ?) b JOIN entries e ON e.session_id = ? "
+                         "AND e.entry_id = b.entry_id WHERE b.position = ?",
+                     [session_id, leaf, session_id, turn_start])[0]
+    assert turn_role == "user"

@@ -1,0 +1,424 @@
+"""Pi's token estimate (pi-sessions.md §2.2) and the offline tiktoken count (SPEC §12).
+
+Every expected number is worked out by hand in the comment next to it. JS ``.length`` counts UTF-16
+code units, so an astral character such as an emoji counts 2; ``JSON.stringify`` is compact, keeps
+non-ASCII raw, prints integral floats without ``.0`` and escapes controls and lone surrogates.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import pytest
+
+from om_core import tokens
+from om_core.tokens import (
+    IMAGE_CHARS,
+    TokenizerUnavailable,
+    count_text_tokens,
+    count_tokens,
+    estimate_message_chars,
+    estimate_message_tokens,
+    js_json_length,
+    js_len,
+    js_number,
+    message_text_pieces,
+)
+
+IMAGE = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
+
+
+def text(t: str) -> dict:
+    return {"type": "text", "text": t}
+
+
+def assistant(*blocks: dict, **extra) -> dict:
+    return {"role": "assistant", "content": list(blocks), "stopReason": "stop", **extra}
+
+
+def tool_call(name: str, arguments) -> dict:
+    return {"type": "toolCall", "id": "call_1", "name": name, "arguments": arguments}
+
+
+# ------------------------------------------------------------------ js_len (UTF-16 code units)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", 0),
+        ("abc", 3),
+        ("é", 1),  # U+00E9 is in the BMP: one code unit
+        ("漢字", 2),  # two BMP characters
+        ("😀", 2),  # U+1F600 is astral: a surrogate pair, 2 code units
+        ("𝄞", 2),  # U+1D11E, astral
+        ("naïve 😀 ok", 11),  # n,a,ï,v,e (5) + space (1) + 😀 (2) + space (1) + o,k (2) = 11
+        ("\ud800", 1),  # a lone surrogate is one code unit
+    ],
+)
+def test_js_len_counts_utf16_code_units(value, expected):
+    assert js_len(value) == expected
+
+
+# ------------------------------------------------------------------ js_number (Number#toString)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1.0, "1"),  # integral float: no ".0" in JS
+        (100.0, "100"),
+        (-2.5, "-2.5"),
+        (0.1, "0.1"),
+        (-0.0, "0"),  # JSON.stringify(-0) === "0"
+        (0.1 + 0.2, "0.30000000000000004"),  # shortest round-trip digits
+        (1e20, "100000000000000000000"),  # exponent 20 < 21: written out
+        (123456789012345680000.0, "123456789012345680000"),
+        (1e21, "1e+21"),  # exponent >= 21: exponent form with an explicit "+"
+        (2.5e21, "2.5e+21"),
+        (1.5e300, "1.5e+300"),
+        (1e-6, "0.000001"),  # exponent -6 is still written out
+        (1e-7, "1e-7"),  # exponent <= -7: exponent form, no zero padding ("1e-07" in Python)
+        (1.5e-7, "1.5e-7"),
+        (5e-324, "5e-324"),
+        (math.nan, "null"),  # JSON.stringify(NaN) === "null"
+        (math.inf, "null"),
+        (-math.inf, "null"),
+    ],
+)
+def test_js_number_formats_like_javascript(value, expected):
+    assert js_number(value) == expected
+
+
+# ------------------------------------------------------------------ js_json_length (JSON.stringify(x).length)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, 4),  # null
+        (True, 4),  # true
+        (False, 5),  # false
+        (0, 1),
+        (-12, 3),
+        (1.0, 1),  # "1"
+        (1e21, 5),  # "1e+21"
+        (1e-7, 4),  # "1e-7"
+        (10**21, 5),  # a huge integer is a double in JS: "1e+21"
+        (2**53 + 1, 16),  # JSON.parse rounds it to 9007199254740992 (16 digits)
+        ([], 2),
+        ({}, 2),
+        ("", 2),  # ""
+        ("é", 3),  # raw Unicode, not \u00e9: 1 + 2 quotes
+        ("😀", 4),  # 2 code units + 2 quotes
+        ('a"b', 6),  # "a\"b": 3 chars + 1 backslash + 2 quotes
+        ("a\\b", 6),  # "a\\b": 3 chars + 1 backslash + 2 quotes
+        ("line\nbreak", 13),  # 10 chars + 1 (\n) + 2 quotes
+        ("\t\b\f\r", 10),  # 4 short escapes: 4*2 + 2 quotes
+        ("\x01", 8),  # "\u0001": 6 + 2 quotes
+        ("\x7f", 3),  # DEL is not escaped: 1 + 2 quotes
+        ("\u2028", 3),  # LINE SEPARATOR is not escaped by JSON.stringify: 1 + 2 quotes
+        ("\ud800", 8),  # lone surrogate becomes "\ud800": 6 + 2 quotes
+        (["a", "😀", True], 15),  # ["a","😀",true]: 2 brackets + 3 + 4 + 4 + 2 commas
+        ({"ключ": "значение"}, 19),  # {"ключ":"значение"}: 2 braces + 6 + 1 colon + 10
+        # {"k":null,"t":true,"f":false,"e":[],"o":{}}: 2 braces + 4 commas
+        #   + (3+1+4) + (3+1+4) + (3+1+5) + (3+1+2) + (3+1+2) = 6 + 37 = 43
+        ({"k": None, "t": True, "f": False, "e": [], "o": {}}, 43),
+    ],
+)
+def test_js_json_length_matches_json_stringify(value, expected):
+    assert js_json_length(value) == expected
+
+
+def test_js_json_length_objects_nested_in_arrays_and_js_number_layout():
+    # {"items":[{"n":1},{"n":1e+21}],"e":1e-7}
+    #   braces 2 + "items" 7 + colon 1
+    #   + array: brackets 2 + {"n":1} (2+3+1+1=7) + comma 1 + {"n":1e+21} (2+3+1+5=11) = 21
+    #   + comma 1 + "e" 3 + colon 1 + 1e-7 (4)  = 2+7+1+21+1+3+1+4 = 40
+    value = {"items": [{"n": 1.0}, {"n": 1e21}], "e": 1e-7}
+    assert js_json_length(value) == 40
+
+
+def test_js_json_length_deeply_nested():
+    # {"nested":{"list":[1,[2,[3]],{"deep":{"x":null}}]}}
+    #   outer braces 2 + "nested" 8 + colon 1
+    #   + inner braces 2 + "list" 6 + colon 1
+    #   + [1,[2,[3]],{"deep":{"x":null}}]: brackets 2 + "1" 1 + [2,[3]] 7 + {"deep":{"x":null}} 19 + 2 commas = 31
+    #   = 2+8+1+2+6+1+31 = 51
+    value = {"nested": {"list": [1, [2, [3]], {"deep": {"x": None}}]}}
+    assert js_json_length(value) == 51
+
+
+def test_js_json_length_escapes_quotes_newlines_controls_and_lone_surrogates():
+    # {"q":"say \"hi\"\n","c":"\u0000\u001f","s":"a\ud83d","t":"\udc00b"}
+    #   q: key 3 + colon 1 + value (9 chars + 3 escape backslashes + 2 quotes = 14) = 18
+    #   c: key 3 + colon 1 + value (2 controls * 6 + 2 quotes = 14)                 = 18
+    #   s: key 3 + colon 1 + value ("a" 1 + lone high surrogate 6 + 2 quotes = 9)    = 13
+    #   t: key 3 + colon 1 + value (lone low surrogate 6 + "b" 1 + 2 quotes = 9)     = 13
+    #   = 62 + 3 commas + 2 braces = 67
+    value = {"q": 'say "hi"\n', "c": "\x00\x1f", "s": "a\ud83d", "t": "\udc00b"}
+    assert js_json_length(value) == 67
+
+
+# ------------------------------------------------------------------ estimate: rounding
+
+
+@pytest.mark.parametrize(
+    ("chars", "expected_tokens"),
+    [(0, 0), (1, 1), (3, 1), (4, 1), (5, 2), (8, 2), (9, 3)],  # ceil(chars / 4)
+)
+def test_estimate_rounds_chars_over_four_up(chars, expected_tokens):
+    message = {"role": "user", "content": "x" * chars}
+    assert estimate_message_chars(message) == chars
+    assert estimate_message_tokens(message) == expected_tokens
+
+
+# ------------------------------------------------------------------ estimate: user
+
+
+def test_user_string_content_counts_its_length():
+    assert estimate_message_chars({"role": "user", "content": "hello"}) == 5
+
+
+def test_user_non_bmp_text_counts_utf16_units():
+    message = {"role": "user", "content": [text("😀😀a")]}
+    # 2 + 2 + 1 = 5 code units -> ceil(5/4) = 2 (counting code points would give 3 -> 1)
+    assert estimate_message_chars(message) == 5
+    assert estimate_message_tokens(message) == 2
+
+
+def test_user_images_count_zero():
+    message = {"role": "user", "content": [text("abcd"), IMAGE, text("ef")]}
+    # 4 + 0 (image) + 2 = 6 -> ceil(6/4) = 2
+    assert estimate_message_chars(message) == 6
+    assert estimate_message_tokens(message) == 2
+
+
+def test_user_image_only_is_zero():
+    assert estimate_message_tokens({"role": "user", "content": [IMAGE]}) == 0
+
+
+# ------------------------------------------------------------------ estimate: custom and toolResult
+
+
+def test_image_chars_constant_is_4800():
+    assert IMAGE_CHARS == 4800  # 1200 tokens per image (the source comment's 4000 is wrong)
+
+
+def test_tool_result_image_adds_4800_chars():
+    message = {"role": "toolResult", "toolCallId": "c", "toolName": "read", "content": [text("abc"), IMAGE],
+               "isError": False}
+    # 3 + 4800 = 4803 -> ceil(4803/4) = 1201
+    assert estimate_message_chars(message) == 4803
+    assert estimate_message_tokens(message) == 1201
+
+
+def test_custom_images_add_4800_chars_each():
+    message = {"role": "custom", "customType": "x", "content": [IMAGE, text("ab"), IMAGE], "display": True}
+    # 4800 + 2 + 4800 = 9602 -> ceil(9602/4) = 2401
+    assert estimate_message_chars(message) == 9602
+    assert estimate_message_tokens(message) == 2401
+
+
+def test_custom_string_content_counts_its_length():
+    message = {"role": "custom", "customType": "x", "content": "abcdefgh", "display": False}
+    assert estimate_message_chars(message) == 8  # -> 2 tokens
+    assert estimate_message_tokens(message) == 2
+
+
+# ------------------------------------------------------------------ estimate: assistant
+
+
+def test_aborted_assistant_with_empty_content_is_zero():
+    message = assistant(stopReason="aborted", errorMessage="Request was aborted.",
+                        usage={"input": 500, "output": 30, "cacheRead": 0, "cacheWrite": 0})
+    assert estimate_message_chars(message) == 0
+    assert estimate_message_tokens(message) == 0
+
+
+def test_assistant_text_thinking_and_tool_call_without_signatures():
+    message = assistant(
+        {"type": "thinking", "thinking": "hmm", "thinkingSignature": "S" * 1000},
+        {"type": "text", "text": "Hi", "textSignature": "T" * 500},
+        tool_call("read", {"path": "é/😀.txt"}),
+    )
+    # thinking "hmm" 3 + text "Hi" 2 + name "read" 4
+    # + {"path":"é/😀.txt"}: braces 2 + "path" 6 + colon 1 + ("é/😀.txt" = 1+1+2+4 = 8, quoted 10) = 19
+    # = 3 + 2 + 4 + 19 = 28 -> 7 tokens; the 1500 signature chars are not counted
+    assert estimate_message_chars(message) == 28
+    assert estimate_message_tokens(message) == 7
+
+
+def test_redacted_thinking_counts_only_its_thinking_string():
+    message = assistant({"type": "thinking", "thinking": "abc", "redacted": True, "thinkingSignature": "Z" * 99})
+    assert estimate_message_chars(message) == 3
+
+
+def test_tool_call_arguments_with_nested_values_and_js_numbers():
+    message = assistant(tool_call("edit", {"items": [{"n": 1.0}, {"n": 1e21}], "e": 1e-7}))
+    # "edit" 4 + {"items":[{"n":1},{"n":1e+21}],"e":1e-7} 40 (see test above) = 44 -> 11 tokens
+    assert estimate_message_chars(message) == 44
+    assert estimate_message_tokens(message) == 11
+
+
+def test_tool_call_arguments_with_escapes_and_lone_surrogates():
+    message = assistant(tool_call("bash", {"q": 'say "hi"\n', "c": "\x00\x1f", "s": "a\ud83d", "t": "\udc00b"}))
+    # "bash" 4 + 67 (see test_js_json_length_escapes_...) = 71 -> ceil(71/4) = 18
+    assert estimate_message_chars(message) == 71
+    assert estimate_message_tokens(message) == 18
+
+
+def test_tool_call_arguments_non_ascii_kept_raw():
+    message = assistant(tool_call("write", {"ключ": "значение"}))
+    # "write" 5 + {"ключ":"значение"} 19 = 24 (escaped \uXXXX would give far more) -> 6 tokens
+    assert estimate_message_chars(message) == 24
+    assert estimate_message_tokens(message) == 6
+
+
+def test_several_tool_calls_add_up():
+    message = assistant(tool_call("a", {}), tool_call("bb", []), tool_call("c", None))
+    # (1 + "{}" 2) + (2 + "[]" 2) + (1 + "null" 4) = 3 + 4 + 5 = 12 -> 3 tokens
+    assert estimate_message_chars(message) == 12
+    assert estimate_message_tokens(message) == 3
+
+
+def test_assistant_images_are_not_counted():
+    message = assistant(text("ab"), IMAGE)
+    assert estimate_message_chars(message) == 2  # an image block is no assistant block type Pi counts
+
+
+# ------------------------------------------------------------------ estimate: other roles
+
+
+def test_bash_execution_counts_command_plus_output():
+    message = {"role": "bashExecution", "command": "ls -la", "output": "a\nb😀", "exitCode": 0,
+               "cancelled": False, "truncated": False}
+    # "ls -la" 6 + "a\nb😀" (1+1+1+2 = 5) = 11 -> 3 tokens
+    assert estimate_message_chars(message) == 11
+    assert estimate_message_tokens(message) == 3
+
+
+def test_bash_execution_counted_even_when_excluded_from_context():
+    message = {"role": "bashExecution", "command": "ls", "output": "abc", "excludeFromContext": True}
+    assert estimate_message_chars(message) == 5  # 2 + 3
+
+
+def test_branch_summary_counts_summary_only():
+    message = {"role": "branchSummary", "summary": "abcde", "fromId": "deadbeef-long-id"}
+    assert estimate_message_chars(message) == 5  # -> 2 tokens
+    assert estimate_message_tokens(message) == 2
+
+
+def test_compaction_summary_counts_summary_only():
+    message = {"role": "compactionSummary", "summary": "x" * 9, "tokensBefore": 123456}
+    assert estimate_message_chars(message) == 9  # -> ceil(9/4) = 3
+    assert estimate_message_tokens(message) == 3
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "system", "content": "You are Pi, a coding agent.", "sections": {"preamble": "You are Pi."}},
+        {"role": "system", "content": [text("You are Pi.")], "sections": {}},
+        {"role": "hookMessage", "content": "raw v1 hook message"},  # only counted after migration to custom
+        {"role": "narrator", "content": "something"},
+        {"content": "no role at all"},
+    ],
+    ids=["system-string", "system-blocks", "hookMessage", "unknown-role", "no-role"],
+)
+def test_system_and_unknown_roles_count_zero(message):
+    assert estimate_message_chars(message) == 0
+    assert estimate_message_tokens(message) == 0
+
+
+# ------------------------------------------------------------------ text pieces for the real tokenizer
+
+
+def test_text_pieces_user_skip_images_and_empty_text():
+    message = {"role": "user", "content": [text("hello"), IMAGE, text(""), text("world")]}
+    assert message_text_pieces(message) == ["hello", "world"]
+
+
+def test_text_pieces_user_string():
+    assert message_text_pieces({"role": "user", "content": "hi"}) == ["hi"]
+
+
+def test_text_pieces_assistant_blocks_with_compact_raw_unicode_arguments():
+    message = assistant(
+        {"type": "thinking", "thinking": "hmm", "thinkingSignature": "S"},
+        text("Hi"),
+        tool_call("read", {"path": "é/😀.txt", "limit": 5}),
+    )
+    assert message_text_pieces(message) == ["hmm", "Hi", 'read{"path":"é/😀.txt","limit":5}']
+
+
+def test_text_pieces_tool_result_excludes_images():
+    message = {"role": "toolResult", "content": [text("out"), IMAGE]}
+    assert message_text_pieces(message) == ["out"]
+
+
+def test_text_pieces_bash_summary_and_system():
+    assert message_text_pieces({"role": "bashExecution", "command": "ls", "output": "a"}) == ["lsa"]
+    assert message_text_pieces({"role": "branchSummary", "summary": "s"}) == ["s"]
+    assert message_text_pieces({"role": "compactionSummary", "summary": "c"}) == ["c"]
+    assert message_text_pieces({"role": "system", "content": "You are Pi."}) == []
+    assert message_text_pieces(assistant()) == []  # aborted, empty content
+
+
+def test_text_pieces_measure_the_same_chars_as_the_estimate_without_images():
+    message = assistant(
+        {"type": "thinking", "thinking": "think 😀"},
+        text("naïve"),
+        tool_call("edit", {"path": "a.py", "edits": [{"old": "x", "new": "y\n"}], "n": 3}),
+    )
+    assert sum(js_len(p) for p in message_text_pieces(message)) == estimate_message_chars(message)
+
+
+# ------------------------------------------------------------------ tiktoken o200k_base, offline
+
+
+def test_count_tokens_o200k_base():
+    # o200k_base: "hello world" -> ["hello", " world"] = 2; "Hello, world!" -> ["Hello", ",", " world", "!"] = 4
+    assert count_tokens(["hello world", "Hello, world!"]) == [2, 4]
+
+
+def test_count_tokens_single_thread_and_empty_inputs():
+    assert count_tokens(["a", "a", "a"], threads=1) == [1, 1, 1]
+    assert count_tokens([]) == []
+    assert count_tokens([""]) == [0]
+
+
+def test_count_text_tokens():
+    assert count_text_tokens("hello world") == 2
+    assert count_text_tokens("") == 0
+
+
+def test_count_tokens_tolerates_lone_surrogates():
+    assert count_tokens(["x\ud800y"])[0] >= 1
+
+
+def test_encoding_loads_without_network(monkeypatch):
+    import tiktoken.registry
+
+    monkeypatch.setattr(tokens, "_encodings", {})  # force a fresh load from the files on disk
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the tokenizer tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    assert count_tokens(["hello world"]) == [2]
+
+
+def test_missing_encoding_file_raises_instead_of_downloading(monkeypatch, tmp_path):
+    monkeypatch.setattr(tokens, "_encodings", {})
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # an empty cache directory
+    with pytest.raises(TokenizerUnavailable, match="not found"):
+        count_tokens(["hello"])
+
+
+def test_unknown_encoding_raises():
+    with pytest.raises(TokenizerUnavailable, match="unknown tiktoken encoding"):
+        count_tokens(["hello"], encoding="no_such_encoding")

@@ -1,0 +1,182 @@
+"""The session tree (pi-sessions.md §1.6): effective parents, leaves, root-first paths, and the cycle
+guard Pi lacks. Rows are (entry_id, raw parent_id, line_no)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from om_core.tree import Forest, TreeNote, build_forest
+
+
+@pytest.fixture(autouse=True)
+def no_infinite_loops():
+    """A cycle the guard misses would hang forever: fail after 5 s instead."""
+
+    def timeout(signum, frame):
+        raise TimeoutError("tree walk did not terminate (cycle not broken?)")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def kinds(forest: Forest) -> list[tuple[str, str]]:
+    return [(n.entry_id, n.kind) for n in forest.notes]
+
+
+def every_path_terminates(forest: Forest) -> None:
+    for entry_id in forest.parent:
+        path = forest.path(entry_id)
+        assert path[-1] == entry_id
+        assert len(path) == len(set(path)) <= len(forest.parent)
+        assert forest.parent[path[0]] is None
+
+
+# ------------------------------------------------------------------ plain trees
+
+
+def test_linear_chain():
+    forest = build_forest([("a", None, 2), ("b", "a", 3), ("c", "b", 4)])
+    assert forest.notes == []
+    assert forest.leaves() == ["c"]
+    assert forest.path("c") == ["a", "b", "c"]
+
+
+def test_leaves_in_file_order_not_id_order():
+    # z (line 2) root; y (line 3) and x (line 5) children of z; w (line 4) child of y
+    forest = build_forest([("z", None, 2), ("y", "z", 3), ("w", "y", 4), ("x", "z", 5)])
+    assert forest.leaves() == ["w", "x"]
+
+
+def test_path_of_an_interior_entry():
+    forest = build_forest([("a", None, 2), ("b", "a", 3), ("c", "b", 4), ("d", "b", 5)])
+    assert forest.path("b") == ["a", "b"]
+    assert forest.path("a") == ["a"]
+
+
+def test_branch_rows_positions_are_zero_based_per_leaf():
+    forest = build_forest([("a", None, 2), ("b", "a", 3), ("c", "b", 4), ("d", "a", 5)])
+    assert list(forest.branch_rows()) == [
+        ("c", 0, "a"), ("c", 1, "b"), ("c", 2, "c"),
+        ("d", 0, "a"), ("d", 1, "d"),
+    ]
+
+
+def test_several_roots():
+    forest = build_forest([("a", None, 2), ("b", None, 3), ("c", "a", 4)])
+    assert forest.leaves() == ["b", "c"]
+    assert forest.path("b") == ["b"]
+
+
+def test_forward_reference_resolves():
+    # b is written before its parent a: still a parent (Pi looks ids up in a map)
+    forest = build_forest([("b", "a", 2), ("a", None, 3)])
+    assert forest.notes == []
+    assert forest.parent == {"b": "a", "a": None}
+    assert forest.leaves() == ["b"]
+    assert forest.path("b") == ["a", "b"]
+
+
+def test_file_order_is_kept():
+    forest = build_forest([("a", None, 2), ("b", "a", 7)])
+    assert forest.order == {"a": 2, "b": 7}
+
+
+def test_duplicate_id_later_entry_wins():
+    # Pi's byId: the later entry with the same id overwrites the earlier one
+    forest = build_forest([("a", None, 2), ("b", "a", 3), ("b", None, 4)])
+    assert forest.parent["b"] is None
+    assert forest.order["b"] == 4
+    assert forest.leaves() == ["a", "b"]
+
+
+# ------------------------------------------------------------------ dangling parents
+
+
+def test_dangling_parent_becomes_a_root_with_a_note():
+    forest = build_forest([("a", None, 2), ("b", "ghost", 3), ("c", "b", 4)])
+    assert forest.parent["b"] is None
+    assert forest.path("c") == ["b", "c"]
+    assert kinds(forest) == [("b", "dangling_parent")]
+    assert "ghost" in forest.notes[0].detail
+    assert forest.leaves() == ["a", "c"]
+
+
+def test_every_dangling_parent_is_noted_once():
+    forest = build_forest([("a", "x", 2), ("b", "y", 3)])
+    assert kinds(forest) == [("a", "dangling_parent"), ("b", "dangling_parent")]
+    assert forest.leaves() == ["a", "b"]
+
+
+# ------------------------------------------------------------------ cycles
+
+
+def test_self_parent_is_broken():
+    forest = build_forest([("a", "a", 2), ("b", "a", 3)])
+    assert forest.parent == {"a": None, "b": "a"}
+    assert kinds(forest) == [("a", "parent_cycle")]
+    assert forest.path("b") == ["a", "b"]
+    assert forest.leaves() == ["b"]
+
+
+def test_two_cycle_broken_at_the_forward_edge():
+    # a (line 2) -> parent b (line 3): forward edge, cut here; b -> a stays
+    forest = build_forest([("a", "b", 2), ("b", "a", 3)])
+    assert forest.parent == {"a": None, "b": "a"}
+    assert kinds(forest) == [("a", "parent_cycle")]
+    assert forest.notes[0] == TreeNote("a", "parent_cycle", forest.notes[0].detail)
+    assert forest.leaves() == ["b"]
+    assert forest.path("b") == ["a", "b"]
+
+
+def test_two_cycle_broken_at_the_forward_edge_whatever_the_walk_order():
+    # b (line 2) -> parent a (line 3) is the forward edge; the walk starts at b (first in file order)
+    forest = build_forest([("b", "a", 2), ("a", "b", 3)])
+    assert forest.parent == {"b": None, "a": "b"}
+    assert kinds(forest) == [("b", "parent_cycle")]
+
+
+def test_three_cycle_broken_once():
+    # a (2) -> c (4) forward; b (3) -> a; c (4) -> b
+    forest = build_forest([("a", "c", 2), ("b", "a", 3), ("c", "b", 4)])
+    assert forest.parent == {"a": None, "b": "a", "c": "b"}
+    assert kinds(forest) == [("a", "parent_cycle")]
+    assert forest.leaves() == ["c"]
+    assert forest.path("c") == ["a", "b", "c"]
+
+
+def test_cycle_reached_from_a_tail():
+    # t (2) -> b; a (3) -> b (4) forward; b (4) -> a. The walk from t enters the cycle at b.
+    forest = build_forest([("t", "b", 2), ("a", "b", 3), ("b", "a", 4)])
+    assert forest.parent == {"t": "b", "a": None, "b": "a"}
+    assert kinds(forest) == [("a", "parent_cycle")]
+    assert forest.path("t") == ["a", "b", "t"]
+    assert forest.leaves() == ["t"]
+
+
+def test_two_separate_cycles_each_broken_once():
+    forest = build_forest([("a", "b", 2), ("b", "a", 3), ("c", "c", 4), ("d", "c", 5)])
+    assert kinds(forest) == [("a", "parent_cycle"), ("c", "parent_cycle")]
+    assert forest.leaves() == ["b", "d"]
+    every_path_terminates(forest)
+
+
+def test_cycle_and_dangling_parent_together():
+    forest = build_forest([("a", "zz", 2), ("b", "c", 3), ("c", "b", 4), ("d", "c", 5)])
+    assert sorted(kinds(forest)) == [("a", "dangling_parent"), ("b", "parent_cycle")]
+    assert forest.path("d") == ["b", "c", "d"]
+    every_path_terminates(forest)
+
+
+def test_branch_rows_terminate_with_cycles():
+    forest = build_forest([("a", "c", 2), ("b", "a", 3), ("c", "b", 4)])
+    assert list(forest.branch_rows()) == [("c", 0, "a"), ("c", 1, "b"), ("c", 2, "c")]
+
+
+def test_empty_forest():
+    forest = build_forest([])
+    assert forest.leaves() == [] and list(forest.branch_rows()) == [] and forest.notes == []
