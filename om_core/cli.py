@@ -33,6 +33,7 @@ err = Console(stderr=True)
 
 class _State:
     db: Path = Path("om.duckdb")
+    config: Optional[Path] = None
 
 
 state = _State()
@@ -43,8 +44,12 @@ def _global(
     db: Optional[str] = typer.Option(
         None, "--db", envvar="OM_DB", help="DuckDB file (default ./om.duckdb; env OM_DB).", show_default=False
     ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="Settings file (TOML; default ./om.toml when present).", show_default=False
+    ),
 ) -> None:
     state.db = resolve_db_path(db)
+    state.config = config
 
 
 def _print_json(data: Any) -> None:
@@ -284,6 +289,104 @@ def status(
     for e in s.lastErrors:
         out.print(f"[yellow]{e.get('source')}[/]: " + escape(f"{e.get('reason')} {e.get('detail') or ''}"),
                   highlight=False)
+
+
+# ------------------------------------------------------------------ workers: observe, reflect
+
+
+def _model_options_help() -> str:
+    return "litellm model string (openai/…, anthropic/…, openrouter/…, ollama/…), or 'offline'"
+
+
+def _print_stage(outcome, as_json: bool) -> None:
+    if as_json:
+        return
+    if outcome.outcome == "skipped":
+        out.print(f"{outcome.stage}: nothing to do ({outcome.reason})")
+    elif outcome.outcome == "failed":
+        err.print(f"[red]{outcome.stage} failed[/] ({outcome.error_kind}): {outcome.error}", highlight=False)
+    elif outcome.outcome == "empty":
+        out.print(f"{outcome.stage}: recorded nothing (deliberately empty; {outcome.rejected} rejected)")
+    else:
+        extra = f", {outcome.duplicates} duplicate(s)" if outcome.duplicates else ""
+        out.print(f"{outcome.stage}: appended {outcome.items} item(s) as record {outcome.ledger_id} "
+                  f"(covers up to {outcome.covers_up_to_id}; {outcome.rejected} rejected{extra})")
+    if outcome.turn_cap_reached:
+        err.print(f"[yellow]{outcome.stage} stopped at the turn cap ({outcome.turns} model calls)[/]")
+
+
+def _stage_setup(model: Optional[str], api_base: Optional[str], as_json: bool):
+    from om_core.settings import load_settings
+    from om_core.workers.stages import ModelConfig
+
+    settings = load_settings(state.config).settings
+    config = ModelConfig.from_settings(settings, model, api_base)
+    if config.offline and not as_json:
+        err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
+                  "to use a model[/]")
+    return settings, config
+
+
+@app.command()
+def observe(
+    session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Observe the branch ending at this entry."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=_model_options_help()),
+    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
+                                           help="Base URL of an OpenAI-compatible server."),
+    as_json: bool = typer.Option(False, "--json", help="Print the stage outcome as JSON."),
+) -> None:
+    """Run one observer stage now on the oldest uncovered chunk, even below the threshold."""
+    from om_core.workers.stages import observe_now
+
+    settings, config = _stage_setup(model, api_base, as_json)
+    outcome = observe_now(state.db, session, leaf, config, settings)
+    if as_json:
+        _print_json({**outcome.as_json(), "offline": config.offline})
+    _print_stage(outcome, as_json)
+    if outcome.outcome == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def reflect(
+    session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Reflect on the branch ending at this entry."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=_model_options_help()),
+    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
+                                           help="Base URL of an OpenAI-compatible server."),
+    as_json: bool = typer.Option(False, "--json", help="Print the stage outcomes as JSON."),
+) -> None:
+    """Run the reflector now, then the dropper if it added reflections and the pool is over target."""
+    from om_core.workers.stages import reflect_now
+
+    settings, config = _stage_setup(model, api_base, as_json)
+    outcomes = reflect_now(state.db, session, leaf, config, settings)
+    if as_json:
+        _print_json({"stages": [o.as_json() for o in outcomes], "offline": config.offline})
+    for outcome in outcomes:
+        _print_stage(outcome, as_json)
+    if any(o.outcome == "failed" for o in outcomes):
+        raise typer.Exit(1)
+
+
+@app.command("config")
+def show_config(as_json: bool = typer.Option(False, "--json", help="Print settings and sources as JSON.")) -> None:
+    """Print the resolved settings and where each value came from (defaults, Pi settings files,
+    om.toml or --config, OM_* environment variables)."""
+    from om_core.settings import load_settings
+
+    resolved = load_settings(state.config)
+    if as_json:
+        _print_json({"settings": resolved.settings.model_dump(mode="json"),
+                     "sources": {k: src for k, _, src in resolved.rows()}, "notes": resolved.notes})
+        return
+    table = Table("setting", "value", "source")
+    for key, value, source in resolved.rows():
+        table.add_row(key, json.dumps(value), source)
+    out.print(table)
+    for note in resolved.notes:
+        err.print(f"[yellow]note:[/] {note}")
 
 
 def main() -> None:

@@ -18,3 +18,147 @@ critical for how much it matters. When two observations disagree, the newer one 
 - Every line starts with a 12-character memory id. When an exact detail matters before you act (the \
 user's own words, a command, an error message, a path, the reason behind a decision), call `recall` \
 with that id to read the original messages."""
+
+
+# ---------------------------------------------------------------- workers (SPEC §8)
+# Each worker gets a fixed system prompt and a user message whose stable parts (memory) come
+# before the part that changes every call (the new conversation chunk).
+
+RELEVANCE_GUIDE = """\
+Relevance tiers:
+- critical: who the user is, explicit corrections, hard constraints, finished outcomes, and facts that \
+need the strongest evidence before they may leave memory.
+- high: important decisions and their reasons, non-trivial technical direction, open blockers, key \
+preferences.
+- medium: useful task context and ordinary progress.
+- low: routine status, tool acknowledgements, details easy to find again nearby."""
+
+OBSERVER_SYSTEM = f"""\
+You keep the memory of a long coding session between a user and an AI coding agent. You read the \
+newest stretch of the conversation and write observations: short, dated, factual notes of what \
+happened, each backed by the entries it came from. Later, when the conversation is compacted, these \
+notes replace the raw messages, so write what the agent will need to carry on the work correctly.
+
+What to capture:
+- What the user asserts, decides, requires, forbids or prefers, in their own terms. Keep a user's \
+statement of fact apart from a question they asked: "User said the API is read-only" is not \
+"User asked whether the API is read-only".
+- Corrections: when the user corrects the agent, record the correction and what it replaced.
+- Exact identifiers: file paths, function and table names, commands, flags, versions, error \
+messages, URLs, numbers. Copy them exactly; never paraphrase an identifier.
+- Decisions together with their reasons, and rejected alternatives.
+- Finished work: what was completed and how it was verified, so it is not done again.
+- Errors and failures, and whether they were resolved.
+- Supersession: when something replaces an earlier fact or plan, say what it supersedes.
+
+{RELEVANCE_GUIDE}
+
+Rules:
+- One observation per fact; each one line of plain prose, self-contained, at most a few sentences.
+- Cite in sourceEntryIds the ids of the entries in this chunk that support the observation. Only ids \
+shown in this chunk are accepted.
+- timestamp is when it happened, as YYYY-MM-DD HH:MM, taken from the entries.
+- Do not repeat what the existing memory already says unless it changed.
+- Recording nothing is a valid answer when the chunk holds nothing worth keeping.
+
+Call record_observations (once, or several times if a receipt asks you to fix something), then \
+answer with a short plain-text message and no tool call to finish."""
+
+REFLECTOR_SYSTEM = f"""\
+You keep the long-term memory of a coding session. From the active observations you distill \
+reflections: durable conclusions that should shape the rest of the work, such as the user's \
+standing preferences and constraints, architectural decisions, recurring behaviour, and long-lived \
+facts about the project and the people in it.
+
+Reflections are fewer and more durable than observations. Do not turn every observation into a \
+reflection; one-off events stay observations. Each reflection is a single line and cites in \
+supportingObservationIds all and only the active observations whose lasting meaning it preserves \
+with the same fidelity: inflated support makes later pruning look safer than it is.
+
+Each active observation is shown with its coverage: none (no reflection cites it), partial (one \
+does), strong (two or more do). Coverage tells you what is not yet preserved; it is not a quota.
+
+{RELEVANCE_GUIDE}
+
+Call record_reflections with new reflections only (an existing reflection need not be repeated), \
+then answer with a short plain-text message and no tool call. Recording nothing is valid."""
+
+DROPPER_SYSTEM = """\
+You prune the active memory of a coding session. The active observations take more tokens than \
+their target, so some may leave active memory. Dropping only retires an observation from what the \
+agent sees; it stays in the ledger and can still be recalled by id.
+
+An observation is safe to drop when its lasting meaning is preserved elsewhere: by reflections \
+that cite it (coverage partial or strong), by a newer observation that supersedes it, or because \
+it is routine and easy to find again. Keep user assertions, exact decisions, unique identifiers, \
+dated events, errors and their resolution, and reasons, unless they are safely represented. \
+Relevance is resistance, not a lock: critical observations need the strongest case.
+
+Call drop_observations with the ids to drop (at most the maximum given) and a short reason, then \
+answer with a short plain-text message and no tool call. Dropping fewer, or none, is valid."""
+
+OBSERVATION_ITEM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "timestamp": {"type": "string", "description": "When it happened: YYYY-MM-DD HH:MM"},
+        "content": {"type": "string", "description": "One line of plain prose"},
+        "relevance": {"type": "string", "enum": ["low", "medium", "high", "critical"]},
+        "sourceEntryIds": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                           "description": "Ids of the entries in this chunk that support it"},
+    },
+    "required": ["timestamp", "content", "relevance", "sourceEntryIds"],
+}
+
+RECORD_OBSERVATIONS_TOOL = (
+    "record_observations",
+    "Record observations about the conversation chunk. Returns a receipt per observation.",
+    {"type": "object", "properties": {"observations": {"type": "array", "items": OBSERVATION_ITEM_SCHEMA}},
+     "required": ["observations"]},
+)
+
+RECORD_REFLECTIONS_TOOL = (
+    "record_reflections",
+    "Record durable reflections, each citing the active observations it preserves.",
+    {"type": "object", "properties": {"reflections": {"type": "array", "items": {
+        "type": "object",
+        "properties": {"content": {"type": "string", "description": "One line"},
+                       "supportingObservationIds": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
+        "required": ["content", "supportingObservationIds"]}}},
+     "required": ["reflections"]},
+)
+
+DROP_OBSERVATIONS_TOOL = (
+    "drop_observations",
+    "Retire active observations from active memory by id (they remain recallable).",
+    {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}},
+                                      "reason": {"type": "string"}},
+     "required": ["ids"]},
+)
+
+
+def memory_block(reflection_lines: list[str], observation_lines: list[str]) -> str:
+    reflections = "\n".join(reflection_lines) or "(none yet)"
+    observations = "\n".join(observation_lines) or "(none yet)"
+    return f"## Current reflections\n{reflections}\n\n## Active observations\n{observations}"
+
+
+def observer_message(memory: str, now: str, chunk: str, first_id: str, last_id: str) -> str:
+    return (f"{memory}\n\n## Current time\n{now}\n\n"
+            f"## New conversation entries ({first_id} to {last_id})\n{chunk}\n\n"
+            "Record the observations this chunk deserves.")
+
+
+def reflector_message(reflection_lines: list[str], covered_observation_lines: list[str]) -> str:
+    return (memory_block(reflection_lines, covered_observation_lines)
+            + "\n\nEach observation line ends with its coverage. Record the reflections that are due.")
+
+
+def dropper_message(reflection_lines: list[str], covered_observation_lines: list[str], pool_tokens: float,
+                    target_tokens: int, max_drops: int) -> str:
+    return (memory_block(reflection_lines, covered_observation_lines)
+            + f"\n\n## Budget\nActive observations: {len(covered_observation_lines)} using {pool_tokens:g} "
+              f"tokens; target {target_tokens} tokens. Drop at most {max_drops}.")
+
+
+EXCERPT_MARKER = "\n[… {omitted} characters omitted from the middle of this entry; the stored entry is complete …]\n"
+TRUNCATION_MARKER = " [… truncated]"

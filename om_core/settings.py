@@ -7,10 +7,18 @@ variables ``OM_<SETTING_IN_SNAKE_CASE>``, then command-line flags. Nothing is re
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Literal
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from om_core.errors import OmError
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
@@ -85,3 +93,110 @@ class Settings(BaseModel):
         if self.compactAfterTokensMode == "ratio" and self.contextWindow:
             return math.floor(self.contextWindow * self.compactAfterTokensRatio)
         return self.compactAfterTokens
+
+
+# ---------------------------------------------------------------- where settings come from
+
+PI_SETTINGS_KEY = "observational-memory"
+FIELDS = tuple(Settings.model_fields)
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+_BY_SNAKE = {snake(f): f for f in FIELDS}
+
+
+class SettingsError(OmError, ValueError):
+    """A settings value that does not validate; the message names the key and where it came from."""
+
+
+class ResolvedSettings(BaseModel):
+    settings: Settings
+    sources: dict[str, str]  # key -> "default" | file path | "env OM_X" | "flag"
+    notes: list[str] = Field(default_factory=list)
+
+    def rows(self) -> list[tuple[str, Any, str]]:
+        data = self.settings.model_dump(mode="json")
+        return [(key, data[key], self.sources.get(key, "default")) for key in FIELDS]
+
+
+def _canonical(key: str) -> str | None:
+    if key in FIELDS:
+        return key
+    return _BY_SNAKE.get(key.replace("-", "_").lower())
+
+
+def _env_value(key: str, raw: str) -> Any:
+    if key == "model":
+        raw = raw.strip()
+        return json.loads(raw) if raw.startswith("{") else {"id": raw}
+    return raw
+
+
+def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, Any] | None = None, *,
+                  env: Mapping[str, str] | None = None, home: Path | None = None,
+                  cwd: Path | None = None) -> ResolvedSettings:
+    """Resolve settings from defaults, Pi's settings files, om.toml, OM_* variables and flags."""
+    env = os.environ if env is None else env
+    home = Path.home() if home is None else home
+    cwd = Path.cwd() if cwd is None else cwd
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+
+    def take(layer: Mapping[str, Any], where: str, strict: bool) -> None:
+        for raw_key, value in layer.items():
+            key = _canonical(str(raw_key))
+            if key is None:
+                if strict:
+                    raise SettingsError(f"unknown setting {raw_key!r} in {where}; known: {', '.join(FIELDS)}")
+                notes.append(f"ignored unknown key {raw_key!r} in {where}")
+                continue
+            values[key] = value
+            sources[key] = where
+
+    for path in (home / ".pi" / "agent" / "settings.json", cwd / ".pi" / "settings.json"):
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except ValueError as exc:
+                raise SettingsError(f"{path} is not valid JSON: {exc}") from None
+            section = data.get(PI_SETTINGS_KEY) if isinstance(data, dict) else None
+            if isinstance(section, dict):
+                take(section, str(path), strict=False)  # Pi's files are read as-is
+    toml_path = Path(config) if config else cwd / "om.toml"
+    if config and not toml_path.is_file():
+        raise SettingsError(f"settings file {toml_path} does not exist")
+    if toml_path.is_file():
+        try:
+            data = tomllib.loads(toml_path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{toml_path} is not valid TOML: {exc}") from None
+        take(data.get(PI_SETTINGS_KEY, data) if isinstance(data.get(PI_SETTINGS_KEY), dict) else data,
+             str(toml_path), strict=True)
+    for key in FIELDS:
+        name = f"OM_{snake(key).upper()}"
+        if name in env and env[name] != "":
+            try:
+                values[key] = _env_value(key, env[name])
+            except ValueError as exc:
+                raise SettingsError(f"{name}: {exc}") from None
+            sources[key] = f"env {name}"
+    for key, value in (flags or {}).items():
+        if value is not None:
+            canonical = _canonical(key)
+            if canonical is None:
+                raise SettingsError(f"unknown setting {key!r}")
+            values[canonical] = value
+            sources[canonical] = "flag"
+    try:
+        settings = Settings(**values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            key = str(error["loc"][0]) if error["loc"] else "settings"
+            problems.append(f"{key} (from {sources.get(key, 'default')}): {error['msg']}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+    return ResolvedSettings(settings=settings, sources=sources, notes=notes)

@@ -27,7 +27,11 @@ SELECT * FROM progress_clocks($session_id, $tip);
 SELECT * FROM coverage_tiers($session_id, $tip);
 
 -- name: last_errors
-SELECT 'quarantine' AS source, reason, detail, quarantined_at AS occurred_at FROM quarantine WHERE session_id = $session_id
+SELECT 'stage' AS source, stage || ' ' || coalesce(error_kind, '') AS reason, error AS detail,
+       finished_at AS occurred_at
+FROM stage_runs WHERE session_id = $session_id AND outcome = 'failed'
+UNION ALL
+SELECT 'quarantine', reason, detail, quarantined_at FROM quarantine WHERE session_id = $session_id
 UNION ALL
 SELECT 'ledger', reason, kind || ' ' || entry_id, NULL FROM ledger_rejects WHERE session_id = $session_id
 ORDER BY occurred_at DESC NULLS LAST LIMIT 5;

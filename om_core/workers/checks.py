@@ -1,0 +1,202 @@
+"""Code, not the model, makes ids, token counts and validation (SPEC §8).
+
+Each check takes the arguments of one tool call, keeps what is valid, and returns a short receipt
+(recorded, duplicate, rejected and why) that goes back to the model so it can correct itself.
+The offline baseline submits through the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from om_core.ledger import RELEVANCE_ORDER, Observation, Reflection, memory_id
+from om_core.prompts import TRUNCATION_MARKER
+from om_core.render import observation_line
+from om_core.tokens import js_len
+
+MAX_CONTENT_CHARS = 10_000
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}$")
+COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
+
+TokenCounter = Callable[[str], int]
+
+
+def pi_token_counter(text: str) -> int:
+    """Pi's estimate of a rendered line: ceil(UTF-16 length / 4)."""
+    return math.ceil(js_len(text) / 4)
+
+
+def _timestamp(value: Any) -> str | None:
+    """``YYYY-MM-DD HH:MM``; an ISO timestamp is accepted and shortened."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if _TIMESTAMP.match(value):
+        return value
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.strftime("%Y-%m-%d %H:%M")
+
+
+def _id_list(value: Any) -> list[str] | None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        return None
+    return list(dict.fromkeys(value))  # keep order, drop repeats
+
+
+def _items(args: Any, key: str) -> tuple[list[Any] | None, str | None]:
+    if not isinstance(args, dict) or not isinstance(args.get(key), list):
+        return None, f'expected {{"{key}": [...]}}'
+    return args[key], None
+
+
+@dataclass
+class ObservationCheck:
+    chunk_ids: set[str]
+    known_ids: set[str]
+    count_tokens: TokenCounter = pi_token_counter
+    accepted: list[Observation] = field(default_factory=list)
+    duplicates: int = 0
+    rejected: int = 0
+
+    def submit(self, args: Any) -> str:
+        items, problem = _items(args, "observations")
+        if problem:
+            self.rejected += 1
+            return f"rejected: {problem}"
+        lines = []
+        for n, item in enumerate(items, start=1):
+            lines.append(f"{n}. {self._one(item)}")
+        return "record_observations receipt:\n" + ("\n".join(lines) if lines else "(no observations given)")
+
+    def _one(self, item: Any) -> str:
+        if not isinstance(item, dict):
+            self.rejected += 1
+            return "rejected: not an object"
+        content = item.get("content")
+        if not isinstance(content, str) or not content.strip():
+            self.rejected += 1
+            return "rejected: content must be non-empty text"
+        content = content.strip()
+        if len(content) > MAX_CONTENT_CHARS:
+            content = content[:MAX_CONTENT_CHARS] + TRUNCATION_MARKER
+        timestamp = _timestamp(item.get("timestamp"))
+        if timestamp is None:
+            self.rejected += 1
+            return "rejected: timestamp must be YYYY-MM-DD HH:MM"
+        relevance = item.get("relevance")
+        relevance = relevance.strip().lower() if isinstance(relevance, str) else relevance
+        if relevance not in RELEVANCE_ORDER:
+            self.rejected += 1
+            return "rejected: relevance must be low, medium, high or critical"
+        sources = _id_list(item.get("sourceEntryIds"))
+        if sources is None:
+            self.rejected += 1
+            return "rejected: sourceEntryIds must be a non-empty list of entry ids"
+        outside = [s for s in sources if s not in self.chunk_ids]
+        if outside:
+            self.rejected += 1
+            return f"rejected: sourceEntryIds {', '.join(outside)} are not entries of this chunk"
+        obs_id = memory_id(content)
+        if obs_id in self.known_ids or any(o.id == obs_id for o in self.accepted):
+            self.duplicates += 1
+            return f"duplicate [{obs_id}]: already recorded, skipped"
+        line = observation_line(obs_id, timestamp, relevance, content)
+        self.accepted.append(Observation(id=obs_id, content=content, timestamp=timestamp, relevance=relevance,
+                                         sourceEntryIds=sources, tokenCount=self.count_tokens(line)))
+        return f"recorded [{obs_id}]"
+
+
+@dataclass
+class ReflectionCheck:
+    active_ids: set[str]
+    existing_ids: set[str]
+    count_tokens: TokenCounter = pi_token_counter
+    accepted: list[Reflection] = field(default_factory=list)
+    duplicates: int = 0
+    rejected: int = 0
+
+    def submit(self, args: Any) -> str:
+        items, problem = _items(args, "reflections")
+        if problem:
+            self.rejected += 1
+            return f"rejected: {problem}"
+        lines = [f"{n}. {self._one(item)}" for n, item in enumerate(items, start=1)]
+        return "record_reflections receipt:\n" + ("\n".join(lines) if lines else "(no reflections given)")
+
+    def _one(self, item: Any) -> str:
+        if not isinstance(item, dict):
+            self.rejected += 1
+            return "rejected: not an object"
+        content = item.get("content")
+        if not isinstance(content, str) or not content.strip():
+            self.rejected += 1
+            return "rejected: content must be non-empty text"
+        content = content.strip()
+        if "\n" in content or "\r" in content:
+            self.rejected += 1
+            return "rejected: content must be a single line"
+        if len(content) > MAX_CONTENT_CHARS:
+            content = content[:MAX_CONTENT_CHARS] + TRUNCATION_MARKER
+        support = _id_list(item.get("supportingObservationIds"))
+        if support is None:
+            self.rejected += 1
+            return "rejected: supportingObservationIds must be a non-empty list of observation ids"
+        inactive = [s for s in support if s not in self.active_ids]
+        if inactive:
+            self.rejected += 1
+            return f"rejected: {', '.join(inactive)} are not active observations"
+        refl_id = memory_id(content)
+        if refl_id in self.existing_ids or any(r.id == refl_id for r in self.accepted):
+            self.duplicates += 1
+            return f"duplicate [{refl_id}]: this reflection already exists, skipped"
+        self.accepted.append(Reflection(id=refl_id, content=content, supportingObservationIds=support,
+                                        tokenCount=self.count_tokens(content)))
+        return f"recorded [{refl_id}]"
+
+
+@dataclass
+class DropCheck:
+    """Collects proposed ids; the final choice keeps at most ``max_drops``, safest first."""
+
+    active: dict[str, Any]  # obs id -> CoveredObservation (with .coverage and .observation)
+    max_drops: int
+    order: dict[str, int]  # obs id -> age order (smaller = older)
+    proposed: list[str] = field(default_factory=list)
+    ignored: int = 0
+    reason: str | None = None
+
+    def submit(self, args: Any) -> str:
+        if not isinstance(args, dict) or not isinstance(args.get("ids"), list):
+            return 'rejected: expected {"ids": [...], "reason": "..."}'
+        if isinstance(args.get("reason"), str):
+            self.reason = args["reason"]
+        lines = []
+        for value in args["ids"]:
+            if not isinstance(value, str) or value not in self.active:
+                self.ignored += 1
+                lines.append(f"ignored {value!r}: not an active observation")
+            elif value in self.proposed:
+                lines.append(f"already proposed [{value}]")
+            else:
+                self.proposed.append(value)
+                lines.append(f"proposed [{value}]")
+        lines.append(f"{len(self.proposed)} proposed so far; at most {self.max_drops} will be dropped")
+        return "drop_observations receipt:\n" + "\n".join(lines)
+
+    def safety_key(self, obs_id: str) -> tuple[int, int, int]:
+        covered = self.active[obs_id]
+        return (COVERAGE_ORDER[covered.coverage], RELEVANCE_ORDER[covered.observation.relevance], self.order[obs_id])
+
+    def selected(self) -> list[str]:
+        """Strong coverage before partial before none, then low before critical, then oldest first."""
+        if len(self.proposed) <= self.max_drops:
+            return list(self.proposed)
+        return sorted(self.proposed, key=self.safety_key)[: self.max_drops]

@@ -1,0 +1,248 @@
+"""What each worker reads (SPEC §8), gathered from the database at one branch tip.
+
+Inputs are plain data: the database is closed again before any model is called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+
+from om_core.ledger import Observation, Reflection
+from om_core.memory import CoveredObservation, clocks, coverage, ledger_memory
+from om_core.prompts import EXCERPT_MARKER
+from om_core.settings import Settings
+from om_core.source_text import entry_text, minute, role_label
+from om_core.sqlfiles import query
+
+
+@dataclass
+class SourceEntry:
+    entry_id: str
+    position: int
+    entry_type: str
+    role: str | None
+    timestamp: str  # YYYY-MM-DD HH:MM
+    tokens: int
+    obj: dict = field(repr=False)
+
+    @property
+    def label(self) -> str:
+        return role_label(self.entry_type, self.obj)
+
+    @property
+    def text(self) -> str:
+        return entry_text(self.entry_type, self.obj)
+
+    def message(self) -> dict:
+        message = self.obj.get("message")
+        return message if isinstance(message, dict) else {}
+
+
+def render_entry(entry: SourceEntry, max_chars: int | None = None) -> tuple[str, bool]:
+    """``--- entry <id> ---`` then ``[Role @ time]: text``; an over-long entry as a head…tail excerpt."""
+    text = entry.text
+    excerpted = False
+    if max_chars is not None and len(text) > max_chars:
+        head = int(max_chars * 0.6)
+        tail = max(0, max_chars - head)
+        omitted = len(text) - head - tail
+        text = text[:head] + EXCERPT_MARKER.format(omitted=omitted) + (text[-tail:] if tail else "")
+        excerpted = True
+    return f"--- entry {entry.entry_id} ---\n[{entry.label} @ {entry.timestamp}]: {text}", excerpted
+
+
+def _digest(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:24]
+
+
+@dataclass
+class MemoryLines:
+    reflections: list[Reflection]
+    observations: list[Observation]
+
+    @property
+    def reflection_lines(self) -> list[str]:
+        return [r.line() for r in self.reflections]
+
+    @property
+    def observation_lines(self) -> list[str]:
+        return [o.line() for o in self.observations]
+
+
+@dataclass
+class ObserverInput:
+    session_id: str
+    tip: str
+    now: str
+    memory: MemoryLines
+    chunk: list[SourceEntry]
+    rendered: list[str]
+    excerpted: bool
+    known_observation_ids: set[str]
+
+    @property
+    def first_id(self) -> str:
+        return self.chunk[0].entry_id
+
+    @property
+    def last_id(self) -> str:
+        return self.chunk[-1].entry_id
+
+    @property
+    def chunk_ids(self) -> set[str]:
+        return {e.entry_id for e in self.chunk}
+
+    @property
+    def chunk_text(self) -> str:
+        return "\n\n".join(self.rendered)
+
+    @property
+    def source_tokens(self) -> int:
+        return sum(e.tokens for e in self.chunk)
+
+    def stage_key(self, model: str) -> str:
+        return _digest(["observer", model, self.session_id, self.memory.reflection_lines,
+                        self.memory.observation_lines, self.now, [e.entry_id for e in self.chunk]])
+
+
+def _now_at(tip_ts: Any) -> str:
+    return minute(tip_ts) or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
+                   after_position: int | None = None) -> ObserverInput | None:
+    """The oldest chunk of uncovered source entries after the observation watermark (None: nothing)."""
+    use_tiktoken = settings.tokenCounter == "tiktoken"
+    cap = settings.chunk_max_tokens
+    start = after_position
+    if start is None:
+        observer_clock = clocks(con, session_id, tip, settings)["observer"]
+        start = observer_clock.from_position - 1
+    cursor = con.execute(query("observer_backlog"), {"session_id": session_id, "tip": tip, "after": start})
+    chunk: list[SourceEntry] = []
+    total = 0
+    while True:
+        rows = cursor.fetchmany(64)
+        if not rows:
+            break
+        done = False
+        for position, entry_id, entry_type, role, ts, tokens_pi, tokens_tt, raw in rows:
+            tokens = int((tokens_tt if use_tiktoken else tokens_pi) or 0)
+            if chunk and total + tokens > cap:
+                done = True
+                break
+            chunk.append(SourceEntry(entry_id, position, entry_type, role, minute(ts), tokens, json.loads(raw)))
+            total += tokens
+            if total >= cap:
+                done = True
+                break
+        if done:
+            break
+    cursor.fetchall()  # release the result before the next statement
+    if not chunk:
+        return None
+    rendered = []
+    excerpted = False
+    for entry in chunk:
+        # an entry alone over the cap is sent as a head…tail excerpt (about 4 characters a token)
+        text, cut = render_entry(entry, cap * 4 if entry.tokens > cap else None)
+        rendered.append(text)
+        excerpted |= cut
+    memory = ledger_memory(con, session_id, tip)
+    known = {row[0] for row in con.execute(query("recorded_observation_ids"), {"session_id": session_id, "tip": tip}).fetchall()}
+    tip_ts = con.execute(query("entry_timestamp"), {"session_id": session_id, "entry_id": tip}).fetchall()
+    return ObserverInput(
+        session_id=session_id, tip=tip, now=_now_at(tip_ts[0][0] if tip_ts else None),
+        memory=MemoryLines(memory.reflections, memory.observations), chunk=chunk, rendered=rendered,
+        excerpted=excerpted, known_observation_ids=known,
+    )
+
+
+@dataclass
+class ReflectorInput:
+    session_id: str
+    tip: str
+    reflections: list[Reflection]
+    covered: list[CoveredObservation]
+    observation_watermark: str  # the record's coversUpToId
+
+    @property
+    def active_ids(self) -> set[str]:
+        return {c.observation.id for c in self.covered}
+
+    def covered_lines(self) -> list[str]:
+        return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
+
+    def stage_key(self, model: str) -> str:
+        return _digest(["reflector", model, self.session_id, [r.line() for r in self.reflections],
+                        self.covered_lines(), self.observation_watermark])
+
+
+def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> ReflectorInput | None:
+    """None when no observation watermark exists yet (the reflector has nothing to stand on)."""
+    watermark = clocks(con, session_id, tip)["observer"].watermark_entry_id
+    if watermark is None:
+        return None
+    memory = ledger_memory(con, session_id, tip)
+    return ReflectorInput(session_id, tip, memory.reflections, coverage(con, session_id, tip), watermark)
+
+
+@dataclass
+class DropperInput:
+    session_id: str
+    tip: str
+    reflections: list[Reflection]
+    covered: list[CoveredObservation]
+    pool_tokens: float
+    target_tokens: int
+    max_drops: int
+    watermark: str
+
+    @property
+    def active(self) -> dict[str, CoveredObservation]:
+        return {c.observation.id: c for c in self.covered}
+
+    def covered_lines(self) -> list[str]:
+        return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
+
+    def stage_key(self, model: str) -> str:
+        return _digest(["dropper", model, self.session_id, [r.line() for r in self.reflections],
+                        self.covered_lines(), self.max_drops, self.watermark])
+
+
+def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
+    """ceil(tokens over target / average tokens per active observation), at least 1, at most the pool."""
+    if active_count == 0:
+        return 0
+    average = pool_tokens / active_count
+    over = pool_tokens - target_tokens
+    wanted = math.ceil(over / average) if average > 0 else active_count
+    return max(1, min(active_count, wanted))
+
+
+def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
+                  reflection_watermark: str | None) -> DropperInput | None:
+    """None unless the active pool is over ``observationsPoolTargetTokens``."""
+    covered = coverage(con, session_id, tip)
+    pool = sum(c.observation.tokenCount for c in covered)
+    target = settings.pool_target_tokens
+    if pool <= target or not covered:
+        return None
+    observation_watermark = clocks(con, session_id, tip)["observer"].watermark_entry_id
+    marks = [m for m in (observation_watermark, reflection_watermark) if m]
+    if not marks:
+        return None
+    # the earlier of the two watermarks, by branch position
+    positions = {row[0]: row[1] for row in con.execute(query("positions_of"), {"session_id": session_id, "tip": tip,
+                                                                               "ids": marks}).fetchall()}
+    watermark = min(marks, key=lambda m: positions.get(m, math.inf))
+    memory = ledger_memory(con, session_id, tip)
+    return DropperInput(session_id, tip, memory.reflections, covered, pool, target,
+                        max_drops(pool, target, len(covered)), watermark)

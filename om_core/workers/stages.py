@@ -1,0 +1,325 @@
+"""One worker stage against the database: read the input, run the worker, append the result.
+
+The database is open only to read the input and to write the result; the model runs in between
+with the file released, so an analyst's `om sql` works during long runs. A model or API failure is
+an error, never "nothing to record": nothing is appended, no watermark moves, and the failure is
+kept in ``stage_runs`` (shown by `om status`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal, Protocol
+
+import duckdb
+import pyarrow as pa
+
+from om_core import db as dbmod
+from om_core.ledger import (
+    OBSERVATIONS_DROPPED,
+    OBSERVATIONS_RECORDED,
+    REFLECTIONS_RECORDED,
+    ObservationsDropped,
+    ObservationsRecorded,
+    ReflectionsRecorded,
+    append_record,
+)
+from om_core.model import OFFLINE, CallRecord, LiteLLMModel, ModelError, RetryPolicy
+from om_core.settings import Settings
+from om_core.sqlfiles import query
+from om_core.tokens import count_text_tokens
+from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck, pi_token_counter
+from om_core.workers.inputs import dropper_input, observer_input, reflector_input
+from om_core.workers.llm import LoopResult, ModelBrain
+from om_core.workers.offline import OfflineBrain
+
+Outcome = Literal["recorded", "empty", "failed", "skipped"]
+
+
+class Brain(Protocol):
+    name: str
+    offline: bool
+
+    def observe(self, inp: Any, check: ObservationCheck) -> LoopResult: ...
+
+    def reflect(self, inp: Any, check: ReflectionCheck) -> LoopResult: ...
+
+    def drop(self, inp: Any, check: DropCheck) -> LoopResult: ...
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    outcome: Outcome
+    session_id: str
+    tip: str
+    model: str
+    reason: str | None = None  # why it was skipped
+    ledger_id: str | None = None
+    covers_up_to_id: str | None = None
+    items: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    turns: int = 0
+    turn_cap_reached: bool = False
+    error: str | None = None
+    error_kind: str | None = None
+    receipts: list[str] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+    stage_key: str | None = None
+    chunk: tuple[str, str] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "calls"}
+        data["model_calls"] = len(self.calls)
+        return data
+
+
+@dataclass
+class ModelConfig:
+    """Which model the workers use; ``offline`` (or nothing configured) means the extractive baseline."""
+
+    model: str | None = None
+    api_base: str | None = None
+    api_key: str | None = None
+    thinking: str = "off"
+    timeout: float = 120.0
+    stream: bool = False
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, model: str | None = None, api_base: str | None = None) -> ModelConfig:
+        chosen = model or (settings.model.litellm_name if settings.model else None)
+        return cls(model=chosen, api_base=api_base or settings.apiBase,
+                   thinking=settings.model.thinking if settings.model else "off",
+                   timeout=settings.requestTimeoutSeconds)
+
+    @property
+    def offline(self) -> bool:
+        return not self.model or self.model == OFFLINE
+
+
+def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord]) -> Brain:
+    if config.offline:
+        return OfflineBrain()
+    model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
+                         timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append)
+    return ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets)
+
+
+def token_counter(settings: Settings):
+    return pi_token_counter if settings.tokenCounter == "pi" else count_text_tokens
+
+
+# ------------------------------------------------------------------ writing results
+
+
+def _write_calls(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, stage_run_id: str, run_id: str | None) -> None:
+    if not outcome.calls:
+        return
+    rows = outcome.calls
+    table = pa.table({
+        "call_id": [c.call_id for c in rows],
+        "run_id": pa.array([run_id] * len(rows), pa.string()),
+        "stage_run_id": [stage_run_id] * len(rows),
+        "session_id": [outcome.session_id] * len(rows),
+        "stage": [outcome.stage] * len(rows),
+        "model": [c.model for c in rows],
+        "turn": pa.array([c.turn for c in rows], pa.int32()),
+        "input_tokens": pa.array([c.input_tokens for c in rows], pa.int32()),
+        "output_tokens": pa.array([c.output_tokens for c in rows], pa.int32()),
+        "cached_tokens": pa.array([c.cached_tokens for c in rows], pa.int32()),
+        "cost": pa.array([c.cost for c in rows], pa.float64()),
+        "latency_ms": pa.array([c.latency_ms for c in rows], pa.float64()),
+        "status": [c.status for c in rows],
+        "error_kind": pa.array([c.error_kind for c in rows], pa.string()),
+        "error": pa.array([c.error for c in rows], pa.string()),
+        "attempt": pa.array([c.attempt for c in rows], pa.int32()),
+        "started_at": pa.array([c.started_at for c in rows], pa.timestamp("us", tz="UTC")),
+    })
+    con.register("call_batch", table)
+    try:
+        con.execute(query("insert_model_calls"))
+    finally:
+        con.unregister("call_batch")
+
+
+def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payload: Any, kind: str | None,
+                   run_id: str | None, started_at: datetime) -> None:
+    """Append the stage's record (if any), its stage_runs row and its model calls, in one transaction."""
+    with dbmod.transaction(con):
+        if payload is not None and kind is not None:
+            if outcome.stage_key and dbmod.scalar(con, "ledger_has_stage_key",
+                                                  {"session_id": outcome.session_id, "stage_key": outcome.stage_key}):
+                outcome.reason = "already appended by an earlier run"
+            else:
+                outcome.ledger_id = append_record(con, outcome.session_id, kind, payload, anchor_entry_id=outcome.tip,
+                                                  run_id=run_id, stage=outcome.stage, stage_key=outcome.stage_key)
+        stage_run_id = uuid.uuid4().hex[:16]
+        con.execute(query("insert_stage_run"), {
+            "stage_run_id": stage_run_id, "run_id": run_id, "session_id": outcome.session_id,
+            "stage": outcome.stage, "stage_key": outcome.stage_key or "", "tip_entry_id": outcome.tip,
+            "chunk_first_id": outcome.chunk[0] if outcome.chunk else None,
+            "chunk_last_id": outcome.chunk[1] if outcome.chunk else None,
+            "model": outcome.model, "outcome": outcome.outcome, "records": 1 if outcome.ledger_id else 0,
+            "items": outcome.items, "rejected": outcome.rejected, "error_kind": outcome.error_kind,
+            "error": outcome.error, "receipts": "\n\n".join(outcome.receipts)[:20_000] or None,
+            "started_at": started_at,
+        })
+        _write_calls(con, outcome, stage_run_id, run_id)
+
+
+# ------------------------------------------------------------------ the three stages
+
+
+def _fail(outcome: StageOutcome, error: ModelError) -> StageOutcome:
+    outcome.outcome = "failed"
+    outcome.error = str(error)
+    outcome.error_kind = error.kind
+    return outcome
+
+
+def compute_observer(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, brain: Brain, settings: Settings,
+                     calls: list[CallRecord]) -> tuple[StageOutcome, ObservationsRecorded | None]:
+    """Run the observer on the oldest uncovered chunk. The connection is only read."""
+    inp = observer_input(con, session_id, tip, settings)
+    outcome = StageOutcome("observer", "skipped", session_id, tip, brain.name, calls=calls)
+    if inp is None:
+        outcome.reason = "no uncovered source entries"
+        return outcome, None
+    return run_observer(inp, brain, settings, outcome)
+
+
+def run_observer(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, ObservationsRecorded | None]:
+    outcome.stage_key = inp.stage_key(brain.name)
+    outcome.chunk = (inp.first_id, inp.last_id)
+    outcome.covers_up_to_id = inp.last_id
+    check = ObservationCheck(chunk_ids=inp.chunk_ids, known_ids=inp.known_observation_ids,
+                             count_tokens=token_counter(settings))
+    try:
+        loop = brain.observe(inp, check)
+    except ModelError as exc:
+        return _fail(outcome, exc), None
+    outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
+    outcome.items, outcome.duplicates, outcome.rejected = len(check.accepted), check.duplicates, check.rejected
+    if not check.accepted:
+        outcome.outcome = "empty"
+        return outcome, None
+    outcome.outcome = "recorded"
+    return outcome, ObservationsRecorded(observations=check.accepted, coversUpToId=inp.last_id)
+
+
+def run_reflector(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, ReflectionsRecorded | None]:
+    outcome.stage_key = inp.stage_key(brain.name)
+    outcome.covers_up_to_id = inp.observation_watermark
+    check = ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
+                            count_tokens=token_counter(settings))
+    try:
+        loop = brain.reflect(inp, check)
+    except ModelError as exc:
+        return _fail(outcome, exc), None
+    outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
+    outcome.items, outcome.duplicates, outcome.rejected = len(check.accepted), check.duplicates, check.rejected
+    if not check.accepted:
+        outcome.outcome = "empty"
+        return outcome, None
+    outcome.outcome = "recorded"
+    return outcome, ReflectionsRecorded(reflections=check.accepted, coversUpToId=inp.observation_watermark)
+
+
+def run_dropper(inp, brain: Brain, outcome: StageOutcome) -> tuple[StageOutcome, ObservationsDropped | None]:
+    outcome.stage_key = inp.stage_key(brain.name)
+    outcome.covers_up_to_id = inp.watermark
+    order = {c.observation.id: i for i, c in enumerate(inp.covered)}
+    check = DropCheck(active=inp.active, max_drops=inp.max_drops, order=order)
+    try:
+        loop = brain.drop(inp, check)
+    except ModelError as exc:
+        return _fail(outcome, exc), None
+    outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
+    chosen = check.selected()
+    outcome.items, outcome.rejected = len(chosen), check.ignored
+    if not chosen:
+        outcome.outcome = "empty"
+        return outcome, None
+    outcome.outcome = "recorded"
+    return outcome, ObservationsDropped(observationIds=chosen, coversUpToId=inp.watermark)
+
+
+KINDS = {"observer": OBSERVATIONS_RECORDED, "reflector": REFLECTIONS_RECORDED, "dropper": OBSERVATIONS_DROPPED}
+
+
+# ------------------------------------------------------------------ manual stages (om observe / om reflect)
+
+
+def _session_and_tip(db_path, session: str, leaf: str | None) -> tuple[str, str]:
+    from om_core.catalog import resolve_session, resolve_tip
+
+    with dbmod.reading(db_path) as con:
+        sid = resolve_session(con, session)
+        return sid, resolve_tip(con, sid, leaf)
+
+
+def observe_now(db_path, session: str, leaf: str | None, config: ModelConfig, settings: Settings,
+                run_id: str | None = None) -> StageOutcome:
+    """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
+    sid, tip = _session_and_tip(db_path, session, leaf)
+    calls: list[CallRecord] = []
+    brain = make_brain(config, settings, calls)
+    started = datetime.now(timezone.utc)
+    with dbmod.reading(db_path) as con:
+        inp = observer_input(con, sid, tip, settings)
+    outcome = StageOutcome("observer", "skipped", sid, tip, brain.name, calls=calls)
+    if inp is None:
+        outcome.reason = "no uncovered source entries on this branch"
+        return outcome
+    outcome, payload = run_observer(inp, brain, settings, outcome)
+    with dbmod.writing(db_path) as con:
+        record_outcome(con, outcome, payload, KINDS["observer"], run_id, started)
+    return outcome
+
+
+def reflect_now(db_path, session: str, leaf: str | None, config: ModelConfig, settings: Settings,
+                run_id: str | None = None) -> list[StageOutcome]:
+    """The reflector now; then the dropper if it appended reflections and the pool is over target."""
+    sid, tip = _session_and_tip(db_path, session, leaf)
+    calls: list[CallRecord] = []
+    brain = make_brain(config, settings, calls)
+    started = datetime.now(timezone.utc)
+    with dbmod.reading(db_path) as con:
+        inp = reflector_input(con, sid, tip)
+    outcome = StageOutcome("reflector", "skipped", sid, tip, brain.name, calls=calls)
+    if inp is None:
+        outcome.reason = "no observation watermark yet: run the observer first"
+        return [outcome]
+    outcome, payload = run_reflector(inp, brain, settings, outcome)
+    with dbmod.writing(db_path) as con:
+        record_outcome(con, outcome, payload, KINDS["reflector"], run_id, started)
+    results = [outcome]
+    if outcome.outcome == "recorded":
+        results.append(drop_now(db_path, sid, tip, config, settings, run_id, outcome.covers_up_to_id))
+    return results
+
+
+def drop_now(db_path, session_id: str, tip: str, config: ModelConfig, settings: Settings, run_id: str | None,
+             reflection_watermark: str | None) -> StageOutcome:
+    calls: list[CallRecord] = []
+    brain = make_brain(config, settings, calls)
+    started = datetime.now(timezone.utc)
+    with dbmod.reading(db_path) as con:
+        inp = dropper_input(con, session_id, tip, settings, reflection_watermark)
+    outcome = StageOutcome("dropper", "skipped", session_id, tip, brain.name, calls=calls)
+    if inp is None:
+        outcome.reason = "the active observation pool is within its target"
+        return outcome
+    outcome, payload = run_dropper(inp, brain, outcome)
+    with dbmod.writing(db_path) as con:
+        record_outcome(con, outcome, payload, KINDS["dropper"], run_id, started)
+    return outcome
+
+
+def stage_result_json(payload: Any) -> str:
+    return json.dumps(payload.model_dump(mode="json")) if payload is not None else "null"

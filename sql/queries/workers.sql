@@ -1,0 +1,57 @@
+-- name: observer_backlog
+-- Source entries on the branch after a position, oldest first (the observer's uncovered span).
+SELECT b.position, e.entry_id, e.entry_type, e.role, e.ts, e.tokens_pi, e.tokens, e.raw
+FROM branch($session_id, $tip) b
+JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+WHERE e.is_source AND b.position > $after
+ORDER BY b.position;
+
+-- name: recorded_observation_ids
+SELECT id FROM ledger_at($session_id, $tip) WHERE item_kind = 'observation';
+
+-- name: entry_timestamp
+SELECT ts FROM entries WHERE session_id = $session_id AND entry_id = $entry_id;
+
+-- name: positions_of
+SELECT entry_id, position FROM branch($session_id, $tip) WHERE list_contains($ids::VARCHAR[], entry_id);
+
+-- name: insert_stage_run
+INSERT INTO stage_runs (stage_run_id, run_id, session_id, stage, stage_key, tip_entry_id, chunk_first_id,
+                        chunk_last_id, model, outcome, records, items, rejected, error_kind, error, receipts,
+                        started_at)
+VALUES ($stage_run_id, $run_id, $session_id, $stage, $stage_key, $tip_entry_id, $chunk_first_id,
+        $chunk_last_id, $model, $outcome, $records, $items, $rejected, $error_kind, $error, $receipts,
+        $started_at);
+
+-- name: insert_model_calls
+INSERT INTO model_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens,
+                         output_tokens, cached_tokens, cost, latency_ms, status, error_kind, error, attempt,
+                         started_at)
+SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, output_tokens,
+       cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at
+FROM call_batch;
+
+-- name: last_empty_observer_run
+-- The latest deliberate empty observer result on this branch, for the backoff.
+SELECT s.tip_entry_id, s.chunk_last_id, b.position
+FROM stage_runs s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_id
+WHERE s.session_id = $session_id AND s.stage = 'observer' AND s.outcome = 'empty'
+ORDER BY b.position DESC, s.finished_at DESC
+LIMIT 1;
+
+-- name: source_tokens_after
+SELECT coalesce(sum(tokens_pi), 0), coalesce(sum(tokens), 0)
+FROM branch_detail($session_id, $tip) WHERE is_source AND position > $after;
+
+-- name: get_stage_result
+SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key;
+
+-- name: put_stage_result
+INSERT OR REPLACE INTO stage_results (session_id, stage_key, stage, result)
+VALUES ($session_id, $stage_key, $stage, $result);
+
+-- name: delete_stage_result
+DELETE FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key;
+
+-- name: ledger_has_stage_key
+SELECT count(*) > 0 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key;

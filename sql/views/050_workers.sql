@@ -1,0 +1,11 @@
+-- Model calls and stage runs for analysts.
+
+CREATE OR REPLACE VIEW llm_calls AS
+    SELECT call_id, run_id, session_id, stage, model, turn, attempt, input_tokens, output_tokens,
+           cached_tokens, cost, latency_ms, status, error_kind, error, started_at, stage_run_id
+    FROM model_calls;
+
+CREATE OR REPLACE VIEW stages AS
+    SELECT stage_run_id, run_id, session_id, stage, outcome, model, tip_entry_id, chunk_first_id,
+           chunk_last_id, records, items, rejected, error_kind, error, started_at, finished_at, stage_key
+    FROM stage_runs;
