@@ -7,6 +7,7 @@ opener retries briefly on a lock before giving a clear ``DatabaseBusy`` error.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
                     "try again when it finishes"
                 ) from None
             time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.1)  # poll often: a long run releases the file only briefly
 
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
@@ -185,3 +186,106 @@ def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | N
 def rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+# ------------------------------------------------------------------ databases that stages use
+
+
+class PathDatabase:
+    """Opens the file for each use: read-only to read, for writing to write (the CLI's way)."""
+
+    def __init__(self, path: str | os.PathLike, busy_seconds: float = DEFAULT_BUSY_SECONDS) -> None:
+        self.path = Path(path)
+        self.busy_seconds = busy_seconds
+
+    def read(self):
+        return reading(self.path, self.busy_seconds)
+
+    def write(self):
+        return writing(self.path, self.busy_seconds)
+
+
+class SharedDatabase:
+    """One write connection shared by the threads of a long run.
+
+    It is opened on first use and closed again once nobody has used it for ``idle_seconds``, or
+    after ``hold_seconds`` of continuous use, with a short pause, so that another process (an
+    analyst's `om sql`) can take the file between stages. Uses are serialised by a lock: database
+    work is short next to model calls.
+    """
+
+    def __init__(self, path: str | os.PathLike, busy_seconds: float = 120.0, hold_seconds: float = 2.0,
+                 pause_seconds: float = 0.3, idle_seconds: float = 0.2) -> None:
+        self.path = Path(path)
+        self.busy_seconds = busy_seconds
+        self.hold_seconds = hold_seconds
+        self.pause_seconds = pause_seconds
+        self.idle_seconds = idle_seconds
+        self._lock = threading.RLock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._opened = 0.0
+        self._last_used = 0.0
+        self._closer: threading.Timer | None = None
+        self._depth = 0
+
+    @contextmanager
+    def _use(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._lock:
+            self._depth += 1
+            try:
+                if self._con is None:
+                    self._con = connect(self.path, busy_seconds=self.busy_seconds)
+                    self._opened = time.monotonic()
+                yield self._con
+            finally:
+                self._depth -= 1
+                self._last_used = time.monotonic()
+                if self._depth == 0:
+                    if self._last_used - self._opened > self.hold_seconds:
+                        self._release()
+                        time.sleep(self.pause_seconds)  # holding the lock: others wait, a reader gets in
+                    else:
+                        self._schedule_close()
+
+    def read(self):
+        return self._use()
+
+    def write(self):
+        return self._use()
+
+    def _schedule_close(self) -> None:
+        if self._closer is not None:
+            self._closer.cancel()
+        self._closer = threading.Timer(self.idle_seconds, self._close_if_idle)
+        self._closer.daemon = True
+        self._closer.start()
+
+    def _close_if_idle(self) -> None:
+        with self._lock:
+            if self._depth == 0 and time.monotonic() - self._last_used >= self.idle_seconds * 0.9:
+                self._release()
+
+    def _release(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closer is not None:
+                self._closer.cancel()
+            self._release()
+
+
+_shared: dict[str, SharedDatabase] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_database(path: str | os.PathLike) -> SharedDatabase:
+    """The process-wide shared database for ``path`` (one per file per process)."""
+    key = str(Path(path).resolve())
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = SharedDatabase(key)
+        return _shared[key]
+

@@ -32,7 +32,7 @@ FOLDED_TYPE = "om.folded"
 
 Relevance = Literal["low", "medium", "high", "critical"]
 RELEVANCE_ORDER = {"low": 0, "medium": 1, "high": 2, "critical": 3}
-_MEMORY_ID = re.compile(r"^[0-9a-f]{12}$")
+_MEMORY_ID = re.compile(r"[0-9a-f]{12}")
 
 NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
 
@@ -43,10 +43,13 @@ def memory_id(content: str) -> str:
 
 
 def is_memory_id(value: Any) -> bool:
-    return isinstance(value, str) and bool(_MEMORY_ID.match(value))
+    return isinstance(value, str) and bool(_MEMORY_ID.fullmatch(value))
 
 
 def _token_count(value: Any) -> float:
+    # JSON.parse reads an integer beyond a double as Infinity, so such a count is not finite either
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1.7976931348623157e308:
+        raise ValueError("tokenCount must be a finite number >= 0")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError("tokenCount must be a finite number >= 0")
     return value

@@ -147,7 +147,8 @@ class LiteLLMModel:
 
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None,
                  thinking: str = "off", timeout: float = 120.0, stream: bool = False,
-                 retry: RetryPolicy | None = None, record: Callable[[CallRecord], None] | None = None) -> None:
+                 retry: RetryPolicy | None = None, record: Callable[[CallRecord], None] | None = None,
+                 gate: Callable[[], Any] | None = None) -> None:
         if api_base and "/" not in model:
             model = f"openai/{model}"  # an OpenAI-compatible server
         self.name = model
@@ -158,6 +159,7 @@ class LiteLLMModel:
         self.stream = stream
         self.retry = retry or RetryPolicy()
         self.record = record or (lambda _: None)
+        self.gate = gate  # a context-manager factory around each call (the pipeline's global limit)
         self._litellm = None
 
     def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -216,7 +218,11 @@ class LiteLLMModel:
             started = datetime.now(timezone.utc)
             t0 = time.perf_counter()
             try:
-                reply = self._once(messages, tools)
+                if self.gate is None:
+                    reply = self._once(messages, tools)
+                else:
+                    with self.gate():
+                        reply = self._once(messages, tools)
             except Exception as exc:  # classified below; nothing escapes unclassified
                 error = classify(exc)
                 self.record(CallRecord(model=self.name, turn=turn, attempt=attempt, started_at=started,

@@ -8,7 +8,6 @@ kept in ``stage_runs`` (shown by `om status`).
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -102,12 +101,18 @@ class ModelConfig:
         return not self.model or self.model == OFFLINE
 
 
-def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord]) -> Brain:
+def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] | None = None,
+               gate: Any = None) -> Brain:
+    """The offline baseline or a model brain; a model brain keeps its call records in ``brain.calls``."""
     if config.offline:
         return OfflineBrain()
+    calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
-                         timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append)
-    return ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets)
+                         timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
+                         gate=gate)
+    brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets)
+    brain.calls = calls
+    return brain
 
 
 def token_counter(settings: Settings):
@@ -182,17 +187,6 @@ def _fail(outcome: StageOutcome, error: ModelError) -> StageOutcome:
     return outcome
 
 
-def compute_observer(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, brain: Brain, settings: Settings,
-                     calls: list[CallRecord]) -> tuple[StageOutcome, ObservationsRecorded | None]:
-    """Run the observer on the oldest uncovered chunk. The connection is only read."""
-    inp = observer_input(con, session_id, tip, settings)
-    outcome = StageOutcome("observer", "skipped", session_id, tip, brain.name, calls=calls)
-    if inp is None:
-        outcome.reason = "no uncovered source entries"
-        return outcome, None
-    return run_observer(inp, brain, settings, outcome)
-
-
 def run_observer(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, ObservationsRecorded | None]:
     outcome.stage_key = inp.stage_key(brain.name)
     outcome.chunk = (inp.first_id, inp.last_id)
@@ -252,13 +246,97 @@ def run_dropper(inp, brain: Brain, outcome: StageOutcome) -> tuple[StageOutcome,
 KINDS = {"observer": OBSERVATIONS_RECORDED, "reflector": REFLECTIONS_RECORDED, "dropper": OBSERVATIONS_DROPPED}
 
 
+# ------------------------------------------------------------------ one stage against a database
+
+
+class Database(Protocol):
+    def read(self) -> Any: ...
+
+    def write(self) -> Any: ...
+
+
+def as_database(db: Any) -> Database:
+    return db if hasattr(db, "read") and hasattr(db, "write") else dbmod.PathDatabase(db)
+
+
+@dataclass
+class StageRequest:
+    session_id: str
+    tip: str
+    stage: Literal["observer", "reflector", "dropper"]
+    reflection_watermark: str | None = None  # dropper: the same run's reflection watermark
+
+
+_PAYLOADS = {"observer": ObservationsRecorded, "reflector": ReflectionsRecorded, "dropper": ObservationsDropped}
+
+
+def _input(con: duckdb.DuckDBPyConnection, req: StageRequest, settings: Settings):
+    if req.stage == "observer":
+        return observer_input(con, req.session_id, req.tip, settings), "no uncovered source entries on this branch"
+    if req.stage == "reflector":
+        return reflector_input(con, req.session_id, req.tip), "no observation watermark yet: run the observer first"
+    return (dropper_input(con, req.session_id, req.tip, settings, req.reflection_watermark),
+            "the active observation pool is within its target")
+
+
+def _compute(req: StageRequest, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome):
+    if req.stage == "observer":
+        return run_observer(inp, brain, settings, outcome)
+    if req.stage == "reflector":
+        return run_reflector(inp, brain, settings, outcome)
+    return run_dropper(inp, brain, outcome)
+
+
+def execute_stage(db: Any, req: StageRequest, brain: Brain, settings: Settings, run_id: str | None = None) -> StageOutcome:
+    """Read the input, run the worker (unless this exact input was already computed), append.
+
+    Exactly-once: a record already appended for this stage key is not appended again, and a result
+    computed but not yet appended (a crash in between) is appended without calling the model again.
+    """
+    db = as_database(db)
+    calls: list[CallRecord] = getattr(brain, "calls", None) if getattr(brain, "calls", None) is not None else []
+    started = datetime.now(timezone.utc)
+    outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, brain.name, calls=calls)
+    with db.read() as con:
+        inp, why_not = _input(con, req, settings)
+        if inp is None:
+            outcome.reason = why_not
+            return outcome
+        key = inp.stage_key(brain.name)
+        params = {"session_id": req.session_id, "stage_key": key}
+        if dbmod.scalar(con, "ledger_has_stage_key", params):
+            outcome.stage_key, outcome.reason = key, "already appended by an earlier run"
+            return outcome
+        cached = dbmod.scalar(con, "get_stage_result", params)
+    if cached is not None:
+        payload = _PAYLOADS[req.stage].model_validate_json(cached)
+        outcome.stage_key, outcome.outcome = key, "recorded"
+        outcome.reason = "computed by an earlier run; appended without calling the model again"
+        outcome.covers_up_to_id = payload.coversUpToId
+        outcome.items = len(getattr(payload, "observations", None) or getattr(payload, "reflections", None)
+                            or getattr(payload, "observationIds", []))
+    else:
+        calls_before = len(calls)
+        outcome, payload = _compute(req, inp, brain, settings, outcome)
+        outcome.calls = calls[calls_before:]
+        if payload is not None:
+            with db.write() as con:  # persisted first: a crash before the append does not pay twice
+                con.execute(query("put_stage_result"), {**params, "stage": req.stage,
+                                                        "result": payload.model_dump_json()})
+    with db.write() as con:
+        record_outcome(con, outcome, payload, KINDS[req.stage], run_id, started)
+        if payload is not None:
+            con.execute(query("delete_stage_result"), params)
+    return outcome
+
+
 # ------------------------------------------------------------------ manual stages (om observe / om reflect)
 
 
-def _session_and_tip(db_path, session: str, leaf: str | None) -> tuple[str, str]:
+def _session_and_tip(db: Database, session: str, leaf: str | None) -> tuple[str, str]:
     from om_core.catalog import resolve_session, resolve_tip
 
-    with dbmod.reading(db_path) as con:
+    with db.read() as con:
         sid = resolve_session(con, session)
         return sid, resolve_tip(con, sid, leaf)
 
@@ -266,60 +344,21 @@ def _session_and_tip(db_path, session: str, leaf: str | None) -> tuple[str, str]
 def observe_now(db_path, session: str, leaf: str | None, config: ModelConfig, settings: Settings,
                 run_id: str | None = None) -> StageOutcome:
     """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
-    sid, tip = _session_and_tip(db_path, session, leaf)
-    calls: list[CallRecord] = []
-    brain = make_brain(config, settings, calls)
-    started = datetime.now(timezone.utc)
-    with dbmod.reading(db_path) as con:
-        inp = observer_input(con, sid, tip, settings)
-    outcome = StageOutcome("observer", "skipped", sid, tip, brain.name, calls=calls)
-    if inp is None:
-        outcome.reason = "no uncovered source entries on this branch"
-        return outcome
-    outcome, payload = run_observer(inp, brain, settings, outcome)
-    with dbmod.writing(db_path) as con:
-        record_outcome(con, outcome, payload, KINDS["observer"], run_id, started)
-    return outcome
+    db = as_database(db_path)
+    sid, tip = _session_and_tip(db, session, leaf)
+    brain = make_brain(config, settings, [])
+    return execute_stage(db, StageRequest(sid, tip, "observer"), brain, settings, run_id)
 
 
 def reflect_now(db_path, session: str, leaf: str | None, config: ModelConfig, settings: Settings,
                 run_id: str | None = None) -> list[StageOutcome]:
     """The reflector now; then the dropper if it appended reflections and the pool is over target."""
-    sid, tip = _session_and_tip(db_path, session, leaf)
-    calls: list[CallRecord] = []
-    brain = make_brain(config, settings, calls)
-    started = datetime.now(timezone.utc)
-    with dbmod.reading(db_path) as con:
-        inp = reflector_input(con, sid, tip)
-    outcome = StageOutcome("reflector", "skipped", sid, tip, brain.name, calls=calls)
-    if inp is None:
-        outcome.reason = "no observation watermark yet: run the observer first"
-        return [outcome]
-    outcome, payload = run_reflector(inp, brain, settings, outcome)
-    with dbmod.writing(db_path) as con:
-        record_outcome(con, outcome, payload, KINDS["reflector"], run_id, started)
+    db = as_database(db_path)
+    sid, tip = _session_and_tip(db, session, leaf)
+    brain = make_brain(config, settings, [])
+    outcome = execute_stage(db, StageRequest(sid, tip, "reflector"), brain, settings, run_id)
     results = [outcome]
-    if outcome.outcome == "recorded":
-        results.append(drop_now(db_path, sid, tip, config, settings, run_id, outcome.covers_up_to_id))
+    if outcome.outcome == "recorded" and outcome.ledger_id:
+        results.append(execute_stage(db, StageRequest(sid, tip, "dropper", outcome.covers_up_to_id), brain,
+                                     settings, run_id))
     return results
-
-
-def drop_now(db_path, session_id: str, tip: str, config: ModelConfig, settings: Settings, run_id: str | None,
-             reflection_watermark: str | None) -> StageOutcome:
-    calls: list[CallRecord] = []
-    brain = make_brain(config, settings, calls)
-    started = datetime.now(timezone.utc)
-    with dbmod.reading(db_path) as con:
-        inp = dropper_input(con, session_id, tip, settings, reflection_watermark)
-    outcome = StageOutcome("dropper", "skipped", session_id, tip, brain.name, calls=calls)
-    if inp is None:
-        outcome.reason = "the active observation pool is within its target"
-        return outcome
-    outcome, payload = run_dropper(inp, brain, outcome)
-    with dbmod.writing(db_path) as con:
-        record_outcome(con, outcome, payload, KINDS["dropper"], run_id, started)
-    return outcome
-
-
-def stage_result_json(payload: Any) -> str:
-    return json.dumps(payload.model_dump(mode="json")) if payload is not None else "null"

@@ -64,3 +64,8 @@ ORDER BY line_no;
 SELECT EXISTS (SELECT 1 FROM entries WHERE session_id = $session_id AND entry_id = $id)
     OR EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND ledger_id = $id)
     OR EXISTS (SELECT 1 FROM compaction_folds WHERE session_id = $session_id AND compaction_id = $id);
+
+-- name: simulated_compaction_by_seed
+SELECT compaction_id, full_fold, folded FROM compaction_folds
+WHERE session_id = $session_id AND origin = 'simulated' AND anchor_entry_id = $anchor
+  AND first_kept_entry_id = $first_kept AND trigger = $trigger;

@@ -55,3 +55,18 @@ DELETE FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_
 
 -- name: ledger_has_stage_key
 SELECT count(*) > 0 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key;
+
+-- name: compaction_anchor_positions
+SELECT DISTINCT anchor_pos FROM branch_compactions($session_id, $tip) ORDER BY 1;
+
+-- name: ledger_anchor_positions
+SELECT DISTINCT anchor_pos FROM branch_records($session_id, $tip) ORDER BY 1;
+
+-- name: replay_branch
+SELECT position, entry_id, entry_type, role, coalesce(tokens_pi, 0), coalesce(tokens, 0), is_source,
+       first_kept_entry_id
+FROM branch_detail($session_id, $tip) ORDER BY position;
+
+-- name: session_leaves
+SELECT b.leaf_id FROM branch_entries b JOIN entries e ON e.session_id = b.session_id AND e.entry_id = b.leaf_id
+WHERE b.session_id = $session_id AND b.position = 0 ORDER BY e.line_no;

@@ -1,0 +1,59 @@
+"""Simulated compactions (SPEC §5, §9): what the extension would have folded at a boundary.
+
+A compaction is a query: the compaction projection at F, rendered without any model, stored in
+``compaction_folds`` with origin ``simulated`` and its ``om.folded`` details. When the projection is
+empty nothing is persisted as memory; the row records that Pi's native summarizer would have run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from om_core import db as dbmod
+from om_core.ledger import parse_folded, store_simulated_compaction
+from om_core.memory import compaction_projection
+from om_core.settings import Settings
+from om_core.sqlfiles import query
+
+
+@dataclass
+class SimulatedCompaction:
+    session_id: str
+    compaction_id: str | None
+    anchor: str
+    first_kept: str
+    trigger: str
+    full_fold: bool | None
+    observations: int
+    reflections: int
+    native_fallback: bool
+    existed: bool = False  # stored by an earlier run: nothing was written
+
+
+def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, first_kept: str, trigger: str,
+                        settings: Settings, run_id: str | None = None) -> SimulatedCompaction:
+    """Fold the ledger as it stands at ``tip`` into a compaction at ``first_kept``, anchored at ``anchor``."""
+    seed = f"{trigger}\x00{anchor}\x00{first_kept}"
+    with db.read() as con:
+        existing = dbmod.one(con, "simulated_compaction_by_seed", {"session_id": session_id, "anchor": anchor,
+                                                                   "first_kept": first_kept, "trigger": trigger})
+        if existing is not None:
+            return SimulatedCompaction(session_id, existing[0], anchor, first_kept, trigger, existing[1], 0, 0,
+                                       not existing[2], existed=True)
+        result = compaction_projection(con, session_id, tip, first_kept, settings.observationsPoolMaxTokens)
+    details = parse_folded(result.details()) if result.summary is not None else None
+    note = None if details else "projection empty: Pi's native summarizer would run (nothing persisted as memory)"
+    with db.write() as con, dbmod.transaction(con):
+        compaction_id = store_simulated_compaction(
+            con, session_id, anchor_entry_id=anchor, first_kept_entry_id=first_kept, details=details,
+            summary=result.summary, note=note, trigger=trigger, run_id=run_id, seed=seed)
+    return SimulatedCompaction(session_id, compaction_id, anchor, first_kept, trigger,
+                               result.fullFold if details else None, len(result.observationIds),
+                               len(result.reflectionIds), details is None)
+
+
+def compaction_positions(con, session_id: str, tip: str) -> list[int]:
+    """Branch positions where a compaction (Pi's, the extension's or simulated) sits."""
+    return [row[0] for row in con.execute(query("compaction_anchor_positions"),
+                                          {"session_id": session_id, "tip": tip}).fetchall()]

@@ -1,0 +1,216 @@
+"""Recall (SPEC §6): the evidence behind one memory id, from the branch's whole ledger history.
+
+One session (plus a second one for the all-sessions search) holds every case; the comment on each
+entry says what it is there for. Entry ids are the builder's: the n-th entry is ``f"{n:08x}"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from builders import SessionBuilder
+from om_core.cli import app
+from om_core.ingest import ingest
+from om_core.recall import recall
+
+OBS = "om.observations.recorded"
+REFL = "om.reflections.recorded"
+DROP = "om.observations.dropped"
+E = {n: f"{n:08x}" for n in range(1, 20)}
+S1 = "00000001-7ec4-4000-8000-0000000000c1"
+S2 = "00000002-7ec4-4000-8000-0000000000c2"
+USER_TEXT = "Please use DuckDB for the ledger.\nNot SQLite — it must be `duckdb>=1.1`.\n  (indented, trailing space) "
+
+
+def mid(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def o(content: str, src: list[str], ts: str = "2026-01-15 14:30", rel: str = "medium") -> dict:
+    return {"id": mid(content), "content": content, "timestamp": ts, "relevance": rel, "sourceEntryIds": src,
+            "tokenCount": 10}
+
+
+def r(content: str, supports: list[str]) -> dict:
+    return {"id": mid(content), "content": content, "supportingObservationIds": supports, "tokenCount": 5}
+
+
+A, B, C, D, X, Y = ("User chose DuckDB for the ledger.", "The ledger must not use SQLite.", "Tests must run offline.",
+                    "Assistant agreed to DuckDB.", "Tests run offline.", "A note with a dangling watermark.")
+R = "Storage is DuckDB; tests are offline."
+NEVER = "An observation nobody recorded."
+
+
+def session_one() -> SessionBuilder:
+    sb = SessionBuilder(S1)
+    sb.user(USER_TEXT)  # E1
+    sb.assistant("DuckDB it is.")  # E2
+    sb.user("A side question.")  # E3: on a side branch only
+    sb.go(E[2])
+    sb.thinking_level("high")  # E4: not a source entry
+    sb.custom(OBS, {"observations": [o(A, [E[1], E[2]], "2026-01-15 14:01", "high"),
+                                     o(B, [E[1], "ghost001", E[4], E[5]]),  # E5 is this record itself
+                                     o(D, [E[2]])],
+                    "coversUpToId": E[2]})  # E5
+    sb.user("Also keep the tests offline.")  # E6
+    sb.custom(OBS, {"observations": [o(A, [E[6]], "2026-01-15 14:06", "low"), o(C, [E[6], E[3]])],
+                    "coversUpToId": E[6]})  # E7: A again (collision); C cites the side branch's E3
+    sb.custom(REFL, {"reflections": [r(R, [mid(A), mid(C), mid(NEVER)])], "coversUpToId": E[6]})  # E8
+    sb.custom(DROP, {"observationIds": [mid(B)], "coversUpToId": E[6]})  # E9
+    sb.custom(OBS, {"observations": [o(X, [E[6]])], "coversUpToId": E[6]})  # E10
+    sb.custom(REFL, {"reflections": [r(X, [mid(C)])], "coversUpToId": E[6]})  # E11: same id as an observation
+    sb.assistant("Noted.")  # E12
+    sb.custom(OBS, {"observations": [o(Y, [E[12]])], "coversUpToId": "ghost999"})  # E13: dangling watermark
+    sb.custom(OBS, {"observations": [o(A, [E[12]], rel="urgent")], "coversUpToId": E[12]})  # E14: invalid
+    return sb
+
+
+def session_two() -> SessionBuilder:
+    sb = SessionBuilder(S2)
+    sb.user("We use DuckDB here too.")  # E1
+    sb.custom(OBS, {"observations": [o(A, [E[1]], "2026-02-01 10:00"), o("Only in session two.", [E[1]])],
+                    "coversUpToId": E[1]})  # E2
+    return sb
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("recall")
+    path = tmp / "om.duckdb"
+    report = ingest(path, [session_one().write(tmp / "one.jsonl"), session_two().write(tmp / "two.jsonl")])
+    assert [f.ledger["records"] for f in report.files] == [7, 1]
+    return path
+
+
+def brief(result) -> tuple:
+    return result.status, result.kind, result.collision, result.partial
+
+
+def evidence(obs) -> tuple:
+    return (obs.id, obs.status, obs.matched, obs.sourceEntryIds, obs.missingSourceEntryIds, obs.nonSourceEntryIds,
+            [(s.entryId, s.text) for s in obs.sources])
+
+
+# ---------------------------------------------------------------- status
+
+
+@pytest.mark.parametrize("bad", ["XYZ", "ABCDEF012345", "0123456789a", "0123456789abc", "0123456789ag", "",
+                                 "0123456789ab\n", " 0123456789ab"])
+def test_anything_but_12_lowercase_hex_is_an_invalid_id(db, bad):
+    result = recall(db, bad, S1)
+    assert brief(result) == ("invalid_id", None, False, False)
+    assert (result.observations, result.reflections) == ([], [])
+    assert "12" in result.message
+    assert brief(recall(db, bad)) == ("invalid_id", None, False, False)
+
+
+def test_invalid_id_on_the_command_line(db):
+    result = CliRunner().invoke(app, ["--db", str(db), "recall", "NOT-AN-ID", "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["status"] == "invalid_id"
+
+
+def test_an_unknown_id_is_not_found(db):
+    result = recall(db, "0123456789ab", S1)
+    assert brief(result) == ("not_found", None, False, False)
+    assert (result.observations, result.reflections, result.missingSupportingObservationIds) == ([], [], [])
+    assert brief(recall(db, "0123456789ab")) == ("not_found", None, False, False)
+
+
+# ---------------------------------------------------------------- observations
+
+
+def test_an_observation_with_its_exact_source_text(db):
+    result = recall(db, mid(D), S1)
+    assert brief(result) == ("found", "observation", False, False)
+    assert [evidence(x) for x in result.observations] == [
+        (mid(D), "active", True, [E[2]], [], [], [(E[2], "DuckDB it is.")])]
+    assert result.reflections == []
+    assert result.sessionIds == [S1]
+
+
+def test_an_id_recorded_twice_is_a_collision_listing_both(db):
+    result = recall(db, mid(A), S1)
+    assert brief(result) == ("found", "observation", True, False)
+    assert [evidence(x) for x in result.observations] == [
+        (mid(A), "active", True, [E[1], E[2]], [], [], [(E[1], USER_TEXT), (E[2], "DuckDB it is.")]),
+        (mid(A), "active", True, [E[6]], [], [], [(E[6], "Also keep the tests offline.")]),
+    ]
+    assert [(x.timestamp, x.relevance, x.ledgerId) for x in result.observations] == [
+        ("2026-01-15 14:01", "high", E[5]), ("2026-01-15 14:06", "low", E[7])]
+
+
+def test_a_dropped_observation_with_missing_and_non_source_ids_reported_apart(db):
+    result = recall(db, mid(B), S1)
+    assert brief(result) == ("found", "observation", False, True)
+    assert [evidence(x) for x in result.observations] == [
+        (mid(B), "dropped", True, [E[1], "ghost001", E[4], E[5]], ["ghost001"], [E[4], E[5]], [(E[1], USER_TEXT)])]
+
+
+def test_a_source_on_another_branch_is_missing(db):
+    result = recall(db, mid(C), S1)
+    assert brief(result) == ("found", "observation", False, True)
+    assert [evidence(x) for x in result.observations] == [
+        (mid(C), "active", True, [E[6], E[3]], [E[3]], [], [(E[6], "Also keep the tests offline.")])]
+
+
+def test_recall_ignores_watermarks_but_not_validity(db):
+    assert brief(recall(db, mid(Y), S1)) == ("found", "observation", False, False)  # dangling watermark
+    a = recall(db, mid(A), S1)  # E14 is an invalid record naming A: not a third match
+    assert len(a.observations) == 2
+
+
+# ---------------------------------------------------------------- reflections and mixed
+
+
+def test_a_reflection_with_supporting_observations_at_their_first_occurrence(db):
+    result = recall(db, mid(R), S1)
+    assert brief(result) == ("found", "reflection", False, True)
+    assert [(x.id, x.content, x.supportingObservationIds, x.ledgerId) for x in result.reflections] == [
+        (mid(R), R, [mid(A), mid(C), mid(NEVER)], E[8])]
+    assert [evidence(x) for x in result.observations] == [
+        (mid(A), "active", False, [E[1], E[2]], [], [], [(E[1], USER_TEXT), (E[2], "DuckDB it is.")]),
+        (mid(C), "active", False, [E[6], E[3]], [E[3]], [], [(E[6], "Also keep the tests offline.")]),
+    ]
+    assert [x.ledgerId for x in result.observations] == [E[5], E[7]]  # A's first record, not E7
+    assert result.missingSupportingObservationIds == [mid(NEVER)]
+
+
+def test_an_id_that_is_both_kinds_is_mixed(db):
+    result = recall(db, mid(X), S1)
+    assert brief(result) == ("found", "mixed", True, True)  # partial: the supporting C cites E3
+    assert [(x.id, x.matched) for x in result.observations] == [(mid(X), True), (mid(C), False)]
+    assert [x.id for x in result.reflections] == [mid(X)]
+    assert result.missingSupportingObservationIds == []
+
+
+# ---------------------------------------------------------------- the branch, and all sessions
+
+
+def test_recall_searches_only_the_branch_to_the_leaf(db):
+    early = recall(db, mid(A), S1, leaf=E[5])
+    assert brief(early) == ("found", "observation", False, False)
+    assert recall(db, mid(B), S1, leaf=E[8]).observations[0].status == "active"  # the drop is at E9
+    assert recall(db, mid(B), S1, leaf=E[9]).observations[0].status == "dropped"
+    assert recall(db, mid(C), S1, leaf=E[5]).status == "not_found"
+    assert recall(db, mid(A), S1, leaf=E[3]).status == "not_found"  # the side branch has no records
+
+
+def test_without_a_session_every_session_is_searched_and_named(db):
+    only_two = recall(db, mid("Only in session two."))
+    assert brief(only_two) == ("found", "observation", False, False)
+    assert only_two.sessionIds == [S2]
+    assert [(x.sessionId, x.sources[0].text) for x in only_two.observations] == [(S2, "We use DuckDB here too.")]
+
+    both = recall(db, mid(A))
+    assert brief(both) == ("found", "observation", True, False)
+    assert both.sessionIds == [S1, S2]
+    assert [(x.sessionId, x.ledgerId, x.sourceEntryIds) for x in both.observations] == [
+        (S1, E[5], [E[1], E[2]]), (S1, E[7], [E[6]]), (S2, E[2], [E[1]])]
+
+    only_one = recall(db, mid(D))
+    assert only_one.sessionIds == [S1]
