@@ -370,6 +370,129 @@ def reflect(
         raise typer.Exit(1)
 
 
+# ------------------------------------------------------------------ the pipeline: run, serve
+
+
+@app.command()
+def run(
+    targets: list[str] = typer.Argument(..., help="Session files, directories, or ingested session ids."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=_model_options_help()),
+    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
+                                           help="Base URL of an OpenAI-compatible server."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, help="Sessions processed in parallel."),
+    no_drain: bool = typer.Option(False, "--no-drain", help="Live sessions: do not drain branches at their end."),
+    runner: str = typer.Option("threads", "--task-runner", help="threads, or dask (a local cluster, or --dask-address)."),
+    dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Scheduler of a running Dask cluster."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show Prefect's own logs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+) -> None:
+    """Process sessions with the Prefect pipeline on a local ephemeral API: ingest, replay every
+    branch with the memory workers when their clocks are due, simulate compactions, drain."""
+    from flows.runner import prepare_environment
+
+    prepare_environment(verbose)
+    from om_core.settings import load_settings
+    from om_core.workers.stages import ModelConfig
+
+    settings = load_settings(state.config).settings
+    config = ModelConfig.from_settings(settings, model, api_base)
+    if config.offline and not as_json:
+        err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
+                  "to use a model[/]")
+    model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
+                  "timeout": config.timeout}
+    summary = _run_with_display(targets, model_dict, settings.model_dump(), concurrency, not no_drain, runner,
+                                dask_address, as_json)
+    rows = _run_rows(summary)
+    if as_json:
+        _print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"]})
+    else:
+        _print_run_table(summary, rows)
+    if summary["errors"] or any(r["error"] for r in summary["sessions"]):
+        raise typer.Exit(1)
+
+
+def _run_with_display(targets, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet):
+    from rich.live import Live
+
+    from flows import progress
+    from flows.runner import run_pipeline
+
+    def board() -> Table:
+        table = Table("session", "state", "entry", "stages", "compactions", "failures", "last", title="om run")
+        for row in progress.snapshot():
+            table.add_row(row["session_id"][:13], row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
+                          str(row["compactions"]), str(row["failures"]), row["last"])
+        return table
+
+    if quiet or not err.is_terminal:
+        return run_pipeline(targets, db_path=str(state.db), model=model_dict, settings=settings_dict,
+                            concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address)
+    with Live(board(), console=err, refresh_per_second=4, transient=True) as live:
+        return run_pipeline(targets, db_path=str(state.db), model=model_dict, settings=settings_dict,
+                            concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
+                            on_tick=lambda: live.update(board()))
+
+
+def _run_rows(summary) -> list[dict]:
+    from om_core.db import reading, rows_as_dicts
+    from om_core.sqlfiles import query
+
+    ids = [s["session_id"] for s in summary["sessions"]]
+    if not ids:
+        return []
+    with reading(state.db) as con:
+        rows = rows_as_dicts(con.execute(query("run_summary"), {"run_id": summary["run_id"], "session_ids": ids}))
+    errors = {s["session_id"]: s["error"] for s in summary["sessions"]}
+    for row in rows:
+        row["error"] = errors.get(row["session_id"])
+    return rows
+
+
+def _print_run_table(summary, rows) -> None:
+    table = Table("session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
+                  "errors", title=f"run {summary['run_id']}")
+    totals = {k: 0 for k in ("observations", "reflections", "drops", "compactions", "model_calls", "tokens", "errors")}
+    cost = 0.0
+    for r in rows:
+        for k in totals:
+            totals[k] += r[k] or 0
+        cost += r["cost"] or 0
+        table.add_row(r["session_id"], *(str(r[k]) for k in ("observations", "reflections", "drops", "compactions",
+                                                            "model_calls", "tokens")),
+                      "" if r["cost"] is None else f"${r['cost']:.4f}",
+                      str(r["errors"]) + (" + session error" if r["error"] else ""))
+    table.add_row("total", *(str(totals[k]) for k in ("observations", "reflections", "drops", "compactions",
+                                                      "model_calls", "tokens")), f"${cost:.4f}", str(totals["errors"]),
+                  style="bold")
+    out.print(table)
+    for e in summary["errors"]:
+        err.print(f"[red]error:[/] {e}", highlight=False)
+    for s in summary["sessions"]:
+        if s["error"]:
+            err.print(f"[red]session {s['session_id']} failed:[/] {s['error']}", highlight=False)
+
+
+@app.command()
+def serve(
+    archive: Optional[Path] = typer.Option(None, "--archive", help="Directory of archived sessions to process."),
+    live: Optional[Path] = typer.Option(None, "--live", help="Live sessions directory to maintain on a schedule."),
+    every: int = typer.Option(600, "--every", help="Seconds between maintenance runs of the live directory."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=_model_options_help()),
+) -> None:
+    """Serve the Prefect deployments locally: archive processing and scheduled live maintenance."""
+    from flows.runner import prepare_environment
+
+    prepare_environment()
+    from deployments import serve_locally
+
+    if archive is None and live is None:
+        from om_core.errors import InvalidArgument
+
+        raise InvalidArgument("give --archive DIR and/or --live DIR")
+    serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, every_seconds=every, model=model)
+
+
 @app.command("config")
 def show_config(as_json: bool = typer.Option(False, "--json", help="Print settings and sources as JSON.")) -> None:
     """Print the resolved settings and where each value came from (defaults, Pi settings files,

@@ -66,6 +66,7 @@ class Settings(BaseModel):
     gapSafeMaxContextShare: float = Field(0.5, gt=0, le=1)  # budget guard for the kept tail
     redactSecrets: bool = True
     requestTimeoutSeconds: float = Field(120.0, gt=0)
+    modelConcurrency: int = Field(8, ge=1)  # model calls in flight at once across a whole run
     apiBase: str | None = None
 
     @model_validator(mode="after")

@@ -307,6 +307,10 @@ def execute_stage(db: Any, req: StageRequest, brain: Brain, settings: Settings, 
         if dbmod.scalar(con, "ledger_has_stage_key", params):
             outcome.stage_key, outcome.reason = key, "already appended by an earlier run"
             return outcome
+        if dbmod.scalar(con, "empty_run_with_key", params):
+            outcome.stage_key, outcome.outcome = key, "empty"
+            outcome.reason = "this exact input gave a deliberate empty result before; not asked again"
+            return outcome
         cached = dbmod.scalar(con, "get_stage_result", params)
     if cached is not None:
         payload = _PAYLOADS[req.stage].model_validate_json(cached)

@@ -31,13 +31,16 @@ SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_toke
        cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at
 FROM call_batch;
 
--- name: last_empty_observer_run
--- The latest deliberate empty observer result on this branch, for the backoff.
-SELECT s.tip_entry_id, s.chunk_last_id, b.position
+-- name: empty_runs
+-- Where each worker gave a deliberate empty result on this branch, for the backoff.
+SELECT DISTINCT s.stage, b.position
 FROM stage_runs s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_id
-WHERE s.session_id = $session_id AND s.stage = 'observer' AND s.outcome = 'empty'
-ORDER BY b.position DESC, s.finished_at DESC
-LIMIT 1;
+WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage IN ('observer', 'reflector')
+ORDER BY 2;
+
+-- name: empty_run_with_key
+SELECT count(*) > 0 FROM stage_runs
+WHERE session_id = $session_id AND stage_key = $stage_key AND outcome = 'empty';
 
 -- name: source_tokens_after
 SELECT coalesce(sum(tokens_pi), 0), coalesce(sum(tokens), 0)

@@ -1,0 +1,61 @@
+"""Running the pipeline locally on Prefect's ephemeral API (nothing to install or start).
+
+Call ``prepare_environment()`` before anything imports Prefect: it quiets Prefect's logging and
+turns off its telemetry (there is no network here) unless the user set those themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+def prepare_environment(verbose: bool = False) -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
+    """Threads by default; Dask (prefect-dask) for a cluster, or a local one when no address is given."""
+    if kind == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=concurrency)
+    if kind == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if dask_address:
+            return DaskTaskRunner(address=dask_address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": 2, "threads_per_worker": max(1, concurrency // 2),
+                                              "processes": False, "dashboard_address": None})
+    raise ValueError(f"unknown task runner {kind!r}: use threads or dask")
+
+
+def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], settings: dict[str, Any],
+                 concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
+                 stage_options: dict[str, Any] | None = None,
+                 on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs."""
+    from flows.pipeline import process_sessions
+
+    flow = process_sessions.with_options(task_runner=task_runner(runner, concurrency, dask_address))
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.wait(0.5):
+            on_tick()
+
+    thread = threading.Thread(target=ticker, daemon=True) if on_tick else None
+    if thread:
+        thread.start()
+    try:
+        return flow(targets, db_path=db_path, model=model, settings=settings, drain=drain,
+                    stage_options=stage_options or {})
+    finally:
+        done.set()
+        if thread:
+            thread.join()

@@ -1,0 +1,268 @@
+"""Replaying an archived branch the way the extension would have lived it (SPEC §9).
+
+Events are derived from the branch: a turn ends at the last entry before the next assistant or user
+message (or at the branch end); the agent settles at the last entry before the next user message
+(or at the branch end); Pi's own compaction entries are points where the extension would have
+folded. At each event the progress clocks (SQL) decide which stages are due.
+
+The clocks are read from SQL at the first event and again after anything changes the ledger or the
+compactions on the branch; between reads, a clock grows by the source tokens of the entries passed,
+taken from the same branch rows (prefix sums), so a 1,000-entry branch costs a handful of queries.
+Stages run through a ``StageRunner`` (the Prefect flow wraps them as tasks; tests call them
+directly), compactions through ``simulate_compaction``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from om_core.compaction import SimulatedCompaction, simulate_compaction
+from om_core.cutpoint import BranchEntry, NothingToCompact, compaction_cut_point
+from om_core.memory import clocks as sql_clocks
+from om_core.settings import Settings
+from om_core.sqlfiles import query
+from om_core.workers.stages import StageOutcome, StageRequest
+
+EventKind = Literal["archive_compaction", "turn_end", "settled"]
+_KIND_ORDER = {"archive_compaction": 0, "turn_end": 1, "settled": 2}
+
+
+@dataclass(frozen=True)
+class ReplayEntry:
+    position: int
+    entry_id: str
+    entry_type: str | None
+    role: str | None
+    tokens_pi: int
+    tokens: int
+    is_source: bool
+    first_kept_entry_id: str | None
+
+    def cut(self) -> BranchEntry:
+        return BranchEntry(self.entry_id, self.entry_type or "", self.role, self.tokens_pi)
+
+
+@dataclass(frozen=True)
+class Event:
+    position: int
+    kind: EventKind
+
+
+def _is(entry: ReplayEntry, *roles: str) -> bool:
+    return entry.entry_type == "message" and entry.role in roles
+
+
+def replay_events(branch: list[ReplayEntry]) -> list[Event]:
+    """turn_end, settled and archive_compaction events of a branch, in replay order."""
+    n = len(branch)
+    events: set[Event] = set()
+    following = [i for i, e in enumerate(branch) if _is(e, "user", "assistant")]
+    users = [i for i, e in enumerate(branch) if _is(e, "user")]
+    for i, entry in enumerate(branch):
+        if _is(entry, "assistant"):
+            k = bisect.bisect_right(following, i)
+            events.add(Event(following[k] - 1 if k < len(following) else n - 1, "turn_end"))
+        elif _is(entry, "user"):
+            k = bisect.bisect_right(users, i)
+            events.add(Event(users[k] - 1 if k < len(users) else n - 1, "settled"))
+        elif entry.entry_type == "compaction" and i > 0:
+            events.add(Event(i, "archive_compaction"))
+    return sorted(events, key=lambda e: (e.position, _KIND_ORDER[e.kind]))
+
+
+StageRunner = Callable[[StageRequest], StageOutcome]
+Compactor = Callable[..., SimulatedCompaction]
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class BranchReport:
+    session_id: str
+    leaf: str
+    entries: int
+    events: int = 0
+    stages: dict[str, int] = field(default_factory=dict)  # "observer:recorded" -> count
+    compactions: int = 0
+    native_fallbacks: int = 0
+    failures: list[str] = field(default_factory=list)
+    drained: bool = False
+
+    def count(self, outcome: StageOutcome) -> None:
+        key = f"{outcome.stage}:{outcome.outcome}"
+        self.stages[key] = self.stages.get(key, 0) + 1
+        if outcome.outcome == "failed":
+            self.failures.append(f"{outcome.stage} at {outcome.tip}: {outcome.error}")
+
+
+class BranchReplayer:
+    def __init__(self, db: Any, session_id: str, leaf: str, settings: Settings, run_stage: StageRunner, *,
+                 drain: bool = True, compactor: Compactor = simulate_compaction, run_id: str | None = None,
+                 progress: Progress | None = None) -> None:
+        self.db = db
+        self.session_id = session_id
+        self.leaf = leaf
+        self.settings = settings
+        self.run_stage = run_stage
+        self.drain = drain
+        self.compactor = compactor
+        self.run_id = run_id
+        self.progress = progress or (lambda _: None)
+        self._clock_at: int | None = None
+        self._clock_from: dict[str, int] = {}
+        self._marks: dict[str, int | None] = {}
+
+    # ---------------------------------------------------------------- branch facts
+
+    def _load(self) -> None:
+        with self.db.read() as con:
+            rows = con.execute(query("replay_branch"), {"session_id": self.session_id, "tip": self.leaf}).fetchall()
+            self.branch = [ReplayEntry(*row) for row in rows]
+            params = {"session_id": self.session_id, "tip": self.leaf}
+            changes = {r[0] for r in con.execute(query("ledger_anchor_positions"), params).fetchall()}
+            changes |= {r[0] for r in con.execute(query("compaction_anchor_positions"), params).fetchall()}
+            empty = con.execute(query("empty_runs"), params).fetchall()
+        self.changes = sorted(changes)
+        self.position = {e.entry_id: e.position for e in self.branch}
+        self.empty_runs: dict[str, list[int]] = {"observer": [], "reflector": []}
+        for stage, position in empty:
+            self.empty_runs[stage].append(position)
+        use_tiktoken = self.settings.tokenCounter == "tiktoken"
+        self.prefix = [0]
+        for e in self.branch:
+            self.prefix.append(self.prefix[-1] + ((e.tokens if use_tiktoken else e.tokens_pi) if e.is_source else 0))
+
+    def tokens_between(self, start: int, end: int) -> int:
+        """Source tokens at positions start..end inclusive."""
+        if end < start:
+            return 0
+        return self.prefix[end + 1] - self.prefix[max(start, 0)]
+
+    def _changed(self, position: int) -> None:
+        bisect.insort(self.changes, position)
+        self._clock_at = None
+
+    # ---------------------------------------------------------------- clocks
+
+    def clocks(self, t: int) -> dict[str, int]:
+        """Clock values at position t: SQL decides where each clock starts; tokens are summed here."""
+        stale = self._clock_at is None or self._clock_at > t
+        if not stale:
+            k = bisect.bisect_right(self.changes, self._clock_at)
+            stale = k < len(self.changes) and self.changes[k] <= t
+        if stale:
+            with self.db.read() as con:
+                read = sql_clocks(con, self.session_id, self.branch[t].entry_id, self.settings)
+            self._clock_at = t
+            self._clock_from = {name: c.from_position for name, c in read.items()}
+            self._marks = {name: (None if c.watermark_entry_id is None else self.position.get(c.watermark_entry_id))
+                           for name, c in read.items()}
+        return {name: self.tokens_between(start, t) for name, start in self._clock_from.items()}
+
+    def backoff_holds(self, stage: str, t: int) -> bool:
+        """After a deliberate empty run, wait for another threshold's worth of source (SPEC §8 for the
+        observer; the reflector gets the same courtesy so an empty answer is not asked again each turn)."""
+        runs = self.empty_runs[stage]
+        k = bisect.bisect_right(runs, t)
+        if k == 0:
+            return False
+        empty_at = runs[k - 1]  # the latest empty run at or before t
+        watermark = self._marks.get(stage)
+        if watermark is not None and watermark >= empty_at:
+            return False
+        threshold = self.settings.observeAfterTokens if stage == "observer" else self.settings.reflectAfterTokens
+        return self.tokens_between(empty_at + 1, t) < threshold
+
+    # ---------------------------------------------------------------- running
+
+    def _stage(self, report: BranchReport, t: int, stage: str, reflection_watermark: str | None = None) -> StageOutcome:
+        outcome = self.run_stage(StageRequest(self.session_id, self.branch[t].entry_id, stage, reflection_watermark))
+        report.count(outcome)
+        if outcome.ledger_id:
+            self._changed(t)
+        if outcome.outcome == "empty" and stage in ("observer", "reflector"):
+            bisect.insort(self.empty_runs[stage], t)
+        self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
+                       "stage": stage, "outcome": outcome.outcome})
+        return outcome
+
+    def _observe_reflect_drop(self, report: BranchReport, t: int) -> None:
+        clock = self.clocks(t)
+        if clock["observer"] >= self.settings.observeAfterTokens and not self.backoff_holds("observer", t):
+            if self._stage(report, t, "observer").outcome == "failed":
+                return  # a failure skips the later stages of this turn
+            clock = self.clocks(t)
+        if clock["reflector"] >= self.settings.reflectAfterTokens and not self.backoff_holds("reflector", t):
+            self._reflect_then_drop(report, t)
+
+    def _reflect_then_drop(self, report: BranchReport, t: int) -> None:
+        if self._marks.get("observer") is None:
+            return  # the reflector needs an observation watermark
+        reflected = self._stage(report, t, "reflector")
+        if reflected.outcome == "recorded" and reflected.ledger_id:
+            self._stage(report, t, "dropper", reflected.covers_up_to_id)
+
+    def _compact(self, report: BranchReport, t: int, tip: int, first_kept: str, trigger: str) -> None:
+        result = self.compactor(self.db, self.session_id, tip=self.branch[tip].entry_id,
+                                anchor=self.branch[t].entry_id, first_kept=first_kept, trigger=trigger,
+                                settings=self.settings, run_id=self.run_id)
+        if not result.existed:
+            report.compactions += 1
+            report.native_fallbacks += int(result.native_fallback)
+            self._changed(t)
+        self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
+                       "stage": "compaction", "outcome": "native_fallback" if result.native_fallback else "folded"})
+
+    def run(self) -> BranchReport:
+        self._load()
+        report = BranchReport(self.session_id, self.leaf, len(self.branch))
+        if not self.branch:
+            return report
+        events = replay_events(self.branch)
+        report.events = len(events)
+        for event in events:
+            t = event.position
+            if event.kind == "archive_compaction":
+                # the ledger as it stood when Pi compacted: records anchored before the entry
+                first_kept = self.branch[t].first_kept_entry_id
+                if first_kept is not None and self.position.get(first_kept, t) < t:
+                    self._compact(report, t, t - 1, first_kept, "archive")
+            elif event.kind == "turn_end":
+                self._observe_reflect_drop(report, t)
+            elif self.clocks(t)["compaction"] >= self.settings.compact_threshold:
+                try:
+                    cut = compaction_cut_point([e.cut() for e in self.branch[: t + 1]], self.settings.keepRecentTokens)
+                except NothingToCompact:
+                    continue
+                self._compact(report, t, t, cut.firstKeptEntryId, "proactive")
+        if self.drain:
+            self._drain(report)
+        return report
+
+    def _drain(self, report: BranchReport) -> None:
+        """A finished branch: observe until nothing is uncovered, then one reflector/dropper pass."""
+        end = len(self.branch) - 1
+        while True:  # each chunk moves the watermark, so this ends
+            outcome = self._stage(report, end, "observer")
+            if outcome.outcome == "failed":
+                return
+            if outcome.outcome != "recorded" or not outcome.ledger_id:
+                break  # nothing left uncovered, or a deliberate empty chunk
+        if self.clocks(end)["reflector"] > 0:
+            self._reflect_then_drop(report, end)
+        report.drained = True
+
+
+def session_leaves(db: Any, session_id: str) -> list[str]:
+    """Every leaf of a session, in file order (branches sharing a prefix share its records)."""
+    with db.read() as con:
+        return [row[0] for row in con.execute(query("session_leaves"), {"session_id": session_id}).fetchall()]
+
+
+def replay_session(db: Any, session_id: str, settings: Settings, run_stage: StageRunner, *, drain: bool = True,
+                   run_id: str | None = None, progress: Progress | None = None) -> list[BranchReport]:
+    """Replay every branch of a session, in file order, one stage at a time."""
+    return [BranchReplayer(db, session_id, leaf, settings, run_stage, drain=drain, run_id=run_id, progress=progress).run()
+            for leaf in session_leaves(db, session_id)]

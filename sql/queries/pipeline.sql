@@ -1,0 +1,18 @@
+-- name: run_summary
+-- What one run did, per session: records appended, compactions, model calls, tokens, cost, errors.
+WITH s AS (SELECT unnest($session_ids::VARCHAR[]) AS session_id)
+SELECT s.session_id,
+       (SELECT count(*) FROM ledger_observations o JOIN ledger_records r USING (session_id, ledger_id)
+        WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS observations,
+       (SELECT count(*) FROM ledger_reflections x JOIN ledger_records r USING (session_id, ledger_id)
+        WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS reflections,
+       (SELECT count(*) FROM ledger_drops d JOIN ledger_records r USING (session_id, ledger_id)
+        WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS drops,
+       (SELECT count(*) FROM compaction_folds c WHERE c.session_id = s.session_id AND c.run_id = $run_id) AS compactions,
+       (SELECT count(*) FROM model_calls m WHERE m.session_id = s.session_id AND m.run_id = $run_id) AS model_calls,
+       (SELECT coalesce(sum(input_tokens), 0) + coalesce(sum(output_tokens), 0) FROM model_calls m
+        WHERE m.session_id = s.session_id AND m.run_id = $run_id) AS tokens,
+       (SELECT sum(cost) FROM model_calls m WHERE m.session_id = s.session_id AND m.run_id = $run_id) AS cost,
+       (SELECT count(*) FROM stage_runs t WHERE t.session_id = s.session_id AND t.run_id = $run_id
+          AND t.outcome = 'failed') AS errors
+FROM s ORDER BY s.session_id;
