@@ -130,7 +130,7 @@ def sql(
     if as_json:
         _print_json([dict(zip(result.columns, row)) for row in result.rows])
     elif as_csv:
-        writer = csv.writer(sys.stdout)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(result.columns)
         writer.writerows(result.rows)
     else:
