@@ -16,7 +16,8 @@ from typing import Any
 
 
 def _model(model: str | None) -> dict[str, Any]:
-    return {"model": model or "offline"}
+    # deployments run on workers in several processes: the limit must be Prefect's global one
+    return {"model": model or "offline", "limit": "prefect"}
 
 
 def archive_deployment(directory: Path, db_path: str, model: str | None = None):

@@ -1,18 +1,35 @@
-"""The global concurrency limit that every model call shares (Prefect's, so it spans all sessions,
-task runners and worker processes of a run)."""
+"""The concurrency limit that every model call shares, so a large archive does not trip a provider's
+rate limits.
+
+Two implementations of one limit:
+* ``prefect``: Prefect's global concurrency limit ``om-model-calls``. It spans every process and
+  worker of a deployment on a Prefect server (and a multi-process Dask cluster).
+* ``process``: a semaphore in this process. ``om run`` uses it by default: on Prefect's ephemeral
+  SQLite-backed API each slot acquisition is a database write that stalls for about 2 s whenever
+  the server is recording task runs (measured here), which would dominate 200 ms model calls. A
+  local run is one process, so the semaphore enforces the same limit.
+"""
 
 from __future__ import annotations
 
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
-from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectNotFound
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Literal
 
 MODEL_CALL_LIMIT = "om-model-calls"
+LimitMode = Literal["prefect", "process"]
+
+_semaphores: dict[int, threading.BoundedSemaphore] = {}
+_lock = threading.Lock()
 
 
 def ensure_model_call_limit(slots: int, name: str = MODEL_CALL_LIMIT) -> None:
-    """Create the limit, or set its size, before sessions start calling models."""
+    """Create Prefect's global limit, or set its size, before sessions start calling models."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectNotFound
+
     with get_client(sync_client=True) as client:
         try:
             existing = client.read_global_concurrency_limit_by_name(name)
@@ -23,6 +40,18 @@ def ensure_model_call_limit(slots: int, name: str = MODEL_CALL_LIMIT) -> None:
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots, active=True))
 
 
-def model_call_gate():
-    """Hold one slot of the shared limit for the duration of one model call."""
+def _prefect_gate() -> AbstractContextManager:
+    from prefect.concurrency.sync import concurrency
+
     return concurrency(MODEL_CALL_LIMIT, occupy=1, strict=False)
+
+
+def _process_gate(slots: int) -> Callable[[], AbstractContextManager]:
+    with _lock:
+        semaphore = _semaphores.setdefault(slots, threading.BoundedSemaphore(slots))
+    return lambda: semaphore
+
+
+def model_call_gate(mode: LimitMode, slots: int) -> Callable[[], AbstractContextManager]:
+    """A factory of context managers, each holding one slot for the duration of one model call."""
+    return _prefect_gate if mode == "prefect" else _process_gate(slots)

@@ -15,7 +15,6 @@ jitter; permanent ones fail the stage at once. One failing session never stops t
 
 from __future__ import annotations
 
-import os
 import traceback
 import uuid
 from dataclasses import asdict
@@ -53,18 +52,19 @@ def _retry_transient(task, task_run, state) -> bool:  # noqa: ANN001 - Prefect's
     return False
 
 
-_brains: dict[tuple, Any] = {}
+_MODEL_KEYS = ("model", "api_base", "api_key", "thinking", "timeout", "stream")
+
+
+def _config(model: dict[str, Any]) -> ModelConfig:
+    return ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
 
 
 def _brain(model: dict[str, Any], settings: Settings):
-    """One brain per model configuration per process (litellm is imported once)."""
-    config = ModelConfig(**{k: v for k, v in model.items() if k != "retry"})
+    """A brain for one stage (it records that stage's model calls; litellm is imported only once)."""
+    config = _config(model)
     config.retry = RetryPolicy(attempts=1)  # Prefect retries the whole stage instead
-    key = (config.model, config.api_base, config.thinking, config.timeout, settings.agentMaxTurns,
-           settings.redactSecrets, os.getpid())
-    if key not in _brains:
-        _brains[key] = make_brain(config, settings, gate=None if config.offline else model_call_gate)
-    return _brains[key]
+    gate = None if config.offline else model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
+    return make_brain(config, settings, gate=gate)
 
 
 @task(name="memory-stage", retries=4, retry_delay_seconds=exponential_backoff(backoff_factor=1.0),
@@ -190,7 +190,7 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
             errors.append(f"{f['path']}: {f['error'] or f['status']}")
     errors += [f"{p}: no such file or directory" for p in ingested["missing"]]
     session_ids = list(dict.fromkeys(session_ids))
-    if not ModelConfig(**{k: v for k, v in model.items() if k != "retry"}).offline:
+    if not _config(model).offline and model.get("limit") == "prefect":
         ensure_model_call_limit(Settings(**settings).modelConcurrency)
     progress_board.start(session_ids)
     futures = [replay_session_task.submit(db_path, sid, model, settings, drain, run_id, stage_options)

@@ -382,6 +382,10 @@ def run(
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Sessions processed in parallel."),
     no_drain: bool = typer.Option(False, "--no-drain", help="Live sessions: do not drain branches at their end."),
     runner: str = typer.Option("threads", "--task-runner", help="threads, or dask (a local cluster, or --dask-address)."),
+    model_limit: Optional[str] = typer.Option(
+        None, "--model-limit", help="How the model-call limit (modelConcurrency) is shared: 'process' (this "
+        "process; the default for local runs) or 'prefect' (Prefect's global concurrency limit; the default with "
+        "--dask-address)."),
     dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Scheduler of a running Dask cluster."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Prefect's own logs."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
@@ -399,8 +403,13 @@ def run(
     if config.offline and not as_json:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
+    limit = model_limit or ("prefect" if dask_address else "process")
+    if limit not in ("process", "prefect"):
+        from om_core.errors import InvalidArgument
+
+        raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
     model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
-                  "timeout": config.timeout}
+                  "timeout": config.timeout, "limit": limit}
     summary = _run_with_display(targets, model_dict, settings.model_dump(), concurrency, not no_drain, runner,
                                 dask_address, as_json)
     rows = _run_rows(summary)

@@ -183,6 +183,18 @@ def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | N
     return None if row is None else row[0]
 
 
+def insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, query_name: str) -> None:
+    """Run the named INSERT … SELECT over an Arrow table registered as ``view_name``."""
+    con.register(view_name, table)
+    try:
+        con.execute(query(query_name))
+    finally:
+        try:
+            con.unregister(view_name)
+        except duckdb.Error:  # an aborted transaction refuses even this; the insert's error matters
+            pass
+
+
 def rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]

@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
 
-from om_core.db import scalar
+from om_core.db import insert_arrow, scalar
 from om_core.render import observation_line, reflection_line
 from om_core.sqlfiles import query
 
@@ -261,11 +261,7 @@ class LedgerRows:
             if not cols[next(iter(cols))]:
                 continue
             table = pa.table({k: pa.array(v, _ARROW_TYPES.get(k, pa.string())) for k, v in cols.items()})
-            con.register("ledger_batch", table)
-            try:
-                con.execute(query(f"insert_ledger_{name}"))
-            finally:
-                con.unregister("ledger_batch")
+            insert_arrow(con, "ledger_batch", table, f"insert_ledger_{name}")
 
 
 _ARROW_TYPES = {

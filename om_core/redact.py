@@ -31,13 +31,17 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("basic-auth", re.compile(r"(?i)(\bbasic\s+)([A-Za-z0-9+/]{16,}={0,2})")),
     # scheme://user:password@host: only the password goes
     ("connection-password", re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:)([^\s@/]+)(@)")),
-    # NAME_WITH_SECRET=value / "api_key": "value" / password: value, as in env dumps and configs
+    # env dumps and .env files: UPPER_CASE names that hold a secret (not a $REFERENCE)
+    ("env-secret", re.compile(
+        r"(?m)(^[ \t]*(?:export[ \t]+)?[A-Z][A-Z0-9_]*(?:PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|ACCESS_KEY|"
+        r"PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*[ \t]*=[ \t]*[\"']?)([^\s\"'$][^\s\"']{5,})")),
+    # configs: "api_key": "value", password: 'value', secret = "value" (a quoted literal, not code)
     ("secret-assignment", re.compile(
-        r"(?i)(\b[A-Z0-9_.\-]*(?:PASSWORD|PASSWD|PWD|SECRET|TOKEN|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|"
-        r"CLIENT[_-]?SECRET)[A-Z0-9_.\-]*[\"']?\s*[:=]\s*[\"']?)([^\s\"',;]{6,})")),
+        r"(?i)([\"']?\b[a-z0-9_.\-]*(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key)"
+        r"[\"']?[ \t]*[:=][ \t]*[\"'])([^\s\"']{6,})(?=[\"'])")),
 ]
 
-_GROUPED = {"bearer-token", "basic-auth", "connection-password", "secret-assignment"}
+_GROUPED = {"bearer-token", "basic-auth", "connection-password", "env-secret", "secret-assignment"}
 
 
 def marker(kind: str) -> str:

@@ -197,7 +197,12 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            key = str(error["loc"][0]) if error["loc"] else "settings"
-            problems.append(f"{key} (from {sources.get(key, 'default')}): {error['msg']}")
+            if error["loc"]:
+                key = str(error["loc"][0])
+                problems.append(f"{key} (from {sources.get(key, 'default')}): {error['msg']}")
+            else:  # a rule across keys: name each key the message mentions, with its source
+                keys = [k for k in FIELDS if k in error["msg"]] or ["settings"]
+                where = ", ".join(f"{k} from {sources.get(k, 'default')}" for k in keys)
+                problems.append(f"{error['msg'].removeprefix('Value error, ')} ({where})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
     return ResolvedSettings(settings=settings, sources=sources, notes=notes)

@@ -36,3 +36,18 @@ def before_compaction() -> Path:
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "om.duckdb"
+
+# Prefect: quiet, no telemetry (no network here), one ephemeral API for the whole test session.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """Prefect's test harness, started once per test session (it takes 10-25 s to start)."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield PREFECT_API_URL.value()

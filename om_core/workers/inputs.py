@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -45,9 +46,13 @@ class SourceEntry:
         return message if isinstance(message, dict) else {}
 
 
-def render_entry(entry: SourceEntry, max_chars: int | None = None) -> tuple[str, bool]:
-    """``--- entry <id> ---`` then ``[Role @ time]: text``; an over-long entry as a head…tail excerpt."""
-    text = entry.text
+def render_entry(entry: SourceEntry, max_chars: int | None = None,
+                 clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
+    """``--- entry <id> ---`` then ``[Role @ time]: text``; an over-long entry as a head…tail excerpt.
+
+    ``clean`` (secret redaction) runs on the whole text before any excerpt is cut, so a secret that
+    straddles the cut cannot leak half of itself."""
+    text = entry.text if clean is None else clean(entry.text)
     excerpted = False
     if max_chars is not None and len(text) > max_chars:
         head = int(max_chars * 0.6)
@@ -83,8 +88,7 @@ class ObserverInput:
     now: str
     memory: MemoryLines
     chunk: list[SourceEntry]
-    rendered: list[str]
-    excerpted: bool
+    cap_tokens: int
     known_observation_ids: set[str]
 
     @property
@@ -99,9 +103,19 @@ class ObserverInput:
     def chunk_ids(self) -> set[str]:
         return {e.entry_id for e in self.chunk}
 
+    def render(self, clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
+        """The chunk as the observer reads it, and whether an entry had to be excerpted."""
+        parts, excerpted = [], False
+        for entry in self.chunk:
+            # an entry alone over the cap is sent as a head…tail excerpt (about 4 characters a token)
+            text, cut = render_entry(entry, self.cap_tokens * 4 if entry.tokens > self.cap_tokens else None, clean)
+            parts.append(text)
+            excerpted |= cut
+        return "\n\n".join(parts), excerpted
+
     @property
     def chunk_text(self) -> str:
-        return "\n\n".join(self.rendered)
+        return self.render()[0]
 
     @property
     def source_tokens(self) -> int:
@@ -148,20 +162,13 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     cursor.fetchall()  # release the result before the next statement
     if not chunk:
         return None
-    rendered = []
-    excerpted = False
-    for entry in chunk:
-        # an entry alone over the cap is sent as a head…tail excerpt (about 4 characters a token)
-        text, cut = render_entry(entry, cap * 4 if entry.tokens > cap else None)
-        rendered.append(text)
-        excerpted |= cut
     memory = ledger_memory(con, session_id, tip)
     known = {row[0] for row in con.execute(query("recorded_observation_ids"), {"session_id": session_id, "tip": tip}).fetchall()}
     tip_ts = con.execute(query("entry_timestamp"), {"session_id": session_id, "entry_id": tip}).fetchall()
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts[0][0] if tip_ts else None),
-        memory=MemoryLines(memory.reflections, memory.observations), chunk=chunk, rendered=rendered,
-        excerpted=excerpted, known_observation_ids=known,
+        memory=MemoryLines(memory.reflections, memory.observations), chunk=chunk, cap_tokens=cap,
+        known_observation_ids=known,
     )
 
 

@@ -66,8 +66,9 @@ class ModelBrain:
 
     def observer_prompt(self, inp: ObserverInput) -> tuple[str, str]:
         memory = prompts.memory_block(inp.memory.reflection_lines, inp.memory.observation_lines)
-        user = prompts.observer_message(memory, inp.now, inp.chunk_text, inp.first_id, inp.last_id)
-        return prompts.OBSERVER_SYSTEM, self._clean(user)
+        chunk, _ = inp.render(self._clean)  # entries are redacted whole, before any excerpt is cut
+        user = prompts.observer_message(self._clean(memory), inp.now, chunk, inp.first_id, inp.last_id)
+        return prompts.OBSERVER_SYSTEM, user
 
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
         system, user = self.observer_prompt(inp)

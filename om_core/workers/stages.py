@@ -145,11 +145,7 @@ def _write_calls(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, stage_ru
         "attempt": pa.array([c.attempt for c in rows], pa.int32()),
         "started_at": pa.array([c.started_at for c in rows], pa.timestamp("us", tz="UTC")),
     })
-    con.register("call_batch", table)
-    try:
-        con.execute(query("insert_model_calls"))
-    finally:
-        con.unregister("call_batch")
+    dbmod.insert_arrow(con, "call_batch", table, "insert_model_calls")
 
 
 def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payload: Any, kind: str | None,

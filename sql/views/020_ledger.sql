@@ -2,7 +2,7 @@
 
 CREATE OR REPLACE VIEW ledger AS
     SELECT session_id, ledger_id, kind, covers_up_to_id, anchor_entry_id, origin, created_at,
-           append_seq, run_id, stage
+           append_seq, run_id, stage, stage_key
     FROM ledger_records;
 
 CREATE OR REPLACE VIEW observations AS

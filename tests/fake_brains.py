@@ -1,0 +1,85 @@
+"""A scripted model for pipeline tests and benchmarks: answers each worker's prompt with a valid tool
+call built from the prompt itself, then a plain-text "done" once it has the receipt."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+
+from fake_openai import Reply, text, tool_call
+
+from om_core import prompts
+
+_ENTRY = re.compile(r"--- entry (\S+) ---")
+_LINE = re.compile(r"^\[([0-9a-f]{12})\] .*?\(coverage: (none|partial|strong)\)$", re.MULTILINE)
+
+
+def stage_key(body: dict) -> str:
+    """The identity of a stage's input: its system prompt and first user message."""
+    messages = body["messages"]
+    return hashlib.sha256((messages[0]["content"] + "\x00" + messages[1]["content"]).encode()).hexdigest()[:16]
+
+
+def stage_of(body: dict) -> str:
+    system = body["messages"][0]["content"]
+    if system == prompts.OBSERVER_SYSTEM:
+        return "observer"
+    if system == prompts.REFLECTOR_SYSTEM:
+        return "reflector"
+    return "dropper"
+
+
+class ScriptedWorkers:
+    """A responder for FakeOpenAI. ``fail_every`` injects an HTTP 429 on every n-th request."""
+
+    def __init__(self, fail_every: int = 0, delay: float = 0.0) -> None:
+        self.fail_every = fail_every
+        self.delay = delay
+        self.count = 0
+        self.lock = threading.Lock()
+        self.completed: set[str] = set()  # stage keys answered to the end (computed)
+        self.answered: list[str] = []  # stage key of every successful answer, in order
+        self.failed = 0
+
+    def __call__(self, body: dict) -> Reply:
+        with self.lock:
+            self.count += 1
+            n = self.count
+        if self.fail_every and n % self.fail_every == 0:
+            with self.lock:
+                self.failed += 1
+            return Reply(status=429, delay=self.delay,
+                         error_body={"error": {"message": "rate limited", "type": "rate_limit_error"}})
+        key = stage_key(body)
+        messages = body["messages"]
+        if messages[-1]["role"] == "tool":
+            reply = text("done")
+            with self.lock:
+                self.completed.add(key)
+        else:
+            reply = self._first_turn(body)
+        reply.delay = self.delay
+        with self.lock:
+            self.answered.append(key)
+        return reply
+
+    def _first_turn(self, body: dict) -> Reply:
+        stage = stage_of(body)
+        user = body["messages"][1]["content"]
+        if stage == "observer":
+            ids = _ENTRY.findall(user)
+            stamp = re.search(r"\[[^\]@]+ @ (\d{4}-\d{2}-\d{2} \d{2}:\d{2})\]", user)
+            return tool_call("record_observations", {"observations": [
+                {"timestamp": stamp.group(1) if stamp else "2026-01-15 14:00",
+                 "content": f"Work happened between {ids[0]} and {ids[-1]}.", "relevance": "medium",
+                 "sourceEntryIds": [ids[0], ids[-1]]}]})
+        lines = _LINE.findall(user)
+        if stage == "reflector":
+            uncovered = [obs_id for obs_id, coverage in lines if coverage == "none"][:2]
+            if not uncovered:
+                return text("nothing durable to add")
+            return tool_call("record_reflections", {"reflections": [
+                {"content": f"A durable point drawn from {' and '.join(uncovered)}.",
+                 "supportingObservationIds": uncovered}]})
+        return tool_call("drop_observations", {"ids": [obs_id for obs_id, _ in lines[:2]], "reason": "oldest"})

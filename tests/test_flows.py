@@ -1,0 +1,253 @@
+"""The Prefect pipeline end to end: several sessions against the fake model server with injected
+429s, a kill -9 and resume, a rerun that changes nothing, and the same flow on a local Dask cluster.
+
+Prefect's ephemeral API is started once for the test session (the ``prefect_api`` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from builders import SessionBuilder
+from fake_brains import ScriptedWorkers, stage_key
+from fake_openai import FakeOpenAI
+
+from om_core.ledger import parse_folded, parse_record
+from om_core.settings import Settings
+
+pytestmark = pytest.mark.prefect
+
+SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,
+                    observerChunkMaxTokens=400, observationsPoolMaxTokens=40, observationsPoolTargetTokens=20)
+SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
+                "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
+                "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20"}
+FAST_RETRIES = {"retries": 5, "retry_delay_seconds": [0.02, 0.05, 0.1, 0.2, 0.4], "retry_jitter_factor": 0.5}
+
+
+def story(builder: SessionBuilder, turns: int, topic: str) -> None:
+    for i in range(turns):
+        builder.user(f"Step {i} of the {topic} work: please handle the next part carefully and report back. " * 3)
+        call = f"c{i}"
+        builder.assistant(f"Reading the {topic} module for step {i}.", tool_calls=[(call, "read", {"path": f"src/{topic}_{i}.py"})])
+        builder.tool_result(call, "read", f"def {topic}_{i}():\n    return {i}\n" * 12)
+        builder.assistant(f"Done with step {i} of {topic}: the function returns {i} and the tests pass. " * 2)
+
+
+def make_sessions(folder: Path, count: int = 4) -> list[Path]:
+    paths = []
+    for n in range(count):
+        b = SessionBuilder(session_id=f"0000000{n}-aaaa-bbbb-cccc-dddddddddddd", start=f"2026-03-0{n + 1}T09:00:00")
+        story(b, 6 + n, f"topic{n}")
+        if n == 1:  # a branch: go back two turns and continue differently
+            fork = b.entries[-9]["id"]
+            b.go(fork)
+            b.branch_summary("Tried another approach first; it was abandoned.")
+            story(b, 3, "detour")
+        paths.append(b.write(folder / f"s{n}.jsonl"))
+    return paths
+
+
+def snapshot(db: Path) -> dict:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {
+            "records": con.execute("SELECT session_id, kind, covers_up_to_id, anchor_entry_id, stage_key FROM ledger "
+                                   "ORDER BY ALL").fetchall(),
+            "observations": con.execute("SELECT session_id, obs_id FROM observations ORDER BY ALL").fetchall(),
+            "compactions": con.execute("SELECT session_id, compaction_id, first_kept_entry_id, folded, full_fold "
+                                       "FROM compactions WHERE origin = 'simulated' ORDER BY ALL").fetchall(),
+        }
+    finally:
+        con.close()
+
+
+def run_flow(paths, db: Path, server: FakeOpenAI | None, runner: str = "threads", concurrency: int = 4) -> dict:
+    from flows.runner import run_pipeline
+
+    model = {"model": "openai/fake-model", "api_base": server.base_url} if server else {"model": "offline"}
+    return run_pipeline([str(p) for p in paths], db_path=str(db), model=model, settings=SETTINGS.model_dump(),
+                        concurrency=concurrency, runner=runner, stage_options=FAST_RETRIES)
+
+
+def assert_ledger_sound(db: Path) -> None:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        # no duplicate records: one record per stage input
+        dup = con.execute("SELECT stage_key, count(*) FROM ledger WHERE origin = 'pipeline' GROUP BY ALL "
+                          "HAVING count(*) > 1").fetchall()
+        assert dup == []
+        # every record valid, exactly as the wire format demands
+        for session_id, ledger_id, kind in con.execute("SELECT session_id, ledger_id, kind FROM ledger").fetchall():
+            if kind == "om.observations.recorded":
+                items = con.execute("SELECT obs_id, content, ts, relevance, source_entry_ids, token_count FROM observations "
+                                    "WHERE session_id = ? AND ledger_id = ? ORDER BY item_index", [session_id, ledger_id]).fetchall()
+                data = {"observations": [{"id": i, "content": c, "timestamp": t, "relevance": r, "sourceEntryIds": s,
+                                          "tokenCount": n} for i, c, t, r, s, n in items]}
+            elif kind == "om.reflections.recorded":
+                items = con.execute("SELECT refl_id, content, supporting_observation_ids, token_count FROM reflections "
+                                    "WHERE session_id = ? AND ledger_id = ? ORDER BY item_index", [session_id, ledger_id]).fetchall()
+                data = {"reflections": [{"id": i, "content": c, "supportingObservationIds": s, "tokenCount": n}
+                                        for i, c, s, n in items]}
+            else:
+                data = {"observationIds": [r[0] for r in con.execute(
+                    "SELECT obs_id FROM drops WHERE session_id = ? AND ledger_id = ? ORDER BY item_index",
+                    [session_id, ledger_id]).fetchall()]}
+            covers = con.execute("SELECT covers_up_to_id FROM ledger WHERE session_id = ? AND ledger_id = ?",
+                                 [session_id, ledger_id]).fetchall()[0][0]
+            assert parse_record(kind, {**data, "coversUpToId": covers}) is not None, (kind, data)
+        # observation watermarks strictly increase along every branch
+        for session_id, leaf in con.execute("SELECT DISTINCT session_id, leaf_id FROM branch_entries").fetchall():
+            marks = [r[0] for r in con.execute(
+                "SELECT wm_pos FROM branch_records(?, ?) WHERE kind = 'om.observations.recorded' ORDER BY rec_order",
+                [session_id, leaf]).fetchall()]
+            assert marks == sorted(set(marks)), (session_id, leaf, marks)
+        # simulated compactions carry om.folded details (or say why not)
+        folds = con.execute("SELECT session_id, compaction_id, folded, full_fold, note FROM compactions "
+                            "WHERE origin = 'simulated'").fetchall()
+        assert folds, "the replay simulated no compaction"
+        for session_id, compaction_id, folded, full_fold, note in folds:
+            if not folded:
+                assert note and "native" in note
+                continue
+            items = con.execute("SELECT item_kind, id, content, ts, relevance, source_entry_ids, "
+                                "supporting_observation_ids, token_count FROM compaction_items "
+                                "WHERE session_id = ? AND compaction_id = ? ORDER BY item_kind, item_index",
+                                [session_id, compaction_id]).fetchall()
+            details = {"type": "om.folded", "version": 1, "fullFold": full_fold,
+                       "observations": [{"id": i, "content": c, "timestamp": t, "relevance": r, "sourceEntryIds": s,
+                                         "tokenCount": n} for k, i, c, t, r, s, _, n in items if k == "observation"],
+                       "reflections": [{"id": i, "content": c, "supportingObservationIds": p, "tokenCount": n}
+                                       for k, i, c, _, _, _, p, n in items if k == "reflection"]}
+            assert parse_folded(details) is not None
+    finally:
+        con.close()
+
+
+def test_pipeline_with_429s_then_a_rerun_changes_nothing(prefect_api, tmp_path):
+    paths = make_sessions(tmp_path / "sessions")
+    db = tmp_path / "om.duckdb"
+    script = ScriptedWorkers(fail_every=7)
+    with FakeOpenAI(responder=script) as server:
+        summary = run_flow(paths, db, server)
+        assert summary["errors"] == [] and all(s["error"] is None for s in summary["sessions"])
+        assert script.failed > 0  # 429s were injected and retried
+        first = snapshot(db)
+        assert len(first["observations"]) > 10
+        # no repeated model call for a computed stage: each completed stage was asked exactly once
+        starts = [stage_key(r) for r in server.requests if r["messages"][-1]["role"] != "tool"]
+        answered_first_turns = [k for k in script.answered if k in script.completed]
+        for key in script.completed:
+            assert answered_first_turns.count(key) == 2, key  # its first turn and its closing turn
+        assert_ledger_sound(db)
+        requests_before = len(server.requests)
+        again = run_flow(paths, db, server)
+        assert all(s["error"] is None for s in again["sessions"])
+        assert len(server.requests) == requests_before  # the rerun called no model
+        assert snapshot(db) == first  # and appended nothing
+        assert starts  # the scripted model really was used
+
+
+def test_kill_9_then_resume(prefect_api, tmp_path):
+    paths = make_sessions(tmp_path / "sessions", count=3)
+    db = tmp_path / "om.duckdb"
+    env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api, "OM_DB": str(db)}
+    script = ScriptedWorkers()
+    victim: dict = {}
+
+    def responder(body):
+        if len(script.answered) == 9 and "proc" in victim and not victim.get("killed"):
+            victim["killed"] = True
+            os.kill(victim["proc"].pid, signal.SIGKILL)  # kill -9 while a stage waits for the model
+        return script(body)
+
+    command = [sys.executable, "-m", "om_core.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1", "--json"]
+    with FakeOpenAI(responder=responder) as server:
+        model = ["--model", "openai/fake-model", "--api-base", server.base_url]
+        victim["proc"] = subprocess.Popen(command + model, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        victim["proc"].wait(timeout=300)
+        assert victim.get("killed"), "the run finished before the kill"
+        assert victim["proc"].returncode == -signal.SIGKILL
+        computed_before = set(script.completed)
+        answered_before = len(script.answered)
+        resumed = subprocess.run(command + model, env=env, capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        after = script.answered[answered_before:]
+        assert not computed_before & set(after), "a stage computed before the kill was asked again"
+        assert_ledger_sound(db)
+        resumed_state = snapshot(db)
+    # the interrupted-and-resumed run ends where an uninterrupted one does
+    clean_db = tmp_path / "clean.duckdb"
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        clean = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(clean_db), "run",
+                                str(tmp_path / "sessions"), "--concurrency", "1", "--json", "--model",
+                                "openai/fake-model", "--api-base", server.base_url],
+                               env={**env, "OM_DB": str(clean_db)}, capture_output=True, text=True, timeout=300)
+        assert clean.returncode == 0, clean.stderr[-2000:]
+    clean_state = snapshot(clean_db)
+    assert [r[:4] for r in resumed_state["records"]] == [r[:4] for r in clean_state["records"]]
+    assert resumed_state["observations"] == clean_state["observations"]
+
+
+def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
+    paths = make_sessions(tmp_path / "sessions", count=3)
+    (tmp_path / "sessions" / "broken.jsonl").write_text('{"type": "message"}\nnot json\n')
+    db = tmp_path / "om.duckdb"
+    script = ScriptedWorkers()
+
+    def responder(body):
+        if "topic2" in body["messages"][1]["content"]:
+            return json_error(401)
+        return script(body)
+
+    with FakeOpenAI(responder=responder) as server:
+        summary = run_flow([tmp_path / "sessions"], db, server)
+    assert any("broken.jsonl" in e for e in summary["errors"])
+    con = duckdb.connect(str(db), read_only=True)
+    per_session = dict(con.execute("SELECT session_id, count(*) FROM observations GROUP BY ALL").fetchall())
+    failed = con.execute("SELECT DISTINCT session_id, error_kind FROM stages WHERE outcome = 'failed'").fetchall()
+    con.close()
+    assert failed == [("00000002-aaaa-bbbb-cccc-dddddddddddd", "permanent")]
+    assert per_session.get("00000000-aaaa-bbbb-cccc-dddddddddddd") and per_session.get("00000001-aaaa-bbbb-cccc-dddddddddddd")
+    from om_core.memory import status
+
+    shown = status(db, "00000002")
+    assert shown.lastErrors and "AuthenticationError" in shown.lastErrors[0]["detail"]
+
+
+def json_error(status: int):
+    from fake_openai import http_error
+
+    return http_error(status, "invalid api key")
+
+
+def test_same_flow_on_a_local_dask_cluster(prefect_api, tmp_path):
+    paths = make_sessions(tmp_path / "sessions", count=2)
+    db = tmp_path / "om.duckdb"
+    summary = run_flow(paths, db, None, runner="dask", concurrency=2)
+    assert summary["errors"] == [] and all(s["error"] is None for s in summary["sessions"])
+    assert_ledger_sound(db)
+    threads_db = tmp_path / "threads.duckdb"
+    run_flow(paths, threads_db, None, runner="threads", concurrency=2)
+    assert snapshot(db)["observations"] == snapshot(threads_db)["observations"]
+
+
+@pytest.mark.real_sessions
+def test_om_run_on_a_real_session_with_the_offline_baseline(prefect_api, tmp_path, before_compaction):
+    from typer.testing import CliRunner
+
+    from om_core.cli import app
+
+    db = tmp_path / "om.duckdb"
+    result = CliRunner().invoke(app, ["--db", str(db), "run", str(before_compaction), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    [row] = summary["sessions"]
+    assert row["observations"] > 50 and row["reflections"] > 0 and row["compactions"] >= 2
+    assert_ledger_sound(db)

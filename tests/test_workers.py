@@ -1,0 +1,827 @@
+"""The memory workers of SPEC §8 (issue 4, items 2, 3, 5): observer, reflector and dropper as tool-calling
+runs through litellm against the fake OpenAI-compatible server, with code (not the model) making ids,
+token counts, validation and the dropper's selection.
+
+Entry ids are the builder's: the n-th entry is ``f"{n:08x}"``, stamped 2026-01-15 14:00 + n minutes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from builders import SessionBuilder
+from fake_openai import FakeOpenAI, Reply, http_error, text, tool_call
+from om_core import db as dbmod
+from om_core.catalog import resolve_tip
+from om_core.cli import app
+from om_core.ingest import ingest
+from om_core.ledger import RECORD_MODELS, append_record
+from om_core.memory import clocks, ledger_memory
+from om_core.model import RetryPolicy
+from om_core.prompts import TRUNCATION_MARKER
+from om_core.recall import recall
+from om_core.settings import Settings
+from om_core.workers.inputs import dropper_input, max_drops
+from om_core.workers.stages import ModelConfig, observe_now, reflect_now
+
+SID = "0b5e1111-0000-4000-8000-000000000001"
+OBS, REFL, DROP = "om.observations.recorded", "om.reflections.recorded", "om.observations.dropped"
+E = {n: f"{n:08x}" for n in range(1, 40)}
+
+
+def mid(content: str) -> str:
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()[:12]
+
+
+def pi_tokens(line: str) -> int:
+    return math.ceil(len(line) / 4)  # ASCII only here, so UTF-16 length == len
+
+
+# ------------------------------------------------------------------ fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def shared_server():
+    """One server per module: stopping a server costs its half-second poll interval."""
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def server(shared_server):
+    with shared_server.lock:
+        shared_server.replies.clear()
+        shared_server.requests.clear()
+        shared_server.responder = None
+        shared_server.default = None
+    return shared_server
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """No settings or model from the developer's machine reach the CLI."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    for name in ("OM_DB", "OM_MODEL", "OM_API_BASE", "OM_API_KEY", "OM_AGENT_MAX_TURNS", "OM_REDACT_SECRETS",
+                 "OM_OBSERVER_CHUNK_MAX_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def config(server: FakeOpenAI, attempts: int = 1) -> ModelConfig:
+    return ModelConfig(model="openai/fake-model", api_base=server.base_url,
+                       retry=RetryPolicy(attempts=attempts, base_seconds=0.001, max_seconds=0.002))
+
+
+def load(b: SessionBuilder, tmp_path, db) -> None:
+    ingest(db, [b.write(tmp_path / "session.jsonl")])
+
+
+def rows(db, sql: str, params: list | None = None) -> list[tuple]:
+    with dbmod.reading(db) as con:
+        return con.execute(sql, params or []).fetchall()
+
+
+def records(db) -> list[tuple]:
+    return rows(db, "SELECT kind, covers_up_to_id, anchor_entry_id, origin, ledger_id FROM ledger_records "
+                    "WHERE session_id = ? ORDER BY append_seq", [SID])
+
+
+def observations_of(db, ledger_id: str) -> list[dict]:
+    got = rows(db, "SELECT obs_id, content, ts, relevance, source_entry_ids, token_count FROM ledger_observations "
+                   "WHERE session_id = ? AND ledger_id = ? ORDER BY item_index", [SID, ledger_id])
+    return [dict(zip(("id", "content", "timestamp", "relevance", "sourceEntryIds", "tokenCount"), r)) for r in got]
+
+
+def observer_watermark(db) -> str | None:
+    with dbmod.reading(db) as con:
+        tip = resolve_tip(con, SID, None)
+        return clocks(con, SID, tip)["observer"].watermark_entry_id
+
+
+def memory(db):
+    with dbmod.reading(db) as con:
+        return ledger_memory(con, SID, resolve_tip(con, SID, None))
+
+
+def stages(db) -> list[dict]:
+    got = rows(db, "SELECT stage, outcome, records, items, rejected, error_kind, error, chunk_first_id, chunk_last_id "
+                   "FROM stages WHERE session_id = ? ORDER BY started_at, finished_at", [SID])
+    keys = ("stage", "outcome", "records", "items", "rejected", "error_kind", "error", "chunk_first_id", "chunk_last_id")
+    return [dict(zip(keys, r)) for r in got]
+
+
+def llm_calls(db) -> list[dict]:
+    got = rows(db, "SELECT stage, turn, attempt, status, error_kind, input_tokens, output_tokens, cached_tokens, "
+                   "latency_ms, model FROM llm_calls WHERE session_id = ? ORDER BY started_at, turn, attempt", [SID])
+    keys = ("stage", "turn", "attempt", "status", "error_kind", "input_tokens", "output_tokens", "cached_tokens",
+            "latency_ms", "model")
+    return [dict(zip(keys, r)) for r in got]
+
+
+def prompt(server: FakeOpenAI, i: int = 0) -> str:
+    """The user message of request i (the worker's input)."""
+    [user] = [m for m in server.requests[i]["messages"] if m["role"] == "user"]
+    return user["content"] if isinstance(user["content"], str) else json.dumps(user["content"])
+
+
+def tool_messages(server: FakeOpenAI, i: int) -> list[str]:
+    return [m["content"] for m in server.requests[i]["messages"] if m["role"] == "tool"]
+
+
+def append(db, kind: str, payload: dict, anchor: str) -> str:
+    with dbmod.writing(db) as con, dbmod.transaction(con):
+        return append_record(con, SID, kind, RECORD_MODELS[kind].model_validate(payload), anchor_entry_id=anchor)
+
+
+def obs(content: str, src: list[str], ts: str = "2026-01-15 14:01", rel: str = "medium", tokens: float = 10) -> dict:
+    return {"id": mid(content), "content": content, "timestamp": ts, "relevance": rel, "sourceEntryIds": src,
+            "tokenCount": tokens}
+
+
+def refl(content: str, supports: list[str]) -> dict:
+    return {"id": mid(content), "content": content, "supportingObservationIds": supports, "tokenCount": 5}
+
+
+def item(content: str, src: list[str], ts: str = "2026-01-15 14:02", rel: str = "high") -> dict:
+    """One observation as the model proposes it."""
+    return {"timestamp": ts, "content": content, "relevance": rel, "sourceEntryIds": src}
+
+
+def invoke(args: list[str]):
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+# ------------------------------------------------------------------ sessions
+
+
+def story() -> SessionBuilder:
+    """Every kind of source entry once, plus two entries that are not sources."""
+    b = SessionBuilder(SID)
+    b.system("You are Pi, a coding agent.")  # E1: not a source entry
+    b.user("Please use PostgreSQL 16 for the orders service.")  # E2 @ 14:02
+    b.assistant("Let me look at the config.", thinking="The user wants Postgres; read the config first.",
+                tool_calls=[("call_1", "read", {"path": "config/db.yaml"})])  # E3
+    b.tool_result("call_1", "read", "engine: mysql\nversion: 8", images=1)  # E4
+    b.bash("make test", "3 passed", 0)  # E5
+    b.model_change()  # E6: not a source entry
+    b.user([{"type": "text", "text": "Here is the screenshot of the error."},
+            {"type": "image", "data": "QUJDREVGR0g=", "mimeType": "image/jpeg"}])  # E7
+    b.assistant("Switched config/db.yaml to PostgreSQL 16.")  # E8 @ 14:08
+    return b
+
+
+def blocks(n: int) -> SessionBuilder:
+    """n alternating user/assistant messages of 400 characters each (100 tokens by Pi's estimate)."""
+    b = SessionBuilder(SID)
+    for i in range(1, n + 1):
+        body = f"M{i} " + "lorem ipsum " * 40
+        body = body[:400]
+        (b.user if i % 2 else b.assistant)(body)
+    return b
+
+
+# ------------------------------------------------------------------ observer: input
+
+
+def test_observer_input_labels_every_source_entry_with_id_role_and_time(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    server.add(text("Nothing to record."))
+    observe_now(db_path, SID, None, config(server), Settings())
+    body = server.requests[0]
+    assert body["messages"][0]["role"] == "system"  # the stable prompt comes first
+    assert [t["function"]["name"] for t in body["tools"]] == ["record_observations"]
+    sent = prompt(server)
+    assert f"--- entry {E[2]} ---\n[User @ 2026-01-15 14:02]: Please use PostgreSQL 16 for the orders service." in sent
+    assert (f"--- entry {E[3]} ---\n[Assistant @ 2026-01-15 14:03]: (thinking) The user wants Postgres; read the "
+            "config first.\nLet me look at the config.\n(tool call call_1) read({\"path\":\"config/db.yaml\"})") in sent
+    assert (f"--- entry {E[4]} ---\n[Tool result @ 2026-01-15 14:04]: (read) engine: mysql\nversion: 8\n"
+            "[image: image/png]") in sent
+    assert f"--- entry {E[5]} ---\n[User ran a command @ 2026-01-15 14:05]: $ make test\n3 passed" in sent
+    assert (f"--- entry {E[7]} ---\n[User @ 2026-01-15 14:07]: Here is the screenshot of the error.\n"
+            "[image: image/jpeg]") in sent
+    assert f"--- entry {E[8]} ---\n[Assistant @ 2026-01-15 14:08]: Switched config/db.yaml to PostgreSQL 16." in sent
+    # not source entries: the system prompt and the model change
+    assert E[1] not in sent and "You are Pi, a coding agent." not in sent
+    assert E[6] not in sent
+    # images are placeholders, never their data
+    assert "QUJDREVGR0g=" not in server.sent_text() and "iVBORw0KGgo=" not in server.sent_text()
+    assert f"({E[2]} to {E[8]})" in sent
+    assert "## Current time\n2026-01-15 14:08" in sent
+    assert "## Current reflections\n(none yet)" in sent and "## Active observations\n(none yet)" in sent
+
+
+def test_observer_input_labels_extension_messages_and_branch_summaries(server, tmp_path, db_path):
+    b = SessionBuilder(SID)
+    b.user("Continue with the cache work.")  # E1
+    b.custom_message("plan-reminder", "Remember: tests before merge.")  # E2
+    b.branch_summary("Explored a Redis cache on another branch; rejected for latency.")  # E3
+    b.label(E[1], "checkpoint")  # E4: not a source entry
+    load(b, tmp_path, db_path)
+    server.add(text("nothing"))
+    observe_now(db_path, SID, None, config(server), Settings())
+    sent = prompt(server)
+    assert (f"--- entry {E[2]} ---\n[Extension message (plan-reminder) @ 2026-01-15 14:02]: "
+            "Remember: tests before merge.") in sent
+    assert (f"--- entry {E[3]} ---\n[Branch summary @ 2026-01-15 14:03]: "
+            "Explored a Redis cache on another branch; rejected for latency.") in sent
+    assert f"--- entry {E[4]} ---" not in sent and f"({E[1]} to {E[3]})" in sent
+
+
+def test_observer_input_shows_current_reflections_and_active_observations(server, tmp_path, db_path):
+    load(blocks(6), tmp_path, db_path)
+    o1, o2, o3 = (obs("User wants PostgreSQL 16.", [E[1]], "2026-01-15 14:01", "critical"),
+                  obs("Assistant read config/db.yaml.", [E[2]], "2026-01-15 14:02", "low"),
+                  obs("A note that was dropped later.", [E[2]], "2026-01-15 14:02", "medium"))
+    append(db_path, OBS, {"observations": [o1, o2, o3], "coversUpToId": E[2]}, E[2])
+    append(db_path, REFL, {"reflections": [refl("The project standardizes on PostgreSQL 16.", [o1["id"]])],
+                           "coversUpToId": E[2]}, E[2])
+    append(db_path, DROP, {"observationIds": [o3["id"]], "coversUpToId": E[2]}, E[2])
+    server.add(text("nothing"))
+    observe_now(db_path, SID, None, config(server), Settings())
+    sent = prompt(server)
+    assert (f"## Current reflections\n[{mid('The project standardizes on PostgreSQL 16.')}] "
+            "The project standardizes on PostgreSQL 16.") in sent
+    assert (f"## Active observations\n[{o1['id']}] 2026-01-15 14:01 [critical] User wants PostgreSQL 16.\n"
+            f"[{o2['id']}] 2026-01-15 14:02 [low] Assistant read config/db.yaml.") in sent
+    assert "A note that was dropped later." not in sent
+    # the chunk starts after the observation watermark E2
+    assert f"({E[3]} to {E[6]})" in sent
+    assert f"--- entry {E[2]} ---" not in sent
+
+
+@pytest.mark.parametrize("cap, last", [(256, 3), (299, 3), (300, 4), (301, 4)])
+def test_chunk_cap_boundary(server, tmp_path, db_path, cap, last):
+    """Whole entries of 100 tokens each (the first entry is E1, so E{last} - 1 entries fit)."""
+    load(blocks(5), tmp_path, db_path)
+    server.add(text("nothing"))
+    outcome = observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=cap))
+    assert outcome.chunk == (E[1], E[last - 1])
+    assert outcome.outcome == "empty"
+
+
+def test_chunk_cap_limits_the_chunk_to_whole_entries(server, tmp_path, db_path):
+    load(blocks(5), tmp_path, db_path)
+    server.add(tool_call("record_observations", {"observations": [item("First two blocks seen.", [E[1], E[2]])]}),
+               text("done"))
+    outcome = observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    sent = prompt(server)
+    assert f"--- entry {E[1]} ---" in sent and f"--- entry {E[2]} ---" in sent
+    assert f"--- entry {E[3]} ---" not in sent  # 100 + 100 + 100 > 256
+    assert outcome.chunk == (E[1], E[2])
+    [(kind, covers, anchor, origin, _)] = records(db_path)
+    assert (kind, covers, anchor, origin) == (OBS, E[2], E[5], "pipeline")  # watermark = chunk end; anchor = tip
+    assert observer_watermark(db_path) == E[2]
+    assert stages(db_path)[0]["chunk_first_id"] == E[1] and stages(db_path)[0]["chunk_last_id"] == E[2]
+    # the next stage reads the next chunk
+    server.add(text("nothing here"))
+    observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    assert f"({E[3]} to {E[4]})" in prompt(server, 2)
+
+
+def test_an_entry_alone_over_the_cap_is_sent_as_a_marked_head_tail_excerpt(server, tmp_path, db_path):
+    b = SessionBuilder(SID)
+    big = "HEAD-START " + "alpha " * 600 + "MIDDLE-SECRET-WORD " + "omega " * 600 + "TAIL-END"
+    b.user(big)  # E1: about 1,850 tokens, alone over the 256 cap
+    b.assistant("ok")  # E2
+    load(b, tmp_path, db_path)
+    raw_before = rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?", [SID, E[1]])[0][0]
+    server.add(tool_call("record_observations", {"observations": [item("User pasted a long log.", [E[1]])]}),
+               text("done"))
+    outcome = observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    sent = prompt(server)
+    assert outcome.chunk == (E[1], E[1])  # at least the first entry, and nothing after it
+    assert "HEAD-START" in sent and "TAIL-END" in sent
+    assert "MIDDLE-SECRET-WORD" not in sent
+    # 256 tokens ~ 1,024 characters kept: the marker names how many were left out
+    assert f"[… {len(big) - 1024} characters omitted from the middle of this entry" in sent
+    assert f"--- entry {E[2]} ---" not in sent
+    assert records(db_path)[0][1] == E[1]
+    # the stored entry is unchanged, and recall shows it whole
+    assert rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?",
+                [SID, E[1]])[0][0] == raw_before
+    assert json.loads(raw_before)["message"]["content"][0]["text"] == big
+    found = recall(db_path, mid("User pasted a long log."), SID)
+    assert found.observations[0].sources[0].text == big
+
+
+# ------------------------------------------------------------------ observer: records
+
+
+def test_valid_observations_are_recorded_with_code_made_ids_and_token_counts(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    first = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    second = item("Assistant switched config/db.yaml from MySQL 8 to PostgreSQL 16.", [E[4], E[8], E[4]],
+                  ts="2026-01-15 14:08")
+    server.add(tool_call("record_observations", {"observations": [first, second]}), text("Recorded two."))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert (outcome.outcome, outcome.items, outcome.rejected, outcome.duplicates) == ("recorded", 2, 0, 0)
+    assert len(server.requests) == 2
+    [(kind, covers, anchor, origin, ledger_id)] = records(db_path)
+    assert (kind, covers, anchor, origin) == (OBS, E[8], E[8], "pipeline")
+    stored = observations_of(db_path, ledger_id)
+    assert stored == [
+        {"id": "24878c7131e3", "content": first["content"], "timestamp": "2026-01-15 14:02",
+         "relevance": "critical", "sourceEntryIds": [E[2]], "tokenCount": 24},
+        {"id": "901ca7ddd8b1", "content": second["content"], "timestamp": "2026-01-15 14:08",
+         "relevance": "high", "sourceEntryIds": [E[4], E[8]], "tokenCount": 26},
+    ]
+    for o in stored:
+        assert o["id"] == mid(o["content"])
+        assert o["tokenCount"] == pi_tokens(f"[{o['id']}] {o['timestamp']} [{o['relevance']}] {o['content']}")
+    assert observer_watermark(db_path) == E[8]
+    receipt = tool_messages(server, 1)[0]
+    assert "1. recorded [24878c7131e3]" in receipt and "2. recorded [901ca7ddd8b1]" in receipt
+    [stage] = stages(db_path)
+    assert (stage["stage"], stage["outcome"], stage["records"], stage["items"], stage["rejected"]) == (
+        "observer", "recorded", 1, 2, 0)
+    calls = llm_calls(db_path)
+    assert [(c["stage"], c["turn"], c["attempt"], c["status"]) for c in calls] == [
+        ("observer", 1, 1, "ok"), ("observer", 2, 1, "ok")]
+    assert all(c["input_tokens"] > 0 and c["output_tokens"] == 20 and c["latency_ms"] > 0 for c in calls)
+
+
+def test_every_rejection_rule_and_its_receipt(server, tmp_path, db_path):
+    load(blocks(4), tmp_path, db_path)
+    existing = obs("User wants PostgreSQL 16.", [E[1]])
+    append(db_path, OBS, {"observations": [existing], "coversUpToId": E[2]}, E[2])
+    long_content = "Assistant pasted the full migration plan: " + "step " * 2100
+    assert len(long_content) > 10_000
+    fresh = "User asked for the orders table to be partitioned by month."
+    proposals = [
+        42,                                                                    # 1 not an object
+        item("   ", [E[3]]),                                                   # 2 empty content
+        item("A timestamp that is not one.", [E[3]], ts="yesterday"),          # 3 bad timestamp
+        item("A relevance that is not one.", [E[3]], rel="urgent"),            # 4 bad relevance
+        item("No sources at all.", []),                                        # 5 empty sourceEntryIds
+        {"timestamp": "2026-01-15 14:03", "content": "Sources missing.", "relevance": "low"},  # 6 missing
+        item("Cites an entry of an earlier chunk.", [E[1]]),                   # 7 outside the chunk
+        item("Cites an entry that does not exist.", [E[3], "feedbeef"]),       # 8 unknown id
+        item(existing["content"], [E[3]]),                                     # 9 duplicate of a recorded id
+        item(fresh, [E[3]]),                                                   # 10 recorded
+        item(fresh, [E[4]], rel="low"),                                        # 11 duplicate within the call
+        item(long_content, [E[4]], rel="medium"),                              # 12 truncated, recorded
+    ]
+    server.add(tool_call("record_observations", {"observations": proposals}), text("Thanks."))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert (outcome.items, outcome.rejected, outcome.duplicates) == (2, 8, 2)
+
+    [receipt] = tool_messages(server, 1)
+    lines = receipt.splitlines()
+    assert lines[0] == "record_observations receipt:"
+    expect = {
+        1: ("rejected", "not an object"), 2: ("rejected", "content"), 3: ("rejected", "timestamp"),
+        4: ("rejected", "relevance"), 5: ("rejected", "sourceEntryIds"), 6: ("rejected", "sourceEntryIds"),
+        7: ("rejected", E[1]), 8: ("rejected", "feedbeef"), 9: ("duplicate", existing["id"]),
+        10: ("recorded", mid(fresh)), 11: ("duplicate", mid(fresh)),
+    }
+    for n, (verdict, detail) in expect.items():
+        assert lines[n].startswith(f"{n}. {verdict}"), lines[n]
+        assert detail in lines[n], lines[n]
+    assert E[3] not in lines[8]  # only the offending id is named
+    truncated = long_content[:10_000] + TRUNCATION_MARKER
+    assert lines[12] == f"12. recorded [{mid(truncated)}]"
+
+    ledger_id = records(db_path)[-1][4]
+    stored = observations_of(db_path, ledger_id)
+    assert [o["content"] for o in stored] == [fresh, truncated]
+    assert stored[1]["id"] == mid(truncated)
+    assert len(stored[1]["content"]) == 10_000 + len(TRUNCATION_MARKER)
+    assert stored[1]["tokenCount"] == pi_tokens(f"[{mid(truncated)}] 2026-01-15 14:02 [medium] {truncated}")
+    [stage] = stages(db_path)
+    assert (stage["outcome"], stage["items"], stage["rejected"]) == ("recorded", 2, 8)
+
+
+def test_malformed_json_and_wrong_shapes_get_receipts_and_the_loop_continues(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    server.add(Reply(tool_calls=[("record_observations", '{"observations": [{"content": "cut off')]),
+               tool_call("record_observations", {"items": [good]}),
+               tool_call("record_observations", {"observations": [good]}),
+               text("Done."))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert len(server.requests) == 4
+    assert tool_messages(server, 1)[0].startswith("rejected: the arguments were not valid JSON")
+    assert tool_messages(server, 2)[1] == 'rejected: expected {"observations": [...]}'
+    assert tool_messages(server, 3)[2] == f"record_observations receipt:\n1. recorded [{mid(good['content'])}]"
+    # each receipt answers its own call
+    msgs = server.requests[1]["messages"]
+    assert msgs[-1]["tool_call_id"] == msgs[-2]["tool_calls"][0]["id"]
+    assert (outcome.outcome, outcome.items, outcome.turns) == ("recorded", 1, 4)
+    assert [o.id for o in memory(db_path).observations] == [mid(good["content"])]
+
+
+def test_an_unknown_tool_gets_a_receipt(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    server.add(Reply(tool_calls=[("record_reflections", {"reflections": []}),
+                                 ("record_observations", {"observations": [good]})]),
+               text("Done."))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    unknown, receipt = tool_messages(server, 1)
+    assert "unknown tool 'record_reflections'" in unknown and "record_observations" in unknown
+    assert receipt.endswith(f"1. recorded [{mid(good['content'])}]")
+    assert outcome.outcome == "recorded" and outcome.items == 1
+
+
+# ------------------------------------------------------------------ observer: empty, failure, turn cap
+
+
+def test_a_deliberate_empty_run_appends_nothing_and_keeps_the_watermark(server, tmp_path, db_path):
+    load(blocks(4), tmp_path, db_path)
+    append(db_path, OBS, {"observations": [obs("Earlier note.", [E[1]])], "coversUpToId": E[2]}, E[2])
+    server.add(text("Nothing worth keeping in this chunk."))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert (outcome.outcome, outcome.items, outcome.error) == ("empty", 0, None)
+    assert len(records(db_path)) == 1
+    assert observer_watermark(db_path) == E[2]
+    [stage] = stages(db_path)
+    assert (stage["stage"], stage["outcome"], stage["records"], stage["chunk_first_id"], stage["chunk_last_id"]) == (
+        "observer", "empty", 0, E[3], E[4])
+    assert [(c["status"], c["turn"]) for c in llm_calls(db_path)] == [("ok", 1)]
+
+
+@pytest.mark.parametrize("status, message, kind, requests", [
+    (500, "upstream exploded", "transient", 3),  # retried on every attempt, then the stage fails
+    (401, "Incorrect API key provided", "permanent", 1),
+])
+def test_a_failure_appends_nothing_and_moves_no_watermark(server, tmp_path, db_path, status, message, kind, requests):
+    load(blocks(4), tmp_path, db_path)
+    append(db_path, OBS, {"observations": [obs("Earlier note.", [E[1]])], "coversUpToId": E[2]}, E[2])
+    server.default = http_error(status, message)
+    outcome = observe_now(db_path, SID, None, config(server, attempts=3), Settings())
+    assert len(server.requests) == requests
+    assert (outcome.outcome, outcome.error_kind) == ("failed", kind)
+    assert message in outcome.error
+    assert len(records(db_path)) == 1  # only the record from before
+    assert observer_watermark(db_path) == E[2]
+    [stage] = stages(db_path)
+    assert (stage["outcome"], stage["records"], stage["items"], stage["error_kind"]) == ("failed", 0, 0, kind)
+    assert stage["error"] == outcome.error
+    calls = llm_calls(db_path)
+    assert [(c["attempt"], c["status"], c["error_kind"]) for c in calls] == [
+        (n, "error", kind) for n in range(1, requests + 1)]
+
+
+def test_a_failure_on_the_second_turn_still_appends_nothing(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    server.add(tool_call("record_observations", {"observations": [good]}), http_error(401, "key revoked"))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert outcome.outcome == "failed" and "key revoked" in outcome.error
+    assert records(db_path) == []
+    assert memory(db_path).observations == []
+    assert observer_watermark(db_path) is None
+    assert [s["outcome"] for s in stages(db_path)] == ["failed"]
+    assert [(c["turn"], c["status"]) for c in llm_calls(db_path)] == [(1, "ok"), (2, "error")]
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_the_turn_cap_stops_the_loop_after_exactly_n_model_calls(server, tmp_path, db_path, cap):
+    load(story(), tmp_path, db_path)
+    server.default = tool_call("record_observations", {"observations": [item("User wants PostgreSQL 16.", [E[2]])]})
+    outcome = observe_now(db_path, SID, None, config(server), Settings(agentMaxTurns=cap))
+    assert len(server.requests) == cap
+    assert outcome.turns == cap and outcome.turn_cap_reached is True
+    assert [c["turn"] for c in llm_calls(db_path)] == list(range(1, cap + 1))
+
+
+def test_observer_through_a_streaming_model(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    server.add(Reply(tool_calls=[("record_observations", {"observations": [good]})], prompt_tokens=900,
+                     completion_tokens=40, cached_tokens=768),
+               Reply(text="done", prompt_tokens=950, completion_tokens=3, cached_tokens=896))
+    cfg = config(server)
+    cfg.stream = True
+    outcome = observe_now(db_path, SID, None, cfg, Settings())
+    assert all(body.get("stream") is True for body in server.requests)
+    assert (outcome.outcome, outcome.items) == ("recorded", 1)
+    assert [o.id for o in memory(db_path).observations] == [mid(good["content"])]
+    calls = llm_calls(db_path)
+    assert [(c["turn"], c["input_tokens"], c["output_tokens"], c["cached_tokens"], c["model"]) for c in calls] == [
+        (1, 900, 40, 768, "openai/fake-model"), (2, 950, 3, 896, "openai/fake-model")]
+
+
+def test_observe_a_chosen_leaf_is_branch_local(server, tmp_path, db_path):
+    b = SessionBuilder(SID)
+    b.user("Start the orders service.")  # E1
+    b.assistant("Started.")  # E2
+    b.user("Side question on a branch that was abandoned.")  # E3
+    b.go(E[2])
+    b.user("Now add a health check.")  # E4
+    b.assistant("Added /healthz.")  # E5: the current leaf
+    load(b, tmp_path, db_path)
+    server.add(tool_call("record_observations", {"observations": [item("User asked a side question.", [E[3]])]}),
+               text("done"))
+    outcome = observe_now(db_path, SID, E[3], config(server), Settings())
+    assert outcome.chunk == (E[1], E[3]) and outcome.outcome == "recorded"
+    assert f"--- entry {E[4]} ---" not in prompt(server)
+    [(_, covers, anchor, _, _)] = records(db_path)
+    assert (covers, anchor) == (E[3], E[3])
+    # the record is on the side branch only: the current branch is still wholly uncovered
+    assert observer_watermark(db_path) is None
+    server.add(text("nothing"))
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert outcome.chunk == (E[1], E[5])
+    sent = prompt(server, 2)
+    assert f"--- entry {E[3]} ---" not in sent and "User asked a side question." not in sent
+
+
+# ------------------------------------------------------------------ observer through the CLI
+
+
+def test_cli_observe_and_reflect_happy_path(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    server.add(tool_call("record_observations", {"observations": [good]}), text("done"))
+    base = ["--db", str(db_path)]
+    model = ["--model", "openai/fake-model", "--api-base", server.base_url]
+    result = invoke([*base, "observe", SID, *model])
+    assert result.exit_code == 0, result.output
+    assert "observer: appended 1 item(s)" in result.output
+    assert f"covers up to {E[8]}" in result.output
+    assert "offline" not in result.output
+
+    reflection = "The orders service runs on PostgreSQL 16."
+    server.add(tool_call("record_reflections", {"reflections": [
+        {"content": reflection, "supportingObservationIds": [mid(good["content"])]}]}), text("done"))
+    result = invoke([*base, "reflect", SID, *model, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["offline"] is False
+    assert [(s["stage"], s["outcome"], s["items"]) for s in data["stages"]] == [
+        ("reflector", "recorded", 1), ("dropper", "skipped", 0)]
+    assert [r.id for r in memory(db_path).reflections] == [mid(reflection)]
+
+
+def test_cli_takes_model_and_api_base_from_the_environment(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    server.add(text("Nothing to record."))
+    result = CliRunner().invoke(app, ["--db", str(db_path), "observe", SID, "--json"],
+                                env={"OM_MODEL": "openai/fake-model", "OM_API_BASE": server.base_url})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["outcome"], data["model"], data["offline"], data["model_calls"]) == (
+        "empty", "openai/fake-model", False, 1)
+    assert len(server.requests) == 1
+
+
+def test_cli_observe_failure_exits_non_zero_with_the_reason(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    server.default = http_error(401, "Incorrect API key provided: sk-test")
+    result = invoke(["--db", str(db_path), "observe", SID, "--model", "openai/fake-model",
+                     "--api-base", server.base_url])
+    assert result.exit_code != 0
+    assert "observer failed (permanent)" in result.output
+    assert "Incorrect API key provided" in result.output
+    assert len(server.requests) == 1
+    assert records(db_path) == []
+    assert [s["outcome"] for s in stages(db_path)] == ["failed"]
+
+
+# ------------------------------------------------------------------ reflector
+
+
+def coverage_session(tmp_path, db_path) -> dict[str, dict]:
+    """O1 strong (cited twice), O2 partial, O3 and O4 none, O5 dropped; the latest observation
+    watermark is E3 (anchored at E4), older than the tip E6."""
+    load(blocks(6), tmp_path, db_path)
+    o = {
+        "O1": obs("User wants PostgreSQL 16 for orders.", [E[1]], "2026-01-15 14:01", "critical"),
+        "O2": obs("Assistant chose pgx as the driver.", [E[2]], "2026-01-15 14:02", "high"),
+        "O3": obs("User prefers small pull requests.", [E[1]], "2026-01-15 14:01", "medium"),
+        "O4": obs("Tests run with pytest -q.", [E[3]], "2026-01-15 14:03", "low"),
+        "O5": obs("A stale note about MySQL.", [E[2]], "2026-01-15 14:02", "low"),
+    }
+    append(db_path, OBS, {"observations": [o["O1"], o["O2"], o["O3"], o["O5"]], "coversUpToId": E[2]}, E[2])
+    append(db_path, REFL, {"reflections": [refl("Orders run on PostgreSQL 16.", [o["O1"]["id"], o["O2"]["id"]]),
+                                           refl("The user is exacting about the database.", [o["O1"]["id"]])],
+                           "coversUpToId": E[2]}, E[2])
+    append(db_path, DROP, {"observationIds": [o["O5"]["id"]], "coversUpToId": E[2]}, E[2])
+    append(db_path, OBS, {"observations": [o["O4"]], "coversUpToId": E[3]}, E[4])
+    return o
+
+
+def test_reflector_input_shows_coverage_tiers(server, tmp_path, db_path):
+    o = coverage_session(tmp_path, db_path)
+    server.add(text("Nothing new."))
+    [outcome] = reflect_now(db_path, SID, None, config(server), Settings())
+    assert outcome.outcome == "empty"
+    sent = prompt(server)
+    line = lambda key: f"[{o[key]['id']}] {o[key]['timestamp']} [{o[key]['relevance']}] {o[key]['content']}"  # noqa: E731
+    assert f"{line('O1')} (coverage: strong)" in sent
+    assert f"{line('O2')} (coverage: partial)" in sent
+    assert f"{line('O3')} (coverage: none)" in sent
+    assert f"{line('O4')} (coverage: none)" in sent
+    assert o["O5"]["content"] not in sent  # dropped: not active
+    assert f"[{mid('Orders run on PostgreSQL 16.')}] Orders run on PostgreSQL 16." in sent
+    assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["record_reflections"]
+    assert len(records(db_path)) == 4  # an empty reflector run appends nothing
+
+
+def test_reflector_rejections_and_record_watermark(server, tmp_path, db_path):
+    o = coverage_session(tmp_path, db_path)
+    good = "The user wants small, well-tested changes."
+    proposals = [
+        {"content": "Cites a dropped observation.", "supportingObservationIds": [o["O5"]["id"]]},       # 1
+        {"content": "Cites an unknown observation.", "supportingObservationIds": ["ffffffffffff"]},     # 2
+        {"content": "Cites one active and one dropped.", "supportingObservationIds": [o["O1"]["id"], o["O5"]["id"]]},
+        {"content": "Line one.\nLine two.", "supportingObservationIds": [o["O3"]["id"]]},              # 4
+        {"content": "Orders run on PostgreSQL 16.", "supportingObservationIds": [o["O1"]["id"]]},       # 5 dup
+        {"content": "No support.", "supportingObservationIds": []},                                     # 6
+        "not an object",                                                                                # 7
+        {"content": good, "supportingObservationIds": [o["O3"]["id"], o["O4"]["id"]]},                 # 8
+    ]
+    server.add(tool_call("record_reflections", {"reflections": proposals}), text("done"))
+    outcome, dropper = reflect_now(db_path, SID, None, config(server), Settings())
+    assert dropper.outcome == "skipped"  # a pool of 40 tokens is within the default target
+    [receipt] = tool_messages(server, 1)
+    lines = receipt.splitlines()
+    assert lines[0] == "record_reflections receipt:"
+    assert lines[1].startswith("1. rejected") and o["O5"]["id"] in lines[1]
+    assert lines[2].startswith("2. rejected") and "ffffffffffff" in lines[2]
+    assert lines[3].startswith("3. rejected") and o["O5"]["id"] in lines[3] and o["O1"]["id"] not in lines[3]
+    assert lines[4].startswith("4. rejected") and "single line" in lines[4]
+    assert lines[5].startswith("5. duplicate") and mid("Orders run on PostgreSQL 16.") in lines[5]
+    assert lines[6].startswith("6. rejected") and "supportingObservationIds" in lines[6]
+    assert lines[7].startswith("7. rejected") and "not an object" in lines[7]
+    assert lines[8] == f"8. recorded [{mid(good)}]"
+    assert (outcome.outcome, outcome.items, outcome.rejected, outcome.duplicates) == ("recorded", 1, 6, 1)
+    kind, covers, anchor, origin, ledger_id = records(db_path)[-1]
+    assert (kind, covers, anchor, origin) == (REFL, E[3], E[6], "pipeline")  # = latest observation watermark
+    stored = rows(db_path, "SELECT refl_id, content, supporting_observation_ids, token_count FROM ledger_reflections "
+                           "WHERE ledger_id = ?", [ledger_id])
+    assert stored == [(mid(good), good, [o["O3"]["id"], o["O4"]["id"]], pi_tokens(good))]
+
+
+def test_reflector_does_not_run_without_an_observation_watermark(server, tmp_path, db_path):
+    load(blocks(2), tmp_path, db_path)
+    [outcome] = reflect_now(db_path, SID, None, config(server), Settings())
+    assert outcome.outcome == "skipped"
+    assert server.requests == []
+    assert outcome.reason and "observer" in outcome.reason
+
+
+# ------------------------------------------------------------------ dropper
+
+
+def test_max_drops_by_hand():
+    # pool 105 over 4 observations (average 26.25), target 50: ceil(55 / 26.25) = ceil(2.095) = 3
+    assert max_drops(105, 50, 4) == 3
+    # pool 70 over 7 (average 10), target 50: ceil(20 / 10) = 2
+    assert max_drops(70, 50, 7) == 2
+    # just over target: at least 1
+    assert max_drops(100, 99, 2) == 1
+    # never more than the pool
+    assert max_drops(30, 1, 3) == 3
+    assert max_drops(0, 10, 0) == 0
+
+
+def pool_session(tmp_path, db_path, specs: list[tuple[str, str, float]], cites: list[list[int]]) -> list[dict]:
+    """Observations from (content, relevance, tokens), oldest first; each inner list of ``cites`` is
+    one reflection citing those observation indexes. Watermark E2, tip E6."""
+    load(blocks(6), tmp_path, db_path)
+    made = [obs(c, [E[1]], f"2026-01-15 14:{10 + i:02d}", rel, tokens) for i, (c, rel, tokens) in enumerate(specs)]
+    append(db_path, OBS, {"observations": made, "coversUpToId": E[2]}, E[2])
+    if cites:
+        append(db_path, REFL, {"reflections": [refl(f"Reflection {n}.", [made[i]["id"] for i in c])
+                                               for n, c in enumerate(cites)], "coversUpToId": E[2]}, E[2])
+    return made
+
+
+def new_reflection(support: str) -> Reply:
+    return tool_call("record_reflections", {"reflections": [{"content": "A fresh durable conclusion.",
+                                                             "supportingObservationIds": [support]}]})
+
+
+def dropped_ids(db) -> list[str]:
+    return [r[0] for r in rows(db, "SELECT obs_id FROM ledger_drops WHERE session_id = ? ORDER BY item_index", [SID])]
+
+
+def test_dropper_input_and_maximum(server, tmp_path, db_path):
+    made = pool_session(tmp_path, db_path, [("Alpha note.", "low", 10), ("Beta note.", "medium", 20),
+                                            ("Gamma note.", "high", 30), ("Delta note.", "critical", 45)],
+                        [[0]])
+    server.add(new_reflection(made[1]["id"]), text("ok"),
+               tool_call("drop_observations", {"ids": [m["id"] for m in made], "reason": "pool too big"}),
+               text("ok"))
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=50)
+    reflector, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    assert (reflector.outcome, dropper.outcome) == ("recorded", "recorded")
+    sent = prompt(server, 2)
+    assert "Active observations: 4 using 105 tokens; target 50 tokens. Drop at most 3." in sent
+    assert f"[{made[0]['id']}] 2026-01-15 14:10 [low] Alpha note. (coverage: partial)" in sent
+    assert f"[{made[1]['id']}] 2026-01-15 14:11 [medium] Beta note. (coverage: partial)" in sent  # same run's reflection
+    assert f"[{made[2]['id']}] 2026-01-15 14:12 [high] Gamma note. (coverage: none)" in sent
+    assert f"[{mid('A fresh durable conclusion.')}] A fresh durable conclusion." in sent
+    assert [t["function"]["name"] for t in server.requests[2]["tools"]] == ["drop_observations"]
+    assert len(dropped_ids(db_path)) == 3
+    kind, covers, anchor, _, _ = records(db_path)[-1]
+    assert (kind, covers, anchor) == (DROP, E[2], E[6])
+
+
+@pytest.mark.parametrize("limit, expected", [
+    # strong+high beat strong+critical (relevance) and the partial/none ones (coverage); oldest first
+    (2, ["D", "E"]),
+    # all strong (high before critical), then partial low before partial critical
+    (5, ["D", "E", "F", "C", "G"]),
+    # then partial critical before none low: coverage outranks relevance
+    (6, ["D", "E", "F", "C", "G", "B"]),
+])
+def test_dropper_keeps_the_safest_when_too_many_are_proposed(server, tmp_path, db_path, limit, expected):
+    names = ["A", "B", "C", "D", "E", "F", "G"]
+    specs = [("A: none, low.", "low", 10), ("B: partial, critical.", "critical", 10),
+             ("C: strong, critical.", "critical", 10), ("D: strong, high, oldest.", "high", 10),
+             ("E: strong, high.", "high", 10), ("F: strong, high, newest.", "high", 10),
+             ("G: partial, low.", "low", 10)]
+    made = pool_session(tmp_path, db_path, specs, [[2, 3, 4, 5, 1], [2, 3, 4, 5, 6]])
+    by_name = {n: m["id"] for n, m in zip(names, made)}
+    # the same run's reflection cites C, already strong: coverage stays as designed
+    server.add(new_reflection(by_name["C"]), text("ok"),
+               tool_call("drop_observations", {"ids": [by_name[n] for n in reversed(names)]}), text("ok"))
+    target = 70 - 10 * limit  # over = 10·limit, average 10: max drops = limit
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=target)
+    _, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    assert f"Drop at most {limit}." in prompt(server, 2)
+    assert dropper.outcome == "recorded"
+    assert sorted(dropped_ids(db_path)) == sorted(by_name[n] for n in expected)
+    active = {o.id for o in memory(db_path).observations}
+    assert active == {by_name[n] for n in names} - {by_name[n] for n in expected}
+
+
+def test_dropper_ignores_ids_that_are_not_active(server, tmp_path, db_path):
+    made = pool_session(tmp_path, db_path, [("One.", "low", 30), ("Two.", "low", 30), ("Three.", "low", 30)],
+                        [[0]])
+    append(db_path, DROP, {"observationIds": [made[2]["id"]], "coversUpToId": E[2]}, E[2])
+    server.add(new_reflection(made[0]["id"]), text("ok"),
+               tool_call("drop_observations", {"ids": [made[2]["id"], "ffffffffffff", 7, made[1]["id"]]}),
+               text("ok"))
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=40)
+    _, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    [receipt] = tool_messages(server, 3)
+    lines = receipt.splitlines()
+    assert lines[1].startswith("ignored") and made[2]["id"] in lines[1]
+    assert lines[2].startswith("ignored") and "ffffffffffff" in lines[2]
+    assert lines[3].startswith("ignored") and "7" in lines[3]
+    assert lines[4] == f"proposed [{made[1]['id']}]"
+    assert (dropper.outcome, dropper.items, dropper.rejected) == ("recorded", 1, 3)
+    assert dropped_ids(db_path) == [made[2]["id"], made[1]["id"]]  # the earlier drop, then this run's
+
+
+def test_dropper_does_not_run_when_the_reflector_appended_nothing(server, tmp_path, db_path):
+    pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
+    server.add(text("No reflections are due."))
+    outcomes = reflect_now(db_path, SID, None, config(server),
+                           Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10))
+    assert [o.stage for o in outcomes] == ["reflector"]
+    assert len(server.requests) == 1
+    assert dropped_ids(db_path) == []
+
+
+def test_dropper_does_not_run_when_the_pool_is_within_target(server, tmp_path, db_path):
+    made = pool_session(tmp_path, db_path, [("One.", "low", 35), ("Two.", "low", 35)], [])
+    server.add(new_reflection(made[0]["id"]), text("ok"))
+    # pool 70 == target 70: not over target
+    outcomes = reflect_now(db_path, SID, None, config(server),
+                           Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=70))
+    assert [(o.stage, o.outcome) for o in outcomes] == [("reflector", "recorded"), ("dropper", "skipped")]
+    assert len(server.requests) == 2
+
+
+def test_dropper_watermark_is_the_earlier_of_the_two(tmp_path, db_path):
+    pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10)
+    with dbmod.reading(db_path) as con:
+        assert dropper_input(con, SID, E[6], settings, E[1]).watermark == E[1]  # reflection mark earlier
+        assert dropper_input(con, SID, E[6], settings, E[5]).watermark == E[2]  # observation mark earlier
+        assert dropper_input(con, SID, E[6], settings, E[2]).max_drops == 2  # ceil(110 / 60)
+
+
+def test_a_dropper_failure_does_not_undo_the_reflections(server, tmp_path, db_path):
+    made = pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
+    server.add(new_reflection(made[0]["id"]), text("ok"), http_error(401, "key revoked mid-run"))
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10)
+    reflector, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    assert (reflector.outcome, dropper.outcome, dropper.error_kind) == ("recorded", "failed", "permanent")
+    assert [r.id for r in memory(db_path).reflections] == [mid("A fresh durable conclusion.")]
+    assert dropped_ids(db_path) == []
+    assert [(s["stage"], s["outcome"]) for s in stages(db_path)] == [("reflector", "recorded"),
+                                                                       ("dropper", "failed")]
+
+
+def test_cli_reflect_exits_non_zero_when_the_dropper_fails(server, tmp_path, db_path):
+    made = pool_session(tmp_path, db_path, [("One.", "low", 12000), ("Two.", "low", 12000)], [])
+    server.add(new_reflection(made[0]["id"]), text("ok"), http_error(400, "bad request from dropper"))
+    result = invoke(["--db", str(db_path), "reflect", SID, "--model", "openai/fake-model",
+                     "--api-base", server.base_url])
+    assert result.exit_code != 0
+    assert "reflector: appended 1 item(s)" in result.output
+    assert "dropper failed (permanent)" in result.output
+    assert [r.id for r in memory(db_path).reflections] == [mid("A fresh durable conclusion.")]
