@@ -191,15 +191,27 @@ def compact(
     first_kept: str = typer.Option(..., "--first-kept", help="F: the first entry Pi keeps verbatim."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
     pool_max: Optional[int] = typer.Option(None, "--pool-max", help="observationsPoolMaxTokens (default 20000)."),
+    gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
+                                  "(SPEC §10); reports how much the kept tail grew."),
     as_json: bool = typer.Option(False, "--json", help="Print fullFold, ids, summary and the om.folded details."),
 ) -> None:
     """The compaction the ledger gives at F: deterministic, model-free (SPEC §4-5)."""
     from om_core.memory import compact as run_compact
 
+    boundary = None
+    if gap_safe:
+        from om_core.gaps import gap_safe_at
+        from om_core.settings import load_settings
+
+        boundary = gap_safe_at(state.db, session, first_kept, leaf, load_settings(state.config).settings)
+        first_kept = boundary.first_kept
     result = run_compact(state.db, session, first_kept, leaf, pool_max)
     if as_json:
-        _print_json(result.as_json())
+        _print_json({**result.as_json(), **({"gapSafe": boundary.as_json()} if boundary else {})})
         return
+    if boundary is not None:
+        err.print(f"gap-safe first kept entry: {boundary.first_kept} (plain {boundary.plain_first_kept}; the kept "
+                  f"tail grew by {boundary.kept_tail_growth_tokens} tokens)" + (f"; {boundary.guard}" if boundary.guard else ""))
     if result.summary is None:
         err.print("the projection is empty: Pi's native summarizer would run instead")
         return
@@ -289,6 +301,65 @@ def status(
     for e in s.lastErrors:
         out.print(f"[yellow]{e.get('source')}[/]: " + escape(f"{e.get('reason')} {e.get('detail') or ''}"),
                   highlight=False)
+
+
+# ------------------------------------------------------------------ gaps, export, report
+
+
+@app.command()
+def gaps(
+    sessions: Optional[list[str]] = typer.Argument(None, help="Sessions (default: all)."),
+    gap_safe: bool = typer.Option(False, "--gap-safe", help="Report the same for the gap-safe boundaries."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"compactions": [...], "totals": {class: count}}.'),
+) -> None:
+    """Compaction gaps (SPEC §10): raw messages in neither the summary nor the kept tail, per compaction
+    (Pi's own, the extension's, simulated) on every branch it appears on, with totals per class."""
+    from om_core.gaps import gaps as run_gaps
+    from om_core.settings import load_settings
+
+    report = run_gaps(state.db, sessions or None, gap_safe, load_settings(state.config).settings)
+    if as_json:
+        _print_json(report.as_json())
+        return
+    table = Table("session", "compaction", "origin", "F", "C", "gap msgs", "gap tokens", "class",
+                  title="compaction gaps" + (" (gap-safe boundaries)" if gap_safe else ""))
+    for c in report.compactions:
+        table.add_row(c.session_id[:8], c.compaction_id, c.origin + (f"/{c.trigger}" if c.trigger else ""),
+                      str(c.first_kept_position), str(c.c_position), str(c.gap_messages), str(c.gap_tokens), c.class_)
+    out.print(table)
+    out.print("totals: " + ", ".join(f"{k} {v}" for k, v in report.totals().items()))
+
+
+@app.command()
+def export(
+    session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
+    out_file: Path = typer.Option(..., "--out", help="The new session file to write (never the input)."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write a new Pi session file holding this project's ledger records as the extension's custom
+    entries, so Pi with the extension continues with this memory."""
+    from om_core.export import export_session
+
+    report = export_session(state.db, session, out_file, overwrite=force)
+    if as_json:
+        _print_json(report.as_json())
+    else:
+        out.print(f"wrote {report.out}: {report.entries} entries and {report.records} ledger record(s); "
+                  f"{report.relinked} entr(ies) re-linked after records")
+
+
+@app.command()
+def report(
+    sessions: Optional[list[str]] = typer.Argument(None, help="Sessions (default: all)."),
+    out_dir: Path = typer.Option(Path("report"), "--out", help="Directory for index.html."),
+) -> None:
+    """A static HTML report that opens offline: memory over each session's timeline, compaction
+    points with their gap class, token and cost totals."""
+    from om_core.report import build_report
+
+    page = build_report(state.db, sessions or None, out_dir)
+    out.print(f"wrote {page}")
 
 
 # ------------------------------------------------------------------ workers: observe, reflect

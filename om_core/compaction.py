@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from om_core import db as dbmod
+from om_core.gaps import GapSafeBoundary, gap_safe_boundary
 from om_core.ledger import parse_folded, store_simulated_compaction
 from om_core.memory import compaction_projection
 from om_core.settings import Settings
@@ -29,6 +30,7 @@ class SimulatedCompaction:
     reflections: int
     native_fallback: bool
     existed: bool = False  # stored by an earlier run: nothing was written
+    gap_safe: GapSafeBoundary | None = None
 
 
 def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, first_kept: str, trigger: str,
@@ -37,20 +39,35 @@ def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, firs
     seed = f"{trigger}\x00{anchor}\x00{first_kept}"
     with db.read() as con:
         existing = dbmod.one(con, "simulated_compaction_by_seed", {"session_id": session_id, "anchor": anchor,
-                                                                   "first_kept": first_kept, "trigger": trigger})
+                                                                   "plain_first_kept": first_kept, "trigger": trigger})
         if existing is not None:
             return SimulatedCompaction(session_id, existing[0], anchor, first_kept, trigger, existing[1], 0, 0,
                                        not existing[2], existed=True)
-        result = compaction_projection(con, session_id, tip, first_kept, settings.observationsPoolMaxTokens)
+        boundary = None
+        if settings.gapSafeCompaction:
+            leaf, anchor_pos = dbmod.one(con, "leaf_of", {"session_id": session_id, "entry_id": anchor})
+            tip_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": tip, "entry_id": tip})
+            boundary = gap_safe_boundary(con, session_id, leaf, compaction_pos=anchor_pos, seq=None, simulated=True,
+                                         first_kept=first_kept, tip_pos=tip_pos, settings=settings)
+        kept = boundary.first_kept if boundary else first_kept
+        result = compaction_projection(con, session_id, tip, kept, settings.observationsPoolMaxTokens)
     details = parse_folded(result.details()) if result.summary is not None else None
-    note = None if details else "projection empty: Pi's native summarizer would run (nothing persisted as memory)"
+    notes = []
+    if details is None:
+        notes.append("projection empty: Pi's native summarizer would run (nothing persisted as memory)")
+    if boundary is not None and boundary.moved:
+        notes.append(f"gap-safe: first kept moved back from {first_kept} to {kept}; the kept tail grew by "
+                     f"{boundary.kept_tail_growth_tokens} tokens")
+    if boundary is not None and boundary.guard:
+        notes.append(f"gap-safe guard: {boundary.guard}")
     with db.write() as con, dbmod.transaction(con):
         compaction_id = store_simulated_compaction(
-            con, session_id, anchor_entry_id=anchor, first_kept_entry_id=first_kept, details=details,
-            summary=result.summary, note=note, trigger=trigger, run_id=run_id, seed=seed)
+            con, session_id, anchor_entry_id=anchor, first_kept_entry_id=kept, details=details,
+            summary=result.summary, note="; ".join(notes) or None, trigger=trigger, run_id=run_id, seed=seed,
+            gap_safe=boundary is not None, plain_first_kept_entry_id=first_kept)
     return SimulatedCompaction(session_id, compaction_id, anchor, first_kept, trigger,
                                result.fullFold if details else None, len(result.observationIds),
-                               len(result.reflectionIds), details is None)
+                               len(result.reflectionIds), details is None, gap_safe=boundary)
 
 
 def compaction_positions(con, session_id: str, tip: str) -> list[int]:

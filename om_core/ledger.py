@@ -203,7 +203,7 @@ class LedgerRows:
         "session_id", "ledger_id", "item_index", "obs_id")})
     folds: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "compaction_id", "origin", "anchor_entry_id", "first_kept_entry_id", "folded", "full_fold",
-        "summary", "note", "trigger", "created_at", "run_id")})
+        "summary", "note", "trigger", "gap_safe", "plain_first_kept_entry_id", "created_at", "run_id")})
     fold_items: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "compaction_id", "item_kind", "item_index", "id", "content", "ts", "relevance",
         "source_entry_ids", "supporting_observation_ids", "token_count")})
@@ -232,9 +232,11 @@ class LedgerRows:
 
     def add_fold(self, session_id: str, compaction_id: str, *, origin: str, anchor: str, first_kept: str | None,
                  details: FoldedDetails | None, summary: str | None, note: str | None, trigger: str | None,
-                 created_at: str | None, run_id: str | None) -> None:
+                 created_at: str | None, run_id: str | None, gap_safe: bool | None = None,
+                 plain_first_kept: str | None = None) -> None:
         _append(self.folds, session_id, compaction_id, origin, anchor, first_kept, details is not None,
-                details.fullFold if details else None, summary, note, trigger, created_at, run_id)
+                details.fullFold if details else None, summary, note, trigger, gap_safe, plain_first_kept,
+                created_at, run_id)
         if details is None:
             return
         for i, o in enumerate(details.observations):
@@ -271,6 +273,7 @@ _ARROW_TYPES = {
     "token_count": pa.float64(),
     "folded": pa.bool_(),
     "full_fold": pa.bool_(),
+    "gap_safe": pa.bool_(),
 }
 
 
@@ -407,12 +410,14 @@ def append_record(con: duckdb.DuckDBPyConnection, session_id: str, kind: str, pa
 def store_simulated_compaction(con: duckdb.DuckDBPyConnection, session_id: str, *, anchor_entry_id: str,
                                first_kept_entry_id: str | None, details: FoldedDetails | None,
                                summary: str | None, note: str | None = None, trigger: str | None = None,
-                               run_id: str | None = None, seed: str | None = None) -> str:
+                               run_id: str | None = None, seed: str | None = None, gap_safe: bool = False,
+                               plain_first_kept_entry_id: str | None = None) -> str:
     """Store a compaction this project simulated; ``details`` None records a native fallback."""
     compaction_id = mint_ledger_id(con, session_id, seed or f"compaction\x00{anchor_entry_id}\x00{first_kept_entry_id}")
     rows = LedgerRows()
     rows.add_fold(session_id, compaction_id, origin="simulated", anchor=anchor_entry_id,
                   first_kept=first_kept_entry_id, details=details, summary=summary, note=note, trigger=trigger,
-                  created_at=None, run_id=run_id)
+                  created_at=None, run_id=run_id, gap_safe=gap_safe,
+                  plain_first_kept=plain_first_kept_entry_id or first_kept_entry_id)
     rows.write(con)
     return compaction_id

@@ -40,6 +40,7 @@ class ScriptedWorkers:
         self.lock = threading.Lock()
         self.completed: set[str] = set()  # stage keys answered to the end (computed)
         self.answered: list[str] = []  # stage key of every successful answer, in order
+        self.asked_after_completion: list[str] = []  # stage keys asked again once computed
         self.failed = 0
 
     def __call__(self, body: dict) -> Reply:
@@ -53,6 +54,9 @@ class ScriptedWorkers:
                          error_body={"error": {"message": "rate limited", "type": "rate_limit_error"}})
         key = stage_key(body)
         messages = body["messages"]
+        with self.lock:
+            if key in self.completed:
+                self.asked_after_completion.append(key)
         if messages[-1]["role"] == "tool":
             reply = text("done")
             with self.lock:

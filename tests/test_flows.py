@@ -140,11 +140,9 @@ def test_pipeline_with_429s_then_a_rerun_changes_nothing(prefect_api, tmp_path):
         assert script.failed > 0  # 429s were injected and retried
         first = snapshot(db)
         assert len(first["observations"]) > 10
-        # no repeated model call for a computed stage: each completed stage was asked exactly once
+        # no repeated model call for a computed stage (a 429 mid-stage retries that unfinished stage)
+        assert script.completed and script.asked_after_completion == []
         starts = [stage_key(r) for r in server.requests if r["messages"][-1]["role"] != "tool"]
-        answered_first_turns = [k for k in script.answered if k in script.completed]
-        for key in script.completed:
-            assert answered_first_turns.count(key) == 2, key  # its first turn and its closing turn
         assert_ledger_sound(db)
         requests_before = len(server.requests)
         again = run_flow(paths, db, server)
@@ -165,6 +163,8 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
         if len(script.answered) == 9 and "proc" in victim and not victim.get("killed"):
             victim["killed"] = True
             os.kill(victim["proc"].pid, signal.SIGKILL)  # kill -9 while a stage waits for the model
+            victim["proc"].wait()
+            return json_error(500)  # nobody is left to read it; not an answer
         return script(body)
 
     command = [sys.executable, "-m", "om_core.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1", "--json"]
@@ -180,6 +180,7 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         after = script.answered[answered_before:]
         assert not computed_before & set(after), "a stage computed before the kill was asked again"
+        assert script.asked_after_completion == []
         assert_ledger_sound(db)
         resumed_state = snapshot(db)
     # the interrupted-and-resumed run ends where an uninterrupted one does

@@ -16,9 +16,11 @@ INSERT INTO ledger_drops SELECT * FROM ledger_batch;
 
 -- name: insert_ledger_folds
 INSERT INTO compaction_folds (session_id, compaction_id, origin, anchor_entry_id, first_kept_entry_id,
-                              folded, full_fold, summary, note, trigger, created_at, run_id)
+                              folded, full_fold, summary, note, trigger, gap_safe, plain_first_kept_entry_id,
+                              created_at, run_id)
 SELECT session_id, compaction_id, origin, anchor_entry_id, first_kept_entry_id, folded, full_fold, summary,
-       note, trigger, coalesce(TRY_CAST(created_at AS TIMESTAMPTZ), current_timestamp), run_id
+       note, trigger, gap_safe, plain_first_kept_entry_id,
+       coalesce(TRY_CAST(created_at AS TIMESTAMPTZ), current_timestamp), run_id
 FROM ledger_batch;
 
 -- name: insert_ledger_fold_items
@@ -68,4 +70,4 @@ SELECT EXISTS (SELECT 1 FROM entries WHERE session_id = $session_id AND entry_id
 -- name: simulated_compaction_by_seed
 SELECT compaction_id, full_fold, folded FROM compaction_folds
 WHERE session_id = $session_id AND origin = 'simulated' AND anchor_entry_id = $anchor
-  AND first_kept_entry_id = $first_kept AND trigger = $trigger;
+  AND plain_first_kept_entry_id = $plain_first_kept AND trigger = $trigger;

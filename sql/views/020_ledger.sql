@@ -31,14 +31,14 @@ CREATE OR REPLACE VIEW compactions AS
            e.first_kept_entry_id, f.full_fold, e.raw ->> '$.summary' AS summary,
            coalesce(f.folded, false) AS folded, e.entry_id AS anchor_entry_id, e.line_no,
            TRY_CAST(e.raw ->> '$.tokensBefore' AS BIGINT) AS tokens_before, e.ts AS created_at,
-           NULL::VARCHAR AS note, NULL::VARCHAR AS trigger
+           NULL::VARCHAR AS note, NULL::VARCHAR AS trigger, NULL::BIGINT AS append_seq
     FROM entries e
     LEFT JOIN compaction_folds f
            ON f.session_id = e.session_id AND f.compaction_id = e.entry_id AND f.origin = 'imported'
     WHERE e.entry_type = 'compaction'
     UNION ALL
     SELECT session_id, compaction_id, origin, first_kept_entry_id, full_fold, summary, folded,
-           anchor_entry_id, NULL AS line_no, NULL AS tokens_before, created_at, note, trigger
+           anchor_entry_id, NULL AS line_no, NULL AS tokens_before, created_at, note, trigger, append_seq
     FROM compaction_folds
     WHERE origin = 'simulated';
 
@@ -69,9 +69,8 @@ CREATE OR REPLACE MACRO branch_compactions(p_session, p_tip) AS TABLE
     WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
     SELECT c.compaction_id, c.origin, c.folded, c.full_fold, c.first_kept_entry_id, c.summary,
            a.position AS anchor_pos, k.position AS first_kept_pos,
-           row_number() OVER (ORDER BY a.position, c.origin = 'simulated', f.append_seq) AS compaction_order
+           row_number() OVER (ORDER BY a.position, c.origin = 'simulated', c.append_seq) AS compaction_order
     FROM compactions c
     JOIN b a ON a.entry_id = c.anchor_entry_id
     LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id
-    LEFT JOIN compaction_folds f ON f.session_id = c.session_id AND f.compaction_id = c.compaction_id
     WHERE c.session_id = p_session;

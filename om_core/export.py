@@ -1,0 +1,123 @@
+"""Export to Pi: a new session file with this project's ledger records written the way the
+TypeScript extension writes them, so Pi with the extension installed continues with this memory.
+
+Each record becomes a ``custom`` entry placed right after the entry it is anchored to, as if the
+extension had appended it live: it becomes that entry's child, and the entries that followed on the
+branch (the anchor's children) are re-linked to the last record of the chain. Original entries are
+written as they were; a v1 or v2 file is written migrated to v3 (ids, parentIds, firstKeptEntryId,
+``hookMessage`` → ``custom``), exactly the entries ingest read. Simulated compactions are not
+exported: they never happened in the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from om_core import db as dbmod
+from om_core.catalog import resolve_session
+from om_core.errors import InvalidArgument
+from om_core.ledger import RECORD_MODELS
+from om_core.sqlfiles import query
+
+
+@dataclass
+class ExportReport:
+    session_id: str
+    out: str
+    entries: int
+    records: int
+    relinked: int
+    quarantined_lines_left_out: int
+
+    def as_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    # JSON.stringify: compact, raw Unicode
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def record_payloads(con: duckdb.DuckDBPyConnection, session_id: str) -> list[dict[str, Any]]:
+    """This project's records of a session, in append order, as wire ``data`` objects."""
+    out = []
+    for ledger_id, kind, covers, anchor, created in con.execute(query("pipeline_records"), {"session_id": session_id}).fetchall():
+        params = {"session_id": session_id, "ledger_id": ledger_id}
+        if kind == "om.observations.recorded":
+            data = {"observations": [{"id": i, "content": c, "timestamp": t, "relevance": r, "sourceEntryIds": list(s),
+                                      "tokenCount": _number(n)}
+                                     for i, c, t, r, s, n in con.execute(query("record_observations"), params).fetchall()]}
+        elif kind == "om.reflections.recorded":
+            data = {"reflections": [{"id": i, "content": c, "supportingObservationIds": list(s), "tokenCount": _number(n)}
+                                    for i, c, s, n in con.execute(query("record_reflections"), params).fetchall()]}
+        else:
+            data = {"observationIds": [r[0] for r in con.execute(query("record_drops"), params).fetchall()]}
+        data["coversUpToId"] = covers
+        RECORD_MODELS[kind].model_validate(data)  # what we write must import as valid
+        out.append({"ledger_id": ledger_id, "kind": kind, "anchor": anchor, "data": data, "created": created})
+    return out
+
+
+def _migrated(raw: str, entry_id: str, parent_id: str | None, entry_type: str | None, role: str | None,
+              first_kept: str | None, version: int) -> dict[str, Any]:
+    obj = json.loads(raw)
+    if version >= 3:
+        return obj
+    obj["id"], obj["parentId"] = entry_id, parent_id
+    if entry_type == "compaction":
+        obj.pop("firstKeptEntryIndex", None)
+        if first_kept is not None:
+            obj["firstKeptEntryId"] = first_kept
+    if entry_type == "message" and role == "custom" and isinstance(obj.get("message"), dict):
+        obj["message"] = {**obj["message"], "role": "custom"}
+    return obj
+
+
+def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathLike, overwrite: bool = False) -> ExportReport:
+    out_path = Path(out).resolve()
+    with dbmod.reading(db_path) as con:
+        sid = resolve_session(con, session)
+        header_raw, file_path, version = dbmod.one(con, "export_header", {"session_id": sid})
+        if out_path == Path(file_path).resolve():
+            raise InvalidArgument("refusing to overwrite the session file itself; choose another --out")
+        if out_path.exists() and not overwrite:
+            raise InvalidArgument(f"{out_path} exists; pass --force to replace it")
+        entries = con.execute(query("export_entries"), {"session_id": sid}).fetchall()
+        records = record_payloads(con, sid)
+        quarantined = dbmod.scalar(con, "quarantined_lines", {"file_path": file_path}) or 0
+    chains: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        chains[record["anchor"]].append(record)
+    header = json.loads(header_raw)
+    header["version"] = 3
+    lines = [_dumps(header)]
+    relinked = 0
+    for entry_id, parent_id, entry_type, role, first_kept, ts, raw in entries:
+        obj = _migrated(raw, entry_id, parent_id, entry_type, role, first_kept, version)
+        if parent_id in chains:
+            obj["parentId"] = chains[parent_id][-1]["ledger_id"]  # the extension appended after the parent
+            relinked += 1
+            lines.append(_dumps(obj))
+        else:
+            lines.append(raw if version >= 3 else _dumps(obj))
+        previous = entry_id
+        for record in chains.get(entry_id, ()):
+            lines.append(_dumps({"type": "custom", "customType": record["kind"], "data": record["data"],
+                                 "id": record["ledger_id"], "parentId": previous, "timestamp": ts}))
+            previous = record["ledger_id"]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".partial")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(out_path)  # never a half-written session file
+    return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined))

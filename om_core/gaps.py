@@ -1,0 +1,222 @@
+"""Compaction gaps (SPEC §10, seed 001): measuring them, and gap-safe compaction that closes them.
+
+Classification is SQL (the ``compaction_gaps`` view and the ``compaction_gap`` macro). Gap-safe
+compaction moves F back to the first raw message after C, the last observation watermark included
+(and, when that message is a tool result, back to the assistant message that made the call), never
+forward. Moving F back can exclude a record whose watermark lies past the new F, so the rule is
+applied again until F stops moving. A budget guard keeps the plain boundary when the kept tail
+would take more than a set share of the model's context window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from pydantic import BaseModel
+
+from om_core import db as dbmod
+from om_core.settings import Settings
+from om_core.sqlfiles import query
+
+DEFAULT_CONTEXT_WINDOW = 200_000  # when the model's window is unknown (Claude-class models)
+
+
+@dataclass
+class GapSafeBoundary:
+    first_kept: str
+    first_kept_pos: int
+    plain_first_kept: str
+    plain_first_kept_pos: int
+    kept_tail_growth_tokens: int = 0
+    guard: str | None = None  # why the plain boundary was kept despite a gap
+
+    @property
+    def moved(self) -> bool:
+        return self.first_kept_pos != self.plain_first_kept_pos
+
+    def as_json(self) -> dict[str, Any]:
+        return {"firstKeptEntryId": self.first_kept, "plainFirstKeptEntryId": self.plain_first_kept,
+                "moved": self.moved, "keptTailGrowthTokens": self.kept_tail_growth_tokens, "guard": self.guard}
+
+
+@dataclass
+class _Row:
+    position: int
+    entry_id: str
+    entry_type: str | None
+    role: str | None
+    is_source: bool
+    tokens: int
+    raw: str
+
+    @property
+    def raw_message(self) -> bool:
+        return self.entry_type == "message" and self.is_source
+
+
+def _call_position(rows: dict[int, _Row], result: _Row) -> int | None:
+    """Where the assistant message that made a tool result's call sits (searching backwards)."""
+    call_id = json.loads(result.raw).get("message", {}).get("toolCallId")
+    for position in range(result.position - 1, -1, -1):
+        row = rows.get(position)
+        if row is None:
+            return None
+        if row.entry_type == "message" and row.role == "assistant":
+            content = json.loads(row.raw).get("message", {}).get("content") or []
+            if any(isinstance(b, dict) and b.get("type") == "toolCall" and b.get("id") == call_id for b in content):
+                return position
+    return None
+
+
+def gap_safe_position(rows: dict[int, _Row], watermarks: list[int], f_pos: int) -> int:
+    """The gap-safe F for a plain F at ``f_pos``, given the judged observation watermark positions."""
+    while True:
+        c_pos = max((w for w in watermarks if w <= f_pos), default=-1)
+        first = next((p for p in range(c_pos + 1, f_pos) if p in rows and rows[p].raw_message), None)
+        if first is None:
+            return f_pos
+        if rows[first].role == "toolResult":
+            call = _call_position(rows, rows[first])
+            if call is not None:
+                first = call
+        if first >= f_pos:
+            return f_pos
+        f_pos = first
+
+
+def gap_safe_boundary(con: duckdb.DuckDBPyConnection, session_id: str, leaf: str, *, compaction_pos: int,
+                      seq: int | None, simulated: bool, first_kept: str, tip_pos: int,
+                      settings: Settings) -> GapSafeBoundary:
+    """Gap-safe F for a compaction at ``compaction_pos`` whose plain F is ``first_kept``."""
+    f_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": leaf, "entry_id": first_kept})
+    if f_pos is None:
+        raise ValueError(f"first kept entry {first_kept} is not on the branch")
+    watermarks = [r[0] for r in con.execute(query("judged_observation_watermarks"), {
+        "session_id": session_id, "leaf": leaf, "compaction_pos": compaction_pos, "simulated": simulated,
+        "seq": seq if seq is not None else 2**62}).fetchall()]
+    rows = {r[0]: _Row(*r) for r in con.execute(query("gap_window"), {
+        "session_id": session_id, "leaf": leaf, "from_pos": 0, "to_pos": f_pos}).fetchall()}
+    safe_pos = gap_safe_position(rows, watermarks, f_pos)
+    boundary = GapSafeBoundary(rows[safe_pos].entry_id, safe_pos, first_kept, f_pos)
+    if safe_pos == f_pos:
+        return boundary
+    boundary.kept_tail_growth_tokens = int(dbmod.scalar(con, "source_tokens_between", {
+        "session_id": session_id, "leaf": leaf, "from_pos": safe_pos, "to_pos": f_pos - 1}))
+    tail = int(dbmod.scalar(con, "source_tokens_between", {"session_id": session_id, "leaf": leaf,
+                                                           "from_pos": safe_pos, "to_pos": tip_pos}))
+    window = settings.contextWindow or DEFAULT_CONTEXT_WINDOW
+    budget = int(window * settings.gapSafeMaxContextShare)
+    if tail > budget:
+        boundary.guard = (f"the kept tail would be {tail} tokens, over {settings.gapSafeMaxContextShare:.0%} of a "
+                          f"{window}-token window ({budget}); the plain boundary was kept")
+        boundary.first_kept, boundary.first_kept_pos = first_kept, f_pos
+    return boundary
+
+
+# ---------------------------------------------------------------- reports
+
+
+class CompactionGap(BaseModel):
+    session_id: str
+    leaf_id: str
+    compaction_id: str
+    origin: str
+    trigger: str | None
+    first_kept_entry_id: str | None
+    compaction_position: int
+    first_kept_position: int
+    c_position: int
+    watermark_reach: int | None
+    gap_messages: int
+    gap_tokens: int
+    class_: str
+    gap_safe: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data = self.model_dump()
+        data["class"] = data.pop("class_")
+        return data
+
+
+@dataclass
+class GapReport:
+    compactions: list[CompactionGap] = field(default_factory=list)
+
+    def totals(self) -> dict[str, int]:
+        """Counts per class over distinct compactions (a compaction on several branches counts once)."""
+        seen: dict[tuple[str, str], str] = {}
+        for c in self.compactions:
+            seen.setdefault((c.session_id, c.compaction_id), c.class_)
+        out = {"cross_boundary": 0, "observer_lag": 0, "no_gap": 0, "native_fallback": 0}
+        for cls in seen.values():
+            out[cls] = out.get(cls, 0) + 1
+        return out
+
+    def per_session(self) -> dict[str, dict[str, int]]:
+        return {sid: GapReport([c for c in self.compactions if c.session_id == sid]).totals()
+                for sid in dict.fromkeys(c.session_id for c in self.compactions)}
+
+    def as_json(self) -> dict[str, Any]:
+        return {"compactions": [c.as_json() for c in self.compactions], "totals": self.totals(),
+                "sessions": self.per_session()}
+
+
+def _gap(row: dict[str, Any]) -> CompactionGap:
+    return CompactionGap(
+        session_id=row["session_id"], leaf_id=row["leaf_id"], compaction_id=row["compaction_id"], origin=row["origin"],
+        trigger=row["trigger"], first_kept_entry_id=row["first_kept_entry_id"],
+        compaction_position=row["compaction_pos"], first_kept_position=row["first_kept_pos"], c_position=row["c_pos"],
+        watermark_reach=row["watermark_reach"], gap_messages=row["gap_messages"], gap_tokens=int(row["gap_tokens"]),
+        class_=row["class"])
+
+
+def compaction_gaps(con: duckdb.DuckDBPyConnection, session_ids: list[str] | None, gap_safe: bool = False,
+                    settings: Settings | None = None) -> GapReport:
+    settings = settings or Settings()
+    rows = dbmod.rows_as_dicts(con.execute(query("compaction_gaps_for"), {"session_ids": session_ids}))
+    report = GapReport()
+    for row in rows:
+        gap = _gap(row)
+        if gap_safe and row["first_kept_entry_id"] and not row["empty_projection"]:
+            simulated = row["origin"] == "simulated"
+            tip_pos = gap.compaction_position if simulated else gap.compaction_position - 1
+            boundary = gap_safe_boundary(con, gap.session_id, gap.leaf_id, compaction_pos=gap.compaction_position,
+                                         seq=row["append_seq"], simulated=simulated,
+                                         first_kept=row["first_kept_entry_id"], tip_pos=max(tip_pos, 0),
+                                         settings=settings)
+            again = dbmod.rows_as_dicts(con.execute(query("classify_gap"), {
+                "session_id": gap.session_id, "leaf": gap.leaf_id, "compaction_pos": gap.compaction_position,
+                "seq": row["append_seq"] if row["append_seq"] is not None else 2**62, "simulated": simulated,
+                "f_pos": boundary.first_kept_pos, "empty": False}))[0]
+            gap = gap.model_copy(update={
+                "first_kept_entry_id": boundary.first_kept, "first_kept_position": boundary.first_kept_pos,
+                "c_position": again["c_pos"], "gap_messages": again["gap_messages"],
+                "gap_tokens": int(again["gap_tokens"]), "class_": again["class"], "gap_safe": boundary.as_json()})
+        report.compactions.append(gap)
+    return report
+
+
+def gaps(db_path: str | os.PathLike, sessions: list[str] | None = None, gap_safe: bool = False,
+         settings: Settings | None = None) -> GapReport:
+    from om_core.catalog import resolve_session
+
+    with dbmod.reading(db_path) as con:
+        ids = [resolve_session(con, s) for s in sessions] if sessions else None
+        return compaction_gaps(con, ids, gap_safe, settings)
+
+
+def gap_safe_at(db_path: str | os.PathLike, session: str, first_kept: str, leaf: str | None,
+                settings: Settings) -> GapSafeBoundary:
+    """The gap-safe F if Pi compacted now at ``leaf`` with plain F ``first_kept`` (for `om compact`)."""
+    from om_core.catalog import resolve_session, resolve_tip
+
+    with dbmod.reading(db_path) as con:
+        sid = resolve_session(con, session)
+        tip = resolve_tip(con, sid, leaf)
+        branch_leaf, tip_pos = dbmod.one(con, "leaf_of", {"session_id": sid, "entry_id": tip})
+        return gap_safe_boundary(con, sid, branch_leaf, compaction_pos=tip_pos, seq=None, simulated=True,
+                                 first_kept=first_kept, tip_pos=tip_pos, settings=settings)
