@@ -142,7 +142,7 @@ def scenario(draw):
             parent = None
         else:
             shape = draw(st.integers(0, 19))
-            parent = None if shape == 0 else ids[i - 1] if shape < 14 else ids[draw(st.integers(0, i - 1))]
+            parent = None if shape == 0 else ids[i - 1] if shape < 16 else ids[draw(st.integers(0, i - 1))]
         spec = {"kind": kind, "parent": parent}
         if kind == "ledger":
             lk = draw(st.sampled_from([OBS, OBS, REFL, DROP, "om.observations", "om.memory.v2"]))
@@ -262,7 +262,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
     assert norm(wire(got.observations)) == norm(obs)
     assert norm(wire(got.reflections)) == norm(refl)
     # full projection at several boundaries (always the tip: full memory)
-    for boundary in {tip, *rng.sample(path, min(2, len(path)))}:
+    for boundary in {tip, rng.choice(path)}:
         obs, refl = world.full_projection(tip, boundary)
         got = memory.full_memory(con, session_id, tip, boundary)
         assert norm(wire(got.observations)) == norm(obs), boundary
@@ -275,7 +275,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
     d = memory.drift(con, session_id, tip)
     assert (d.observationsOnlyInFull, d.reflectionsOnlyInFull, d.visibleNoLongerActive) == world.drift(tip)
     # compaction projection at sampled F and pool limits
-    for first_kept in rng.sample(path, min(2, len(path))):
+    for first_kept in rng.sample(path, 1):
         pool = rng.choice(sc["pools"])
         full_fold, obs, refl = world.compaction_projection(tip, first_kept, pool)
         got = memory.compaction_projection(con, session_id, tip, first_kept, pool)
@@ -289,7 +289,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
     assert [(c.observation.id, c.coverage) for c in memory.coverage(con, session_id, tip)] == world.coverage(tip)
     # recall
     candidates = [mid(c) for c in CONTENTS] + [mid(c) for c in REFL_CONTENTS] + ["nothex"]
-    for memory_id in rng.sample(candidates, 2):
+    for memory_id in rng.sample(candidates, 1):
         expected = world.recall(tip, memory_id)
         got = recall_in_session(con, session_id, tip, memory_id)
         assert got.status == expected["status"], memory_id

@@ -1,0 +1,217 @@
+"""`om report` (issue 6, item 4): the static HTML page is well-formed XHTML, shows every session with
+its memory charts, compaction markers by gap class and model-call totals, says so when a session has
+no memory yet, and renders to PNG when a headless Chromium is at hand."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from builders import SessionBuilder
+from om_core import db as dbmod
+from om_core.errors import SessionNotFound
+from om_core.ingest import ingest
+from om_core.replay import replay_session
+from om_core.report import GAP_CLASSES, build_report, fmt_cost, fmt_short, nice_max, ticks
+from om_core.settings import Settings
+from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+
+WORKED = "a0000000-0000-4000-8000-00000000000a"
+QUIET = "b0000000-0000-4000-8000-00000000000b"
+SVG = "{http://www.w3.org/2000/svg}"
+SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=400, compactAfterTokens=900, keepRecentTokens=200,
+                    observationsPoolMaxTokens=600, observationsPoolTargetTokens=300)
+
+
+def worked_session() -> SessionBuilder:
+    """A session the offline baseline has plenty to say about, with one compaction of Pi's own."""
+    b = SessionBuilder(WORKED, cwd="/home/dev/<orders> & co")
+    b.user("We must always use PostgreSQL 16 for the orders service.")
+    kept = None
+    for n in range(1, 25):
+        b.user(f"Please make step {n} of the migration: rename column c{n} in table orders_{n}.")
+        b.assistant(None, tool_calls=[(f"c{n}", "edit", {"path": f"src/orders_{n}.py", "oldText": f"c{n}",
+                                                         "newText": f"col_{n}"})])
+        if n % 5 == 0:
+            b.tool_result(f"c{n}", "edit", f"Error: could not find the exact text in src/orders_{n}.py",
+                          is_error=True)
+        else:
+            b.tool_result(f"c{n}", "edit", "Applied 1 edit.")
+        b.bash(f"pytest -q tests/test_orders_{n}.py", f"{n} failed, 3 passed" if n % 4 == 0 else "4 passed",
+               1 if n % 4 == 0 else 0)
+        b.assistant(f"Renamed c{n} to col_{n} in src/orders_{n}.py and ran the tests for step {n}.")
+        if n == 12:
+            kept = b.user("No, that's wrong: the column must be called col_12_new, fix it.")
+            b.assistant("Understood, col_12_new it is.")
+        if n == 16:
+            b.compaction("Earlier: steps 1 to 15 of the migration.", kept, tokens_before=4_000)
+    return b
+
+
+def quiet_session() -> SessionBuilder:
+    b = SessionBuilder(QUIET, start="2026-02-01T09:00:00")
+    b.user("Hello there.")
+    b.assistant("Hi.")
+    return b
+
+
+def add_model_calls(path: Path) -> None:
+    """The offline baseline makes no model calls: record a few as a model brain would."""
+    rows = [("k1", "observer", 1200, 300, 100, 0.0125, "ok"), ("k2", "observer", 800, 200, None, None, "error"),
+            ("k3", "reflector", 2000, 500, 400, 0.03, "ok")]
+    with dbmod.writing(path) as con:
+        for call_id, stage, tin, tout, cached, cost, status in rows:
+            con.execute(
+                "INSERT INTO model_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, "
+                "output_tokens, cached_tokens, cost, latency_ms, status, attempt, started_at) "
+                "VALUES (?, 'run', 'stage-run', ?, ?, 'anthropic/claude-haiku-4-5', 1, ?, ?, ?, ?, 900, ?, 1, ?)",
+                [call_id, WORKED, stage, tin, tout, cached, cost, status, datetime.now(timezone.utc)])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, Path, str]:
+    root = tmp_path_factory.mktemp("report")
+    path = root / "om.duckdb"
+    ingest(path, [worked_session().write(root / "worked.jsonl"), quiet_session().write(root / "quiet.jsonl")])
+    db = dbmod.shared_database(path)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), SETTINGS)
+        replay_session(db, WORKED, SETTINGS, lambda req: execute_stage(db, req, brain, SETTINGS))
+    finally:
+        db.close()
+    add_model_calls(path)
+    index = build_report(path, None, root / "out", settings=SETTINGS)
+    return path, index, index.read_text(encoding="utf-8")
+
+
+def sections(page: ET.Element) -> dict[str, ET.Element]:
+    return {s.get("data-session"): s for s in page.iter("section") if s.get("data-session")}
+
+
+def text_of(element: ET.Element) -> str:
+    return " ".join(" ".join(element.itertext()).split())
+
+
+def test_report_is_well_formed_and_shows_every_session(built):
+    path, index, html = built
+    assert index.name == "index.html" and index.is_file()
+    page = ET.fromstring(html.split("\n", 1)[1])  # after the doctype line: XHTML-compatible markup
+    assert page.tag == "html"
+    assert set(sections(page)) == {WORKED, QUIET}
+    for sid in (WORKED, QUIET):
+        assert sid in html
+    # self-contained: no scripts, no external resources
+    assert page.find(".//script") is None and "<link" not in html
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert "https://" not in html
+    # text from the session file is escaped, not markup
+    assert "/home/dev/&lt;orders&gt; &amp; co" in html
+
+
+def test_worked_session_has_memory_charts_compaction_markers_and_totals(built):
+    _, _, html = built
+    page = ET.fromstring(html.split("\n", 1)[1])
+    section = sections(page)[WORKED]
+    charts = list(section.iter(f"{SVG}svg"))
+    titles = [c.findtext(f"{SVG}title") for c in charts]
+    assert "Active observation pool against its budget" in titles
+    assert "Memory items over the branch" in titles
+    for chart in charts:
+        assert list(chart.iter(f"{SVG}polyline")) or list(chart.iter(f"{SVG}path")) or list(chart.iter(f"{SVG}rect"))
+    pool = charts[titles.index("Active observation pool against its budget")]
+    assert list(pool.iter(f"{SVG}polyline")) and list(pool.iter(f"{SVG}path"))
+    chart_text = text_of(pool)
+    assert "pool budget (600)" in chart_text and "pool target (300)" in chart_text
+    assert "position on the current branch" in chart_text
+
+    # compaction markers (one <g class="marker"> each, titled with the class) and the table
+    markers = [g for g in pool.iter(f"{SVG}g") if g.get("class") == "marker"]
+    rows = section.find(".//div[@class='compactions']/table/tbody")
+    assert rows is not None and len(markers) == len(rows) >= 2
+    marker_titles = [g.findtext(f"{SVG}title") for g in markers]
+    assert any(t.startswith("Pi's compaction") for t in marker_titles)
+    assert any(t.startswith("simulated compaction") for t in marker_titles)
+    classes = {span.text for span in section.iter("span") if "badge" in (span.get("class") or "")}
+    assert classes and classes <= set(GAP_CLASSES)
+    for cls in classes:
+        assert any(f": {cls};" in t for t in marker_titles)
+        assert f"gap: {cls}" in chart_text  # legend
+
+    # model-call totals: 3 calls, 4,000 in, 1,000 out, 500 cached, $0.0425 with one call unpriced
+    calls = text_of(section.find(".//div[@class='calls']"))
+    assert "total 3 1 4,000 500 1,000 $0.0425 (+1 unpriced)" in calls
+    assert "observer" in calls and "reflector" in calls
+    assert "Model tokens by stage" in [c.findtext(f"{SVG}title") for c in charts]
+    assert "no-memory" not in ET.tostring(section, encoding="unicode")
+
+
+def test_quiet_session_says_no_memory_yet(built):
+    _, _, html = built
+    section = sections(ET.fromstring(html.split("\n", 1)[1]))[QUIET]
+    empty = {p.get("class"): text_of(p) for p in section.iter("p") if "empty" in (p.get("class") or "")}
+    assert empty["empty no-memory"].startswith("No memory yet")
+    assert "No compactions" in empty["empty no-compactions"]
+    assert "No model calls" in empty["empty no-calls"]
+    cards = text_of(section.find(".//div[@class='cards']"))
+    assert "n/a cost" in cards
+    # the branch's source tokens are still charted
+    assert list(section.iter(f"{SVG}polyline"))
+
+
+def test_overview_totals(built):
+    _, _, html = built
+    page = ET.fromstring(html.split("\n", 1)[1])
+    overview = next(s for s in page.iter("section") if s.get("id") == "overview")
+    cards = {c.find("div[@class='label']").text: c.find("div[@class='value']").text
+             for c in overview.iter("div") if c.get("class") == "card"}
+    assert cards["sessions"] == "2"
+    assert int(cards["observations"]) > 0 and int(cards["compactions"]) >= 2
+    assert (cards["model calls"], cards["input tokens"], cards["output tokens"]) == ("3", "4,000", "1,000")
+    assert cards["cost (1 call unpriced)"] == "$0.0425"
+    assert "Compactions per session by gap class" in [c.findtext(f"{SVG}title") for c in overview.iter(f"{SVG}svg")]
+    links = {a.get("href") for a in overview.iter("a")}
+    assert all(any(a.startswith("#s") and sid in a for a in links) for sid in (WORKED, QUIET))
+
+
+def test_report_for_chosen_sessions_and_errors(built, tmp_path):
+    path, _, _ = built
+    html = build_report(path, [QUIET[:8]], tmp_path / "one").read_text(encoding="utf-8")
+    assert set(sections(ET.fromstring(html.split("\n", 1)[1]))) == {QUIET}
+    with pytest.raises(SessionNotFound):
+        build_report(path, ["no-such-session"], tmp_path / "none")
+    empty_db = tmp_path / "empty.duckdb"
+    dbmod.connect(empty_db).close()
+    html = build_report(empty_db, None, tmp_path / "empty").read_text(encoding="utf-8")
+    ET.fromstring(html.split("\n", 1)[1])
+    assert "No sessions in this database" in html
+
+
+def test_chart_helpers():
+    assert ticks(0, 1000, 10, True) == [0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
+    assert ticks(0, 7, 10, True) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert nice_max(5938 * 1.04) == 8000 and nice_max(20_000 * 1.04) == 25_000 and nice_max(0) == 1.0
+    assert (fmt_short(20_000), fmt_short(1_500), fmt_short(2_500_000), fmt_short(12)) == ("20k", "1.5k", "2.5M", "12")
+    assert (fmt_cost(None), fmt_cost(0.5), fmt_cost(0.5, 2)) == ("n/a", "$0.5000", "$0.5000 (+2 unpriced)")
+
+
+def _chromium() -> str | None:
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+def test_report_renders_to_png(built, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no headless Chromium on this machine")
+    _, index, _ = built
+    png = tmp_path / "report.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                    f"--screenshot={png}", "--window-size=1400,2400", index.resolve().as_uri()],
+                   capture_output=True, timeout=90, check=False)
+    assert png.is_file() and png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
