@@ -190,6 +190,11 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
             errors.append(f"{f['path']}: {f['error'] or f['status']}")
     errors += [f"{p}: no such file or directory" for p in ingested["missing"]]
     session_ids = list(dict.fromkeys(session_ids))
+    if Settings(**settings).passive:  # the extension's "no background work": ingest only
+        dbmod.shared_database(db_path).close()
+        _finish_run(db_path, run_id, "ok", {"sessions": 0, "passive": True})
+        dbmod.shared_database(db_path).close()
+        return {"run_id": run_id, "sessions": [], "errors": errors, "ingest": ingested, "passive": True}
     if not _config(model).offline and model.get("limit") == "prefect":
         ensure_model_call_limit(Settings(**settings).modelConcurrency)
     progress_board.start(session_ids)
