@@ -190,7 +190,8 @@ def compact(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     first_kept: str = typer.Option(..., "--first-kept", help="F: the first entry Pi keeps verbatim."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
-    pool_max: Optional[int] = typer.Option(None, "--pool-max", help="observationsPoolMaxTokens (default 20000)."),
+    pool_max: Optional[int] = typer.Option(None, "--pool-max", help="observationsPoolMaxTokens (default: the "
+                                           "setting, 20000 unless configured)."),
     gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
                                   "(SPEC §10); reports how much the kept tail grew."),
     as_json: bool = typer.Option(False, "--json", help="Print fullFold, ids, summary and the om.folded details."),
@@ -198,14 +199,17 @@ def compact(
     """The compaction the ledger gives at F: deterministic, model-free (SPEC §4-5)."""
     from om_core.memory import compact as run_compact
 
+    from om_core.settings import load_settings
+
+    settings = load_settings(state.config).settings
     boundary = None
     if gap_safe:
         from om_core.gaps import gap_safe_at
-        from om_core.settings import load_settings
 
-        boundary = gap_safe_at(state.db, session, first_kept, leaf, load_settings(state.config).settings)
+        boundary = gap_safe_at(state.db, session, first_kept, leaf, settings)
         first_kept = boundary.first_kept
-    result = run_compact(state.db, session, first_kept, leaf, pool_max)
+    pool = pool_max if pool_max is not None else settings.observationsPoolMaxTokens
+    result = run_compact(state.db, session, first_kept, leaf, pool)
     if as_json:
         _print_json({**result.as_json(), **({"gapSafe": boundary.as_json()} if boundary else {})})
         return
@@ -280,7 +284,9 @@ def status(
 
     from rich.markup import escape
 
-    s = memory_status(state.db, session, leaf)
+    from om_core.settings import load_settings
+
+    s = memory_status(state.db, session, leaf, load_settings(state.config).settings)
     if as_json:
         _print_json(s.model_dump(mode="json"))
         return
