@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Workers benchmark: what the memory workers send, how much of it a provider could cache, and how
+much the memory compresses the session.
+
+For each sample session (../shared/sessions/{before-compaction,large-session}.jsonl) the whole
+session is replayed twice into a fresh DuckDB, the way the pipeline replays an archive
+(``om_core.replay.replay_session`` with default settings, draining at the end, stages run directly
+through ``execute_stage``; no Prefect):
+
+* ``offline``: the extractive baseline. Nothing is sent anywhere, so for this run the figures are
+  what a model *would* have been sent: every stage's input is rendered through the model workers'
+  own code (``ModelBrain`` driven by a stub chat model that records the request and answers with no
+  tool call), i.e. one first-turn request per stage. The baseline's own result is what is stored.
+* ``fake``: the model workers through litellm against the fake OpenAI-compatible server
+  (tests/fake_openai.py) answering with ``ScriptedWorkers`` (tests/fake_brains.py): each stage gets a
+  valid tool call built from its prompt, then a closing "done" turn. The figures come from the request
+  bodies the server received.
+
+Reported per session and run:
+
+* prompt tokens per 1,000 source tokens: every request's messages (system, user, assistant tool
+  calls, tool receipts) plus its tool definitions, counted with tiktoken o200k_base
+  (``om_core.tokens.count_tokens``; no per-message chat-template overhead), divided by the session's
+  source tokens counted the same way (``entries.tokens``). For the fake run the fake server's own
+  usage figure is shown too (``llm_calls.input_tokens``, which it derives as len(JSON body) / 4).
+* stable prefix share: for consecutive observer stages (their first-turn requests), the longest
+  common prefix of ``system + "\\n\\n" + user`` of the earlier and the later request, divided by the
+  later request's length, averaged over pairs (characters), and the token-weighted share
+  (sum of prefix tokens / sum of prompt tokens) which is what a provider prompt cache would reuse.
+  The share over *all* consecutive observer requests (closing turns included, which repeat the
+  first turn whole) is shown as well.
+* source tokens per active-memory token at the branch tip: source tokens (Pi's estimate,
+  ``entries.tokens_pi``) over the tokenCounts of the active observations plus current reflections
+  (``om_core.memory.ledger_memory``; tokenCount uses the same Pi estimate by default). With the fake
+  server the memory is the scripted model's (one generic observation per chunk), so that figure
+  says how many chunks were observed, not how good the notes are.
+
+Usage (from the repository root):
+
+    .venv/bin/python bench/workers.py            # both sample sessions, both runs
+    .venv/bin/python bench/workers.py --json
+    .venv/bin/python bench/workers.py --sessions path/a.jsonl path/b.jsonl --keep /tmp/omw
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for extra in (REPO, REPO / "tests"):
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network here
+
+import duckdb  # noqa: E402
+
+from om_core import db as dbmod  # noqa: E402
+from om_core.ingest import ingest  # noqa: E402
+from om_core.memory import ledger_memory  # noqa: E402
+from om_core.model import ChatReply  # noqa: E402
+from om_core.replay import replay_session  # noqa: E402
+from om_core.settings import Settings  # noqa: E402
+from om_core.tokens import count_tokens  # noqa: E402
+from om_core.workers.llm import ModelBrain  # noqa: E402
+from om_core.workers.offline import OfflineBrain  # noqa: E402
+from om_core.workers.stages import ModelConfig, StageRequest, execute_stage, make_brain  # noqa: E402
+
+SHARED = (REPO.parent / "shared" / "sessions").resolve()
+SAMPLES = [SHARED / "before-compaction.jsonl", SHARED / "large-session.jsonl"]
+
+
+# ------------------------------------------------------------------ requests as the provider sees them
+
+
+def request_pieces(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[str]:
+    """The texts of one chat request that a provider bills as input."""
+    pieces: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            pieces.append(content)
+        elif isinstance(content, list):
+            pieces += [p.get("text", "") for p in content if isinstance(p, dict)]
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            pieces += [fn.get("name") or "", fn.get("arguments") or ""]
+    if tools:
+        pieces.append(json.dumps(tools, ensure_ascii=False))
+    return [p for p in pieces if p]
+
+
+def stage_prompt(messages: list[dict[str, Any]]) -> str:
+    """The stage's serialized prompt: system + user content (what stays the same across its turns)."""
+    return messages[0]["content"] + "\n\n" + messages[1]["content"]
+
+
+def stage_of(messages: list[dict[str, Any]]) -> str:
+    from om_core import prompts
+
+    system = messages[0]["content"]
+    return {prompts.OBSERVER_SYSTEM: "observer", prompts.REFLECTOR_SYSTEM: "reflector"}.get(system, "dropper")
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _where(prompt: str, n: int) -> str:
+    """Which part of an observer prompt the common prefix ends in."""
+    marks = [("system prompt", prompt.find("## Current reflections")),
+             ("reflections", prompt.find("## Active observations")),
+             ("observations", prompt.find("## Current time")),
+             ("time/chunk", len(prompt) + 1)]
+    for name, end in marks:
+        if end >= 0 and n < end:
+            return name
+    return "whole prompt"
+
+
+def prefix_stats(prompts: list[str], locate: bool = False) -> dict[str, Any]:
+    """Stable-prefix share across consecutive prompts (characters, and token-weighted)."""
+    if len(prompts) < 2:
+        return {"pairs": 0, "mean_share_chars": None, "token_weighted_share": None}
+    shares, prefixes, wholes = [], [], []
+    ends: dict[str, int] = {}
+    for earlier, later in zip(prompts, prompts[1:]):
+        n = common_prefix(earlier, later)
+        shares.append(n / len(later) if later else 0.0)
+        prefixes.append(later[:n])
+        wholes.append(later)
+        if locate:
+            where = _where(later, n)
+            ends[where] = ends.get(where, 0) + 1
+    counts = count_tokens(prefixes + wholes, threads=2)
+    prefix_tokens, whole_tokens = sum(counts[: len(prefixes)]), sum(counts[len(prefixes):])
+    return {"pairs": len(shares), "mean_share_chars": statistics.fmean(shares),
+            "median_share_chars": statistics.median(shares), "min_share_chars": min(shares),
+            "token_weighted_share": prefix_tokens / whole_tokens if whole_tokens else None,
+            "prefix_tokens": prefix_tokens, "prompt_tokens": whole_tokens,
+            **({"prefix_ends_in": ends} if locate else {})}
+
+
+def observer_composition(first_turns: list[dict[str, Any]]) -> dict[str, int]:
+    """o200k tokens of the observer's first-turn requests by part: system, tools, memory, chunk."""
+    if not first_turns:
+        return {}
+    systems = [r["messages"][0]["content"] for r in first_turns]
+    tools = [json.dumps(r.get("tools") or [], ensure_ascii=False) for r in first_turns]
+    memory, chunk = [], []
+    for r in first_turns:
+        user = r["messages"][1]["content"]
+        cut = user.find("## Current time")
+        memory.append(user[:cut] if cut >= 0 else "")
+        chunk.append(user[cut:] if cut >= 0 else user)
+    n = len(first_turns)
+    counts = count_tokens(systems + tools + memory + chunk, threads=2)
+    return {"requests": n, "system": sum(counts[:n]), "tools": sum(counts[n:2 * n]),
+            "memory": sum(counts[2 * n:3 * n]), "chunk": sum(counts[3 * n:])}
+
+
+# ------------------------------------------------------------------ the offline run's would-be prompts
+
+
+class _RecordingModel:
+    """A chat model that records each request and answers with no tool call (so one turn per stage)."""
+
+    name = "offline"
+
+    def __init__(self, sink: list[dict[str, Any]]) -> None:
+        self.sink = sink
+
+    def complete(self, messages, tools, turn):  # noqa: ANN001 - ChatModel protocol
+        self.sink.append({"messages": [dict(m) for m in messages], "tools": tools})
+        return ChatReply(text="", tool_calls=[])
+
+
+class _NoCheck:
+    def submit(self, args):  # noqa: ANN001 - never called: the stub model calls no tool
+        return "n/a"
+
+
+class RenderingOfflineBrain(OfflineBrain):
+    """The offline baseline, which also renders each stage's input as the model workers would send it."""
+
+    def __init__(self, sink: list[dict[str, Any]], settings: Settings) -> None:
+        self.renderer = ModelBrain(_RecordingModel(sink), max_turns=1, redact_secrets=settings.redactSecrets)
+
+    def observe(self, inp, check):  # noqa: ANN001
+        self.renderer.observe(inp, _NoCheck())
+        return super().observe(inp, check)
+
+    def reflect(self, inp, check):  # noqa: ANN001
+        self.renderer.reflect(inp, _NoCheck())
+        return super().reflect(inp, check)
+
+    def drop(self, inp, check):  # noqa: ANN001
+        self.renderer.drop(inp, _NoCheck())
+        return super().drop(inp, check)
+
+
+# ------------------------------------------------------------------ one run
+
+
+def session_facts(db_path: Path) -> tuple[str, str]:
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        return con.execute("SELECT session_id, leaf_id FROM sessions").fetchone()
+    finally:
+        con.close()
+
+
+def run_one(session_path: Path, mode: str, workdir: Path) -> dict[str, Any]:
+    from fake_brains import ScriptedWorkers
+    from fake_openai import FakeOpenAI
+
+    db_path = workdir / f"{session_path.stem}-{mode}.duckdb"
+    if db_path.exists():
+        db_path.unlink()
+    ingest(db_path, [session_path])
+    sid, leaf = session_facts(db_path)
+    settings = Settings()
+    run_id = dbmod.new_run_id()
+    db = dbmod.shared_database(db_path)
+    rendered: list[dict[str, Any]] = []
+    server = None
+    if mode == "fake":
+        script = ScriptedWorkers()
+        server = FakeOpenAI(responder=script)
+        server.start()
+        config = ModelConfig(model="openai/fake-model", api_base=server.base_url)
+
+        def brain():
+            return make_brain(config, settings, [])
+    else:
+        def brain():
+            return RenderingOfflineBrain(rendered, settings)
+
+    def run_stage(request: StageRequest):
+        return execute_stage(db, request, brain(), settings, run_id)
+
+    started = time.perf_counter()
+    try:
+        reports = replay_session(db, sid, settings, run_stage, drain=True, run_id=run_id)
+    finally:
+        wall = time.perf_counter() - started
+        db.close()
+        if server is not None:
+            server.stop()
+    requests = server.requests if server is not None else rendered
+    return measure(db_path, sid, leaf, mode, requests, reports, wall)
+
+
+def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[str, Any]], reports, wall: float) -> dict[str, Any]:
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        src_pi, src_tt, src_n = con.execute(
+            "SELECT sum(tokens_pi), sum(tokens), count(*) FROM entries WHERE session_id = ? AND is_source",
+            [sid]).fetchone()
+        branch_pi, branch_tt = con.execute(
+            "SELECT sum(tokens_pi), sum(tokens) FROM branch_detail(?, ?) WHERE is_source", [sid, leaf]).fetchone()
+        calls = con.execute(
+            "SELECT stage, count(*), sum(input_tokens), sum(output_tokens) FROM llm_calls WHERE session_id = ? "
+            "AND status = 'ok' GROUP BY stage ORDER BY stage", [sid]).fetchall()
+        stages = con.execute("SELECT stage, outcome, count(*) FROM stages WHERE session_id = ? GROUP BY ALL "
+                             "ORDER BY ALL", [sid]).fetchall()
+        memory = ledger_memory(con, sid, leaf)
+        recorded = con.execute("SELECT count(*) FROM observations WHERE session_id = ?", [sid]).fetchone()[0]
+        simulated = con.execute("SELECT count(*) FROM compactions WHERE session_id = ? AND origin = 'simulated'",
+                                [sid]).fetchone()[0]
+    finally:
+        con.close()
+
+    # prompt tokens, per request and per stage
+    per_request = [request_pieces(r["messages"], r.get("tools")) for r in requests]
+    flat = [p for pieces in per_request for p in pieces]
+    counts = count_tokens(flat, threads=2) if flat else []
+    request_tokens, i = [], 0
+    for pieces in per_request:
+        request_tokens.append(sum(counts[i:i + len(pieces)]))
+        i += len(pieces)
+    by_stage: dict[str, dict[str, int]] = {}
+    for r, n in zip(requests, request_tokens):
+        s = by_stage.setdefault(stage_of(r["messages"]), {"requests": 0, "prompt_tokens": 0})
+        s["requests"] += 1
+        s["prompt_tokens"] += n
+    prompt_tokens = sum(request_tokens)
+
+    observer = [r for r in requests if stage_of(r["messages"]) == "observer"]
+    first_requests = [r for r in observer if r["messages"][-1]["role"] == "user"]
+    first_turns = [stage_prompt(r["messages"]) for r in first_requests]
+    all_turns = ["\n\n".join(request_pieces(r["messages"], None)) for r in observer]
+
+    memory_tokens = memory.observation_tokens() + sum(r.tokenCount for r in memory.reflections)
+    server_input = sum(c[2] or 0 for c in calls)
+    return {
+        "session": db_path.stem.rsplit("-", 1)[0],
+        "mode": mode,
+        "sent": mode == "fake",
+        "wall_seconds": wall,
+        "source_entries": src_n,
+        "source_tokens_o200k": src_tt,
+        "source_tokens_pi": src_pi,
+        "branch_source_tokens_pi": branch_pi,
+        "requests": len(requests),
+        "requests_by_stage": by_stage,
+        "prompt_tokens_o200k": prompt_tokens,
+        "prompt_per_1k_source": 1000 * prompt_tokens / src_tt if src_tt else None,
+        "server_input_tokens": server_input if mode == "fake" else None,
+        "server_input_per_1k_source": (1000 * server_input / src_tt if src_tt else None) if mode == "fake" else None,
+        "llm_calls": {stage: {"calls": n, "input_tokens": inp, "output_tokens": out} for stage, n, inp, out in calls},
+        "stages": {f"{stage}:{outcome}": n for stage, outcome, n in stages},
+        "replay": [{"leaf": r.leaf, "events": r.events, "stages": r.stages, "compactions": r.compactions,
+                    "drained": r.drained, "failures": r.failures} for r in reports],
+        "observer_first_turn_tokens": observer_composition(first_requests),
+        "observer_stage_prefix": prefix_stats(first_turns, locate=True),
+        "observer_request_prefix": prefix_stats(all_turns),
+        "observations_recorded": recorded,
+        "active_observations": len(memory.observations),
+        "reflections": len(memory.reflections),
+        "active_memory_tokens": memory_tokens,
+        "source_per_memory_token": branch_pi / memory_tokens if memory_tokens else None,
+        "simulated_compactions": simulated,
+    }
+
+
+# ------------------------------------------------------------------ output
+
+
+def fmt(value: Any, spec: str = ".1f") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    headers = ["session", "run", "source tok (o200k / pi)", "requests (obs/refl/drop)", "prompt tok o200k",
+               "prompt / 1k src", "server usage / 1k src", "obs prefix share (mean chars / tok-weighted)",
+               "obs prefix ends in", "all obs requests prefix", "obs 1st-turn tok: system/tools/memory/chunk",
+               "rendered chunk / source", "active memory (obs+refl, tok)", "src tok / memory tok", "wall s"]
+    rows = []
+    for r in results:
+        rs = r["requests_by_stage"]
+        p, q = r["observer_stage_prefix"], r["observer_request_prefix"]
+        rows.append([
+            r["session"], r["mode"] + ("" if r["sent"] else " (would-be)"),
+            f"{r['source_tokens_o200k']:,} / {r['source_tokens_pi']:,}",
+            f"{r['requests']} ({'/'.join(str(rs.get(s, {}).get('requests', 0)) for s in ('observer', 'reflector', 'dropper'))})",
+            f"{r['prompt_tokens_o200k']:,}",
+            fmt(r["prompt_per_1k_source"]),
+            fmt(r["server_input_per_1k_source"]),
+            (f"{fmt(p['mean_share_chars'], '.1%')} / {fmt(p['token_weighted_share'], '.1%')} ({p['pairs']} pairs)"
+             if p["pairs"] else "n/a (<2 stages)"),
+            ", ".join(f"{k} {v}" for k, v in sorted(p.get("prefix_ends_in", {}).items())) or "n/a",
+            f"{fmt(q['mean_share_chars'], '.1%')} / {fmt(q['token_weighted_share'], '.1%')}" if q["pairs"] else "n/a",
+            "/".join(f"{c.get(k, 0):,}" for k in ("system", "tools", "memory", "chunk")) if (c := r["observer_first_turn_tokens"]) else "n/a",
+            fmt(c["chunk"] / r["source_tokens_o200k"], ".2f") if c and r["source_tokens_o200k"] else "n/a",
+            f"{r['active_observations']}+{r['reflections']}, {fmt(r['active_memory_tokens'], '.0f')}",
+            fmt(r["source_per_memory_token"]),
+            fmt(r["wall_seconds"], ".1f"),
+        ])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    # one record per block: a 12-column table does not fit a terminal
+    for row in rows:
+        print()
+        for h, v, w in zip(headers, row, widths):
+            print(f"  {h:<{max(map(len, headers))}}  {v}")
+    print()
+    print("Summary (prompt tokens per 1,000 source tokens | stable prefix share of consecutive observer stages, "
+          "token-weighted | source tokens per active-memory token):")
+    print(f"  {'session':<20} {'run':<18} {'prompt/1k src':>14} {'stable prefix':>14} {'src/memory':>11}")
+    for r in results:
+        print(f"  {r['session']:<20} {r['mode'] + ('' if r['sent'] else ' (would-be)'):<18} "
+              f"{fmt(r['prompt_per_1k_source']):>14} {fmt(r['observer_stage_prefix']['token_weighted_share'], '.1%'):>14} "
+              f"{fmt(r['source_per_memory_token']):>11}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", nargs="*", type=Path, default=SAMPLES, help="session files (default: the samples)")
+    parser.add_argument("--runs", nargs="*", choices=("offline", "fake"), default=["offline", "fake"])
+    parser.add_argument("--json", action="store_true", help="print the results as JSON only")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the databases in this directory")
+    args = parser.parse_args(argv)
+
+    sessions = []
+    for path in args.sessions:
+        if path.is_file():
+            sessions.append(path)
+        else:
+            print(f"skipping {path}: absent (../shared is only present in CI and the team's checkout)", file=sys.stderr)
+    if not sessions:
+        print("no session to benchmark", file=sys.stderr)
+        return 0
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="om-bench-workers-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for path in sessions:
+            for mode in args.runs:
+                if not args.json:
+                    print(f"replaying {path.name} with {'the offline baseline' if mode == 'offline' else 'the fake server'}…",
+                          file=sys.stderr, flush=True)
+                results.append(run_one(path, mode, workdir))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"settings": "defaults (Settings())", "token_counter": "tiktoken o200k_base",
+                          "results": results}, indent=2, default=str))
+    else:
+        print("Settings: defaults. Prompt tokens: o200k_base over message contents, tool-call arguments and tool "
+              "definitions. Offline rows: nothing is sent; 'would-be' = the first-turn requests the model workers "
+              "would have sent for the same stage inputs.")
+        print_table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
