@@ -190,6 +190,10 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
             errors.append(f"{f['path']}: {f['error'] or f['status']}")
     errors += [f"{p}: no such file or directory" for p in ingested["missing"]]
     session_ids = list(dict.fromkeys(session_ids))
+    if session_ids:
+        with dbmod.shared_database(db_path).read() as con:
+            session_ids = [r[0] for r in con.execute(query("sessions_largest_first"),
+                                                     {"session_ids": session_ids}).fetchall()]
     if Settings(**settings).passive:  # the extension's "no background work": ingest only
         dbmod.shared_database(db_path).close()
         _finish_run(db_path, run_id, "ok", {"sessions": 0, "passive": True})

@@ -14,6 +14,10 @@ from typing import Any
 
 def prepare_environment(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if not os.environ.get("PREFECT_API_URL"):
+        # The ephemeral API lives only as long as this run: recording every task run into its
+        # SQLite database costs a third of the CPU of a busy run and nobody reads it afterwards.
+        os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -50,7 +50,7 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
                     "try again when it finishes"
                 ) from None
             time.sleep(delay)
-            delay = min(delay * 2, 0.1)  # poll often: a long run releases the file only briefly
+            delay = min(delay * 2, 0.05)  # poll often: a long run releases the file only briefly
 
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
@@ -218,46 +218,73 @@ class PathDatabase:
 
 
 class SharedDatabase:
-    """One write connection shared by the threads of a long run.
+    """One database instance shared by the threads of a long run, each use on its own cursor.
 
-    It is opened on first use and closed again once nobody has used it for ``idle_seconds``, or
-    after ``hold_seconds`` of continuous use, with a short pause, so that another process (an
-    analyst's `om sql`) can take the file between stages. Uses are serialised by a lock: database
-    work is short next to model calls.
+    Reads and writes of different threads run concurrently (DuckDB's MVCC; stages write different
+    rows). The file is opened on first use and closed once nobody has used it for ``idle_seconds``.
+    After ``hold_seconds`` of being open, new uses wait while the current ones finish, the file is
+    closed for ``pause_seconds`` so another process (an analyst's `om sql`) can take it, and work
+    resumes.
     """
 
-    def __init__(self, path: str | os.PathLike, busy_seconds: float = 120.0, hold_seconds: float = 2.0,
-                 pause_seconds: float = 0.3, idle_seconds: float = 0.2) -> None:
+    def __init__(self, path: str | os.PathLike, busy_seconds: float = 120.0, hold_seconds: float = 3.0,
+                 pause_seconds: float = 0.1, idle_seconds: float = 0.2) -> None:
         self.path = Path(path)
         self.busy_seconds = busy_seconds
         self.hold_seconds = hold_seconds
         self.pause_seconds = pause_seconds
         self.idle_seconds = idle_seconds
-        self._lock = threading.RLock()
+        self._cond = threading.Condition()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._opened = 0.0
         self._last_used = 0.0
+        self._users = 0
+        self._pausing = False
         self._closer: threading.Timer | None = None
-        self._depth = 0
+        self._local = threading.local()
+
+    def _enter(self) -> duckdb.DuckDBPyConnection:
+        while True:
+            with self._cond:
+                while self._pausing:
+                    self._cond.wait()
+                if self._con is None or time.monotonic() - self._opened <= self.hold_seconds:
+                    if self._con is None:
+                        self._con = connect(self.path, busy_seconds=self.busy_seconds)
+                        self._opened = time.monotonic()
+                    self._users += 1
+                    return self._con.cursor()
+                self._pausing = True  # time to let another process in: drain, close, pause
+                while self._users:
+                    self._cond.wait()
+                self._release()
+            time.sleep(self.pause_seconds)
+            with self._cond:
+                self._pausing = False
+                self._cond.notify_all()
+
+    def _exit(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        cursor.close()
+        with self._cond:
+            self._users -= 1
+            self._last_used = time.monotonic()
+            self._cond.notify_all()
+            if self._users == 0:
+                self._schedule_close()
 
     @contextmanager
     def _use(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        with self._lock:
-            self._depth += 1
-            try:
-                if self._con is None:
-                    self._con = connect(self.path, busy_seconds=self.busy_seconds)
-                    self._opened = time.monotonic()
-                yield self._con
-            finally:
-                self._depth -= 1
-                self._last_used = time.monotonic()
-                if self._depth == 0:
-                    if self._last_used - self._opened > self.hold_seconds:
-                        self._release()
-                        time.sleep(self.pause_seconds)  # holding the lock: others wait, a reader gets in
-                    else:
-                        self._schedule_close()
+        cursor = getattr(self._local, "cursor", None)
+        if cursor is not None:  # nested use in one thread: the same cursor
+            yield cursor
+            return
+        cursor = self._enter()
+        self._local.cursor = cursor
+        try:
+            yield cursor
+        finally:
+            self._local.cursor = None
+            self._exit(cursor)
 
     def read(self):
         return self._use()
@@ -273,8 +300,9 @@ class SharedDatabase:
         self._closer.start()
 
     def _close_if_idle(self) -> None:
-        with self._lock:
-            if self._depth == 0 and time.monotonic() - self._last_used >= self.idle_seconds * 0.9:
+        with self._cond:
+            if self._users == 0 and not self._pausing and \
+                    time.monotonic() - self._last_used >= self.idle_seconds * 0.9:
                 self._release()
 
     def _release(self) -> None:
@@ -283,9 +311,11 @@ class SharedDatabase:
             self._con = None
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             if self._closer is not None:
                 self._closer.cancel()
+            while self._users:
+                self._cond.wait()
             self._release()
 
 

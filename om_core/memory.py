@@ -65,7 +65,8 @@ class MemoryView(BaseModel):
                 "reflections": [r.model_dump(mode="json") for r in self.reflections]}
 
 
-def _split(rows: Iterable[dict[str, Any]]) -> MemoryView:
+def split_rows(rows: Iterable[dict[str, Any]]) -> MemoryView:
+    """Projection rows (item_kind, fold_order, id, …) as a MemoryView in fold order."""
     view = MemoryView()
     for row in sorted(rows, key=lambda r: (r["item_kind"], r["fold_order"])):
         if row["item_kind"] == "observation":
@@ -89,21 +90,21 @@ def full_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, bound
     """Full projection at ``boundary`` (default: the tip): the records covered through it."""
     boundary = boundary or tip
     require_on_branch(con, session_id, tip, boundary, "boundary")
-    return _split(_rows(con, "full_projection", {"session_id": session_id, "tip": tip, "boundary": boundary}))
+    return split_rows(_rows(con, "full_projection", {"session_id": session_id, "tip": tip, "boundary": boundary}))
 
 
 def visible_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
     """What the agent sees: the lists of the latest folded compaction on the branch."""
-    return _split(_rows(con, "visible_projection", {"session_id": session_id, "tip": tip}))
+    return split_rows(_rows(con, "visible_projection", {"session_id": session_id, "tip": tip}))
 
 
-def _ledger_rows(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[dict[str, Any]]:
+def ledger_rows(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[dict[str, Any]]:
     return _rows(con, "ledger_at", {"session_id": session_id, "tip": tip})
 
 
 def ledger_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
     """The plain fold through the tip: current reflections and active observations (what workers read)."""
-    return _split(r for r in _ledger_rows(con, session_id, tip) if not r["dropped"])
+    return split_rows(r for r in ledger_rows(con, session_id, tip) if not r["dropped"])
 
 
 class CompactionResult(BaseModel):
@@ -250,7 +251,7 @@ class MemoryStatus(BaseModel):
 
 def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> MemoryStatus:
     settings = settings or Settings()
-    state = _ledger_rows(con, session_id, tip)
+    state = ledger_rows(con, session_id, tip)
     obs = [r for r in state if r["item_kind"] == "observation"]
     refl = [r for r in state if r["item_kind"] == "reflection"]
     visible = visible_memory(con, session_id, tip)

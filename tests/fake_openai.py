@@ -74,6 +74,7 @@ class FakeOpenAI:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out at once, as real servers do
 
             def log_message(self, *args: object) -> None:  # quiet
                 pass

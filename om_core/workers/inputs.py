@@ -16,7 +16,8 @@ from typing import Any
 import duckdb
 
 from om_core.ledger import Observation, Reflection
-from om_core.memory import CoveredObservation, clocks, coverage, ledger_memory
+from om_core import db as dbmod
+from om_core.memory import CoveredObservation, clocks, coverage, ledger_memory, ledger_rows, split_rows
 from om_core.prompts import EXCERPT_MARKER
 from om_core.settings import Settings
 from om_core.source_text import entry_text, minute, role_label
@@ -137,8 +138,8 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     cap = settings.chunk_max_tokens
     start = after_position
     if start is None:
-        observer_clock = clocks(con, session_id, tip, settings)["observer"]
-        start = observer_clock.from_position - 1
+        start = dbmod.scalar(con, "observation_watermark_position", {"session_id": session_id, "tip": tip})
+        start = -1 if start is None else start
     cursor = con.execute(query("observer_backlog"), {"session_id": session_id, "tip": tip, "after": start})
     chunk: list[SourceEntry] = []
     total = 0
@@ -162,8 +163,9 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     cursor.fetchall()  # release the result before the next statement
     if not chunk:
         return None
-    memory = ledger_memory(con, session_id, tip)
-    known = {row[0] for row in con.execute(query("recorded_observation_ids"), {"session_id": session_id, "tip": tip}).fetchall()}
+    state = ledger_rows(con, session_id, tip)
+    memory = split_rows(r for r in state if not r["dropped"])
+    known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
     tip_ts = con.execute(query("entry_timestamp"), {"session_id": session_id, "entry_id": tip}).fetchall()
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts[0][0] if tip_ts else None),

@@ -300,14 +300,14 @@ def execute_stage(db: Any, req: StageRequest, brain: Brain, settings: Settings, 
             return outcome
         key = inp.stage_key(brain.name)
         params = {"session_id": req.session_id, "stage_key": key}
-        if dbmod.scalar(con, "ledger_has_stage_key", params):
+        appended, was_empty, cached = dbmod.one(con, "stage_state", params)
+        if appended:
             outcome.stage_key, outcome.reason = key, "already appended by an earlier run"
             return outcome
-        if dbmod.scalar(con, "empty_run_with_key", params):
+        if was_empty:
             outcome.stage_key, outcome.outcome = key, "empty"
             outcome.reason = "this exact input gave a deliberate empty result before; not asked again"
             return outcome
-        cached = dbmod.scalar(con, "get_stage_result", params)
     if cached is not None:
         payload = _PAYLOADS[req.stage].model_validate_json(cached)
         outcome.stage_key, outcome.outcome = key, "recorded"
@@ -319,11 +319,10 @@ def execute_stage(db: Any, req: StageRequest, brain: Brain, settings: Settings, 
         calls_before = len(calls)
         outcome, payload = _compute(req, inp, brain, settings, outcome)
         outcome.calls = calls[calls_before:]
-        if payload is not None:
-            with db.write() as con:  # persisted first: a crash before the append does not pay twice
-                con.execute(query("put_stage_result"), {**params, "stage": req.stage,
-                                                        "result": payload.model_dump_json()})
     with db.write() as con:
+        if payload is not None and cached is None:
+            # persisted first, in its own transaction: a crash before the append does not pay twice
+            con.execute(query("put_stage_result"), {**params, "stage": req.stage, "result": payload.model_dump_json()})
         record_outcome(con, outcome, payload, KINDS[req.stage], run_id, started)
         if payload is not None:
             con.execute(query("delete_stage_result"), params)

@@ -16,3 +16,8 @@ SELECT s.session_id,
        (SELECT count(*) FROM stage_runs t WHERE t.session_id = s.session_id AND t.run_id = $run_id
           AND t.outcome = 'failed') AS errors
 FROM s ORDER BY s.session_id;
+
+-- name: sessions_largest_first
+-- The longest sessions start first, so one of them does not finish alone at the end of a run.
+SELECT session_id FROM sessions WHERE list_contains($session_ids::VARCHAR[], session_id)
+ORDER BY tokens_pi DESC NULLS LAST, session_id;

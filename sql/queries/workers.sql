@@ -6,8 +6,9 @@ JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE e.is_source AND b.position > $after
 ORDER BY b.position;
 
--- name: recorded_observation_ids
-SELECT id FROM ledger_at($session_id, $tip) WHERE item_kind = 'observation';
+-- name: observation_watermark_position
+-- The observer's progress: the greatest observation watermark on the branch (NULL: none yet).
+SELECT max(wm_pos) FROM branch_records($session_id, $tip) WHERE kind = 'om.observations.recorded';
 
 -- name: entry_timestamp
 SELECT ts FROM entries WHERE session_id = $session_id AND entry_id = $entry_id;
@@ -38,16 +39,16 @@ FROM stage_runs s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_i
 WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage IN ('observer', 'reflector')
 ORDER BY 2;
 
--- name: empty_run_with_key
-SELECT count(*) > 0 FROM stage_runs
-WHERE session_id = $session_id AND stage_key = $stage_key AND outcome = 'empty';
+-- name: stage_state
+-- What earlier runs did with this exact stage input: appended it, found it empty, or computed it.
+SELECT EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key),
+       EXISTS (SELECT 1 FROM stage_runs WHERE session_id = $session_id AND stage_key = $stage_key
+                                          AND outcome = 'empty'),
+       (SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key);
 
 -- name: source_tokens_after
 SELECT coalesce(sum(tokens_pi), 0), coalesce(sum(tokens), 0)
 FROM branch_detail($session_id, $tip) WHERE is_source AND position > $after;
-
--- name: get_stage_result
-SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key;
 
 -- name: put_stage_result
 INSERT OR REPLACE INTO stage_results (session_id, stage_key, stage, result)
