@@ -10,6 +10,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from om_core.session import entry_as_message
+
 ROLE_LABELS = {
     "user": "User",
     "assistant": "Assistant",
@@ -74,14 +76,7 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 def entry_message(entry_type: str | None, obj: dict[str, Any]) -> dict[str, Any] | None:
-    if entry_type == "message":
-        message = obj.get("message")
-        return message if isinstance(message, dict) else None
-    if entry_type == "custom_message":
-        return {"role": "custom", "content": obj.get("content"), "customType": obj.get("customType")}
-    if entry_type == "branch_summary":
-        return {"role": "branchSummary", "summary": obj.get("summary")}
-    return None
+    return entry_as_message(entry_type or "", obj)
 
 
 def entry_text(entry_type: str | None, obj: dict[str, Any]) -> str:

@@ -183,14 +183,10 @@ def _fail(outcome: StageOutcome, error: ModelError) -> StageOutcome:
     return outcome
 
 
-def run_observer(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, ObservationsRecorded | None]:
-    outcome.stage_key = inp.stage_key(brain.name)
-    outcome.chunk = (inp.first_id, inp.last_id)
-    outcome.covers_up_to_id = inp.last_id
-    check = ObservationCheck(chunk_ids=inp.chunk_ids, known_ids=inp.known_observation_ids,
-                             count_tokens=token_counter(settings))
+def _run_check(outcome: StageOutcome, run: Any, check: Any, make_payload: Any) -> tuple[StageOutcome, Any]:
+    """Run a worker against its check; the payload holds what the check accepted (None: nothing)."""
     try:
-        loop = brain.observe(inp, check)
+        loop = run(check)
     except ModelError as exc:
         return _fail(outcome, exc), None
     outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
@@ -199,7 +195,17 @@ def run_observer(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -
         outcome.outcome = "empty"
         return outcome, None
     outcome.outcome = "recorded"
-    return outcome, ObservationsRecorded(observations=check.accepted, coversUpToId=inp.last_id)
+    return outcome, make_payload(check.accepted)
+
+
+def run_observer(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, ObservationsRecorded | None]:
+    outcome.stage_key = inp.stage_key(brain.name)
+    outcome.chunk = (inp.first_id, inp.last_id)
+    outcome.covers_up_to_id = inp.last_id
+    check = ObservationCheck(chunk_ids=inp.chunk_ids, known_ids=inp.known_observation_ids,
+                             count_tokens=token_counter(settings))
+    return _run_check(outcome, lambda c: brain.observe(inp, c), check,
+                      lambda items: ObservationsRecorded(observations=items, coversUpToId=inp.last_id))
 
 
 def run_reflector(inp, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, ReflectionsRecorded | None]:
@@ -207,17 +213,8 @@ def run_reflector(inp, brain: Brain, settings: Settings, outcome: StageOutcome) 
     outcome.covers_up_to_id = inp.observation_watermark
     check = ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
                             count_tokens=token_counter(settings))
-    try:
-        loop = brain.reflect(inp, check)
-    except ModelError as exc:
-        return _fail(outcome, exc), None
-    outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
-    outcome.items, outcome.duplicates, outcome.rejected = len(check.accepted), check.duplicates, check.rejected
-    if not check.accepted:
-        outcome.outcome = "empty"
-        return outcome, None
-    outcome.outcome = "recorded"
-    return outcome, ReflectionsRecorded(reflections=check.accepted, coversUpToId=inp.observation_watermark)
+    return _run_check(outcome, lambda c: brain.reflect(inp, c), check,
+                      lambda items: ReflectionsRecorded(reflections=items, coversUpToId=inp.observation_watermark))
 
 
 def run_dropper(inp, brain: Brain, outcome: StageOutcome) -> tuple[StageOutcome, ObservationsDropped | None]:
