@@ -80,8 +80,9 @@ def main_branch(rng: random.Random) -> tuple[list[dict], dict]:
         conv_since.append(add({"type": "message", "message": msg}))
         if (i + 1) % every == 0 and plan:
             kind = plan.pop(0)
-            if kind == "refl" and len(observations) < 20 or kind == "drop" and len(observations) < 20:
-                kind = "obs"
+            if kind in ("refl", "drop") and len(observations) < 20:
+                plan.append(kind)  # reflections and drops need observations first: later
+                continue
             covers = conv_since[-1]
             if kind == "obs" and obs_left:
                 obs_left.pop()
