@@ -17,7 +17,7 @@ import duckdb
 
 from om_core.ledger import Observation, Reflection
 from om_core import db as dbmod
-from om_core.memory import CoveredObservation, clocks, coverage, ledger_memory, ledger_rows, split_rows
+from om_core.memory import CoveredObservation, ledger_rows, memory_with_coverage, split_rows
 from om_core.prompts import EXCERPT_MARKER
 from om_core.settings import Settings
 from om_core.source_text import entry_text, minute, role_label
@@ -194,13 +194,18 @@ class ReflectorInput:
                         self.covered_lines(), self.observation_watermark])
 
 
+def _observation_watermark(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> str | None:
+    """The latest observation watermark on the branch (the entry id), or None."""
+    return dbmod.scalar(con, "observation_watermark_entry", {"session_id": session_id, "tip": tip})
+
+
 def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> ReflectorInput | None:
     """None when no observation watermark exists yet (the reflector has nothing to stand on)."""
-    watermark = clocks(con, session_id, tip)["observer"].watermark_entry_id
+    watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    memory = ledger_memory(con, session_id, tip)
-    return ReflectorInput(session_id, tip, memory.reflections, coverage(con, session_id, tip), watermark)
+    reflections, covered = memory_with_coverage(con, session_id, tip)
+    return ReflectorInput(session_id, tip, reflections, covered, watermark)
 
 
 @dataclass
@@ -239,12 +244,12 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    covered = coverage(con, session_id, tip)
+    reflections, covered = memory_with_coverage(con, session_id, tip)
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:
         return None
-    observation_watermark = clocks(con, session_id, tip)["observer"].watermark_entry_id
+    observation_watermark = _observation_watermark(con, session_id, tip)
     marks = [m for m in (observation_watermark, reflection_watermark) if m]
     if not marks:
         return None
@@ -252,6 +257,5 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     positions = {row[0]: row[1] for row in con.execute(query("positions_of"), {"session_id": session_id, "tip": tip,
                                                                                "ids": marks}).fetchall()}
     watermark = min(marks, key=lambda m: positions.get(m, math.inf))
-    memory = ledger_memory(con, session_id, tip)
-    return DropperInput(session_id, tip, memory.reflections, covered, pool, target,
+    return DropperInput(session_id, tip, reflections, covered, pool, target,
                         max_drops(pool, target, len(covered)), watermark)

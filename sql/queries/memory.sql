@@ -26,6 +26,9 @@ SELECT * FROM progress_clocks($session_id, $tip);
 -- name: coverage_tiers
 SELECT * FROM coverage_tiers($session_id, $tip);
 
+-- name: ledger_coverage
+SELECT * FROM ledger_coverage($session_id, $tip) ORDER BY item_kind, fold_order;
+
 -- name: last_errors
 SELECT 'stage' AS source, stage || ' ' || coalesce(error_kind, '') AS reason, error AS detail,
        finished_at AS occurred_at

@@ -6,6 +6,10 @@ JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE e.is_source AND b.position > $after
 ORDER BY b.position;
 
+-- name: observation_watermark_entry
+SELECT arg_max(covers_up_to_id, wm_pos) FROM branch_records($session_id, $tip)
+WHERE kind = 'om.observations.recorded' AND wm_pos IS NOT NULL;
+
 -- name: observation_watermark_position
 -- The observer's progress: the greatest observation watermark on the branch (NULL: none yet).
 SELECT max(wm_pos) FROM branch_records($session_id, $tip) WHERE kind = 'om.observations.recorded';

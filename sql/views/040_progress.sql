@@ -30,25 +30,31 @@ CREATE OR REPLACE MACRO progress_clocks(p_session, p_tip) AS TABLE
     FROM starts s, b
     GROUP BY s.clock, s.from_pos, s.watermark_pos;
 
--- Active observations at the tip with their coverage tier: none (cited by no current reflection),
--- partial (by one), strong (by two or more).
-CREATE OR REPLACE MACRO coverage_tiers(p_session, p_tip) AS TABLE
+-- The ledger at the tip (ledger_at) with each observation's coverage tier: none (cited by no
+-- current reflection), partial (by one), strong (by two or more). One query gives a worker all of
+-- its memory input.
+CREATE OR REPLACE MACRO ledger_coverage(p_session, p_tip) AS TABLE
     WITH state AS (SELECT * FROM ledger_at(p_session, p_tip)),
-    active AS (SELECT * FROM state WHERE item_kind = 'observation' AND NOT dropped),
     cites AS (
         SELECT DISTINCT id AS refl_id, unnest(supporting_observation_ids) AS obs_id
         FROM state WHERE item_kind = 'reflection'
     ),
     counted AS (
-        SELECT a.id, count(c.refl_id) AS citing_reflections
-        FROM active a LEFT JOIN cites c ON c.obs_id = a.id
-        GROUP BY a.id
+        SELECT obs_id, count(*) AS citing_reflections FROM cites GROUP BY obs_id
     )
-    SELECT a.fold_order, a.id AS obs_id, a.content, a.ts, a.relevance, a.source_entry_ids, a.token_count,
-           n.citing_reflections,
-           CASE WHEN n.citing_reflections = 0 THEN 'none'
+    SELECT s.*,
+           CASE WHEN s.item_kind = 'observation' THEN coalesce(n.citing_reflections, 0) END AS citing_reflections,
+           CASE WHEN s.item_kind <> 'observation' THEN NULL
+                WHEN coalesce(n.citing_reflections, 0) = 0 THEN 'none'
                 WHEN n.citing_reflections = 1 THEN 'partial' ELSE 'strong' END AS coverage
-    FROM active a JOIN counted n ON n.id = a.id;
+    FROM state s LEFT JOIN counted n ON s.item_kind = 'observation' AND n.obs_id = s.id;
+
+-- Active observations at the tip with their coverage tier.
+CREATE OR REPLACE MACRO coverage_tiers(p_session, p_tip) AS TABLE
+    SELECT fold_order, id AS obs_id, content, ts, relevance, source_entry_ids, token_count, citing_reflections,
+           coverage
+    FROM ledger_coverage(p_session, p_tip)
+    WHERE item_kind = 'observation' AND NOT dropped;
 
 -- Recall searches the whole ledger history of the branch, every valid record, regardless of
 -- watermarks. Each occurrence of the id in a record is one match.
