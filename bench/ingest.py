@@ -10,14 +10,17 @@ What it does, in one run:
    code and log templates), so the tokenizer has real work. Same seed, same bytes.
 2. Ingests the archive into a fresh DuckDB with ``om_core.ingest.ingest`` and reports wall time, MB/s
    and entries/s.
-3. Times tiktoken alone on exactly the text the ingest tokenizes: every file is parsed with
-   ``SessionParser`` (not timed), its entries are cut into the ingest's batches (BATCH_ENTRIES /
-   BATCH_BYTES), and ``count_tokens(pieces, threads=2)`` is timed per batch. Prints
-   ingest time / tokenizer time (target: at most 1.5).
+3. Times tiktoken alone on exactly the text the ingest tokenizes, through the same function the
+   ingest calls: every file is parsed with ``SessionParser`` (not timed), its entries are cut into the
+   ingest's batches (BATCH_ENTRIES / BATCH_BYTES), and ``count_tokens(pieces, threads=2, wait=False)``
+   is called for all of the file's batches at once and timed until the last count is back (the
+   tokenizer threads never wait for the parser here). Prints ingest time / tokenizer time (target:
+   at most 1.5).
 4. Runs the ingest in fresh subprocesses on one ~20 MB file and one ~200 MB file and reports each
    child's peak RSS (VmHWM, reset after the imports), to show whether peak memory grows with file size.
 5. With ``--breakdown``: ingests once more in a subprocess with timing wrappers around the ingest's
-   internals (nothing in om_core is edited) and shows where the time goes.
+   internals (nothing in om_core is edited) and shows where the time goes, and the process's CPU
+   time (the ingest's threads share the machine's cores with the tokenizer threads).
 
 Usage (from the repository root):
 
@@ -551,10 +554,14 @@ def measure_tokenizer(archive: Path, threads: int = 2) -> dict:
         if pieces or n_entries:
             file_batches.append(pieces)
         parse_seconds += time.perf_counter() - t0
-        for batch in file_batches:
-            t1 = time.perf_counter()
-            counts = count_tokens(batch, DEFAULT_ENCODING, threads)
-            token_seconds += time.perf_counter() - t1
+        # The ingest hands every batch to count_tokens(wait=False) as soon as it is parsed and collects
+        # the counts later; here all of a file's batches are handed over at once (the tokenizer
+        # threads never wait for anything) and the clock runs until the last count is in.
+        t1 = time.perf_counter()
+        pending = [count_tokens(batch, DEFAULT_ENCODING, threads, wait=False) for batch in file_batches]
+        file_counts = [p.result() for p in pending]
+        token_seconds += time.perf_counter() - t1
+        for batch, counts in zip(file_batches, file_counts):
             tokens += sum(counts)
             pieces_n += len(batch)
             chars += sum(len(p) for p in batch)
@@ -633,19 +640,25 @@ def child_breakdown(archive: str, db: str) -> None:
     """Runs in a fresh interpreter: ingest with timing wrappers around the ingest's internals.
 
     Nothing in om_core is edited; functions are wrapped in this process only. Names that no longer
-    exist are skipped. Worker-thread and main-thread times overlap, so they do not add up to the wall time.
+    exist are skipped. The calling thread (database work), the reader thread (parsing) and the
+    tokenizer threads run at the same time, so the parts do not add up to the wall time; the
+    process's CPU time is shown as well.
     """
-    import contextlib
     import hashlib
     import threading
     from collections import defaultdict
 
     import om_core.ingest as ing
+    import om_core.tokens as tok
     from om_core.tokens import get_encoding
 
     get_encoding()
     totals: dict[str, float] = defaultdict(float)
     lock = threading.Lock()
+
+    def add(label: str, seconds: float) -> None:
+        with lock:
+            totals[label] += seconds
 
     def timed(owner: object, name: str, label: str) -> None:
         orig = getattr(owner, name, None)
@@ -657,19 +670,44 @@ def child_breakdown(archive: str, db: str) -> None:
             try:
                 return orig(*a, **k)
             finally:
-                with lock:
-                    totals[label] += time.perf_counter() - t
+                add(label, time.perf_counter() - t)
 
         setattr(owner, name, wrapper)
 
-    timed(ing, "count_tokens", "worker: count_tokens (tiktoken)")
-    timed(ing.pa, "table", "worker: pyarrow.table")
+    if hasattr(tok, "_make_counter"):
+        make = tok._make_counter
+
+        def make_timed(enc):
+            count = make(enc)
+
+            def counted(texts):
+                t, c = time.perf_counter(), time.thread_time()
+                try:
+                    return count(texts)
+                finally:
+                    who = "tokenizer threads" if threading.current_thread().name.startswith("om-tokens") \
+                        else "small batches, counted by the calling thread"
+                    add(f"{who}: counting, wall", time.perf_counter() - t)
+                    add(f"{who}: counting, CPU", time.thread_time() - c)
+
+            return counted
+
+        tok._make_counter = make_timed
+    else:
+        timed(ing, "count_tokens", "count_tokens (tiktoken)")
+    timed(ing.SessionParser, "feed", "reader thread: SessionParser.feed (json + Pi estimate)")
+    if hasattr(ing, "_Reader"):
+        timed(ing._Reader, "parse_some", "reader thread: read + parse + hash + count_tokens calls")
+    if hasattr(ing, "_ReadAhead"):
+        timed(ing._ReadAhead, "take", "main: wait for the reader thread to plan the next file")
+        timed(ing._ReadAhead, "next_event", "main: wait for the reader thread's next batch")
     if hasattr(ing, "_BatchWriter"):
-        timed(ing._BatchWriter, "_write", "worker: whole batch write (tokens + arrow + INSERT)")
-        timed(ing._BatchWriter, "wait", "main: blocked waiting for the worker")
-    timed(ing.SessionParser, "feed", "main: SessionParser.feed (json + Pi estimate)")
+        timed(ing._BatchWriter, "flush", "main: insert batches (wait for counts, arrow, INSERT, chunk COMMIT)")
+    if hasattr(tok, "TokenCounts"):
+        timed(tok.TokenCounts, "result", "main: wait for token counts")
+    timed(ing.pa, "table", "pyarrow.table")
     if hasattr(ing, "_FileIngest"):
-        timed(ing._FileIngest, "_finish_session", "main: _finish_session (tree, branches, session row)")
+        timed(ing._FileIngest, "_finish_session", "main: _finish_session (tree, branches, ledger, session row)")
 
     class _Hash:
         def __init__(self) -> None:
@@ -678,26 +716,46 @@ def child_breakdown(archive: str, db: str) -> None:
         def update(self, data: bytes) -> None:
             t = time.perf_counter()
             self.h.update(data)
-            totals["main: sha256 of every line (prefix hash)"] += time.perf_counter() - t
+            add("reader thread: sha256 of the lines read (prefix hash)", time.perf_counter() - t)
 
         def hexdigest(self) -> str:
             return self.h.hexdigest()
 
+        def copy(self) -> "_Hash":
+            twin = _Hash.__new__(_Hash)
+            twin.h = self.h.copy()
+            return twin
+
     ing.hashlib = type("hashlib_timed", (), {"sha256": staticmethod(_Hash)})
-    orig_tx = ing.dbmod.transaction
 
-    @contextlib.contextmanager
-    def transaction(con):
-        with orig_tx(con):
-            yield
+    class _Con:
+        """The ingest's connection, with its COMMITs timed."""
+
+        def __init__(self, con) -> None:
+            self._con = con
+
+        def execute(self, sql, *a, **k):
+            if not (isinstance(sql, str) and sql.lstrip().upper().startswith("COMMIT")):
+                return self._con.execute(sql, *a, **k)
             t = time.perf_counter()
-        totals["main: COMMIT of each file's transaction"] += time.perf_counter() - t
+            try:
+                return self._con.execute(sql, *a, **k)
+            finally:
+                add("main: COMMIT", time.perf_counter() - t)
 
-    ing.dbmod.transaction = transaction
+        def __getattr__(self, name):
+            return getattr(self._con, name)
+
+    connect = ing.dbmod.connect
+    ing.dbmod.connect = lambda *a, **k: _Con(connect(*a, **k))
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     report = ing.ingest(db, [archive])
     wall = time.perf_counter() - t0
-    print(json.dumps({"wall": wall, "entries": report.entries_added, "parts": dict(totals)}))
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    errors = [f.error for f in report.files if f.error][:3]
+    print(json.dumps({"wall": wall, "cpu": cpu, "entries": report.entries_added, "errors": errors, "parts": dict(totals)}))
 
 
 def measure_breakdown(archive: Path, db: Path) -> dict:
@@ -820,7 +878,11 @@ def main(argv: list[str] | None = None) -> int:
         brows = [(k, f"{v:6.2f} s  ({100 * v / bd['wall']:4.1f}% of wall)") for k, v in
                  sorted(bd["parts"].items(), key=lambda kv: -kv[1])]
         brows.insert(0, ("wall (this run)", f"{bd['wall']:6.2f} s"))
-        out.append(table(brows, "where the ingest time goes (worker and main overlap)"))
+        if bd.get("errors"):
+            brows.insert(1, ("ERRORS in this run", "; ".join(bd["errors"])))
+        if "cpu" in bd:
+            brows.insert(1, ("process CPU (this run)", f"{bd['cpu']:6.2f} s  (2 cores: at most {2 * bd['wall']:.2f} s)"))
+        out.append(table(brows, "where the ingest time goes (threads overlap)"))
     if "memory" in results:
         mrows = []
         for m in results["memory"]:

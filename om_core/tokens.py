@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import math
 import os
 import re
+import sys
 import threading
 from decimal import Decimal
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 IMAGE_CHARS = 4800  # Pi counts 1200 tokens per image for custom and toolResult messages.
 DEFAULT_ENCODING = "o200k_base"
@@ -44,14 +47,16 @@ def js_len(text: str) -> int:
 # Characters JSON.stringify escapes: controls become \b \f \n \r \t or \u00XX; quote and backslash
 # get a backslash; lone surrogates become \uDXXX (well-formed JSON.stringify, ES2019).
 _JSON_ESCAPES = re.compile(r'[\x00-\x1f"\\\ud800-\udfff]')
-_SHORT_ESCAPES = frozenset('"\\\b\f\n\r\t')
+_SHORT_ESCAPES = frozenset('"\\\b\f\n\r\t')  # one extra character each
+_LONG_ESCAPES = re.compile(r'[\x00-\x07\x0b\x0e-\x1f\ud800-\udfff]')  # five extra characters each
 
 
 def _js_string_json_len(text: str) -> int:
-    extra = 0
-    for match in _JSON_ESCAPES.finditer(text):
-        extra += 1 if match.group() in _SHORT_ESCAPES else 5
-    return js_len(text) + 2 + extra
+    length = js_len(text) + 2
+    if _JSON_ESCAPES.search(text) is None:
+        return length
+    short = sum(text.count(c) for c in _SHORT_ESCAPES)
+    return length + short + 5 * len(_LONG_ESCAPES.findall(text))
 
 
 def js_number(value: float) -> str:
@@ -164,6 +169,9 @@ def estimate_message_tokens(message: dict) -> int:
 
 # ---------------------------------------------------------------- text for the real tokenizer
 
+# json.dumps(value, ensure_ascii=False, separators=(",", ":")), without a new encoder for every call.
+_compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
 
 def message_text_pieces(message: dict) -> list[str]:
     """The same text Pi's estimate measures, as pieces for a real tokenizer (images excluded)."""
@@ -176,8 +184,6 @@ def message_text_pieces(message: dict) -> list[str]:
         elif isinstance(content, list):
             pieces.extend(_text(b, "text") for b in content if isinstance(b, dict) and b.get("type") == "text")
     elif role == "assistant" and isinstance(content, list):
-        import json
-
         for block in content:
             if not isinstance(block, dict):
                 continue
@@ -187,7 +193,7 @@ def message_text_pieces(message: dict) -> list[str]:
             elif kind == "thinking":
                 pieces.append(_text(block, "thinking"))
             elif kind == "toolCall":
-                args = json.dumps(block.get("arguments"), ensure_ascii=False, separators=(",", ":"))
+                args = _compact_json(block.get("arguments"))
                 pieces.append(_text(block, "name") + args)
     elif role == "bashExecution":
         pieces.append(_text(message, "command") + _text(message, "output"))
@@ -249,16 +255,174 @@ def get_encoding(name: str = DEFAULT_ENCODING):
         return _encodings[name]
 
 
-def count_tokens(texts: Sequence[str], encoding: str = DEFAULT_ENCODING, threads: int = 2) -> list[int]:
-    """Real token counts for many texts at once (tiktoken releases the GIL across threads)."""
-    if not texts:
-        return []
-    enc = get_encoding(encoding)
-    return [len(t) for t in enc.encode_ordinary_batch(list(texts), num_threads=threads)]
+# Counting tokens without building token lists. ``encode_ordinary_batch`` turns every token into a
+# Python int while holding the GIL, and takes the GIL back after every text; we only need counts.
+#
+# tiktoken's core encodes into a buffer of uint32 token ids with the GIL released
+# (``encode_to_tiktoken_buffer``, what ``encode_to_numpy`` uses). Many texts go into one call, joined
+# by ``<|endoftext|>`` with that special token allowed: the core encodes the text between allowed
+# special tokens piece by piece, exactly as ``encode_ordinary`` encodes each piece on its own, and
+# puts the special token's id between them, so the count of each text is the distance between two
+# separator ids in the buffer. A text that contains the separator itself, or lone surrogates, is
+# counted on its own (as ``encode_ordinary`` would). All this is checked against ``encode_ordinary``
+# once per encoding; if anything differs, the plain path is used.
+
+_SEPARATOR = "<|endoftext|>"
+_NO_SPECIAL: frozenset[str] = frozenset()
+_PROBES = [
+    "Hello, world! naïve café 😀 def f(x):\n    return x  \n\n\t1234567 ünïcödé",
+    "", " ", "  \n", "\n\n", "x", " tail  ", "'s", "12345", "<|endofprompt|> stays text", "a<|endoftext|>b",
+    "x\ud800y", "\r\n\r\n", "end.\n", "  lead", "🙂🚀", "?!\n", "CamelCase snake_case", "",
+]
+CHUNK_CHARS_MIN = 16_384  # texts are handed to the worker threads in runs of about this many chars
+CHUNK_CHARS_MAX = 262_144
+
+
+def _scrub_surrogates(text: str) -> str:
+    """What tiktoken does with text that is not valid UTF-8 (lone surrogates): replace them."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _make_counter(enc: Any) -> Callable[[Sequence[str]], list[int]]:
+    """A function texts -> token counts for one encoding: joined buffer calls when they are exact."""
+
+    def plain(texts: Sequence[str]) -> list[int]:
+        return [len(enc.encode_ordinary(t)) if t else 0 for t in texts]
+
+    encode = getattr(getattr(enc, "_core_bpe", None), "encode_to_tiktoken_buffer", None)
+    if encode is None or _SEPARATOR not in enc.special_tokens_set:
+        return plain
+    separator = enc.encode_single_token(_SEPARATOR).to_bytes(4, sys.byteorder)  # as it sits in the buffer
+    allow_separator = frozenset({_SEPARATOR})
+
+    def one(text: str) -> int:
+        try:
+            return memoryview(encode(text, _NO_SPECIAL)).nbytes >> 2
+        except UnicodeEncodeError:
+            return memoryview(encode(_scrub_surrogates(text), _NO_SPECIAL)).nbytes >> 2
+
+    def joined(texts: Sequence[str]) -> list[int]:
+        if len(texts) < 2:
+            return [one(t) for t in texts]
+        text = _SEPARATOR.join(texts)
+        if text.count(_SEPARATOR) != len(texts) - 1:  # some text contains the separator
+            return [one(t) for t in texts]
+        try:
+            buffer = encode(text, allow_separator)
+        except UnicodeEncodeError:  # lone surrogates somewhere
+            return [one(t) for t in texts]
+        data = memoryview(buffer).cast("B").tobytes()  # uint32 token ids
+        find = data.find
+        out = []
+        start = 0
+        for _ in range(len(texts) - 1):
+            end = find(separator, start)
+            while end & 3:  # the id's bytes must start a token, not straddle two
+                end = find(separator, end + 1)
+            out.append((end - start) >> 2)
+            start = end + 4
+        out.append((len(data) - start) >> 2)
+        return out
+
+    try:
+        if joined(_PROBES) != plain(_PROBES) or [joined([p])[0] for p in _PROBES] != plain(_PROBES):
+            return plain
+    except Exception:  # an API that changed shape: fall back to the documented one
+        return plain
+    return joined
+
+
+_counters: dict[str, tuple[Any, Callable[[Sequence[str]], list[int]]]] = {}
+
+
+def _counter(encoding: str) -> Callable[[Sequence[str]], list[int]]:
+    enc = get_encoding(encoding)  # raises if the encoding is unavailable, every time
+    cached = _counters.get(encoding)
+    if cached is None or cached[0] is not enc:
+        cached = _counters[encoding] = (enc, _make_counter(enc))
+    return cached[1]
+
+
+# Worker threads live as long as the process: tiktoken keeps per-thread regex state that warms up
+# with use, so fresh threads for every call (what encode_ordinary_batch does) are slower.
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    key = (os.getpid(), threads)  # a forked child gets pools of its own
+    pool = _pools.get(key)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(key)
+            if pool is None:
+                pool = _pools[key] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="om-tokens")
+    return pool
+
+
+class TokenCounts:
+    """Counts being computed on worker threads: ``result()`` waits and returns them in input order."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: list[Future | list[int]]) -> None:
+        self._parts = parts
+
+    def done(self) -> bool:
+        return all(not isinstance(p, Future) or p.done() for p in self._parts)
+
+    def result(self) -> list[int]:
+        if len(self._parts) == 1 and not isinstance(self._parts[0], Future):
+            return self._parts[0]
+        out: list[int] = []
+        for part in self._parts:
+            out.extend(part.result() if isinstance(part, Future) else part)
+        self._parts = [out]
+        return out
+
+
+def _runs(texts: Sequence[str], total: int, threads: int) -> list[Sequence[str]]:
+    """Consecutive runs of texts of roughly equal size, a few per thread, so that threads finish
+    together (a thread that is done takes the next run)."""
+    target = min(CHUNK_CHARS_MAX, max(CHUNK_CHARS_MIN, total // (threads * 4) + 1))
+    out = []
+    start = size = 0
+    for i, t in enumerate(texts):
+        size += len(t)
+        if size >= target:
+            out.append(texts[start:i + 1])
+            start, size = i + 1, 0
+    if start < len(texts):
+        out.append(texts[start:])
+    return out
+
+
+@overload
+def count_tokens(texts: Sequence[str], encoding: str = ..., threads: int = ..., *,
+                 wait: Literal[True] = ...) -> list[int]: ...
+@overload
+def count_tokens(texts: Sequence[str], encoding: str = ..., threads: int = ..., *,
+                 wait: Literal[False]) -> TokenCounts: ...
+
+
+def count_tokens(texts: Sequence[str], encoding: str = DEFAULT_ENCODING, threads: int = 2, *,
+                 wait: bool = True) -> list[int] | TokenCounts:
+    """Real token counts for many texts at once, on ``threads`` worker threads (tiktoken releases
+    the GIL while it encodes). ``wait=False`` returns at once with a ``TokenCounts`` to collect later,
+    so a caller can go on with other work (the ingest parses the next batch meanwhile)."""
+    texts = texts if isinstance(texts, list) else list(texts)
+    counter = _counter(encoding)
+    total = sum(map(len, texts))
+    if threads <= 1 or total < CHUNK_CHARS_MIN:
+        counts = counter(texts)
+        return counts if wait else TokenCounts([counts])
+    pool = _pool(threads)
+    pending = TokenCounts([pool.submit(counter, run) for run in _runs(texts, total, threads)])
+    return pending.result() if wait else pending
 
 
 def count_text_tokens(text: str, encoding: str = DEFAULT_ENCODING) -> int:
-    return len(get_encoding(encoding).encode_ordinary(text)) if text else 0
+    return _counter(encoding)([text])[0] if text else 0
 
 
 def sum_pieces(counts: Iterable[int]) -> int:

@@ -719,6 +719,180 @@ def test_copy_takes_over_once_the_original_is_deleted(tmp_path, db_path):
     assert snapshot(db_path, volatile=False)["entries"] == entries_before
 
 
+# ------------------------------------------------------------------ 7. long files: chunked commits, interrupted ingests
+
+
+def _rows_of_an_interrupted_ingest(db: Path, path: Path, line_nos: list[int]) -> None:
+    """What an ingest that died after committing part of a file leaves: entries and quarantine rows after
+    the offset recorded in session_files (the record only moves once the whole file is in)."""
+    con = duckdb.connect(str(db))
+    try:
+        for n in line_nos:
+            con.execute("INSERT INTO entries (session_id, entry_id, parent_id, line_no, entry_index, entry_type, "
+                        "is_source, raw, run_id) VALUES (?, ?, NULL, ?, ?, 'message', false, '{}', 'died')",
+                        [SID, f"junk{n}", n, n - 1])
+            con.execute("INSERT INTO quarantine (file_path, session_id, line_no, reason, raw, run_id) "
+                        "VALUES (?, ?, ?, 'invalid_json', ?, 'died')", [str(path.resolve()), SID, n, b"junk"])
+    finally:
+        con.close()
+
+
+def _long_session() -> SessionBuilder:
+    b = sample_session(SID)
+    for i in range(40):
+        b.user(f"question {i}")
+        b.assistant(f"answer {i}")
+    return b
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Batches of 5 entries, an INSERT and a COMMIT after every batch; returns the commits made
+    inside files, as they grow."""
+    import om_core.ingest as ingest_mod
+
+    monkeypatch.setattr(ingest_mod, "BATCH_ENTRIES", 5)
+    monkeypatch.setattr(ingest_mod, "INSERT_BYTES", 1)
+    monkeypatch.setattr(ingest_mod, "COMMIT_BYTES", 1)
+    commits: list[int] = []
+    flush = ingest_mod._BatchWriter.flush
+
+    def counting_flush(self):
+        flush(self)
+        commits.append(self.commits)
+
+    monkeypatch.setattr(ingest_mod._BatchWriter, "flush", counting_flush)
+    return commits
+
+
+def test_rows_left_by_an_interrupted_append_are_replaced(tmp_path, db_path):
+    b = SessionBuilder(SID)
+    b.user("first")
+    b.assistant("one")
+    path = b.write(tmp_path / "s.jsonl")
+    ingest(db_path, [path])
+    n_old = len(b.lines())
+    b.user("second")
+    b.assistant("two")
+    _append(path, b.lines()[n_old:])
+    _rows_of_an_interrupted_ingest(db_path, path, [n_old + 1, n_old + 2, n_old + 3])
+
+    f = only(ingest(db_path, [path]))
+    assert (f.status, f.entries_added, f.lines_quarantined) == ("appended", 2, 0)
+    assert entries_of(db_path) == [(e["id"], n, line) for n, (e, line) in
+                                   enumerate(zip(b.entries, b.lines()[1:]), start=2)]
+    assert quarantine_of(db_path) == []
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [path])
+    assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
+
+
+def test_rows_left_by_an_interrupted_first_ingest_are_replaced(tmp_path, db_path):
+    path = sample_session(SID).write(tmp_path / "s.jsonl")
+    ingest(db_path, [])  # the database exists; the file was never recorded in it
+    _rows_of_an_interrupted_ingest(db_path, path, [2, 3, 4])
+
+    f = only(ingest(db_path, [path]))
+    assert f.status == "new"
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [path])
+    assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
+    assert q(db_path, "SELECT count(*) FROM entries WHERE entry_id LIKE 'junk%'") == [(0,)]
+
+
+def test_file_committed_in_chunks_equals_one_transaction(tmp_path, db_path, tiny_chunks):
+    lines = [line.encode() for line in _long_session().lines()]
+    lines.insert(7, b"{oops")
+    path = write_lines(tmp_path / "s.jsonl", lines)
+    f = only(ingest(db_path, [path]))
+    assert f.status == "new" and f.lines_quarantined == 1
+    assert max(tiny_chunks) > 5  # committed part by part
+
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [path])
+    assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
+
+
+def _fail_on_insert(monkeypatch, after: int) -> None:
+    import om_core.ingest as ingest_mod
+
+    calls = []
+    insert = ingest_mod._insert_arrow
+
+    def failing(con, view_name, table, query_name, params=None):
+        if query_name == "insert_entries":
+            calls.append(1)
+            if len(calls) > after:
+                raise OSError("disk full")
+        return insert(con, view_name, table, query_name, params)
+
+    monkeypatch.setattr(ingest_mod, "_insert_arrow", failing)
+
+
+def test_failed_ingest_after_chunk_commits_leaves_nothing_behind(tmp_path, db_path, tiny_chunks, monkeypatch):
+    path = _long_session().write(tmp_path / "s.jsonl")
+    with monkeypatch.context() as m:
+        _fail_on_insert(m, after=4)
+        f = only(ingest(db_path, [path]))
+    assert f.status == "error" and "disk full" in f.error
+    assert max(tiny_chunks) >= 3  # part of the file had been committed when it failed
+    for table in ("entries", "quarantine", "sessions", "branch_entries", "session_files"):
+        assert q(db_path, f"SELECT count(*) FROM {table}") == [(0,)], table
+
+    assert only(ingest(db_path, [path])).status == "new"
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [path])
+    assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
+
+
+def test_failed_append_after_chunk_commits_keeps_the_earlier_state(tmp_path, db_path, tiny_chunks, monkeypatch):
+    b = sample_session(SID)
+    path = b.write(tmp_path / "s.jsonl")
+    ingest(db_path, [path])
+    before = snapshot(db_path, volatile=False)
+    n_old = len(b.lines())
+    for i in range(40):
+        b.user(f"more {i}")
+    _append(path, b.lines()[n_old:])
+    with monkeypatch.context() as m:
+        _fail_on_insert(m, after=4)
+        assert only(ingest(db_path, [path])).status == "error"
+    assert max(tiny_chunks) >= 3
+    assert snapshot(db_path, volatile=False) == before
+
+    f = only(ingest(db_path, [path]))
+    assert (f.status, f.entries_added) == ("appended", 40)
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [path])
+    assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
+
+
+def test_token_counts_match_tiktoken_for_each_entry(tmp_path, db_path, tiny_chunks):
+    """Counts come from joined tokenizer calls (texts separated by <|endoftext|>); each entry's count
+    must still be what encode_ordinary gives its text, whatever the text holds."""
+    from om_core.tokens import get_encoding
+
+    texts = ["", " ", "plain words", "  leading and trailing  ", "\n\nnew\nlines\n", "<|endoftext|> inside",
+             "a<|endofprompt|>b", "emoji 😀 and naïve", "x\ud800y lone surrogate", "'s 12345 ?!\n", "tab\tend\t"]
+    b = SessionBuilder(SID)
+    ids = []
+    for i in range(3):  # several batches, so some are counted apart from the others
+        for t in texts:
+            ids.append(b.user(t + str(i) if i else t))
+    # JSON escapes keep the lone surrogate intact through the file (as JSON.stringify would write it)
+    lines = [b.lines()[0].encode()] + [json.dumps(e).encode() for e in b.entries]
+    path = write_lines(tmp_path / "s.jsonl", lines)
+    f = only(ingest(db_path, [path]))
+    assert (f.status, f.entries_added) == ("new", len(ids))
+    enc = get_encoding()
+    got = dict(q(db_path, "SELECT entry_id, tokens FROM entries"))
+    by_id = {e["id"]: e for e in b.entries}
+    for entry_id in ids:
+        text = by_id[entry_id]["message"]["content"]
+        text = text if isinstance(text, str) else "".join(c.get("text", "") for c in text)
+        assert got[entry_id] == len(enc.encode_ordinary(text)), (entry_id, text)
+
+
 # ------------------------------------------------------------------ 9. the real sample sessions
 
 

@@ -41,21 +41,22 @@ DELETE FROM quarantine WHERE file_path = $file_path AND reason = 'truncated_last
 
 -- name: insert_entries
 INSERT INTO entries
-SELECT session_id, entry_id, parent_id, line_no, entry_index, NULLIF(entry_type, ''), role,
+SELECT $session_id, entry_id, parent_id, line_no, entry_index, NULLIF(entry_type, ''), role,
        TRY_CAST(ts AS TIMESTAMPTZ), is_source, tokens_pi, tokens, first_kept_entry_id, custom_type,
-       raw, run_id
+       raw, $run_id
 FROM entry_batch;
 
 -- name: insert_quarantine
 INSERT INTO quarantine (file_path, session_id, line_no, reason, detail, raw, run_id)
-SELECT file_path, session_id, line_no, reason, detail, raw, run_id FROM quarantine_batch;
+SELECT $file_path, $session_id, line_no, reason, detail, raw, $run_id FROM quarantine_batch;
 
 -- name: insert_note
 INSERT INTO ingest_notes (session_id, file_path, line_no, entry_id, kind, detail, run_id)
 VALUES ($session_id, $file_path, $line_no, $entry_id, $kind, $detail, $run_id);
 
--- name: v1_ids_by_index
-SELECT entry_index, entry_id FROM entries WHERE session_id = $session_id;
+-- name: v1_ids_by_index_upto
+-- The ids a v1 file's recorded lines were given (rows after them are an interrupted ingest's).
+SELECT entry_index, entry_id FROM entries WHERE session_id = $session_id AND line_no <= $line_no;
 
 -- name: quarantine_duplicate_ids
 -- Pi's id map keeps the later of two entries with one id; the earlier one is set aside.
@@ -83,7 +84,8 @@ WHERE session_id = $session_id
 SELECT entry_id, parent_id, line_no FROM entries WHERE session_id = $session_id ORDER BY line_no;
 
 -- name: insert_branch_entries
-INSERT INTO branch_entries SELECT session_id, leaf_id, position, entry_id FROM branch_batch;
+-- leaf_id and entry_id arrive dictionary-encoded (indices into the session's entry ids).
+INSERT INTO branch_entries SELECT $session_id, leaf_id, position, entry_id FROM branch_batch;
 
 -- name: upsert_session
 INSERT OR REPLACE INTO sessions
@@ -97,3 +99,10 @@ FROM entries WHERE session_id = $session_id;
 -- name: get_session_row
 SELECT session_id, file_path, version, cwd, leaf_id, entry_count, source_count FROM sessions
 WHERE session_id = $session_id;
+
+-- name: delete_entries_after
+-- Entries an interrupted ingest committed beyond the offset recorded in session_files.
+DELETE FROM entries WHERE session_id = $session_id AND line_no > $line_no;
+
+-- name: delete_quarantine_after
+DELETE FROM quarantine WHERE file_path = $file_path AND line_no > $line_no;
