@@ -844,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"memory: generating one {size:g} MB file ...")
                 info = generate(single_dir, size, args.seed + 1, pools=pools, single=True, quiet=True)
                 file = next(single_dir.rglob("*.jsonl"))
-                log(f"memory: ingesting it in a fresh process ...")
+                log("memory: ingesting it in a fresh process ...")
                 m = measure_memory(file, work / f"single-{size:g}mb.duckdb")
                 m["entries_generated"] = info["entries"]
                 mem.append(m)

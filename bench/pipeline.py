@@ -636,12 +636,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         paths = make_sessions(work / "sessions", args.sessions)
         warm = make_sessions(work / "warm", 2)
-        log(f"starting Prefect's API (not timed)…")
+        log("starting Prefect's API (not timed)…")
         t0 = time.perf_counter()
         with prefect_test_harness(server_startup_timeout=90):
             log(f"  started in {time.perf_counter() - t0:.1f} s; warm-up flow…")
             run_once(warm, work / "warm.duckdb", args.concurrency, args.model_concurrency, None, delay=0.0)
-            runs, profiles = [], []
+            runs = []
             for i in range(args.runs):
                 log(f"run {i + 1}/{args.runs}…")
                 profile = Profile() if args.profile else None

@@ -153,7 +153,7 @@ def test_pipeline_with_429s_then_a_rerun_changes_nothing(prefect_api, tmp_path):
 
 
 def test_kill_9_then_resume(prefect_api, tmp_path):
-    paths = make_sessions(tmp_path / "sessions", count=3)
+    make_sessions(tmp_path / "sessions", count=3)
     db = tmp_path / "om.duckdb"
     env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api, "OM_DB": str(db)}
     script = ScriptedWorkers()
@@ -197,7 +197,7 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
 
 
 def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
-    paths = make_sessions(tmp_path / "sessions", count=3)
+    make_sessions(tmp_path / "sessions", count=3)
     (tmp_path / "sessions" / "broken.jsonl").write_text('{"type": "message"}\nnot json\n')
     db = tmp_path / "om.duckdb"
     script = ScriptedWorkers()
