@@ -15,7 +15,6 @@ from om_core.gaps import GapSafeBoundary, gap_safe_boundary
 from om_core.ledger import parse_folded, store_simulated_compaction
 from om_core.memory import compaction_projection
 from om_core.settings import Settings
-from om_core.sqlfiles import query
 
 
 @dataclass
@@ -68,9 +67,3 @@ def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, firs
     return SimulatedCompaction(session_id, compaction_id, anchor, first_kept, trigger,
                                result.fullFold if details else None, len(result.observationIds),
                                len(result.reflectionIds), details is None, gap_safe=boundary)
-
-
-def compaction_positions(con, session_id: str, tip: str) -> list[int]:
-    """Branch positions where a compaction (Pi's, the extension's or simulated) sits."""
-    return [row[0] for row in con.execute(query("compaction_anchor_positions"),
-                                          {"session_id": session_id, "tip": tip}).fetchall()]

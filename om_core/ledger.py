@@ -370,11 +370,6 @@ def forget_imported(con: duckdb.DuckDBPyConnection, session_id: str) -> None:
         con.execute(query(name), {"session_id": session_id})
 
 
-def wire_record(kind: str, payload: LedgerPayload) -> dict[str, Any]:
-    """The ``data`` object of a ``custom`` entry, exactly as the extension writes it."""
-    return json.loads(payload.model_dump_json())
-
-
 # ------------------------------------------------------------------ records this project appends
 
 

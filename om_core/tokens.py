@@ -20,7 +20,7 @@ import re
 import sys
 import threading
 from decimal import Decimal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -423,7 +423,3 @@ def count_tokens(texts: Sequence[str], encoding: str = DEFAULT_ENCODING, threads
 
 def count_text_tokens(text: str, encoding: str = DEFAULT_ENCODING) -> int:
     return _counter(encoding)([text])[0] if text else 0
-
-
-def sum_pieces(counts: Iterable[int]) -> int:
-    return sum(counts)

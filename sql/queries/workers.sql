@@ -50,10 +50,6 @@ SELECT EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND s
                                           AND outcome = 'empty'),
        (SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key);
 
--- name: source_tokens_after
-SELECT coalesce(sum(tokens_pi), 0), coalesce(sum(tokens), 0)
-FROM branch_detail($session_id, $tip) WHERE is_source AND position > $after;
-
 -- name: put_stage_result
 INSERT OR REPLACE INTO stage_results (session_id, stage_key, stage, result)
 VALUES ($session_id, $stage_key, $stage, $result);
