@@ -53,6 +53,17 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
             delay = min(delay * 2, 0.05)  # poll often: a long run releases the file only briefly
 
 
+def _derive_entry_tree(con: duckdb.DuckDBPyConnection) -> None:
+    from om_core.ingest import rebuild_trees  # derived rows need the tree code; imported only here
+
+    rebuild_trees(con)
+
+
+# Migrations whose new tables hold rows derived from stored data: the rows are derived in the
+# migration's own transaction, so the migration is recorded only together with them.
+_DERIVE_AFTER = {4: _derive_entry_tree}
+
+
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
     """Apply every pending migration, each in its own transaction with its record."""
     con.execute(query("create_schema_migrations"))
@@ -65,6 +76,8 @@ def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute(script)
+            if version in _DERIVE_AFTER:
+                _DERIVE_AFTER[version](con)
             con.execute(query("record_migration"), {"version": version, "name": name})
             con.execute("COMMIT")
         except Exception:

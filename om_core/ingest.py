@@ -701,7 +701,7 @@ class _FileIngest:
             self._drop_session_rows(session_id)
 
     def _drop_session_rows(self, session_id: str) -> None:
-        for name in ("delete_session_entries", "delete_session_branches", "delete_session_row"):
+        for name in ("delete_session_entries", "delete_session_tree", "delete_session_row"):
             self.con.execute(query(name), {"session_id": session_id})
         self.con.execute(query("delete_session_notes"), {"session_id": session_id, "file_path": self.key})
         forget_imported(self.con, session_id)
@@ -816,7 +816,7 @@ class _FileIngest:
         report.ledger = counts.as_dict()
         forest = build_forest(rows)
         if not fresh:
-            self.con.execute(query("delete_session_branches"), {"session_id": sid})
+            self.con.execute(query("delete_session_tree"), {"session_id": sid})
             self.con.execute(query("delete_session_notes"), {"session_id": sid, "file_path": self.key})
         lines = forest.order
         for note in forest.notes:
@@ -824,9 +824,7 @@ class _FileIngest:
                                                     "entry_id": note.entry_id, "kind": note.kind,
                                                     "detail": note.detail})
             report.notes.append(f"{note.kind}: {note.entry_id} ({note.detail})")
-        leaves = forest.leaves()
-        for table in _branch_chunks(forest, leaves):
-            _insert_arrow(self.con, "branch_batch", table, "insert_branch_entries", {"session_id": sid})
+        store_tree(self.con, sid, forest)
         header = state.header
         self.con.execute(query("upsert_session"), {
             **params,
@@ -834,7 +832,7 @@ class _FileIngest:
             "cwd": header.cwd,
             "started_at": header.timestamp,
             "parent_session": header.parentSession,
-            "leaf_count": len(leaves),
+            "leaf_count": len(forest.leaves()),
             "header": state.header_raw or header.model_dump_json(exclude_none=True),
         })
 
@@ -858,63 +856,25 @@ def _insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: pa.Tabl
             pass
 
 
-BRANCH_CHUNK_ROWS = 1 << 18
-
-
-def _branch_chunks(forest: Forest, leaves: list[str]) -> Iterator[pa.Table]:
-    """The ``branch_entries`` rows of a session (every entry on every leaf's root-to-leaf path, exactly
-    ``Forest.branch_rows``) in tables of about ``BRANCH_CHUNK_ROWS`` rows, built without a Python step
-    per row: ids are Arrow dictionary indices into the session's entry ids.
-
-    Branches share their beginnings: a leaf's walk towards the root stops at the first entry already
-    placed on an earlier leaf's path and reuses that path up to there (Arrow slices)."""
-    ids = list(forest.parent)
-    if not ids:
+def store_tree(con: duckdb.DuckDBPyConnection, session_id: str, forest: Forest) -> None:
+    """Write a session's ``entry_tree`` rows (one per entry; its old rows are already gone)."""
+    tree = forest.intervals()
+    if not tree.entry_id:
         return
-    index = {entry_id: i for i, entry_id in enumerate(ids)}
-    id_array = pa.array(ids, pa.string())
-    parent = forest.parent
-    placed: dict[str, tuple[int, int]] = {}  # entry -> (path number, position) where first placed
-    paths: list[pa.Array] = []
-    positions = pa.array([], pa.int32())
-    chunk: list[tuple[int, pa.Array]] = []
-    rows = 0
+    table = pa.table({"entry_id": pa.array(tree.entry_id, pa.string()), "depth": pa.array(tree.depth, pa.int32()),
+                      "pre": pa.array(tree.pre, pa.int32()), "last": pa.array(tree.last, pa.int32()),
+                      "is_leaf": pa.array(tree.is_leaf, pa.bool_())})
+    _insert_arrow(con, "tree_batch", table, "insert_entry_tree", {"session_id": session_id})
 
-    def table() -> pa.Table:
-        entries = pa.concat_arrays([path for _, path in chunk])
-        leaf_ix = pa.concat_arrays([pa.repeat(pa.scalar(i, pa.int32()), len(path)) for i, path in chunk])
-        return pa.table({
-            "leaf_id": pa.DictionaryArray.from_arrays(leaf_ix, id_array),
-            "position": pa.concat_arrays([positions.slice(0, len(path)) for _, path in chunk]),
-            "entry_id": pa.DictionaryArray.from_arrays(entries, id_array),
-        })
 
-    for number, leaf in enumerate(leaves):
-        segment: list[int] = []
-        node: str | None = leaf
-        hit = None
-        while node is not None:
-            hit = placed.get(node)
-            if hit is not None:
-                break
-            segment.append(index[node])
-            node = parent[node]
-        segment.reverse()
-        base = 0 if hit is None else hit[1] + 1
-        for position, i in enumerate(segment, start=base):
-            placed[ids[i]] = (number, position)
-        tail = pa.array(segment, pa.int32())
-        path = tail if hit is None else pa.concat_arrays([paths[hit[0]].slice(0, base), tail])
-        paths.append(path)
-        if len(path) > len(positions):
-            positions = pa.array(range(len(path)), pa.int32())
-        chunk.append((index[leaf], path))
-        rows += len(path)
-        if rows >= BRANCH_CHUNK_ROWS:
-            yield table()
-            chunk, rows = [], 0
-    if chunk:
-        yield table()
+def rebuild_trees(con: duckdb.DuckDBPyConnection) -> int:
+    """Derive ``entry_tree`` rows from the stored entries for every session that has none (sessions
+    stored before migration 004). Runs inside the caller's transaction."""
+    sessions = [row[0] for row in con.execute(query("sessions_without_tree")).fetchall()]
+    for session_id in sessions:
+        rows = con.execute(query("tree_rows"), {"session_id": session_id}).fetchall()
+        store_tree(con, session_id, build_forest(rows))
+    return len(sessions)
 
 
 # ------------------------------------------------------------------ many files

@@ -26,6 +26,7 @@ from typing import Any
 import duckdb
 
 from om_core.catalog import SessionInfo, list_sessions, resolve_session
+from om_core import db as dbmod
 from om_core.db import reading
 from om_core.gaps import CompactionGap, gaps
 from om_core.settings import Settings
@@ -193,8 +194,7 @@ def _model_calls(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
 
 
 def _via_leaf(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> str | None:
-    row = con.execute("SELECT min(leaf_id) FROM branch_entries WHERE session_id = ? AND entry_id = ?",
-                      [session_id, tip]).fetchone()
+    row = dbmod.one(con, "leaf_of", {"session_id": session_id, "entry_id": tip})
     return row[0] if row else None
 
 

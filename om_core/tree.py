@@ -8,7 +8,7 @@ tree is a forest and every branch is well defined and consistent between leaves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -40,11 +40,52 @@ class Forest:
         out.reverse()
         return out
 
-    def branch_rows(self) -> Iterator[tuple[str, int, str]]:
-        """(leaf_id, position, entry_id) for every entry on every leaf's branch."""
-        for leaf in self.leaves():
-            for position, entry_id in enumerate(self.path(leaf)):
-                yield leaf, position, entry_id
+    def intervals(self) -> TreeIntervals:
+        """Depth and preorder interval of every entry (see ``TreeIntervals``), in preorder.
+
+        Children are visited in file order; any order would do, the intervals only have to nest."""
+        children: dict[str, list[str]] = {}
+        roots: list[str] = []
+        for entry_id in sorted(self.parent, key=self.order.__getitem__):
+            p = self.parent[entry_id]
+            if p is None:
+                roots.append(entry_id)
+            else:
+                children.setdefault(p, []).append(entry_id)
+        out = TreeIntervals([], [], [], [], [])
+        # iterative DFS; an entry's ``last`` is filled in when the walk leaves its subtree
+        stack: list[tuple[str, int]] = [(r, 0) for r in reversed(roots)]
+        open_at: list[int] = []  # preorder index of each entry on the current path
+        while stack:
+            entry_id, depth = stack.pop()
+            while len(open_at) > depth:  # leaving finished subtrees
+                out.last[open_at.pop()] = len(out.entry_id) - 1
+            index = len(out.entry_id)
+            out.entry_id.append(entry_id)
+            out.depth.append(depth)
+            out.pre.append(index)
+            out.last.append(index)
+            kids = children.get(entry_id, ())
+            out.is_leaf.append(not kids)
+            open_at.append(index)
+            stack.extend((k, depth + 1) for k in reversed(kids))
+        while open_at:
+            out.last[open_at.pop()] = len(out.entry_id) - 1
+        return out
+
+
+@dataclass(slots=True)
+class TreeIntervals:
+    """The tree stored in one row per entry (table ``entry_tree``) instead of one per entry per leaf.
+
+    ``pre`` numbers the entries in depth-first preorder and ``last`` is the largest number in an
+    entry's subtree, so X is on the branch ending at T exactly when X.pre <= T.pre <= X.last; a
+    branch position is the entry's depth (0 = a root)."""
+    entry_id: list[str]
+    depth: list[int]
+    pre: list[int]
+    last: list[int]
+    is_leaf: list[bool]
 
 
 def build_forest(rows: Iterable[tuple[str, str | None, int]]) -> Forest:

@@ -298,3 +298,28 @@ def test_entry_ids_repeat_across_sessions(tmp_path, db_path):
     assert q(db_path, "SELECT count(*) FROM branch_detail(?, ?) WHERE tokens_pi = 10", [SID_B, ids["a1"]]) == [(2,)]
     cp = catalog.cut_point(db_path, SID_B, keep_recent_tokens=5)
     assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["a1"], 1, 0, True)
+
+
+def test_entry_tree_one_row_per_entry(catalog_db):
+    assert q(catalog_db["db"], "SELECT count(*) FROM entry_tree") == q(catalog_db["db"], "SELECT count(*) FROM entries")
+    leaves = q(catalog_db["db"], "SELECT entry_id FROM entry_tree WHERE session_id = ? AND is_leaf ORDER BY 1", [SID_A])
+    assert leaves == sorted([(catalog_db["a_ids"]["a2"],), (catalog_db["a_ids"]["a3"],)])
+
+
+def test_migration_004_derives_the_tree_of_sessions_stored_before_it(catalog_db):
+    """A database from before entry_tree (branch_entries was a table): opening it for writing
+    applies migration 004, which derives every stored session's tree in the same transaction."""
+    db = catalog_db["db"]
+    before = q(db, "SELECT * FROM entry_tree ORDER BY ALL")
+    paths = q(db, "SELECT * FROM branch_entries ORDER BY ALL")
+    con = duckdb.connect(str(db))
+    con.execute("DROP VIEW branch_entries")
+    con.execute("DROP TABLE entry_tree")
+    con.execute("CREATE TABLE branch_entries (session_id VARCHAR, leaf_id VARCHAR, position INTEGER, entry_id VARCHAR)")
+    con.execute("DELETE FROM schema_migrations WHERE version = 4")
+    con.execute("DELETE FROM om_meta WHERE key = 'views_fingerprint'")
+    con.close()
+    dbmod.connect(db, read_only=True).close()  # a reader upgrades an outdated file first
+    assert q(db, "SELECT * FROM entry_tree ORDER BY ALL") == before
+    assert q(db, "SELECT * FROM branch_entries ORDER BY ALL") == paths
+    assert q(db, "SELECT table_type FROM information_schema.tables WHERE table_name = 'branch_entries'") == [("VIEW",)]

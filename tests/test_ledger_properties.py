@@ -95,7 +95,7 @@ def corrupt(draw, kind, data):
         elif choice == "id":
             item["id"] = item["id"][:11]
         else:
-            item["tokenCount"] = float("inf") if choice == "tokens" else "3"
+            item["tokenCount"] = -2 if choice == "tokens" else "3"  # Infinity is not JSON at all
     else:
         data["observationIds"] = [] if choice != "id" else [""]
     return data

@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from om_core.tree import Forest, TreeNote, build_forest
 
@@ -58,12 +60,10 @@ def test_path_of_an_interior_entry():
     assert forest.path("a") == ["a"]
 
 
-def test_branch_rows_positions_are_zero_based_per_leaf():
+def test_depths_are_zero_based_positions():
     forest = build_forest([("a", None, 2), ("b", "a", 3), ("c", "b", 4), ("d", "a", 5)])
-    assert list(forest.branch_rows()) == [
-        ("c", 0, "a"), ("c", 1, "b"), ("c", 2, "c"),
-        ("d", 0, "a"), ("d", 1, "d"),
-    ]
+    t = forest.intervals()
+    assert dict(zip(t.entry_id, t.depth)) == {"a": 0, "b": 1, "c": 2, "d": 1}
 
 
 def test_several_roots():
@@ -172,11 +172,38 @@ def test_cycle_and_dangling_parent_together():
     every_path_terminates(forest)
 
 
-def test_branch_rows_terminate_with_cycles():
+def test_intervals_terminate_with_cycles():
     forest = build_forest([("a", "c", 2), ("b", "a", 3), ("c", "b", 4)])
-    assert list(forest.branch_rows()) == [("c", 0, "a"), ("c", 1, "b"), ("c", 2, "c")]
+    t = forest.intervals()
+    assert (t.entry_id, t.depth, t.last, t.is_leaf) == (["a", "b", "c"], [0, 1, 2], [2, 2, 2], [False, False, True])
 
 
 def test_empty_forest():
     forest = build_forest([])
-    assert forest.leaves() == [] and list(forest.branch_rows()) == [] and forest.notes == []
+    assert forest.leaves() == [] and forest.intervals().entry_id == [] and forest.notes == []
+
+
+def test_intervals_of_a_small_tree():
+    forest = build_forest([("a", None, 2), ("b", "a", 3), ("c", "b", 4), ("d", "a", 5), ("e", "d", 6), ("x", None, 7)])
+    t = forest.intervals()
+    got = {e: (d, p, la, leaf) for e, d, p, la, leaf in zip(t.entry_id, t.depth, t.pre, t.last, t.is_leaf)}
+    assert got == {"a": (0, 0, 4, False), "b": (1, 1, 2, False), "c": (2, 2, 2, True),
+                   "d": (1, 3, 4, False), "e": (2, 4, 4, True), "x": (0, 5, 5, True)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-1, max_value=40), min_size=1, max_size=40))
+def test_intervals_answer_every_branch_question_like_the_paths(parents):
+    """X is on the branch ending at T exactly when X.pre <= T.pre <= X.last, at position X.depth:
+    checked against Forest.path for every (X, T) pair of random trees, cycles and orphans included."""
+    rows = [(f"e{i}", None if p < 0 else f"e{p}", i + 2) for i, p in enumerate(parents)]
+    forest = build_forest(rows)
+    t = forest.intervals()
+    assert sorted(t.entry_id) == sorted(forest.parent) and t.pre == list(range(len(t.entry_id)))
+    at = {e: i for i, e in enumerate(t.entry_id)}
+    assert {e for e, leaf in zip(t.entry_id, t.is_leaf) if leaf} == set(forest.leaves())
+    for tip in forest.parent:
+        path = forest.path(tip)
+        on_branch = [x for x in t.entry_id if t.pre[at[x]] <= t.pre[at[tip]] <= t.last[at[x]]]
+        assert sorted(on_branch) == sorted(path)
+        assert all(t.depth[at[x]] == position for position, x in enumerate(path))

@@ -23,8 +23,8 @@ DELETE FROM session_files WHERE file_path = $file_path;
 -- name: delete_session_entries
 DELETE FROM entries WHERE session_id = $session_id;
 
--- name: delete_session_branches
-DELETE FROM branch_entries WHERE session_id = $session_id;
+-- name: delete_session_tree
+DELETE FROM entry_tree WHERE session_id = $session_id;
 
 -- name: delete_session_notes
 DELETE FROM ingest_notes WHERE session_id = $session_id OR file_path = $file_path;
@@ -83,9 +83,11 @@ WHERE session_id = $session_id
 -- name: tree_rows
 SELECT entry_id, parent_id, line_no FROM entries WHERE session_id = $session_id ORDER BY line_no;
 
--- name: insert_branch_entries
--- leaf_id and entry_id arrive dictionary-encoded (indices into the session's entry ids).
-INSERT INTO branch_entries SELECT $session_id, leaf_id, position, entry_id FROM branch_batch;
+-- name: sessions_without_tree
+SELECT session_id FROM sessions WHERE session_id NOT IN (SELECT session_id FROM entry_tree) ORDER BY 1;
+
+-- name: insert_entry_tree
+INSERT INTO entry_tree SELECT $session_id, entry_id, depth, pre, last, is_leaf FROM tree_batch;
 
 -- name: upsert_session
 INSERT OR REPLACE INTO sessions

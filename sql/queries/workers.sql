@@ -72,15 +72,15 @@ SELECT position, entry_id, entry_type, role, coalesce(tokens_pi, 0), coalesce(to
 FROM branch_detail($session_id, $tip) ORDER BY position;
 
 -- name: session_leaves
-SELECT b.leaf_id FROM branch_entries b JOIN entries e ON e.session_id = b.session_id AND e.entry_id = b.leaf_id
-WHERE b.session_id = $session_id AND b.position = 0 ORDER BY e.line_no;
+SELECT t.entry_id FROM entry_tree t JOIN entries e ON e.session_id = t.session_id AND e.entry_id = t.entry_id
+WHERE t.session_id = $session_id AND t.is_leaf ORDER BY e.line_no;
 
 -- name: judged_observation_watermarks
 -- Watermark positions of the observation records a compaction at p_compaction_pos is judged by.
 SELECT DISTINCT w.position
 FROM ledger_records r
-JOIN branch_entries a ON a.session_id = r.session_id AND a.leaf_id = $leaf AND a.entry_id = r.anchor_entry_id
-JOIN branch_entries w ON w.session_id = r.session_id AND w.leaf_id = $leaf AND w.entry_id = r.covers_up_to_id
+JOIN branch($session_id, $leaf) a ON a.entry_id = r.anchor_entry_id
+JOIN branch($session_id, $leaf) w ON w.entry_id = r.covers_up_to_id
 WHERE r.session_id = $session_id AND r.kind = 'om.observations.recorded'
   AND (a.position < $compaction_pos OR ($simulated AND a.position = $compaction_pos AND r.append_seq < $seq))
 ORDER BY 1;
@@ -88,17 +88,21 @@ ORDER BY 1;
 -- name: gap_window
 -- Branch entries between two positions (inclusive), with what gap-safe compaction needs.
 SELECT b.position, e.entry_id, e.entry_type, e.role, e.is_source, coalesce(e.tokens_pi, 0), e.raw
-FROM branch_entries b JOIN entries e ON e.session_id = b.session_id AND e.entry_id = b.entry_id
-WHERE b.session_id = $session_id AND b.leaf_id = $leaf AND b.position BETWEEN $from_pos AND $to_pos
+FROM branch($session_id, $leaf) b JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+WHERE b.position BETWEEN $from_pos AND $to_pos
 ORDER BY b.position;
 
 -- name: source_tokens_between
 SELECT coalesce(sum(e.tokens_pi), 0)
-FROM branch_entries b JOIN entries e ON e.session_id = b.session_id AND e.entry_id = b.entry_id
-WHERE b.session_id = $session_id AND b.leaf_id = $leaf AND b.position BETWEEN $from_pos AND $to_pos AND e.is_source;
+FROM branch($session_id, $leaf) b JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+WHERE b.position BETWEEN $from_pos AND $to_pos AND e.is_source;
 
 -- name: leaf_of
-SELECT min(leaf_id), min(position) FROM branch_entries WHERE session_id = $session_id AND entry_id = $entry_id;
+-- A leaf below an entry (the smallest id) and the entry's position.
+SELECT min(l.entry_id), min(n.depth)
+FROM entry_tree n
+JOIN entry_tree l ON l.session_id = n.session_id AND l.is_leaf AND n.pre <= l.pre AND l.pre <= n.last
+WHERE n.session_id = $session_id AND n.entry_id = $entry_id;
 
 -- name: compaction_gaps_for
 SELECT * FROM compaction_gaps

@@ -1,14 +1,10 @@
--- The branch ending at any entry: its root-to-tip path with 0-based positions.
--- branch_entries holds every leaf's path; an interior tip is a prefix of any leaf path through it.
+-- The branch ending at any entry: its root-to-tip path with 0-based positions (an entry's position
+-- is its depth). An entry is on it when its preorder interval contains the tip's (entry_tree).
 CREATE OR REPLACE MACRO branch(p_session, p_tip) AS TABLE
-    WITH anchor AS (
-        SELECT leaf_id, position FROM branch_entries
-        WHERE session_id = p_session AND entry_id = p_tip
-        ORDER BY leaf_id LIMIT 1
-    )
-    SELECT b.position, b.entry_id
-    FROM branch_entries b JOIN anchor a ON b.leaf_id = a.leaf_id AND b.position <= a.position
-    WHERE b.session_id = p_session;
+    SELECT n.depth AS position, n.entry_id
+    FROM entry_tree n
+    JOIN entry_tree t ON t.session_id = p_session AND t.entry_id = p_tip AND n.pre <= t.pre AND t.pre <= n.last
+    WHERE n.session_id = p_session;
 
 -- Every entry of a branch with the columns most questions need.
 CREATE OR REPLACE MACRO branch_detail(p_session, p_tip) AS TABLE
@@ -19,12 +15,15 @@ CREATE OR REPLACE MACRO branch_detail(p_session, p_tip) AS TABLE
 
 -- The current branch of every session (to its last entry in file order, which may have children).
 CREATE OR REPLACE VIEW current_branches AS
-    WITH anchor AS (
-        SELECT s.session_id, s.leaf_id, min(b.leaf_id) AS via_leaf, min(b.position) AS tip_position
-        FROM sessions s
-        JOIN branch_entries b ON b.session_id = s.session_id AND b.entry_id = s.leaf_id
-        GROUP BY s.session_id, s.leaf_id
-    )
-    SELECT a.session_id, a.leaf_id, b.position, b.entry_id
-    FROM anchor a
-    JOIN branch_entries b ON b.session_id = a.session_id AND b.leaf_id = a.via_leaf AND b.position <= a.tip_position;
+    SELECT s.session_id, s.leaf_id, n.depth AS position, n.entry_id
+    FROM sessions s
+    JOIN entry_tree t ON t.session_id = s.session_id AND t.entry_id = s.leaf_id
+    JOIN entry_tree n ON n.session_id = s.session_id AND n.pre <= t.pre AND t.pre <= n.last;
+
+-- Every entry on every leaf's root-to-leaf path (one row per entry per leaf: large for sessions
+-- with many branches; filter by session_id and leaf_id).
+CREATE OR REPLACE VIEW branch_entries AS
+    SELECT l.session_id, l.entry_id AS leaf_id, n.depth AS position, n.entry_id
+    FROM entry_tree l
+    JOIN entry_tree n ON n.session_id = l.session_id AND n.pre <= l.pre AND l.pre <= n.last
+    WHERE l.is_leaf;

@@ -5,9 +5,7 @@
 
 -- C, how far the included observation records reach, and the raw messages in (C, p(F)).
 CREATE OR REPLACE MACRO compaction_gap(p_session, p_leaf, p_compaction_pos, p_compaction_seq, p_simulated, p_f_pos) AS TABLE
-    WITH b AS (
-        SELECT position, entry_id FROM branch_entries WHERE session_id = p_session AND leaf_id = p_leaf
-    ),
+    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_leaf)),
     recs AS (
         SELECT w.position AS wm_pos
         FROM ledger_records r
@@ -48,9 +46,14 @@ CREATE OR REPLACE VIEW compaction_gaps AS
                                                LIMIT 1)
                     ELSE NOT c.folded END AS empty_projection
         FROM compactions c
-        JOIN branch_entries b ON b.session_id = c.session_id AND b.entry_id = c.anchor_entry_id
-        LEFT JOIN branch_entries f
-               ON f.session_id = c.session_id AND f.leaf_id = b.leaf_id AND f.entry_id = c.first_kept_entry_id
+        -- b: the compaction entry, once per leaf below it
+        JOIN (SELECT a.session_id, a.entry_id, a.depth AS position, l.entry_id AS leaf_id, l.pre AS leaf_pre
+              FROM entry_tree a
+              JOIN entry_tree l ON l.session_id = a.session_id AND l.is_leaf AND a.pre <= l.pre AND l.pre <= a.last) b
+          ON b.session_id = c.session_id AND b.entry_id = c.anchor_entry_id
+        LEFT JOIN (SELECT session_id, entry_id, depth AS position, pre, last FROM entry_tree) f
+               ON f.session_id = c.session_id AND f.entry_id = c.first_kept_entry_id
+              AND f.pre <= b.leaf_pre AND b.leaf_pre <= f.last
     )
     SELECT o.session_id, o.leaf_id, o.compaction_id, o.origin, o.trigger, o.first_kept_entry_id,
            o.compaction_pos, coalesce(o.first_kept_pos, o.compaction_pos) AS first_kept_pos,
