@@ -31,7 +31,11 @@ def stage_of(body: dict) -> str:
 
 
 class ScriptedWorkers:
-    """A responder for FakeOpenAI. ``fail_every`` injects an HTTP 429 on every n-th request."""
+    """A responder for FakeOpenAI. ``fail_every`` injects an HTTP 429 on every n-th request, but never
+    on more than ``MAX_FAILS_IN_A_ROW`` requests of one stage in a row, so a stage always succeeds
+    within the retries the tests give it (otherwise concurrent stages could, rarely, exhaust them)."""
+
+    MAX_FAILS_IN_A_ROW = 2
 
     def __init__(self, fail_every: int = 0, delay: float = 0.0) -> None:
         self.fail_every = fail_every
@@ -42,17 +46,20 @@ class ScriptedWorkers:
         self.answered: list[str] = []  # stage key of every successful answer, in order
         self.asked_after_completion: list[str] = []  # stage keys asked again once computed
         self.failed = 0
+        self.fails_in_a_row: dict[str, int] = {}
 
     def __call__(self, body: dict) -> Reply:
+        key = stage_key(body)
         with self.lock:
             self.count += 1
-            n = self.count
-        if self.fail_every and n % self.fail_every == 0:
-            with self.lock:
+            fail = (self.fail_every and self.count % self.fail_every == 0
+                    and self.fails_in_a_row.get(key, 0) < self.MAX_FAILS_IN_A_ROW)
+            self.fails_in_a_row[key] = self.fails_in_a_row.get(key, 0) + 1 if fail else 0
+            if fail:
                 self.failed += 1
+        if fail:
             return Reply(status=429, delay=self.delay,
                          error_body={"error": {"message": "rate limited", "type": "rate_limit_error"}})
-        key = stage_key(body)
         messages = body["messages"]
         with self.lock:
             if key in self.completed:

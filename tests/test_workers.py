@@ -825,3 +825,32 @@ def test_cli_reflect_exits_non_zero_when_the_dropper_fails(server, tmp_path, db_
     assert "reflector: appended 1 item(s)" in result.output
     assert "dropper failed (permanent)" in result.output
     assert [r.id for r in memory(db_path).reflections] == [mid("A fresh durable conclusion.")]
+
+
+def test_a_result_computed_but_not_appended_is_appended_later_without_asking_again(server, tmp_path, db_path,
+                                                                                    monkeypatch):
+    """Exactly-once: the computed result is persisted before the append. If the append fails, the next
+    run appends the persisted result and makes no model call; the persisted copy goes with the append."""
+    import om_core.workers.stages as stages_module
+
+    load(story(), tmp_path, db_path)
+    server.add(tool_call("record_observations", {"observations": [item("User requires PostgreSQL 16.", [E[2]])]}),
+               text("Recorded."))
+
+    def failing_append(*args, **kwargs):
+        raise RuntimeError("the disk filled up during the append")
+
+    monkeypatch.setattr(stages_module, "append_record", failing_append)
+    with pytest.raises(RuntimeError):
+        observe_now(db_path, SID, None, config(server), Settings())
+    assert records(db_path) == [] and len(server.requests) == 2
+    assert rows(db_path, "SELECT stage FROM stage_results WHERE session_id = ?", [SID]) == [("observer",)]
+
+    monkeypatch.setattr(stages_module, "append_record", append_record)
+    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    assert (outcome.outcome, outcome.items) == ("recorded", 1)
+    assert "without calling the model again" in outcome.reason
+    assert len(server.requests) == 2  # no new model call
+    [(kind, covers, _, _, _)] = records(db_path)
+    assert (kind, covers) == (OBS, E[8])
+    assert rows(db_path, "SELECT count(*) FROM stage_results") == [(0,)]

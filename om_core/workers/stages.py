@@ -171,6 +171,9 @@ def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payloa
             "started_at": started_at,
         })
         _write_calls(con, outcome, stage_run_id, run_id)
+        if payload is not None and outcome.stage_key:
+            # a result persisted for this append is gone exactly when the append is there
+            con.execute(query("delete_stage_result"), {"session_id": outcome.session_id, "stage_key": outcome.stage_key})
 
 
 # ------------------------------------------------------------------ the three stages
@@ -321,8 +324,6 @@ def execute_stage(db: Any, req: StageRequest, brain: Brain, settings: Settings, 
             # persisted first, in its own transaction: a crash before the append does not pay twice
             con.execute(query("put_stage_result"), {**params, "stage": req.stage, "result": payload.model_dump_json()})
         record_outcome(con, outcome, payload, KINDS[req.stage], run_id, started)
-        if payload is not None:
-            con.execute(query("delete_stage_result"), params)
     return outcome
 
 
