@@ -103,26 +103,17 @@ def settings(model_concurrency: int) -> Settings:
 # ------------------------------------------------------------------ sessions
 
 
-def story(builder: SessionBuilder, turns: int, topic: str) -> None:
-    for i in range(turns):
-        builder.user(f"Step {i} of the {topic} work: please handle the next part carefully and report back. " * 3)
-        call = f"c{i}"
-        builder.assistant(f"Reading the {topic} module for step {i}.", tool_calls=[(call, "read", {"path": f"src/{topic}_{i}.py"})])
-        builder.tool_result(call, "read", f"def {topic}_{i}():\n    return {i}\n" * 12)
-        builder.assistant(f"Done with step {i} of {topic}: the function returns {i} and the tests pass. " * 2)
-
-
 def make_sessions(folder: Path, count: int) -> list[Path]:
     paths = []
     for n in range(count):
         b = SessionBuilder(session_id=f"{n:08x}-aaaa-bbbb-cccc-dddddddddddd",
                            start=f"2026-03-{1 + n % 28:02d}T{8 + n % 10:02d}:00:00")
         turns = 3 + (n * 7) % 10  # 3..12 turns, interleaved so long and short sessions alternate
-        story(b, turns, f"topic{n}")
+        b.work_turns(turns, f"topic{n}")
         if n % 5 == 1 and turns >= 4:  # a second branch: go back two turns and continue differently
             b.go(b.entries[-9]["id"])
             b.branch_summary("Tried another approach first; it was abandoned.")
-            story(b, 2, f"detour{n}")
+            b.work_turns(2, f"detour{n}")
         paths.append(b.write(folder / f"s{n:03d}.jsonl"))
     return paths
 

@@ -46,7 +46,7 @@ from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger
 from om_core.session import ParsedEntry, ParserState, RejectedLine, SessionHeader, SessionParser
 from om_core.sqlfiles import query
 from om_core.tokens import DEFAULT_ENCODING, TokenCounts, count_tokens
-from om_core.tree import Forest, build_forest
+from om_core.tree import Forest, TreeIntervals, build_forest
 
 BATCH_ENTRIES = 2000
 BATCH_BYTES = 1 << 20  # small batches: parsing and tokenizing overlap even in small files
@@ -824,7 +824,7 @@ class _FileIngest:
                                                     "entry_id": note.entry_id, "kind": note.kind,
                                                     "detail": note.detail})
             report.notes.append(f"{note.kind}: {note.entry_id} ({note.detail})")
-        store_tree(self.con, sid, forest)
+        tree = store_tree(self.con, sid, forest)
         header = state.header
         self.con.execute(query("upsert_session"), {
             **params,
@@ -832,7 +832,7 @@ class _FileIngest:
             "cwd": header.cwd,
             "started_at": header.timestamp,
             "parent_session": header.parentSession,
-            "leaf_count": len(forest.leaves()),
+            "leaf_count": sum(tree.is_leaf),
             "header": state.header_raw or header.model_dump_json(exclude_none=True),
         })
 
@@ -856,15 +856,16 @@ def _insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: pa.Tabl
             pass
 
 
-def store_tree(con: duckdb.DuckDBPyConnection, session_id: str, forest: Forest) -> None:
+def store_tree(con: duckdb.DuckDBPyConnection, session_id: str, forest: Forest) -> TreeIntervals:
     """Write a session's ``entry_tree`` rows (one per entry; its old rows are already gone)."""
     tree = forest.intervals()
     if not tree.entry_id:
-        return
+        return tree
     table = pa.table({"entry_id": pa.array(tree.entry_id, pa.string()), "depth": pa.array(tree.depth, pa.int32()),
                       "pre": pa.array(tree.pre, pa.int32()), "last": pa.array(tree.last, pa.int32()),
                       "is_leaf": pa.array(tree.is_leaf, pa.bool_())})
     _insert_arrow(con, "tree_batch", table, "insert_entry_tree", {"session_id": session_id})
+    return tree
 
 
 def rebuild_trees(con: duckdb.DuckDBPyConnection) -> int:

@@ -30,6 +30,7 @@ from om_core import db as dbmod
 from om_core.db import reading
 from om_core.gaps import CompactionGap, gaps
 from om_core.settings import Settings
+from om_core.sqlfiles import query
 
 GAP_CLASSES = ("cross_boundary", "observer_lag", "no_gap", "native_fallback")
 CLASS_COLORS = {"cross_boundary": "#d62728", "observer_lag": "#ff7f0e", "no_gap": "#2ca02c",
@@ -134,9 +135,7 @@ def _current_branch(con: duckdb.DuckDBPyConnection, report: SessionReport) -> No
     if leaf is None:
         return
     report.tip = leaf
-    rows = con.execute(
-        "SELECT position, ts, is_source, coalesce(tokens_pi, 0) FROM branch_detail(?, ?) ORDER BY position",
-        [sid, leaf]).fetchall()
+    rows = con.execute(query("report_branch"), {"session_id": sid, "tip": leaf}).fetchall()
     if not rows:
         return
     report.tip_position = rows[-1][0]
@@ -153,41 +152,16 @@ def _current_branch(con: duckdb.DuckDBPyConnection, report: SessionReport) -> No
     report.branch_source_tokens = total
 
 
-LEDGER_COUNTS = """
-SELECT count(*) FILTER (WHERE item_kind = 'observation'),
-       count(*) FILTER (WHERE item_kind = 'observation' AND NOT dropped),
-       count(*) FILTER (WHERE item_kind = 'observation' AND dropped),
-       count(*) FILTER (WHERE item_kind = 'reflection'),
-       coalesce(sum(token_count) FILTER (WHERE item_kind = 'observation' AND NOT dropped), 0),
-       coalesce(sum(token_count) FILTER (WHERE item_kind = 'reflection'), 0)
-FROM ledger_at(?, ?)
-"""
-
-
 def _memory_timeline(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
     if report.tip is None:
         return
-    anchors = con.execute(
-        "SELECT DISTINCT anchor_pos, anchor_entry_id FROM branch_records(?, ?) ORDER BY anchor_pos",
-        [report.sid, report.tip]).fetchall()
-    for position, entry_id in anchors:
-        row = con.execute(LEDGER_COUNTS, [report.sid, entry_id]).fetchone()
-        report.timeline.append(MemoryPoint(position, entry_id, int(row[0]), int(row[1]), int(row[2]), int(row[3]),
-                                           float(row[4]), float(row[5])))
-
-
-CALLS_BY_STAGE = """
-SELECT coalesce(stage, '(none)') AS stage, count(*), count(*) FILTER (WHERE status <> 'ok'),
-       coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), coalesce(sum(cached_tokens), 0),
-       sum(cost), count(*) FILTER (WHERE cost IS NULL AND coalesce(input_tokens, 0) + coalesce(output_tokens, 0) > 0),
-       string_agg(DISTINCT model, ', ' ORDER BY model)
-FROM llm_calls WHERE session_id = ?
-GROUP BY ALL ORDER BY stage
-"""
+    for row in con.execute(query("report_memory_timeline"), {"session_id": report.sid, "tip": report.tip}).fetchall():
+        report.timeline.append(MemoryPoint(row[0], row[1], int(row[2]), int(row[3]), int(row[4]), int(row[5]),
+                                           float(row[6]), float(row[7])))
 
 
 def _model_calls(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
-    for row in con.execute(CALLS_BY_STAGE, [report.sid]).fetchall():
+    for row in con.execute(query("report_calls_by_stage"), {"session_id": report.sid}).fetchall():
         report.calls_by_stage.append(CallStats(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4]),
                                                int(row[5]), None if row[6] is None else float(row[6]), int(row[7]),
                                                row[8] or ""))
@@ -377,6 +351,17 @@ def _legend(items: list[tuple[str, str, str | None, str]], x0: float, y0: float,
     return "".join(parts), (y - y0) + 18
 
 
+def _chart_frame(css_class: str, width: float, height: float, title: str, legend_svg: str,
+                 left: float, top: float, plot_w: float, plot_h: float) -> list[str]:
+    """The opening of every chart: the svg element, its title, the legend and the plot background."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="{esc(css_class)}" width="{width}" '
+            f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">',
+            f'<title>{esc(title)}</title>',
+            f'<text x="{left}" y="24" class="chart-title">{esc(title)}</text>',
+            legend_svg,
+            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="plot-bg"/>']
+
+
 def line_chart(*, title: str, y_label: str, x_label: str, x_max: float, series: Sequence[Series],
                hlines: Sequence[HLine] = (), markers: Sequence[Marker] = (),
                time_of: Callable[[int], str] | None = None, integer_y: bool = False,
@@ -416,12 +401,7 @@ def line_chart(*, title: str, y_label: str, x_label: str, x_max: float, series: 
     def sy(y: float) -> float:
         return top + plot_h * (1 - y / y_max)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{esc(css_class)}" width="{width}" '
-           f'height="{total_height}" viewBox="0 0 {width} {total_height}" role="img" aria-label="{esc(title)}">',
-           f'<title>{esc(title)}</title>',
-           f'<text x="{left}" y="24" class="chart-title">{esc(title)}</text>',
-           legend_svg,
-           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="plot-bg"/>']
+    out = _chart_frame(css_class, width, total_height, title, legend_svg, left, top, plot_w, plot_h)
     # y grid and ticks
     for value in ticks(0, y_max, 5, integer_y):
         y = sy(value)
@@ -510,11 +490,7 @@ def bar_chart(*, title: str, rows: Sequence[tuple[str, Sequence[float]]], segmen
     def sx(v: float) -> float:
         return left + plot_w * (v / x_max)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">',
-           f'<title>{esc(title)}</title>',
-           f'<text x="{left}" y="24" class="chart-title">{esc(title)}</text>', legend_svg,
-           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="plot-bg"/>']
+    out = _chart_frame("chart", width, height, title, legend_svg, left, top, plot_w, plot_h)
     for value in ticks(0, x_max, 6, integer_x):
         x = sx(value)
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" class="grid"/>')

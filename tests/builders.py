@@ -134,6 +134,16 @@ class SessionBuilder:
 
     # -------------------------------------------------------------- output
 
+    def work_turns(self, turns: int, topic: str) -> None:
+        """``turns`` rounds of coding work: a request, a tool call, its result, and a closing answer."""
+        for i in range(turns):
+            self.user(f"Step {i} of the {topic} work: please handle the next part carefully and report back. " * 3)
+            call = f"c{i}"
+            self.assistant(f"Reading the {topic} module for step {i}.",
+                           tool_calls=[(call, "read", {"path": f"src/{topic}_{i}.py"})])
+            self.tool_result(call, "read", f"def {topic}_{i}():\n    return {i}\n" * 12)
+            self.assistant(f"Done with step {i} of {topic}: the function returns {i} and the tests pass. " * 2)
+
     def lines(self) -> list[str]:
         return [json.dumps(self.header)] + [json.dumps(e, ensure_ascii=False) for e in self.entries]
 

@@ -43,6 +43,34 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 
+@pytest.fixture
+def isolated_home(monkeypatch, tmp_path: Path) -> None:
+    """No settings, model or database from the developer's machine reach the code under test: an
+    empty HOME, the test's own cwd, and no OM_* variables."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("OM_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """One fake model server for the whole run: stopping one costs half a second (its poll interval)."""
+    from fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def server(shared_server):
+    """The shared fake model server, with nothing scripted and no requests seen."""
+    shared_server.reset()
+    return shared_server
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """Prefect's test harness, started once per test session (it takes 10-25 s to start)."""

@@ -60,6 +60,14 @@ class FakeOpenAI:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
+    def reset(self) -> None:
+        """Forget replies, requests and any responder: a clean server for the next test."""
+        with self.lock:
+            self.replies.clear()
+            self.requests.clear()
+            self.responder = None
+            self.default = None
+
     # ---------------------------------------------------------- lifecycle
 
     def __enter__(self) -> FakeOpenAI:

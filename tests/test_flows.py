@@ -31,25 +31,16 @@ SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "30
 FAST_RETRIES = {"retries": 5, "retry_delay_seconds": [0.02, 0.05, 0.1, 0.2, 0.4], "retry_jitter_factor": 0.5}
 
 
-def story(builder: SessionBuilder, turns: int, topic: str) -> None:
-    for i in range(turns):
-        builder.user(f"Step {i} of the {topic} work: please handle the next part carefully and report back. " * 3)
-        call = f"c{i}"
-        builder.assistant(f"Reading the {topic} module for step {i}.", tool_calls=[(call, "read", {"path": f"src/{topic}_{i}.py"})])
-        builder.tool_result(call, "read", f"def {topic}_{i}():\n    return {i}\n" * 12)
-        builder.assistant(f"Done with step {i} of {topic}: the function returns {i} and the tests pass. " * 2)
-
-
 def make_sessions(folder: Path, count: int = 4) -> list[Path]:
     paths = []
     for n in range(count):
         b = SessionBuilder(session_id=f"0000000{n}-aaaa-bbbb-cccc-dddddddddddd", start=f"2026-03-0{n + 1}T09:00:00")
-        story(b, 6 + n, f"topic{n}")
+        b.work_turns(6 + n, f"topic{n}")
         if n == 1:  # a branch: go back two turns and continue differently
             fork = b.entries[-9]["id"]
             b.go(fork)
             b.branch_summary("Tried another approach first; it was abandoned.")
-            story(b, 3, "detour")
+            b.work_turns(3, "detour")
         paths.append(b.write(folder / f"s{n}.jsonl"))
     return paths
 

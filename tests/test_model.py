@@ -34,23 +34,6 @@ def make_model(server: FakeOpenAI | None, *, base: str | None = None, attempts: 
                         record=(records.append if records is not None else None), **kw)
 
 
-@pytest.fixture(scope="module")
-def shared_server():
-    """One server for the module: stopping a server costs half a second (its poll interval)."""
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
-def server(shared_server):
-    with shared_server.lock:
-        shared_server.replies.clear()
-        shared_server.requests.clear()
-        shared_server.responder = None
-        shared_server.default = None
-    return shared_server
-
-
 def closed_port_url() -> str:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -29,14 +29,7 @@ RELEVANCE_ORDER = {"low": 0, "medium": 1, "high": 2, "critical": 3}
 COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(tmp_path)
-    for name in ("OM_DB", "OM_MODEL", "OM_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_home")
 
 
 def invoke(args: list[str]):

@@ -150,22 +150,6 @@ def test_redact_messages_covers_text_parts_and_tool_arguments():
 # ------------------------------------------------------------------ end to end through the fake server
 
 
-@pytest.fixture(scope="module")
-def shared_server():
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
-def server(shared_server):
-    with shared_server.lock:
-        shared_server.replies.clear()
-        shared_server.requests.clear()
-        shared_server.responder = None
-        shared_server.default = None
-    return shared_server
-
-
 def config(server: FakeOpenAI) -> ModelConfig:
     return ModelConfig(model="openai/fake-model", api_base=server.base_url,
                        retry=RetryPolicy(attempts=1, base_seconds=0.001))

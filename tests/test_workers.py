@@ -45,33 +45,7 @@ def pi_tokens(line: str) -> int:
 # ------------------------------------------------------------------ fixtures and helpers
 
 
-@pytest.fixture(scope="module")
-def shared_server():
-    """One server per module: stopping a server costs its half-second poll interval."""
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
-def server(shared_server):
-    with shared_server.lock:
-        shared_server.replies.clear()
-        shared_server.requests.clear()
-        shared_server.responder = None
-        shared_server.default = None
-    return shared_server
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """No settings or model from the developer's machine reach the CLI."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(tmp_path)
-    for name in ("OM_DB", "OM_MODEL", "OM_API_BASE", "OM_API_KEY", "OM_AGENT_MAX_TURNS", "OM_REDACT_SECRETS",
-                 "OM_OBSERVER_CHUNK_MAX_TOKENS"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_home")
 
 
 def config(server: FakeOpenAI, attempts: int = 1) -> ModelConfig:

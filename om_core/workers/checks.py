@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from om_core.ledger import RELEVANCE_ORDER, Observation, Reflection, memory_id
 from om_core.prompts import TRUNCATION_MARKER
@@ -57,8 +57,55 @@ def _items(args: Any, key: str) -> tuple[list[Any] | None, str | None]:
     return args[key], None
 
 
+class _Rejected(Exception):
+    """One proposed item is not valid; the message is the receipt's reason."""
+
+
+def _content(item: Any, single_line: bool = False) -> str:
+    """The item's content, stripped and capped (SPEC §8), or a rejection."""
+    if not isinstance(item, dict):
+        raise _Rejected("not an object")
+    content = item.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise _Rejected("content must be non-empty text")
+    content = content.strip()
+    if single_line and ("\n" in content or "\r" in content):
+        raise _Rejected("content must be a single line")
+    if len(content) > MAX_CONTENT_CHARS:
+        content = content[:MAX_CONTENT_CHARS] + TRUNCATION_MARKER
+    return content
+
+
+class _ItemCheck:
+    """One receipt line per proposed item; ``_one`` accepts an item or raises ``_Rejected``."""
+
+    tool: ClassVar[str]
+    key: ClassVar[str]
+    rejected: int
+
+    def submit(self, args: Any) -> str:
+        items, problem = _items(args, self.key)
+        if problem:
+            self.rejected += 1
+            return f"rejected: {problem}"
+        lines = [f"{n}. {self._receipt(item)}" for n, item in enumerate(items, start=1)]
+        return f"{self.tool} receipt:\n" + ("\n".join(lines) if lines else f"(no {self.key} given)")
+
+    def _receipt(self, item: Any) -> str:
+        try:
+            return self._one(item)
+        except _Rejected as exc:
+            self.rejected += 1
+            return f"rejected: {exc}"
+
+    def _one(self, item: Any) -> str:
+        raise NotImplementedError
+
+
 @dataclass
-class ObservationCheck:
+class ObservationCheck(_ItemCheck):
+    tool: ClassVar[str] = "record_observations"
+    key: ClassVar[str] = "observations"
     chunk_ids: set[str]
     known_ids: set[str]
     count_tokens: TokenCounter = pi_token_counter
@@ -66,44 +113,21 @@ class ObservationCheck:
     duplicates: int = 0
     rejected: int = 0
 
-    def submit(self, args: Any) -> str:
-        items, problem = _items(args, "observations")
-        if problem:
-            self.rejected += 1
-            return f"rejected: {problem}"
-        lines = []
-        for n, item in enumerate(items, start=1):
-            lines.append(f"{n}. {self._one(item)}")
-        return "record_observations receipt:\n" + ("\n".join(lines) if lines else "(no observations given)")
-
     def _one(self, item: Any) -> str:
-        if not isinstance(item, dict):
-            self.rejected += 1
-            return "rejected: not an object"
-        content = item.get("content")
-        if not isinstance(content, str) or not content.strip():
-            self.rejected += 1
-            return "rejected: content must be non-empty text"
-        content = content.strip()
-        if len(content) > MAX_CONTENT_CHARS:
-            content = content[:MAX_CONTENT_CHARS] + TRUNCATION_MARKER
+        content = _content(item)
         timestamp = _timestamp(item.get("timestamp"))
         if timestamp is None:
-            self.rejected += 1
-            return "rejected: timestamp must be YYYY-MM-DD HH:MM"
+            raise _Rejected("timestamp must be YYYY-MM-DD HH:MM")
         relevance = item.get("relevance")
         relevance = relevance.strip().lower() if isinstance(relevance, str) else relevance
         if relevance not in RELEVANCE_ORDER:
-            self.rejected += 1
-            return "rejected: relevance must be low, medium, high or critical"
+            raise _Rejected("relevance must be low, medium, high or critical")
         sources = _id_list(item.get("sourceEntryIds"))
         if sources is None:
-            self.rejected += 1
-            return "rejected: sourceEntryIds must be a non-empty list of entry ids"
+            raise _Rejected("sourceEntryIds must be a non-empty list of entry ids")
         outside = [s for s in sources if s not in self.chunk_ids]
         if outside:
-            self.rejected += 1
-            return f"rejected: sourceEntryIds {', '.join(outside)} are not entries of this chunk"
+            raise _Rejected(f"sourceEntryIds {', '.join(outside)} are not entries of this chunk")
         obs_id = memory_id(content)
         if obs_id in self.known_ids or any(o.id == obs_id for o in self.accepted):
             self.duplicates += 1
@@ -115,7 +139,9 @@ class ObservationCheck:
 
 
 @dataclass
-class ReflectionCheck:
+class ReflectionCheck(_ItemCheck):
+    tool: ClassVar[str] = "record_reflections"
+    key: ClassVar[str] = "reflections"
     active_ids: set[str]
     existing_ids: set[str]
     count_tokens: TokenCounter = pi_token_counter
@@ -123,36 +149,14 @@ class ReflectionCheck:
     duplicates: int = 0
     rejected: int = 0
 
-    def submit(self, args: Any) -> str:
-        items, problem = _items(args, "reflections")
-        if problem:
-            self.rejected += 1
-            return f"rejected: {problem}"
-        lines = [f"{n}. {self._one(item)}" for n, item in enumerate(items, start=1)]
-        return "record_reflections receipt:\n" + ("\n".join(lines) if lines else "(no reflections given)")
-
     def _one(self, item: Any) -> str:
-        if not isinstance(item, dict):
-            self.rejected += 1
-            return "rejected: not an object"
-        content = item.get("content")
-        if not isinstance(content, str) or not content.strip():
-            self.rejected += 1
-            return "rejected: content must be non-empty text"
-        content = content.strip()
-        if "\n" in content or "\r" in content:
-            self.rejected += 1
-            return "rejected: content must be a single line"
-        if len(content) > MAX_CONTENT_CHARS:
-            content = content[:MAX_CONTENT_CHARS] + TRUNCATION_MARKER
+        content = _content(item, single_line=True)
         support = _id_list(item.get("supportingObservationIds"))
         if support is None:
-            self.rejected += 1
-            return "rejected: supportingObservationIds must be a non-empty list of observation ids"
+            raise _Rejected("supportingObservationIds must be a non-empty list of observation ids")
         inactive = [s for s in support if s not in self.active_ids]
         if inactive:
-            self.rejected += 1
-            return f"rejected: {', '.join(inactive)} are not active observations"
+            raise _Rejected(f"{', '.join(inactive)} are not active observations")
         refl_id = memory_id(content)
         if refl_id in self.existing_ids or any(r.id == refl_id for r in self.accepted):
             self.duplicates += 1
