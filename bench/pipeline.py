@@ -28,9 +28,11 @@ What it does:
    this process) to show where the time goes: time waiting for and holding
    ``om_core.db.SharedDatabase``'s lock, time inside ``execute_stage``, Prefect's cost per stage task
    (the task call minus ``execute_stage``), replay work between stages, litellm's latency per call
-   beyond the 200 ms, and the session tasks' spread. Then two baselines at the same concurrency:
-   bare ``litellm.completion`` calls to the same fake server (litellm's own overhead) and a Prefect
-   flow of session tasks calling stage tasks that only sleep 200 ms (Prefect's own overhead).
+   beyond the 200 ms, and the session tasks' spread. Then baselines at the same concurrency: bare
+   ``litellm.completion`` calls to the same fake server (litellm's own overhead), a Prefect flow of
+   session tasks calling stage tasks that only sleep 200 ms (Prefect's own overhead), and the same
+   flow whose stage tasks make the run's litellm calls with no DuckDB work at all (the ceiling this
+   design reaches on this machine if the ledger cost nothing).
 
 Usage (from the repository root):
 
@@ -511,6 +513,58 @@ def bare_prefect(stage_tasks: int, sessions: int, concurrency: int, delay: float
             "efficiency": ideal / wall, "overhead_ms_per_task": 1000 * (wall * concurrency - stage_tasks * delay) / stage_tasks}
 
 
+def prefect_with_litellm(stage_tasks: int, calls: int, sessions: int, concurrency: int,
+                         delay: float = DELAY) -> dict[str, Any]:
+    """The pipeline's shape and model calls without any DuckDB work: session tasks on a thread pool
+    calling their stage tasks in order, each stage task making its share of the run's litellm calls
+    to the fake server. This is the ceiling the flow could reach on this machine if the ledger reads
+    and writes cost nothing."""
+    import litellm
+    from prefect import flow, task
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    body_text = "x " * 2000
+    reply = Reply(tool_calls=[("record_observations", {"observations": []})], delay=delay)
+    with FakeOpenAI(default=reply) as server:
+        def call() -> None:
+            litellm.completion(model="openai/fake-model", api_base=server.base_url, api_key="not-needed",
+                               messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": body_text}],
+                               num_retries=0, max_retries=0, timeout=60)
+
+        @task(name="litellm-stage", persist_result=False)
+        def litellm_stage(n: int) -> None:
+            for _ in range(n):
+                call()
+
+        @task(name="litellm-session", persist_result=False)
+        def litellm_session(per_stage: list[int]) -> int:
+            for n in per_stage:
+                litellm_stage(n)
+            return sum(per_stage)
+
+        @flow(name="bench-prefect-litellm", task_runner=ThreadPoolTaskRunner(max_workers=concurrency),
+              validate_parameters=False)
+        def shaped(plan: list[list[int]]) -> int:
+            return sum(f.result() for f in [litellm_session.submit(stages) for stages in plan])
+
+        # stage tasks spread over sessions, calls spread over stage tasks, both as evenly as possible
+        per_session = [stage_tasks // sessions + (1 if i < stage_tasks % sessions else 0) for i in range(sessions)]
+        per_task = [calls // stage_tasks + (1 if i < calls % stage_tasks else 0) for i in range(stage_tasks)]
+        plan, k = [], 0
+        for n in per_session:
+            plan.append(per_task[k:k + n])
+            k += n
+        shaped([[1]])  # warm-up
+        c0 = cpu_seconds()[0]
+        t0 = time.perf_counter()
+        shaped(plan)
+        wall = time.perf_counter() - t0
+        cpu = cpu_seconds()[0] - c0
+    ideal = max(calls * delay / concurrency, max(sum(p) for p in plan) * delay)
+    return {"stage_tasks": stage_tasks, "calls": calls, "sessions": sessions, "wall_seconds": wall,
+            "ideal_seconds": ideal, "efficiency": ideal / wall, "cpu_ms_per_call": 1000 * cpu / calls}
+
+
 # ------------------------------------------------------------------ output
 
 
@@ -598,6 +652,11 @@ def print_report(out: dict[str, Any]) -> None:
         print(f"Bare Prefect ({b['sessions']} session tasks calling {b['stage_tasks']} sleep-200ms stage tasks): "
               f"wall {b['wall_seconds']:.2f} s, ideal {b['ideal_seconds']:.2f} s, efficiency {pct(b['efficiency'])}, "
               f"overhead {b['overhead_ms_per_task']:.1f} ms per task")
+    if out.get("prefect_with_litellm"):
+        b = out["prefect_with_litellm"]
+        print(f"Prefect + litellm, no DuckDB ({b['sessions']} session tasks, {b['stage_tasks']} stage tasks making "
+              f"{b['calls']} calls): wall {b['wall_seconds']:.2f} s, ideal {b['ideal_seconds']:.2f} s, "
+              f"efficiency {pct(b['efficiency'])}, CPU {b['cpu_ms_per_call']:.1f} ms per call (this process)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -659,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
                 out["db_solo"] = db_solo(paths[:8], work / "solo.duckdb")
                 log("baseline: bare Prefect…")
                 out["bare_prefect"] = bare_prefect(round(median["stage_tasks"]), args.sessions, args.concurrency)
+                log("baseline: Prefect + litellm without DuckDB…")
+                out["prefect_with_litellm"] = prefect_with_litellm(round(median["stage_tasks"]), round(median["model_calls"]),
+                                                                   args.sessions, args.concurrency)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

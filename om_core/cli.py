@@ -255,16 +255,23 @@ def _print_recall(result) -> None:
     flags = [f for f, on in (("collision", result.collision), ("partial", result.partial)) if on]
     out.print(f"[bold]{result.id}[/]: {result.kind}" + (f" ({', '.join(flags)})" if flags else "")
               + f" in {', '.join(result.sessionIds)}")
+    def exact(text: str) -> None:
+        # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
+        out.file.write(text + "\n")
+        out.file.flush()
+
     for r in result.reflections:
-        out.print(f"\n[bold]reflection[/] {escape(f'[{r.id}] {r.content}')}", highlight=False)
+        out.print("\n[bold]reflection[/] ", end="")
+        exact(f"[{r.id}] {r.content}")
         out.print(f"  supported by {', '.join(r.supportingObservationIds)}")
     for o in result.observations:
         label = "observation" if o.matched else "supporting observation"
-        line = f"({o.status}) [{o.id}] {o.timestamp} [{o.relevance}] {o.content}"
-        out.print(f"\n[bold]{label}[/] {escape(line)}", highlight=False)
+        out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
+        exact(f"[{o.id}] {o.timestamp} [{o.relevance}] {o.content}")
         for src in o.sources:
-            out.print(f"  [dim]{src.entryId} {src.role} @ {src.timestamp}[/]")
-            out.print("    " + src.text.replace("\n", "\n    "), markup=False, highlight=False)
+            # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
+            out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} @ {escape(src.timestamp or '')}[/]")
+            exact(src.text)
         if o.missingSourceEntryIds:
             out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
         if o.nonSourceEntryIds:

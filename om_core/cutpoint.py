@@ -89,13 +89,20 @@ def find_cut_point(entries: Sequence[BranchEntry], start: int, end: int, keep_re
     return cut_index, turn_start, turn_start != -1
 
 
-def compaction_cut_point(branch: Sequence[BranchEntry], keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS) -> CutPoint:
-    """The cut point Pi's prepareCompaction picks when compacting at the end of ``branch``."""
+def compaction_cut_point(branch: Sequence[BranchEntry], keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS,
+                         after: int | None = None) -> CutPoint:
+    """The cut point Pi's prepareCompaction picks when compacting at the end of ``branch``.
+
+    ``after``: the position of a compaction that is not an entry of ``branch`` (a simulated one,
+    which Pi would have written right after that position); it bounds the cut like an entry would.
+    """
     if not branch:
         raise NothingToCompact("the branch is empty")
-    if branch[-1].entry_type == "compaction":
+    if branch[-1].entry_type == "compaction" or after == len(branch) - 1:
         raise NothingToCompact("the branch already ends with a compaction")
     previous = max((i for i, e in enumerate(branch) if e.entry_type == "compaction"), default=-1)
+    if after is not None:
+        previous = max(previous, after)
     first_kept, turn_start, split = find_cut_point(branch, previous + 1, len(branch), keep_recent_tokens)
     return CutPoint(
         firstKeptEntryId=branch[first_kept].entry_id,

@@ -24,6 +24,7 @@ from om_core import db as dbmod
 from om_core.catalog import resolve_session
 from om_core.errors import InvalidArgument
 from om_core.ledger import RECORD_MODELS
+from om_core.session import JS_WHITESPACE
 from om_core.sqlfiles import query
 
 
@@ -99,7 +100,7 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
     chains: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         chains[record["anchor"]].append(record)
-    header = json.loads(header_raw)
+    header = json.loads(header_raw.lstrip(JS_WHITESPACE))  # as written, a leading BOM included
     header["version"] = 3
     lines = [_dumps(header)]
     relinked = 0

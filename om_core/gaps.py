@@ -59,17 +59,22 @@ class _Row:
 
 
 def _call_position(rows: dict[int, _Row], result: _Row) -> int | None:
-    """Where the assistant message that made a tool result's call sits (searching backwards)."""
+    """Where the assistant message that made a tool result's call sits (searching backwards).
+
+    Fallback when no assistant message names the call (an orphan result): the nearest earlier
+    assistant message, since a tool result is never a valid place for F (pi-sessions.md §2.3)."""
     call_id = json.loads(result.raw).get("message", {}).get("toolCallId")
+    nearest = None
     for position in range(result.position - 1, -1, -1):
         row = rows.get(position)
         if row is None:
-            return None
+            break
         if row.entry_type == "message" and row.role == "assistant":
+            nearest = position if nearest is None else nearest
             content = json.loads(row.raw).get("message", {}).get("content") or []
             if any(isinstance(b, dict) and b.get("type") == "toolCall" and b.get("id") == call_id for b in content):
                 return position
-    return None
+    return nearest
 
 
 def gap_safe_position(rows: dict[int, _Row], watermarks: list[int], f_pos: int) -> int:

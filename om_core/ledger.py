@@ -137,6 +137,14 @@ class FoldedDetails(_Wire):
     observations: list[Observation]
     reflections: list[Reflection]
 
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_the_number_one(cls, value: Any) -> Any:
+        # the extension checks `version === 1`: the JSON number 1 (1.0 alike), never `true`
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 1:
+            raise ValueError("version must be the number 1")
+        return 1
+
 
 RECORD_MODELS: dict[str, type[_Wire]] = {
     OBSERVATIONS_RECORDED: ObservationsRecorded,

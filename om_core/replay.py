@@ -40,6 +40,7 @@ class ReplayEntry:
     tokens: int
     is_source: bool
     first_kept_entry_id: str | None
+    extension_folded: bool = False  # a compaction the extension already folded (valid om.folded details)
 
     def cut(self) -> BranchEntry:
         return BranchEntry(self.entry_id, self.entry_type or "", self.role, self.tokens_pi)
@@ -70,6 +71,8 @@ def replay_events(branch: list[ReplayEntry]) -> list[Event]:
             events.add(Event(users[k] - 1 if k < len(users) else n - 1, "settled"))
         elif entry.entry_type == "compaction" and i > 0:
             events.add(Event(i, "archive_compaction"))
+    if n:
+        events.add(Event(n - 1, "settled"))  # the agent has settled at the end of the branch in any case
     return sorted(events, key=lambda e: (e.position, _KIND_ORDER[e.kind]))
 
 
@@ -122,13 +125,13 @@ class BranchReplayer:
             self.branch = [ReplayEntry(*row) for row in rows]
             params = {"session_id": self.session_id, "tip": self.leaf}
             changes = {r[0] for r in con.execute(query("ledger_anchor_positions"), params).fetchall()}
-            changes |= {r[0] for r in con.execute(query("compaction_anchor_positions"), params).fetchall()}
+            compactions = con.execute(query("compaction_anchor_positions"), params).fetchall()
             empty = con.execute(query("empty_runs"), params).fetchall()
-        self.changes = sorted(changes)
+        self.changes = sorted(changes | {position for position, _ in compactions})
+        # simulated compactions (this run's and earlier runs'): each bounds the cut points after it
+        self.simulated_at = sorted(position for position, simulated in compactions if simulated)
         self.position = {e.entry_id: e.position for e in self.branch}
-        self.empty_runs: dict[str, list[int]] = {"observer": [], "reflector": []}
-        for stage, position in empty:
-            self.empty_runs[stage].append(position)
+        self.empty_runs: list[int] = [position for (position,) in empty]  # the observer's
         use_tiktoken = self.settings.tokenCounter == "tiktoken"
         self.prefix = [0]
         for e in self.branch:
@@ -161,19 +164,17 @@ class BranchReplayer:
                            for name, c in read.items()}
         return {name: self.tokens_between(start, t) for name, start in self._clock_from.items()}
 
-    def backoff_holds(self, stage: str, t: int) -> bool:
-        """After a deliberate empty run, wait for another threshold's worth of source (SPEC §8 for the
-        observer; the reflector gets the same courtesy so an empty answer is not asked again each turn)."""
-        runs = self.empty_runs[stage]
-        k = bisect.bisect_right(runs, t)
+    def backoff_holds(self, t: int) -> bool:
+        """After the observer's deliberate empty run, wait for another observeAfterTokens of source
+        (SPEC §9; the reflector has no such backoff: it is asked again while its clock is due)."""
+        k = bisect.bisect_right(self.empty_runs, t)
         if k == 0:
             return False
-        empty_at = runs[k - 1]  # the latest empty run at or before t
-        watermark = self._marks.get(stage)
+        empty_at = self.empty_runs[k - 1]  # the latest empty run at or before t
+        watermark = self._marks.get("observer")
         if watermark is not None and watermark >= empty_at:
             return False
-        threshold = self.settings.observeAfterTokens if stage == "observer" else self.settings.reflectAfterTokens
-        return self.tokens_between(empty_at + 1, t) < threshold
+        return self.tokens_between(empty_at + 1, t) < self.settings.observeAfterTokens
 
     # ---------------------------------------------------------------- running
 
@@ -182,19 +183,19 @@ class BranchReplayer:
         report.count(outcome)
         if outcome.ledger_id:
             self._changed(t)
-        if outcome.outcome == "empty" and stage in ("observer", "reflector"):
-            bisect.insort(self.empty_runs[stage], t)
+        if outcome.outcome == "empty" and stage == "observer":
+            bisect.insort(self.empty_runs, t)
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
                        "stage": stage, "outcome": outcome.outcome})
         return outcome
 
     def _observe_reflect_drop(self, report: BranchReport, t: int) -> None:
         clock = self.clocks(t)
-        if clock["observer"] >= self.settings.observeAfterTokens and not self.backoff_holds("observer", t):
+        if clock["observer"] >= self.settings.observeAfterTokens and not self.backoff_holds(t):
             if self._stage(report, t, "observer").outcome == "failed":
                 return  # a failure skips the later stages of this turn
             clock = self.clocks(t)
-        if clock["reflector"] >= self.settings.reflectAfterTokens and not self.backoff_holds("reflector", t):
+        if clock["reflector"] >= self.settings.reflectAfterTokens:
             self._reflect_then_drop(report, t)
 
     def _reflect_then_drop(self, report: BranchReport, t: int) -> None:
@@ -212,6 +213,8 @@ class BranchReplayer:
             report.compactions += 1
             report.native_fallbacks += int(result.native_fallback)
             self._changed(t)
+            if t not in self.simulated_at:
+                bisect.insort(self.simulated_at, t)
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
                        "stage": "compaction", "outcome": "native_fallback" if result.native_fallback else "folded"})
 
@@ -225,15 +228,19 @@ class BranchReplayer:
         for event in events:
             t = event.position
             if event.kind == "archive_compaction":
-                # the ledger as it stood when Pi compacted: records anchored before the entry
+                # The ledger as it stood when Pi compacted: records anchored before the entry. A
+                # compaction the extension folded itself already holds what the agent saw.
                 first_kept = self.branch[t].first_kept_entry_id
-                if first_kept is not None and self.position.get(first_kept, t) < t:
+                if (first_kept is not None and self.position.get(first_kept, t) < t
+                        and not self.branch[t].extension_folded):
                     self._compact(report, t, t - 1, first_kept, "archive")
             elif event.kind == "turn_end":
                 self._observe_reflect_drop(report, t)
             elif self.clocks(t)["compaction"] >= self.settings.compact_threshold:
+                k = bisect.bisect_right(self.simulated_at, t)
                 try:
-                    cut = compaction_cut_point([e.cut() for e in self.branch[: t + 1]], self.settings.keepRecentTokens)
+                    cut = compaction_cut_point([e.cut() for e in self.branch[: t + 1]], self.settings.keepRecentTokens,
+                                               after=self.simulated_at[k - 1] if k else None)
                 except NothingToCompact:
                     continue
                 self._compact(report, t, t, cut.firstKeptEntryId, "proactive")

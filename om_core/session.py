@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,8 @@ from om_core.tokens import SOURCE_ROLES, estimate_message_tokens, message_text_p
 
 SOURCE_ENTRY_TYPES = frozenset({"message", "custom_message", "branch_summary"})
 CURRENT_VERSION = 3
+# What JavaScript's String.prototype.trim() removes (Pi trims the whole file before splitting it).
+JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000\ufeff"
 
 
 class SessionHeader(BaseModel):
@@ -37,9 +41,12 @@ class SessionHeader(BaseModel):
     timestamp: str | None = None
     cwd: str | None = None
     parentSession: str | None = None
+    level: int | None = None  # 1, 2 or 3: the version Pi's migrations treat the file as
 
     @property
     def file_version(self) -> int:
+        if self.level is not None:
+            return self.level
         return self.version if isinstance(self.version, int) and self.version >= 1 else 1
 
 
@@ -56,6 +63,40 @@ def _integral(value: Any) -> int | None:
     return int(value)
 
 
+_JS_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _js_number(value: Any) -> float:
+    """JavaScript's Number(value) for what a JSON header can hold (NaN for what it cannot read)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip(JS_WHITESPACE)
+        if not text:
+            return 0.0
+        if _JS_NUMBER.fullmatch(text):
+            return float(text)
+        if re.fullmatch(r"0[xX][0-9a-fA-F]+", text):
+            return float(int(text, 16))
+        if text.lstrip("+-") == "Infinity":
+            return float("-inf") if text.startswith("-") else float("inf")
+        return math.nan
+    if isinstance(value, list) and len(value) <= 1:
+        return _js_number(value[0] if value else "") if not value or not isinstance(value[0], (list, dict)) else math.nan
+    return math.nan
+
+
+def migration_level(version: Any) -> int:
+    """Which of Pi's migrations run (pi-sessions.md §1.5): `version ?? 1`, then `< 2` and `< 3`
+    compared as JavaScript does, so 2.5 gets only v2→v3, "3" none, and true both."""
+    number = 1.0 if version is None else _js_number(version)
+    if math.isnan(number) or number >= 3:
+        return 3
+    return 1 if number < 2 else 2
+
+
 def header_from(obj: Any) -> SessionHeader | None:
     """Pi's header check: an object with ``type == "session"`` and a string ``id``."""
     if not isinstance(obj, dict) or obj.get("type") != "session" or not isinstance(obj.get("id"), str):
@@ -68,6 +109,7 @@ def header_from(obj: Any) -> SessionHeader | None:
         "timestamp": obj.get("timestamp") if isinstance(obj.get("timestamp"), str) else None,
         "cwd": obj.get("cwd") if isinstance(obj.get("cwd"), str) else None,
         "parentSession": obj.get("parentSession") if isinstance(obj.get("parentSession"), str) else None,
+        "level": migration_level(version),
     }
     if not fields["id"]:
         return None
@@ -113,6 +155,7 @@ class ParserState:
     ids_by_index: dict[int, str] = field(default_factory=dict)  # v1 only: firstKeptEntryIndex targets
     header_missing: bool = False  # the first parsed object was not a header: Pi reads nothing
     header_raw: str | None = None  # the header line exactly as written
+    started: bool = False  # a non-blank line has been read (only the file's first one is trimmed)
 
 
 def mint_v1_id(session_id: str, entry_index: int, taken: set[str]) -> str:
@@ -158,16 +201,22 @@ class SessionParser:
     def feed(self, line_no: int, data: bytes) -> ParsedEntry | RejectedLine | SessionHeader | None:
         """Parse one physical line (without its newline). Blank lines give None."""
         text = data.decode("utf-8", errors="replace")  # Node reads files the same lossy way
-        if not text.strip():
+        st = self.state
+        parsed_text = text
+        if not st.started and st.header is None and not st.header_missing:
+            parsed_text = text.lstrip(JS_WHITESPACE)  # Pi trims the file: a leading BOM or spaces go
+            if not parsed_text.strip():
+                return None
+            st.started = True
+        elif not text.strip():
             return None
         try:
-            obj = json.loads(text, parse_constant=_reject_constant)
+            obj = json.loads(parsed_text, parse_constant=_reject_constant)
         except ValueError as exc:
             return RejectedLine(line_no, "invalid_json", str(exc)[:200], data)
         except RecursionError:
             # JSON.parse would read it; Python cannot nest that deep. Kept aside, never fatal.
             return RejectedLine(line_no, "invalid_json", "nested too deeply to parse", data)
-        st = self.state
         if not isinstance(obj, dict):
             if st.header is None:
                 st.header_missing = True  # a parsed value that is not a header ends Pi's read too

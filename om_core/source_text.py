@@ -84,11 +84,6 @@ def entry_text(entry_type: str | None, obj: dict[str, Any]) -> str:
     return message_text(message) if message else ""
 
 
-def entry_role(entry_type: str | None, obj: dict[str, Any]) -> str | None:
-    message = entry_message(entry_type, obj)
-    return message.get("role") if message else None
-
-
 def minute(ts: Any) -> str:
     """``YYYY-MM-DD HH:MM`` (UTC) from an ISO string or datetime; '' when unknown."""
     if isinstance(ts, datetime):
@@ -105,8 +100,12 @@ def minute(ts: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M")
 
 
-def role_label(entry_type: str | None, obj: dict[str, Any]) -> str:
-    role = entry_role(entry_type, obj)
-    if role == "custom" and obj.get("customType"):
-        return f"Extension message ({obj.get('customType')})"
+def role_label(entry_type: str | None, obj: dict[str, Any], role: str | None = None) -> str:
+    """A reader's label for a source entry. ``role`` is the stored (migrated) role: the raw line of a
+    v1/v2 file still says ``hookMessage`` where Pi reads ``custom``."""
+    message = entry_message(entry_type, obj) or {}
+    role = role or message.get("role")
+    custom_type = message.get("customType") or obj.get("customType")
+    if role == "custom" and custom_type:
+        return f"Extension message ({custom_type})"
     return ROLE_LABELS.get(role or "", role or entry_type or "entry")

@@ -117,6 +117,9 @@ def test_gap_safe_moves_f_back_to_the_first_uncovered_message_and_never_forward(
     # the first uncovered message is a tool result: F goes back to the assistant that made the call
     assert gap_safe_position(rows, [1], 4) == 1
     assert gap_safe_position(rows, [], 4) == 0
+    # an orphan tool result (no assistant names its call): the nearest earlier assistant message
+    rows[2].raw = json.dumps({"message": {"role": "toolResult", "toolCallId": "lost"}})
+    assert gap_safe_position(rows, [1], 4) == 1
 
 
 @pytest.mark.real_sessions

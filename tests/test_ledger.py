@@ -281,6 +281,8 @@ FOLDED_OK = {"type": "om.folded", "version": 1, "fullFold": False, "observations
 @pytest.mark.parametrize("details,counted", [
     pytest.param({"type": "om.memory", "version": 2, "observations": "- tabs"}, "ignored_types", id="V2 details"),
     pytest.param({**FOLDED_OK, "version": 2}, "invalid", id="om.folded version 2"),
+    pytest.param({**FOLDED_OK, "version": True}, "invalid", id="om.folded version true (not === 1)"),
+    pytest.param({**FOLDED_OK, "version": "1"}, "invalid", id="om.folded version the string 1"),
     pytest.param({**FOLDED_OK, "fullFold": "false"}, "invalid", id="fullFold a string"),
     pytest.param(without(FOLDED_OK, "reflections"), "invalid", id="reflections missing"),
     pytest.param({**FOLDED_OK, "observations": [GOOD_OBS, {**GOOD_OBS, "relevance": "urgent"}]}, "invalid",

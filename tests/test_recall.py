@@ -23,7 +23,9 @@ DROP = "om.observations.dropped"
 E = {n: f"{n:08x}" for n in range(1, 20)}
 S1 = "00000001-7ec4-4000-8000-0000000000c1"
 S2 = "00000002-7ec4-4000-8000-0000000000c2"
-USER_TEXT = "Please use DuckDB for the ledger.\nNot SQLite — it must be `duckdb>=1.1`.\n  (indented, trailing space) "
+USER_TEXT = ("Please use DuckDB for the ledger.\tIt is the one store every analyst here can query with plain SQL, "
+             "so the ledger stays there.\nNot SQLite — it must be `duckdb>=1.1` :thumbs_up: [bold]x[/].\n"
+             "  (indented, trailing space) ")
 
 
 def mid(text: str) -> str:
@@ -133,6 +135,14 @@ def test_an_observation_with_its_exact_source_text(db):
     assert result.sessionIds == [S1]
 
 
+def test_the_command_prints_source_text_exactly(db):
+    # long lines, a tab, markup-like and emoji-like text and trailing spaces all come out as recorded
+    result = CliRunner().invoke(app, ["--db", str(db), "recall", mid(A), "--session", S1])
+    assert result.exit_code == 0, result.output
+    assert "\n" + USER_TEXT + "\n" in result.stdout
+    assert f"[{mid(A)}] 2026-01-15 14:01 [high] {A}\n" in result.stdout
+
+
 def test_an_id_recorded_twice_is_a_collision_listing_both(db):
     result = recall(db, mid(A), S1)
     assert brief(result) == ("found", "observation", True, False)
@@ -214,3 +224,17 @@ def test_without_a_session_every_session_is_searched_and_named(db):
 
     only_one = recall(db, mid(D))
     assert only_one.sessionIds == [S1]
+
+
+def test_a_migrated_hook_message_is_labelled_as_pi_reads_it(tmp_path):
+    # v2: Pi renames role hookMessage to custom on load; the raw line keeps the old name
+    sb = SessionBuilder("00000003-7ec4-4000-8000-0000000000c3", version=2)
+    sb.user("Start.")  # E1
+    hook = sb.message({"role": "hookMessage", "customType": "todo", "content": "Remember the todo list.",
+                       "display": True})  # E2
+    sb.custom(OBS, {"observations": [o("A todo list is kept.", [hook])], "coversUpToId": hook})  # E3
+    db = tmp_path / "om.duckdb"
+    ingest(db, [sb.write(tmp_path / "v2.jsonl")])
+    result = recall(db, mid("A todo list is kept."), sb.session_id)
+    assert [(s.entryId, s.role, s.text) for s in result.observations[0].sources] == [
+        (hook, "Extension message (todo)", "Remember the todo list.")]

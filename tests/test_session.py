@@ -289,6 +289,32 @@ def test_header_version_3_written_as_float_is_v3():
     assert entries[0].entry_id == "abc"
 
 
+@pytest.mark.parametrize("version,ids_kept,hook_becomes_custom", [
+    (2.5, True, True),  # not < 2, but < 3: only the v2 -> v3 step runs
+    ("3", True, False),  # "3" >= 3 in JavaScript: no migration
+    ("abc", True, False),  # NaN compares false both ways: no migration
+    (True, False, True),  # true < 2: both steps, so fresh ids
+    (None, False, True),  # `version ?? 1`
+])
+def test_header_version_compared_the_way_javascript_compares_it(version, ids_kept, hook_becomes_custom):
+    lines = jl(header(version=version), {"type": "message", "id": "abc", "parentId": None,
+                                         "message": {"role": "hookMessage", "content": "hook", "display": True}})
+    _, entries, _ = parse_lines(lines)
+    assert (entries[0].entry_id == "abc") is ids_kept
+    assert entries[0].role == ("custom" if hook_becomes_custom else "hookMessage")
+
+
+def test_a_byte_order_mark_before_the_header_is_trimmed_like_pi_trims_the_file():
+    lines = jl(header(version=3), {"type": "custom", "id": "a", "parentId": None, "customType": "x"},
+               {"type": "custom", "id": "b", "parentId": "a", "customType": "x"})
+    lines = [b"", "\ufeff  ".encode() + lines[0], lines[1], "\ufeff".encode() + lines[2]]
+    hdr, entries, rejected = parse_lines(lines)
+    assert hdr is not None and hdr.id == SID
+    assert [e.entry_id for e in entries] == ["a"]
+    # only the file's start is trimmed: JSON.parse rejects a BOM later in the file
+    assert reasons(rejected) == [(4, "invalid_json")]
+
+
 # ------------------------------------------------------------------ header validation
 
 

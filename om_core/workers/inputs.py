@@ -36,7 +36,7 @@ class SourceEntry:
 
     @property
     def label(self) -> str:
-        return role_label(self.entry_type, self.obj)
+        return role_label(self.entry_type, self.obj, self.role)
 
     @property
     def text(self) -> str:

@@ -37,11 +37,11 @@ SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_toke
 FROM call_batch;
 
 -- name: empty_runs
--- Where each worker gave a deliberate empty result on this branch, for the backoff.
-SELECT DISTINCT s.stage, b.position
+-- Where the observer gave a deliberate empty result on this branch, for its backoff (SPEC §9).
+SELECT DISTINCT b.position
 FROM stage_runs s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_id
-WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage IN ('observer', 'reflector')
-ORDER BY 2;
+WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage = 'observer'
+ORDER BY 1;
 
 -- name: stage_state
 -- What earlier runs did with this exact stage input: appended it, found it empty, or computed it.
@@ -61,15 +61,22 @@ DELETE FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_
 SELECT count(*) > 0 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key;
 
 -- name: compaction_anchor_positions
-SELECT DISTINCT anchor_pos FROM branch_compactions($session_id, $tip) ORDER BY 1;
+-- Where compactions sit on the branch; simulated ones are not entries, so the replay needs them to
+-- bound later cut points the way a written compaction entry would.
+SELECT anchor_pos, bool_or(origin = 'simulated') AS simulated
+FROM branch_compactions($session_id, $tip) GROUP BY anchor_pos ORDER BY 1;
 
 -- name: ledger_anchor_positions
 SELECT DISTINCT anchor_pos FROM branch_records($session_id, $tip) ORDER BY 1;
 
 -- name: replay_branch
-SELECT position, entry_id, entry_type, role, coalesce(tokens_pi, 0), coalesce(tokens, 0), is_source,
-       first_kept_entry_id
-FROM branch_detail($session_id, $tip) ORDER BY position;
+-- extension_folded: a compaction entry that carries the extension's own valid om.folded details.
+SELECT b.position, b.entry_id, b.entry_type, b.role, coalesce(b.tokens_pi, 0), coalesce(b.tokens, 0), b.is_source,
+       b.first_kept_entry_id, f.compaction_id IS NOT NULL AS extension_folded
+FROM branch_detail($session_id, $tip) b
+LEFT JOIN compaction_folds f
+       ON f.session_id = $session_id AND f.compaction_id = b.entry_id AND f.origin = 'imported' AND f.folded
+ORDER BY b.position;
 
 -- name: session_leaves
 SELECT t.entry_id FROM entry_tree t JOIN entries e ON e.session_id = t.session_id AND e.entry_id = t.entry_id

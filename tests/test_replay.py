@@ -1,0 +1,134 @@
+"""Replay of an archived branch (SPEC §9): its events, Pi's own compactions in the archive, and the
+cut points of proactive compactions."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from builders import SessionBuilder
+from om_core import db as dbmod
+from om_core import memory
+from om_core.cutpoint import BranchEntry, NothingToCompact, compaction_cut_point
+from om_core.ingest import ingest
+from om_core.replay import Event, ReplayEntry, replay_events, replay_session
+from om_core.settings import Settings
+from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+
+SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,
+                    observationsPoolMaxTokens=400, observationsPoolTargetTokens=200, gapSafeCompaction=False)
+
+
+def branch_of(*kinds: str) -> list[ReplayEntry]:
+    """A branch from 'user', 'assistant', 'toolResult' (messages) or any other entry type."""
+    out = []
+    for i, kind in enumerate(kinds):
+        message = kind in ("user", "assistant", "toolResult")
+        out.append(ReplayEntry(i, f"{i + 1:08x}", "message" if message else kind, kind if message else None,
+                               10, 10, message or kind == "custom_message", None))
+    return out
+
+
+def test_turn_ends_and_settle_points():
+    branch = branch_of("user", "assistant", "toolResult", "assistant", "user", "assistant")
+    assert replay_events(branch) == [
+        Event(2, "turn_end"),  # the assistant at 1 and its tool result
+        Event(3, "turn_end"),
+        Event(3, "settled"),  # the last entry before the next user message
+        Event(5, "turn_end"),
+        Event(5, "settled"),  # the end of the branch
+    ]
+
+
+def test_a_branch_without_a_user_message_settles_at_its_end():
+    branch = branch_of("custom_message", "assistant", "toolResult")
+    assert replay_events(branch) == [Event(2, "turn_end"), Event(2, "settled")]
+
+
+def test_a_pi_compaction_entry_is_an_event_of_its_own():
+    branch = branch_of("user", "assistant", "compaction", "user", "assistant")
+    assert Event(2, "archive_compaction") in replay_events(branch)
+
+
+def entries(n: int) -> list[BranchEntry]:
+    return [BranchEntry(f"{i:08x}", "message", "user" if i % 2 == 0 else "assistant", 100) for i in range(n)]
+
+
+def test_a_simulated_compaction_bounds_the_next_cut_like_an_entry_would():
+    branch = entries(10)
+    # keepRecentTokens 250 is reached at position 7 (counting 9, 8, 7 from the end)
+    assert compaction_cut_point(branch, 250).firstKeptPosition == 7
+    # a compaction simulated right after position 7: the cut may not go back before it, and the
+    # budget is never reached after it, so the first cut point after it stands (Pi's default)
+    assert compaction_cut_point(branch, 250, after=7).firstKeptPosition == 8
+    assert compaction_cut_point(branch, 250, after=2).firstKeptPosition == 7
+    with pytest.raises(NothingToCompact):
+        compaction_cut_point(branch, 250, after=9)  # the branch would end with that compaction
+
+
+def mid(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def replayed(tmp_path, sb: SessionBuilder, settings: Settings = SETTINGS) -> str:
+    db_path = tmp_path / "om.duckdb"
+    ingest(db_path, [sb.write(tmp_path / "s.jsonl")])
+    db = dbmod.shared_database(db_path)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), settings)
+        replay_session(db, sb.session_id, settings, lambda req: execute_stage(db, req, brain, settings))
+    finally:
+        db.close()
+    return str(db_path)
+
+
+def simulated(db_path: str, session_id: str) -> list[tuple]:
+    """(trigger, anchor position, first kept position) of the simulated compactions, in branch order."""
+    with dbmod.reading(db_path) as con:
+        leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [session_id]).fetchone()[0]
+        return con.execute(
+            "SELECT trigger, anchor_pos, first_kept_pos FROM branch_compactions(?, ?) c "
+            "JOIN compaction_folds f ON f.session_id = ? AND f.compaction_id = c.compaction_id "
+            "WHERE c.origin = 'simulated' ORDER BY anchor_pos", [session_id, leaf, session_id]).fetchall()
+
+
+def test_the_extensions_own_fold_in_the_archive_is_kept_not_folded_again(tmp_path):
+    sb = SessionBuilder("7e91c0de-0000-4000-8000-000000000001")
+    sb.work_turns(3, "alpha")
+    covers = sb.entries[-1]["id"]
+    kept = sb.entries[-4]["id"]
+    note = {"id": mid("alpha is finished"), "content": "alpha is finished", "timestamp": "2026-01-15 14:30",
+            "relevance": "high", "sourceEntryIds": [covers], "tokenCount": 8}
+    sb.custom("om.observations.recorded", {"observations": [note], "coversUpToId": covers})
+    details = {"type": "om.folded", "version": 1, "fullFold": False, "observations": [note], "reflections": []}
+    folded_id = sb.compaction("rendered by the extension", kept, details=details, from_hook=True)
+    sb.work_turns(2, "beta")
+    native_id = sb.compaction("Pi's own summary", sb.entries[-4]["id"])
+    sb.work_turns(2, "gamma")
+
+    db_path = replayed(tmp_path, sb)
+    with dbmod.reading(db_path) as con:
+        anchors = {r[0]: r[1] for r in con.execute(
+            "SELECT anchor_entry_id, trigger FROM compaction_folds WHERE session_id = ? AND origin = 'simulated'",
+            [sb.session_id]).fetchall()}
+        leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [sb.session_id]).fetchone()[0]
+        assert folded_id not in anchors  # what the agent saw there is the extension's own fold
+        assert anchors.get(native_id) == "archive"  # Pi's native compaction gets what the extension would have folded
+        # at the extension's compaction, visible memory is exactly its stored lists
+        visible = memory.visible_memory(con, sb.session_id, folded_id)
+        assert [o.id for o in visible.observations] == [note["id"]]
+        assert visible.reflections == []
+        assert memory.visible_memory(con, sb.session_id, leaf).observations  # later folds exist too
+
+
+def test_proactive_compactions_never_cut_before_the_previous_compaction(tmp_path):
+    sb = SessionBuilder("7e91c0de-0000-4000-8000-000000000002")
+    sb.work_turns(24, "delta")
+    # a kept tail almost as large as the threshold: the clock (counted from the last first kept entry)
+    # is due again soon after each compaction, while a cut 500 tokens back would reach before it
+    db_path = replayed(tmp_path, sb, SETTINGS.model_copy(update={"keepRecentTokens": 500}))
+    rows = [r for r in simulated(db_path, sb.session_id) if r[0] == "proactive"]
+    assert len(rows) >= 3, rows
+    for (_, previous_anchor, _), (_, _, first_kept) in zip(rows, rows[1:]):
+        assert first_kept > previous_anchor, rows
