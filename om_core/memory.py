@@ -154,13 +154,12 @@ def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: 
                                                         "first_kept": first_kept, "pool_max": pool_max_tokens}).fetchall()
     # columns: item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supporting ids,
     #          token_count, wm_pos, full_fold  (the boundary row carries F's check, C and the decision)
-    boundary = rows[0]  # the query puts it first
+    boundary = next(r for r in rows if r[0] == "boundary")
     if boundary[1] is None:
         raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip}")
-    observations: list[tuple] = []
-    reflections: list[tuple] = []
-    for r in rows[1:]:
-        (observations if r[0] == "observation" else reflections).append(r[2:9])
+    items = sorted((r for r in rows if r[0] != "boundary"), key=lambda r: (r[0], r[1]))
+    observations = [r[2:9] for r in items if r[0] == "observation"]
+    reflections = [r[2:9] for r in items if r[0] == "reflection"]
     result = CompactionResult(
         fullFold=bool(boundary[10]),
         firstKeptEntryId=first_kept,

@@ -15,8 +15,7 @@ SELECT item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supp
        token_count,
        CASE WHEN item_kind = 'boundary' THEN wm_pos END AS c_pos,
        full_fold
-FROM compaction_projection($session_id, $tip, $first_kept, $pool_max)
-ORDER BY item_kind <> 'boundary', item_kind, fold_order;  -- the boundary row first, then each list in order
+FROM compaction_projection($session_id, $tip, $first_kept, $pool_max);
 
 -- name: memory_drift
 SELECT drift, id FROM memory_drift($session_id, $tip);
