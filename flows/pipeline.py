@@ -139,12 +139,18 @@ def ingest_task(db_path: str, paths: list[str], run_id: str) -> dict[str, Any]:
     return {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
 
 
-def _split_targets(db_path: str, targets: list[str]) -> tuple[list[str], list[str]]:
-    """Paths (files, directories) to ingest, and session ids (or prefixes) already ingested."""
-    paths, sessions = [], []
+def _split_targets(db_path: str, targets: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Paths (files, directories) to ingest, session ids (or prefixes) already ingested, and paths
+    that do not exist (a target with a path separator or a .jsonl name is meant as a path)."""
+    paths, sessions, missing = [], [], []
     for target in targets:
-        (paths if Path(target).exists() else sessions).append(target)
-    return paths, sessions
+        if Path(target).exists():
+            paths.append(target)
+        elif "/" in target or "\\" in target or target.endswith(".jsonl"):
+            missing.append(target)
+        else:
+            sessions.append(target)
+    return paths, sessions, missing
 
 
 def _resolve_sessions(db_path: str, refs: list[str]) -> tuple[list[str], list[str]]:
@@ -180,7 +186,7 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
     run_id = run_id or dbmod.new_run_id()
     db_path = str(Path(db_path).resolve())
     _start_run(db_path, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
-    paths, refs = _split_targets(db_path, targets)
+    paths, refs, not_found = _split_targets(db_path, targets)
     ingested = ingest_task(db_path, paths, run_id) if paths else {"files": [], "missing": []}
     session_ids, errors = _resolve_sessions(db_path, refs)
     for f in ingested["files"]:
@@ -188,7 +194,7 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
             session_ids.append(f["session_id"])
         elif f["error"] or f["status"] in ("no_header", "duplicate_session"):
             errors.append(f"{f['path']}: {f['error'] or f['status']}")
-    errors += [f"{p}: no such file or directory" for p in ingested["missing"]]
+    errors += [f"{p}: no such file or directory" for p in ingested["missing"] + not_found]
     session_ids = list(dict.fromkeys(session_ids))
     if session_ids:
         with dbmod.shared_database(db_path).read() as con:

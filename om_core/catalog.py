@@ -99,11 +99,13 @@ class QueryResult(BaseModel):
 
 def run_sql(db_path: str | os.PathLike, sql: str) -> QueryResult:
     """Run one analyst query on a read-only connection."""
+    if not sql.strip().strip(";").strip():
+        raise InvalidArgument("the query is empty")
     with reading(db_path) as con:
         try:
             cursor = con.execute(sql)
         except duckdb.Error as exc:
             raise OmError(f"query failed: {exc}") from None
-        if cursor.description is None:
+        if cursor is None or cursor.description is None:
             return QueryResult(columns=[], rows=[])
         return QueryResult(columns=[d[0] for d in cursor.description], rows=[list(r) for r in cursor.fetchall()])

@@ -14,10 +14,11 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from om_core.db import resolve_db_path
-from om_core.errors import OmError
+from om_core.errors import InvalidArgument, OmError
 
 app = typer.Typer(
     name="om",
@@ -50,6 +51,9 @@ def _global(
 ) -> None:
     state.db = resolve_db_path(db)
     state.config = config
+    for console in (out, err):
+        if not console.is_terminal:
+            console.width = 100_000  # piped: whole values in tables and one-line messages, never folded at 80
 
 
 def _print_json(data: Any) -> None:
@@ -69,7 +73,11 @@ def ingest(
 
     from om_core.ingest import discover, ingest as run_ingest, total_bytes
 
-    files, _ = discover(paths)
+    files, missing = discover(paths)
+    if not files:  # nothing to read: say so, and do not create an empty database
+        if missing:
+            raise OmError("no such file or directory: " + ", ".join(missing))
+        raise OmError("no *.jsonl session files found in " + ", ".join(str(p) for p in paths))
     progress = Progress(
         "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
         TimeRemainingColumn(), console=err, transient=True, disable=as_json or not err.is_terminal,
@@ -82,18 +90,18 @@ def ingest(
     else:
         s = report.summary()
         out.print(
-            f"ingested {s['files']} file(s) into {state.db}: {s['entries_added']} entries added, "
+            f"ingested {s['files']} file(s) into {escape(str(state.db))}: {s['entries_added']} entries added, "
             f"{s['lines_quarantined']} line(s) quarantined ({s['seconds']} s)"
         )
         for status, count in sorted(s["by_status"].items()):
             out.print(f"  {status}: {count}")
         for f in report.files:
             for note in f.notes[:5]:
-                out.print(f"  [yellow]note[/] {f.path}: {note}")
+                err.print(f"  [yellow]note[/] {escape(f'{f.path}: {note}')}")
             if f.error:
-                err.print(f"[red]error[/] {f.path}: {f.error}")
+                err.print(f"[red]error[/] {escape(f'{f.path}: {f.error}')}")
         for missing in report.missing_paths:
-            err.print(f"[red]not found[/] {missing}")
+            err.print(f"[red]not found[/] {escape(str(missing))}")
     if report.missing_paths or any(f.error for f in report.files):
         raise typer.Exit(1)
 
@@ -112,7 +120,7 @@ def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions 
         return
     table = Table("session", "file", "version", "entries", "source", "leaves", "tokens (pi)", "current leaf")
     for r in rows:
-        table.add_row(r.session_id, r.file_path, str(r.version), str(r.entry_count), str(r.source_count),
+        table.add_row(escape(r.session_id), escape(r.file_path), str(r.version), str(r.entry_count), str(r.source_count),
                       str(r.leaf_count), str(r.tokens_pi or 0), r.leaf_id or "")
     out.print(table)
 
@@ -136,7 +144,7 @@ def sql(
     else:
         table = Table(*result.columns)
         for row in result.rows:
-            table.add_row(*("" if v is None else str(v) for v in row))
+            table.add_row(*("" if v is None else escape(str(v)) for v in row))
         out.print(table)
 
 
@@ -144,12 +152,16 @@ def sql(
 def cutpoint(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as if the branch ended at this entry."),
-    keep_recent: int = typer.Option(20_000, "--keep-recent", help="Pi's keepRecentTokens."),
+    keep_recent: Optional[int] = typer.Option(None, "--keep-recent", min=0, help="Pi's keepRecentTokens "
+                                              "(default: the setting, 20000 unless configured)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Where Pi's own compaction would cut this branch (prepareCompaction's cut point)."""
     from om_core.catalog import cut_point
+    from om_core.settings import load_settings
 
+    if keep_recent is None:
+        keep_recent = load_settings(state.config).settings.keepRecentTokens
     result = cut_point(state.db, session, leaf, keep_recent)
     if as_json:
         _print_json(result.model_dump())
@@ -190,7 +202,7 @@ def compact(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     first_kept: str = typer.Option(..., "--first-kept", help="F: the first entry Pi keeps verbatim."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
-    pool_max: Optional[int] = typer.Option(None, "--pool-max", help="observationsPoolMaxTokens (default: the "
+    pool_max: Optional[int] = typer.Option(None, "--pool-max", min=1, help="observationsPoolMaxTokens (default: the "
                                            "setting, 20000 unless configured)."),
     gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
                                   "(SPEC §10); reports how much the kept tail grew."),
@@ -232,7 +244,6 @@ def recall(
     as_json: bool = typer.Option(False, "--json", help="Print the recall result as JSON."),
 ) -> None:
     """The exact evidence behind a memory id: records, status, and the original source messages."""
-    from om_core.errors import InvalidArgument
     from om_core.recall import recall as run_recall
 
     if leaf is not None and session is None:
@@ -247,10 +258,8 @@ def recall(
 
 
 def _print_recall(result) -> None:
-    from rich.markup import escape
-
     if result.status != "found":
-        err.print(result.message or result.status)
+        err.print(escape(result.message or result.status), highlight=False)
         return
     flags = [f for f, on in (("collision", result.collision), ("partial", result.partial)) if on]
     out.print(f"[bold]{result.id}[/]: {result.kind}" + (f" ({', '.join(flags)})" if flags else "")
@@ -288,9 +297,6 @@ def status(
 ) -> None:
     """Memory status: observation and reflection counts, drift, the four clocks, pool pressure, errors."""
     from om_core.memory import status as memory_status
-
-    from rich.markup import escape
-
     from om_core.settings import load_settings
 
     s = memory_status(state.db, session, leaf, load_settings(state.config).settings)
@@ -358,7 +364,7 @@ def export(
     if as_json:
         _print_json(report.as_json())
     else:
-        out.print(f"wrote {report.out}: {report.entries} entries and {report.records} ledger record(s); "
+        out.print(f"wrote {escape(str(report.out))}: {report.entries} entries and {report.records} ledger record(s); "
                   f"{report.relinked} entr(ies) re-linked after records")
 
 
@@ -372,7 +378,7 @@ def report(
     from om_core.report import build_report
 
     page = build_report(state.db, sessions or None, out_dir)
-    out.print(f"wrote {page}")
+    out.print(f"wrote {escape(str(page))}", highlight=False)
 
 
 # ------------------------------------------------------------------ workers: observe, reflect
@@ -388,7 +394,7 @@ def _print_stage(outcome, as_json: bool) -> None:
     if outcome.outcome == "skipped":
         out.print(f"{outcome.stage}: nothing to do ({outcome.reason})")
     elif outcome.outcome == "failed":
-        err.print(f"[red]{outcome.stage} failed[/] ({outcome.error_kind}): {outcome.error}", highlight=False)
+        err.print(f"[red]{outcome.stage} failed[/] ({outcome.error_kind}): {escape(str(outcome.error))}", highlight=False)
     elif outcome.outcome == "empty":
         out.print(f"{outcome.stage}: recorded nothing (deliberately empty; {outcome.rejected} rejected)")
     else:
@@ -478,6 +484,8 @@ def run(
     branch with the memory workers when their clocks are due, simulate compactions, drain."""
     from flows.runner import prepare_environment
 
+    if runner not in ("threads", "dask"):
+        raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
     prepare_environment(verbose)
     from om_core.settings import load_settings
     from om_core.workers.stages import ModelConfig
@@ -489,8 +497,6 @@ def run(
                   "to use a model[/]")
     limit = model_limit or ("prefect" if dask_address else "process")
     if limit not in ("process", "prefect"):
-        from om_core.errors import InvalidArgument
-
         raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
     model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
                   "timeout": config.timeout, "limit": limit}
@@ -560,10 +566,10 @@ def _print_run_table(summary, rows) -> None:
                   style="bold")
     out.print(table)
     for e in summary["errors"]:
-        err.print(f"[red]error:[/] {e}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
     for s in summary["sessions"]:
         if s["error"]:
-            err.print(f"[red]session {s['session_id']} failed:[/] {s['error']}", highlight=False)
+            err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
 
 
 @app.command()
@@ -580,8 +586,6 @@ def serve(
     from deployments import serve_locally
 
     if archive is None and live is None:
-        from om_core.errors import InvalidArgument
-
         raise InvalidArgument("give --archive DIR and/or --live DIR")
     serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, every_seconds=every, model=model)
 
@@ -602,7 +606,7 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print settin
         table.add_row(key, json.dumps(value), source)
     out.print(table)
     for note in resolved.notes:
-        err.print(f"[yellow]note:[/] {note}")
+        err.print(f"[yellow]note:[/] {escape(str(note))}")
 
 
 def main() -> None:
@@ -610,7 +614,7 @@ def main() -> None:
     try:
         app()
     except OmError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -17,7 +17,7 @@ from typing import Any
 
 import duckdb
 
-from om_core.errors import DatabaseBusy, DatabaseMissing
+from om_core.errors import DatabaseBusy, DatabaseMissing, NotADatabase
 from om_core.sqlfiles import migrations, query, view_scripts, views_fingerprint
 
 DEFAULT_DB = "om.duckdb"
@@ -42,7 +42,8 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
             return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
-                raise
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise NotADatabase(f"cannot open {path} as a DuckDB database: {reason}") from None
             if time.monotonic() >= deadline:
                 holder = str(exc).split("Conflicting lock is held in", 1)[-1].split(". See", 1)[0].strip()
                 raise DatabaseBusy(
@@ -131,7 +132,10 @@ def connect(
         con = _open(path, True, busy_seconds)
         if _schema_current(con):
             return con
+        foreign = not scalar(con, "table_exists", {"name": "schema_migrations"}) and scalar(con, "user_table_count", {})
         con.close()
+        if foreign:  # a reader never adds om's schema to somebody else's database
+            raise NotADatabase(f"{path} is a DuckDB database but not an om one (no schema_migrations table)")
         _open_for_write(path, busy_seconds).close()
         return _open(path, True, busy_seconds)
     return _open_for_write(path, busy_seconds)

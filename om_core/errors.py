@@ -19,6 +19,10 @@ class DatabaseMissing(OmError):
     """No database at the given path (nothing has been ingested yet)."""
 
 
+class NotADatabase(OmError):
+    """The path is not an om DuckDB database (another file, a directory, someone else's database)."""
+
+
 class SessionNotFound(OmError):
     pass
 

@@ -92,6 +92,8 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
         header_raw, file_path, version = dbmod.one(con, "export_header", {"session_id": sid})
         if out_path == Path(file_path).resolve():
             raise InvalidArgument("refusing to overwrite the session file itself; choose another --out")
+        if out_path.is_dir():
+            raise InvalidArgument(f"{out_path} is a directory; --out takes the path of the new session file")
         if out_path.exists() and not overwrite:
             raise InvalidArgument(f"{out_path} exists; pass --force to replace it")
         entries = con.execute(query("export_entries"), {"session_id": sid}).fetchall()
@@ -119,6 +121,10 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
             previous = record["ledger_id"]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".partial")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(out_path)  # never a half-written session file
+    try:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(out_path)  # never a half-written session file
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InvalidArgument(f"cannot write {out_path}: {exc.strerror or exc}") from None
     return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined))

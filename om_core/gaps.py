@@ -19,6 +19,7 @@ import duckdb
 from pydantic import BaseModel
 
 from om_core import db as dbmod
+from om_core.errors import EntryNotFound
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 
@@ -99,7 +100,7 @@ def gap_safe_boundary(con: duckdb.DuckDBPyConnection, session_id: str, leaf: str
     """Gap-safe F for a compaction at ``compaction_pos`` whose plain F is ``first_kept``."""
     f_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": leaf, "entry_id": first_kept})
     if f_pos is None:
-        raise ValueError(f"first kept entry {first_kept} is not on the branch")
+        raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {leaf}")
     watermarks = [r[0] for r in con.execute(query("judged_observation_watermarks"), {
         "session_id": session_id, "leaf": leaf, "compaction_pos": compaction_pos, "simulated": simulated,
         "seq": seq if seq is not None else 2**62}).fetchall()]

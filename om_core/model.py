@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -98,6 +99,10 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_seconds, self.base_seconds * 2 ** (attempt - 1)))
 
 
+_MISSING_CREDENTIALS = re.compile(r"missing credentials|api[_ ]key\b.{0,40}\bmust be set|no api key provided|"
+                                  r"incorrect api key|invalid api key", re.IGNORECASE)
+
+
 def classify(exc: BaseException) -> ModelError:
     """Map a litellm/httpx failure to transient (retry) or permanent (fail the stage now)."""
     if isinstance(exc, ModelError):
@@ -112,7 +117,8 @@ def classify(exc: BaseException) -> ModelError:
                        "ServiceUnavailableError", "BadGatewayError", "ConnectError", "ReadTimeout",
                        "ConnectTimeout", "RemoteProtocolError", "ReadError", "TimeoutException"}
     mro = {cls.__name__ for cls in type(exc).__mro__}
-    if mro & {"ContextWindowExceededError", "AuthenticationError"}:
+    if mro & {"ContextWindowExceededError", "AuthenticationError"} or _MISSING_CREDENTIALS.search(message):
+        # litellm reports a missing key as a 500 from the provider; retrying cannot help
         return ModelError(message, "permanent", status)
     if mro & transient_names:
         return ModelError(message, "transient", status)

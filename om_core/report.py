@@ -28,6 +28,7 @@ import duckdb
 from om_core.catalog import SessionInfo, list_sessions, resolve_session
 from om_core import db as dbmod
 from om_core.db import reading
+from om_core.errors import InvalidArgument
 from om_core.gaps import CompactionGap, gaps
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -847,6 +848,8 @@ def build_report(db_path: str | os.PathLike, sessions: list[str] | None, out_dir
     settings = settings or Settings()
     reports = collect(db_path, sessions)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InvalidArgument(f"{out} is a file; --out takes a directory for index.html")
     out.mkdir(parents=True, exist_ok=True)
     index = out / "index.html"
     index.write_text(render_page(reports, settings, db_path), encoding="utf-8")

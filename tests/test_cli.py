@@ -233,6 +233,68 @@ def test_sql_error_is_clear(two_sessions, tmp_path):
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_what_is_not_an_om_database_is_a_clear_error_and_stays_untouched(tmp_path):
+    text = tmp_path / "notes.duckdb"
+    text.write_text("just text\n")
+    foreign = tmp_path / "theirs.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("CREATE TABLE mydata (x INTEGER)")
+    con.close()
+    for db, expected in ((text, "cannot open"), (tmp_path, "cannot open"), (foreign, "not an om one")):
+        result = run_om(["--db", str(db), "sql", "SELECT 1"], cwd=tmp_path)
+        assert result.returncode == 1, result
+        assert expected in result.stderr and "Traceback" not in result.stderr + result.stdout
+    assert q(foreign, "SELECT table_name FROM duckdb_tables()") == [("mydata",)]  # a reader added nothing
+
+
+def test_empty_query_and_markup_in_values_and_arguments(two_sessions, tmp_path):
+    db = str(two_sessions["db"])
+    for empty in ("", " ; "):
+        result = run_om(["--db", db, "sql", empty], cwd=tmp_path)
+        assert result.returncode == 2 and "empty" in result.stderr and "Traceback" not in result.stderr
+    # square brackets are data, not Rich styles, wherever they come from
+    result = run_om(["--db", db, "sql", "SELECT '[red]x[/]' AS a, '[bold]' AS b"], cwd=tmp_path)
+    assert result.returncode == 0 and "[red]x[/]" in result.stdout and "[bold]" in result.stdout
+    result = run_om(["--db", db, "view", "[/bold]"], cwd=tmp_path)
+    assert result.returncode == 1 and "[/bold]" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_piped_tables_and_messages_are_not_cut_at_80_columns(two_sessions, tmp_path):
+    result = run_om(["--db", str(two_sessions["db"]), "sessions"], cwd=tmp_path, env={"COLUMNS": ""})
+    assert SID_A in result.stdout and str(two_sessions["a"]) in result.stdout
+
+
+def test_output_paths_and_options_that_cannot_work_are_clear_errors(two_sessions, tmp_path):
+    db = str(two_sessions["db"])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    a_dir = tmp_path / "a-dir"
+    a_dir.mkdir()
+    for args in (["report", "--out", str(a_file)], ["export", SID_A, "--out", str(a_dir), "--force"],
+                 ["compact", SID_A, "--first-kept", "nosuch", "--gap-safe"],
+                 ["run", SID_A, "--model", "offline", "--task-runner", "bogus"]):
+        result = run_om(["--db", db, *args], cwd=tmp_path)
+        assert result.returncode in (1, 2), (args, result)
+        assert "error:" in result.stderr and "Traceback" not in result.stderr + result.stdout, (args, result)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")) == []
+
+
+def test_nothing_to_ingest_creates_no_database(tmp_path):
+    (tmp_path / "empty").mkdir()
+    db = tmp_path / "new.duckdb"
+    for target, expected in ((tmp_path / "nope.jsonl", "no such file"), (tmp_path / "empty", "no *.jsonl")):
+        result = run_om(["--db", str(db), "ingest", str(target)], cwd=tmp_path)
+        assert result.returncode == 1 and expected in result.stderr
+    assert not db.exists()
+
+
+def test_cutpoint_budget_defaults_to_the_keep_recent_tokens_setting(two_sessions):
+    db, ids = two_sessions["db"], two_sessions["ids"]
+    result = invoke(["--db", str(db), "cutpoint", SID_A, "--json"], env={"OM_KEEP_RECENT_TOKENS": "150"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["firstKeptEntryId"] == ids["u2"]
+
+
 # ------------------------------------------------------------------ cutpoint and session references
 
 

@@ -283,3 +283,14 @@ def test_thinking_maps_to_reasoning_only_when_supported(server, model_name, thin
     body = server.requests[0]
     assert body.get("reasoning_effort") == expected
     assert "reasoning" not in body and "thinking" not in body
+
+
+def test_a_missing_api_key_is_permanent_even_when_reported_as_a_500():
+    # litellm raises InternalServerError (500) when the provider's key is not set: retrying cannot help
+    class InternalServerError(Exception):
+        status_code = 500
+
+    missing = InternalServerError("OpenAIException - Missing credentials. Please pass an `api_key`, or set the "
+                                  "`OPENAI_API_KEY` environment variable.")
+    assert classify(missing).kind == "permanent"
+    assert classify(InternalServerError("upstream overloaded")).kind == "transient"

@@ -26,6 +26,9 @@ INSERT OR REPLACE INTO om_meta (key, value) VALUES ($key, $value);
 -- name: table_exists
 SELECT count(*) > 0 FROM duckdb_tables() WHERE table_name = $name AND NOT temporary;
 
+-- name: user_table_count
+SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND NOT internal;
+
 -- name: start_run
 INSERT INTO runs (run_id, command, status, detail) VALUES ($run_id, $command, 'running', $detail);
 
