@@ -719,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
                 log("baseline: bare Prefect…")
                 out["bare_prefect"] = bare_prefect(round(median["stage_tasks"]), args.sessions, args.concurrency)
                 log("baseline: Prefect + litellm without DuckDB…")
-                out["prefect_with_litellm"] = prefect_with_litellm(round(median["stage_tasks"]), round(median["model_calls"]),
-                                                                   args.sessions, args.concurrency)
+                out["prefect_with_litellm"] = prefect_with_litellm(
+                    round(median["stage_tasks"]), round(median["model_calls"]), args.sessions, args.concurrency)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -120,8 +120,8 @@ def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions 
         return
     table = Table("session", "file", "version", "entries", "source", "leaves", "tokens (pi)", "current leaf")
     for r in rows:
-        table.add_row(escape(r.session_id), escape(r.file_path), str(r.version), str(r.entry_count), str(r.source_count),
-                      str(r.leaf_count), str(r.tokens_pi or 0), r.leaf_id or "")
+        table.add_row(escape(r.session_id), escape(r.file_path), str(r.version), str(r.entry_count),
+                      str(r.source_count), str(r.leaf_count), str(r.tokens_pi or 0), r.leaf_id or "")
     out.print(table)
 
 
@@ -264,6 +264,7 @@ def _print_recall(result) -> None:
     flags = [f for f, on in (("collision", result.collision), ("partial", result.partial)) if on]
     out.print(f"[bold]{result.id}[/]: {result.kind}" + (f" ({', '.join(flags)})" if flags else "")
               + f" in {', '.join(result.sessionIds)}")
+
     def exact(text: str) -> None:
         # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
         out.file.write(text + "\n")
@@ -279,7 +280,8 @@ def _print_recall(result) -> None:
         exact(f"[{o.id}] {o.timestamp} [{o.relevance}] {o.content}")
         for src in o.sources:
             # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
-            out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} @ {escape(src.timestamp or '')}[/]")
+            out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} "
+                      f"@ {escape(src.timestamp or '')}[/]")
             exact(src.text)
         if o.missingSourceEntryIds:
             out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
@@ -394,7 +396,8 @@ def _print_stage(outcome, as_json: bool) -> None:
     if outcome.outcome == "skipped":
         out.print(f"{outcome.stage}: nothing to do ({outcome.reason})")
     elif outcome.outcome == "failed":
-        err.print(f"[red]{outcome.stage} failed[/] ({outcome.error_kind}): {escape(str(outcome.error))}", highlight=False)
+        err.print(f"[red]{outcome.stage} failed[/] ({outcome.error_kind}): {escape(str(outcome.error))}",
+                  highlight=False)
     elif outcome.outcome == "empty":
         out.print(f"{outcome.stage}: recorded nothing (deliberately empty; {outcome.rejected} rejected)")
     else:

@@ -82,7 +82,8 @@ def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row:
             item.nonSourceEntryIds.append(entry_id)
         else:
             obj = json.loads(info["raw"])
-            item.sources.append(RecallSource(entryId=entry_id, role=role_label(info["entry_type"], obj, info.get("role")),
+            role = role_label(info["entry_type"], obj, info.get("role"))
+            item.sources.append(RecallSource(entryId=entry_id, role=role,
                                              timestamp=minute(obj.get("timestamp")),
                                              text=entry_text(info["entry_type"], obj)))
     return item

@@ -27,7 +27,8 @@ from om_core.tokens import SOURCE_ROLES, estimate_message_tokens, message_text_p
 SOURCE_ENTRY_TYPES = frozenset({"message", "custom_message", "branch_summary"})
 CURRENT_VERSION = 3
 # What JavaScript's String.prototype.trim() removes (Pi trims the whole file before splitting it).
-JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+JS_WHITESPACE = ("\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+                 + "\u2028\u2029\u202f\u205f\u3000\ufeff")
 
 
 class SessionHeader(BaseModel):
@@ -83,8 +84,14 @@ def _js_number(value: Any) -> float:
         if text.lstrip("+-") == "Infinity":
             return float("-inf") if text.startswith("-") else float("inf")
         return math.nan
-    if isinstance(value, list) and len(value) <= 1:
-        return _js_number(value[0] if value else "") if not value or not isinstance(value[0], (list, dict)) else math.nan
+    if isinstance(value, list) and len(value) <= 1:  # Number([x]) is Number(String(x)); [] and [null] are 0
+        inner = value[0] if value else None
+        if inner is None:
+            return 0.0
+        if isinstance(inner, str):
+            return _js_number(inner)
+        if isinstance(inner, (int, float)) and not isinstance(inner, bool):
+            return float(inner)
     return math.nan
 
 
