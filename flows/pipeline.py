@@ -139,7 +139,7 @@ def ingest_task(db_path: str, paths: list[str], run_id: str) -> dict[str, Any]:
     return {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
 
 
-def _split_targets(db_path: str, targets: list[str]) -> tuple[list[str], list[str], list[str]]:
+def _split_targets(targets: list[str]) -> tuple[list[str], list[str], list[str]]:
     """Paths (files, directories) to ingest, session ids (or prefixes) already ingested, and paths
     that do not exist (a target with a path separator or a .jsonl name is meant as a path)."""
     paths, sessions, missing = [], [], []
@@ -186,7 +186,7 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
     run_id = run_id or dbmod.new_run_id()
     db_path = str(Path(db_path).resolve())
     _start_run(db_path, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
-    paths, refs, not_found = _split_targets(db_path, targets)
+    paths, refs, not_found = _split_targets(targets)
     ingested = ingest_task(db_path, paths, run_id) if paths else {"files": [], "missing": []}
     session_ids, errors = _resolve_sessions(db_path, refs)
     for f in ingested["files"]:

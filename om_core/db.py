@@ -200,11 +200,12 @@ def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | N
     return None if row is None else row[0]
 
 
-def insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, query_name: str) -> None:
+def insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, query_name: str,
+                 params: dict[str, Any] | None = None) -> None:
     """Run the named INSERT … SELECT over an Arrow table registered as ``view_name``."""
     con.register(view_name, table)
     try:
-        con.execute(query(query_name))
+        con.execute(query(query_name), params or {})
     finally:
         try:
             con.unregister(view_name)

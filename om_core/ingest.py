@@ -155,7 +155,7 @@ class _Batch:
     entries: list[ParsedEntry]
     rejected: list[RejectedLine]
     ends: list[int]  # per entry: end of its text pieces in the counted list
-    counts: TokenCounts | list[int] | None
+    counts: TokenCounts | None  # None: no text to count
     longest: int  # longest line, in bytes
     size: int  # characters of raw text
 
@@ -268,20 +268,16 @@ class _Reader:
 
     def stop_at(self, header: _Header) -> None:
         """The file is a copy of another session: as far as the ingest goes, it ends at its header."""
-        final = (header.offset, header.line_no, header.hasher, header.state)
+        self.abandon((header.offset, header.line_no, header.hasher, header.state))
+
+    def abandon(self, final: tuple | None = None) -> None:
+        """No more events are wanted; ``final`` is where the ingest of the file ends (None: nowhere)."""
         if self.feeder is not None:
             self.feeder.stop(self, final)
         else:
             self.stopped = self.done = True
             self.events.clear()
             self.final = final
-            self.close()
-
-    def abandon(self) -> None:
-        if self.feeder is not None:
-            self.feeder.stop(self, None)
-        else:
-            self.stopped = self.done = True
             self.close()
 
     def close(self) -> None:
@@ -570,7 +566,7 @@ class _BatchWriter:
                     "raw": pa.array([e.raw for e in entries], pa.string()),
                 }
             )
-            _insert_arrow(self.con, "entry_batch", table, "insert_entries",
+            dbmod.insert_arrow(self.con, "entry_batch", table, "insert_entries",
                           {"session_id": session_id, "run_id": self.run_id})
             self.entries_written += len(entries)
         if rejected:
@@ -582,7 +578,7 @@ class _BatchWriter:
                     "raw": pa.array([r.raw for r in rejected], pa.binary()),
                 }
             )
-            _insert_arrow(self.con, "quarantine_batch", table, "insert_quarantine",
+            dbmod.insert_arrow(self.con, "quarantine_batch", table, "insert_quarantine",
                           {"file_path": self.file_path, "session_id": session_id, "run_id": self.run_id})
             self.rejected_written += len(rejected)
         if self.uncommitted >= COMMIT_BYTES:
@@ -844,18 +840,6 @@ def _rollback(con: duckdb.DuckDBPyConnection) -> None:
         pass  # no transaction was open (it failed between a chunk's COMMIT and the next BEGIN)
 
 
-def _insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: pa.Table, query_name: str,
-                  params: dict[str, Any] | None = None) -> None:
-    con.register(view_name, table)
-    try:
-        con.execute(query(query_name), params or {})
-    finally:
-        try:
-            con.unregister(view_name)
-        except duckdb.Error:  # a failed transaction refuses even this; the INSERT's error is the one to see
-            pass
-
-
 def store_tree(con: duckdb.DuckDBPyConnection, session_id: str, forest: Forest) -> TreeIntervals:
     """Write a session's ``entry_tree`` rows (one per entry; its old rows are already gone)."""
     tree = forest.intervals()
@@ -864,7 +848,7 @@ def store_tree(con: duckdb.DuckDBPyConnection, session_id: str, forest: Forest) 
     table = pa.table({"entry_id": pa.array(tree.entry_id, pa.string()), "depth": pa.array(tree.depth, pa.int32()),
                       "pre": pa.array(tree.pre, pa.int32()), "last": pa.array(tree.last, pa.int32()),
                       "is_leaf": pa.array(tree.is_leaf, pa.bool_())})
-    _insert_arrow(con, "tree_batch", table, "insert_entry_tree", {"session_id": session_id})
+    dbmod.insert_arrow(con, "tree_batch", table, "insert_entry_tree", {"session_id": session_id})
     return tree
 
 

@@ -75,12 +75,8 @@ def message_text(message: dict[str, Any]) -> str:
     return "\n".join(_blocks_text(message.get("content")))
 
 
-def entry_message(entry_type: str | None, obj: dict[str, Any]) -> dict[str, Any] | None:
-    return entry_as_message(entry_type or "", obj)
-
-
 def entry_text(entry_type: str | None, obj: dict[str, Any]) -> str:
-    message = entry_message(entry_type, obj)
+    message = entry_as_message(entry_type or "", obj)
     return message_text(message) if message else ""
 
 
@@ -103,7 +99,7 @@ def minute(ts: Any) -> str:
 def role_label(entry_type: str | None, obj: dict[str, Any], role: str | None = None) -> str:
     """A reader's label for a source entry. ``role`` is the stored (migrated) role: the raw line of a
     v1/v2 file still says ``hookMessage`` where Pi reads ``custom``."""
-    message = entry_message(entry_type, obj) or {}
+    message = entry_as_message(entry_type or "", obj) or {}
     role = role or message.get("role")
     custom_type = message.get("customType") or obj.get("customType")
     if role == "custom" and custom_type:

@@ -368,9 +368,6 @@ class TokenCounts:
     def __init__(self, parts: list[Future | list[int]]) -> None:
         self._parts = parts
 
-    def done(self) -> bool:
-        return all(not isinstance(p, Future) or p.done() for p in self._parts)
-
     def result(self) -> list[int]:
         if len(self._parts) == 1 and not isinstance(self._parts[0], Future):
             return self._parts[0]

@@ -14,6 +14,7 @@ import pytest
 
 from builders import SessionBuilder
 from conftest import shared_session
+from om_core import db as dbmod
 from om_core.ingest import ingest
 
 SID = "0a0b0c0d-1111-2222-3333-444444444444"
@@ -814,10 +815,8 @@ def test_file_committed_in_chunks_equals_one_transaction(tmp_path, db_path, tiny
 
 
 def _fail_on_insert(monkeypatch, after: int) -> None:
-    import om_core.ingest as ingest_mod
-
     calls = []
-    insert = ingest_mod._insert_arrow
+    insert = dbmod.insert_arrow
 
     def failing(con, view_name, table, query_name, params=None):
         if query_name == "insert_entries":
@@ -826,7 +825,7 @@ def _fail_on_insert(monkeypatch, after: int) -> None:
                 raise OSError("disk full")
         return insert(con, view_name, table, query_name, params)
 
-    monkeypatch.setattr(ingest_mod, "_insert_arrow", failing)
+    monkeypatch.setattr(dbmod, "insert_arrow", failing)
 
 
 def test_failed_ingest_after_chunk_commits_leaves_nothing_behind(tmp_path, db_path, tiny_chunks, monkeypatch):

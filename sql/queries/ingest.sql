@@ -98,10 +98,6 @@ SELECT $session_id, $file_path, $version, $cwd, TRY_CAST($started_at AS TIMESTAM
        sum(tokens_pi), sum(tokens), $header, $run_id, current_timestamp
 FROM entries WHERE session_id = $session_id;
 
--- name: get_session_row
-SELECT session_id, file_path, version, cwd, leaf_id, entry_count, source_count FROM sessions
-WHERE session_id = $session_id;
-
 -- name: delete_entries_after
 -- Entries an interrupted ingest committed beyond the offset recorded in session_files.
 DELETE FROM entries WHERE session_id = $session_id AND line_no > $line_no;
