@@ -29,6 +29,7 @@ from prefect.tasks import exponential_backoff
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
 from om_core import db as dbmod
+from om_core.circuit import release_run_breaker, run_breaker
 from om_core.errors import OmError
 from om_core.ingest import ingest
 from om_core.model import RetryPolicy
@@ -36,6 +37,10 @@ from om_core.replay import replay_session
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 from om_core.workers.stages import ModelConfig, StageOutcome, StageRequest, execute_stage, make_brain
+
+
+class RunStopped(Exception):
+    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
 
 
 class TransientStageError(RuntimeError):
@@ -59,12 +64,12 @@ def _config(model: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
 
 
-def _brain(model: dict[str, Any], settings: Settings):
+def _brain(model: dict[str, Any], settings: Settings, breaker=None):
     """A brain for one stage (it records that stage's model calls; litellm is imported only once)."""
     config = _config(model)
     config.retry = RetryPolicy(attempts=1)  # Prefect retries the whole stage instead
     gate = None if config.offline else model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
-    return make_brain(config, settings, gate=gate)
+    return make_brain(config, settings, gate=gate, breaker=breaker)
 
 
 @task(name="memory-stage", retries=4, retry_delay_seconds=exponential_backoff(backoff_factor=1.0),
@@ -72,9 +77,12 @@ def _brain(model: dict[str, Any], settings: Settings):
 def stage_task(db_path: str, request: dict[str, Any], model: dict[str, Any], settings: dict[str, Any],
                run_id: str) -> dict[str, Any]:
     """One observer, reflector or dropper stage (exactly-once: see om_core.workers.stages)."""
+    breaker = run_breaker(run_id)  # fail fast: a permanent provider error stops every stage of the run
+    if breaker.tripped:
+        return {"stopped": str(breaker.reason)}
     db = dbmod.shared_database(db_path)
     resolved = Settings(**settings)
-    brain = _brain(model, resolved)
+    brain = _brain(model, resolved, breaker)
     outcome = execute_stage(db, StageRequest(**request), brain, resolved, run_id)
     if outcome.outcome == "failed" and outcome.error_kind == "transient":
         raise TransientStageError(outcome.error)
@@ -99,7 +107,10 @@ def replay_session_task(db_path: str, session_id: str, model: dict[str, Any], se
 
     def run_stage(request: StageRequest) -> StageOutcome:
         try:
-            return _outcome(staged(db_path, asdict(request), model, settings, run_id))
+            data = staged(db_path, asdict(request), model, settings, run_id)
+            if "stopped" in data:  # the run's breaker tripped: this session goes no further
+                raise RunStopped(data["stopped"])
+            return _outcome(data)
         except TransientStageError as exc:  # retries exhausted; the failure is already recorded
             return StageOutcome(request.stage, "failed", request.session_id, request.tip, model.get("model") or "offline",
                                 error=str(exc), error_kind="transient")
@@ -107,6 +118,9 @@ def replay_session_task(db_path: str, session_id: str, model: dict[str, Any], se
     try:
         reports = replay_session(db, session_id, resolved, run_stage, drain=drain, run_id=run_id,
                                  progress=progress_board.update)
+    except RunStopped as exc:  # the reason is the run's one error line; nothing to record per session
+        progress_board.update({"session_id": session_id, "error": str(exc)})
+        return {"session_id": session_id, "error": f"stopped: {exc}", "stopped": True, "branches": []}
     except Exception as exc:  # one failing session never stops the others
         message = f"{type(exc).__name__}: {exc}"
         _record_session_error(db, session_id, run_id, message)
@@ -212,7 +226,11 @@ def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: 
                for sid in session_ids]
     results = [f.result() for f in futures]
     dbmod.shared_database(db_path).close()
-    summary = {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested}
+    stopped = release_run_breaker(run_id)
+    if stopped is not None:
+        errors.insert(0, f"model calls stopped: {stopped}")
+    summary = {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested,
+               "stopped": None if stopped is None else str(stopped)}
     failed = errors or any(r["error"] for r in results)
     _finish_run(db_path, run_id, "failed" if failed else "ok",
                 {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})

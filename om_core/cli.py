@@ -414,6 +414,7 @@ def _stage_setup(model: Optional[str], api_base: Optional[str], as_json: bool):
 
     settings = load_settings(state.config).settings
     config = ModelConfig.from_settings(settings, model, api_base)
+    config.preflight()
     if config.offline and not as_json:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
@@ -495,6 +496,7 @@ def run(
 
     settings = load_settings(state.config).settings
     config = ModelConfig.from_settings(settings, model, api_base)
+    config.preflight()  # before Prefect starts: credentials, provider, base URL
     if config.offline and not as_json:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
@@ -571,7 +573,7 @@ def _print_run_table(summary, rows) -> None:
     for e in summary["errors"]:
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
     for s in summary["sessions"]:
-        if s["error"]:
+        if s["error"] and not s.get("stopped"):  # stopped: the run's one error line says why
             err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
 
 

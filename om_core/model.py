@@ -30,18 +30,33 @@ REASONING_EFFORT: dict[str, str | None] = {
 
 
 class ModelError(OmError):
-    """A model/API failure. Never "nothing to record": the stage fails and appends nothing."""
+    """A model/API failure. Never "nothing to record": the stage fails and appends nothing.
+
+    ``category`` says what failed (auth, permission, not_found, quota, bad_api_base, unreachable,
+    rate_limit, server, timeout, bad_request, context_window, other); ``stops_run`` is true for the
+    permanent provider errors no retry and no other stage can fix (see om_core.circuit)."""
 
     kind: ErrorKind = "permanent"
 
-    def __init__(self, message: str, kind: ErrorKind, status: int | None = None) -> None:
+    def __init__(self, message: str, kind: ErrorKind, status: int | None = None, category: str = "other",
+                 variables: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
+        self.category = category
+        self.variables = variables  # missing credentials: the environment variables to set
 
     @property
     def retryable(self) -> bool:
         return self.kind == "transient"
+
+    @property
+    def stops_run(self) -> bool:
+        return self.category in RUN_STOPPING
+
+
+# Provider errors that fail every later call of a run the same way (a circuit breaker stops the run).
+RUN_STOPPING = frozenset({"auth", "permission", "not_found", "quota", "bad_api_base"})
 
 
 @dataclass
@@ -99,17 +114,45 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_seconds, self.base_seconds * 2 ** (attempt - 1)))
 
 
-_MISSING_CREDENTIALS = re.compile(r"missing credentials|api[_ ]key\b.{0,40}\bmust be set|no api key provided|"
-                                  r"incorrect api key|invalid api key", re.IGNORECASE)
+_MISSING_CREDENTIALS = re.compile(r"missing credentials|api[_ ]key\b.{0,40}\bmust be set|no api key provided",
+                                  re.IGNORECASE)
+_BAD_KEY = re.compile(r"incorrect api key|invalid api key|invalid x-api-key", re.IGNORECASE)
+_ENV_VARIABLE = re.compile(r"`([A-Z][A-Z0-9_]*_(?:API_KEY|KEY|TOKEN))`")
+_UNKNOWN_MODEL = re.compile(r"model\b.{0,80}\b(does not exist|not found|not exist|unknown|invalid model)|"
+                            r"model_not_found|invalid model|unknown model", re.IGNORECASE)
+_NO_QUOTA = re.compile(r"insufficient_quota|exceeded your current quota|credit balance is too low", re.IGNORECASE)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(chain) < 12:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _connection_failure(exc: BaseException) -> tuple[str, str] | None:
+    """(category, cause) when the call never reached a server: a URL that cannot work, or no server
+    at the address. litellm reports both as a 500 "Connection error."; the cause is in the chain."""
+    for cause in _causes(exc)[1:]:
+        name = type(cause).__name__
+        if name in ("UnsupportedProtocol", "InvalidURL"):
+            return "bad_api_base", f"{name}: {cause}"
+        if isinstance(cause, ConnectionRefusedError) or name == "gaierror":
+            return "unreachable", f"{name}: {cause}"
+    return None
 
 
 def classify(exc: BaseException) -> ModelError:
-    """Map a litellm/httpx failure to transient (retry) or permanent (fail the stage now)."""
+    """Map a litellm/httpx failure to transient (retry) or permanent (fail the stage now), with a
+    category that says whether the whole run must stop (``ModelError.stops_run``)."""
     if isinstance(exc, ModelError):
         return exc
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
-    message = f"{name}: {str(exc).strip()[:500]}"
+    text = str(exc).strip()
+    message = f"{name}: {text[:500]}"
     permanent_names = {"AuthenticationError", "PermissionDeniedError", "BadRequestError", "NotFoundError",
                        "ContextWindowExceededError", "UnprocessableEntityError", "UnsupportedParamsError",
                        "ContentPolicyViolationError", "InvalidRequestError", "BudgetExceededError"}
@@ -117,20 +160,50 @@ def classify(exc: BaseException) -> ModelError:
                        "ServiceUnavailableError", "BadGatewayError", "ConnectError", "ReadTimeout",
                        "ConnectTimeout", "RemoteProtocolError", "ReadError", "TimeoutException"}
     mro = {cls.__name__ for cls in type(exc).__mro__}
-    if mro & {"ContextWindowExceededError", "AuthenticationError"} or _MISSING_CREDENTIALS.search(message):
-        # litellm reports a missing key as a 500 from the provider; retrying cannot help
-        return ModelError(message, "permanent", status)
+    if _MISSING_CREDENTIALS.search(text):
+        # litellm reports a missing key as a 500 from the provider: it is an auth error, and
+        # retrying cannot help
+        variables = tuple(dict.fromkeys(_ENV_VARIABLE.findall(text)))
+        hint = f": set {' or '.join(variables)}" if variables else ""
+        detail = text.rsplit(" - ", 1)[-1]  # litellm's own prefixes name the wrong class
+        return ModelError(f"AuthenticationError: missing credentials{hint} ({detail[:300]})", "permanent", None,
+                          "auth", variables)
+    if "ContextWindowExceededError" in mro:
+        return ModelError(message, "permanent", status, "context_window")
+    if "AuthenticationError" in mro or status == 401 or _BAD_KEY.search(text):
+        return ModelError(message, "permanent", status, "auth")
+    if "PermissionDeniedError" in mro or status == 403:
+        return ModelError(message, "permanent", status, "permission")
+    if _NO_QUOTA.search(text):
+        return ModelError(message, "permanent", status, "quota")
+    if "NotFoundError" in mro or status == 404:
+        return ModelError(message, "permanent", status, "not_found")
+    if status in (400, 422) and _UNKNOWN_MODEL.search(text):
+        return ModelError(message, "permanent", status, "not_found")
+    failure = _connection_failure(exc)
+    if failure is not None:
+        category, cause = failure
+        kind: ErrorKind = "permanent" if category == "bad_api_base" else "transient"
+        return ModelError(f"APIConnectionError: {cause}", kind, None, category)
+    if "RateLimitError" in mro or status == 429:
+        return ModelError(message, "transient", status, "rate_limit")
     if mro & transient_names:
-        return ModelError(message, "transient", status)
+        timeout = bool(mro & {"Timeout", "ReadTimeout", "ConnectTimeout", "TimeoutException"})
+        return ModelError(message, "transient", status, "timeout" if timeout else "server")
     if isinstance(status, int):
-        if status in (408, 409, 425, 429) or status >= 500:
-            return ModelError(message, "transient", status)
-        return ModelError(message, "permanent", status)
+        if status in (408, 409, 425) or status >= 500:
+            return ModelError(message, "transient", status, "server")
+        return ModelError(message, "permanent", status, "bad_request")
     if mro & permanent_names:
-        return ModelError(message, "permanent", status)
+        return ModelError(message, "permanent", status, "bad_request")
     if isinstance(exc, (TimeoutError, ConnectionError)):
-        return ModelError(message, "transient", status)
+        return ModelError(message, "transient", status, "timeout" if isinstance(exc, TimeoutError) else "unreachable")
     return ModelError(message, "permanent", status)
+
+
+def litellm_model_name(model: str, api_base: str | None) -> str:
+    """The name litellm is called with: a bare name at an ``api_base`` is an OpenAI-compatible server's."""
+    return f"openai/{model}" if api_base and "/" not in model else model
 
 
 def _import_litellm():
@@ -154,10 +227,8 @@ class LiteLLMModel:
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None,
                  thinking: str = "off", timeout: float = 120.0, stream: bool = False,
                  retry: RetryPolicy | None = None, record: Callable[[CallRecord], None] | None = None,
-                 gate: Callable[[], Any] | None = None) -> None:
-        if api_base and "/" not in model:
-            model = f"openai/{model}"  # an OpenAI-compatible server
-        self.name = model
+                 gate: Callable[[], Any] | None = None, breaker: Any = None) -> None:
+        self.name = litellm_model_name(model, api_base)
         self.api_base = api_base
         self.api_key = api_key
         self.thinking = thinking
@@ -166,6 +237,7 @@ class LiteLLMModel:
         self.retry = retry or RetryPolicy()
         self.record = record or (lambda _: None)
         self.gate = gate  # a context-manager factory around each call (the pipeline's global limit)
+        self.breaker = breaker  # om_core.circuit.CircuitBreaker: the run stops on a permanent provider error
         self._litellm = None
 
     def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -221,6 +293,8 @@ class LiteLLMModel:
         attempt = 0
         while True:
             attempt += 1
+            if self.breaker is not None:
+                self.breaker.check()  # tripped: fail at once with the original reason, send nothing
             started = datetime.now(timezone.utc)
             t0 = time.perf_counter()
             try:
@@ -231,6 +305,8 @@ class LiteLLMModel:
                         reply = self._once(messages, tools)
             except Exception as exc:  # classified below; nothing escapes unclassified
                 error = classify(exc)
+                if self.breaker is not None:
+                    self.breaker.record(error)
                 self.record(CallRecord(model=self.name, turn=turn, attempt=attempt, started_at=started,
                                        latency_ms=(time.perf_counter() - t0) * 1000, status="error",
                                        error_kind=error.kind, error=str(error)))
@@ -238,6 +314,8 @@ class LiteLLMModel:
                     self.retry.sleep(self.retry.delay(attempt))
                     continue
                 raise error from None
+            if self.breaker is not None:
+                self.breaker.record(None)
             self.record(CallRecord(model=self.name, turn=turn, attempt=attempt, started_at=started,
                                    latency_ms=(time.perf_counter() - t0) * 1000, status="ok",
                                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,

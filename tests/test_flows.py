@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from builders import SessionBuilder
 from fake_brains import ScriptedWorkers, stage_key
-from fake_openai import FakeOpenAI
+from fake_openai import FakeOpenAI, http_error
 
 from om_core.ledger import parse_folded, parse_record
 from om_core.settings import Settings
@@ -195,7 +195,8 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
 
     def responder(body):
         if "topic2" in body["messages"][1]["content"]:
-            return json_error(401)
+            # a permanent error of this session's requests only (a 401 would stop the whole run)
+            return http_error(400, "messages[1].content is malformed")
         return script(body)
 
     with FakeOpenAI(responder=responder) as server:
@@ -210,7 +211,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     from om_core.memory import status
 
     shown = status(db, "00000002")
-    assert shown.lastErrors and "AuthenticationError" in shown.lastErrors[0]["detail"]
+    assert shown.lastErrors and "BadRequestError" in shown.lastErrors[0]["detail"]
 
 
 def json_error(status: int):

@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from om_core import db as dbmod
+from om_core.circuit import CircuitBreaker
 from om_core.ledger import (
     OBSERVATIONS_DROPPED,
     OBSERVATIONS_RECORDED,
@@ -100,16 +101,24 @@ class ModelConfig:
     def offline(self) -> bool:
         return not self.model or self.model == OFFLINE
 
+    def preflight(self) -> None:
+        """Fail before anything starts on what can be checked offline (om_core.circuit)."""
+        if not self.offline:
+            from om_core.circuit import preflight_model
+
+            preflight_model(self.model, self.api_base, self.api_key)
+
 
 def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] | None = None,
-               gate: Any = None) -> Brain:
-    """The offline baseline or a model brain; a model brain keeps its call records in ``brain.calls``."""
+               gate: Any = None, breaker: Any = None) -> Brain:
+    """The offline baseline or a model brain; a model brain keeps its call records in ``brain.calls``
+    and consults ``breaker`` (om_core.circuit) before every call."""
     if config.offline:
         return OfflineBrain()
     calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
-                         gate=gate)
+                         gate=gate, breaker=breaker)
     brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets)
     brain.calls = calls
     return brain
@@ -343,7 +352,7 @@ def observe_now(db_path, session: str, leaf: str | None, config: ModelConfig, se
     """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
     db = as_database(db_path)
     sid, tip = _session_and_tip(db, session, leaf)
-    brain = make_brain(config, settings, [])
+    brain = make_brain(config, settings, [], breaker=CircuitBreaker())
     return execute_stage(db, StageRequest(sid, tip, "observer"), brain, settings, run_id)
 
 
@@ -352,7 +361,7 @@ def reflect_now(db_path, session: str, leaf: str | None, config: ModelConfig, se
     """The reflector now; then the dropper if it appended reflections and the pool is over target."""
     db = as_database(db_path)
     sid, tip = _session_and_tip(db, session, leaf)
-    brain = make_brain(config, settings, [])
+    brain = make_brain(config, settings, [], breaker=CircuitBreaker())
     outcome = execute_stage(db, StageRequest(sid, tip, "reflector"), brain, settings, run_id)
     results = [outcome]
     if outcome.outcome == "recorded" and outcome.ledger_id:

@@ -1,0 +1,161 @@
+"""Fail fast: the offline preflight of a model configuration, and a circuit breaker for the model
+calls of one run.
+
+A permanent provider error that no retry can fix (a rejected or missing key, no permission, an
+unknown model, a base URL that cannot work) fails every later call of the run the same way. The
+first such error trips the run's breaker; from then on every model call of that run fails at once
+with the original reason and sends no request. Connection failures (nothing listens at the
+address, the host does not resolve) trip it after a few in a row with no success in between.
+
+Call points: ``preflight_model`` before anything starts (it needs litellm, imported only for a
+configured model); ``run_breaker(run_id)`` gives the breaker a run's stages share in this process
+(``LiteLLMModel(breaker=...)`` consults it before each attempt and reports each outcome to it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from urllib.parse import urlparse
+
+from om_core.errors import OmError
+from om_core.model import ModelError, litellm_model_name
+
+
+class CircuitOpen(ModelError):
+    """A call that was not sent: the run's breaker tripped on an earlier permanent error."""
+
+    def __init__(self, reason: ModelError) -> None:
+        super().__init__(f"not sent: model calls stopped after {reason}", "permanent", reason.status,
+                         reason.category, reason.variables)
+        self.reason = reason
+
+
+class CircuitBreaker:
+    """Thread-safe; shared by every stage of one run in this process."""
+
+    def __init__(self, unreachable_limit: int = 3) -> None:
+        self.unreachable_limit = unreachable_limit
+        self._lock = threading.Lock()
+        self._reason: ModelError | None = None
+        self._unreachable = 0  # connection failures in a row
+
+    @property
+    def reason(self) -> ModelError | None:
+        return self._reason
+
+    @property
+    def tripped(self) -> bool:
+        return self._reason is not None
+
+    def check(self) -> None:
+        """Before a call: raise ``CircuitOpen`` (with the original reason) once tripped."""
+        reason = self._reason
+        if reason is not None:
+            raise CircuitOpen(reason)
+
+    def record(self, error: ModelError | None) -> None:
+        """After a call: None for a success, else its classified error."""
+        with self._lock:
+            if error is None:
+                self._unreachable = 0
+                return
+            if isinstance(error, CircuitOpen) or self._reason is not None:
+                return
+            if error.stops_run:
+                self._reason = error
+            elif error.category == "unreachable":
+                self._unreachable += 1
+                if self._unreachable >= self.unreachable_limit:
+                    self._reason = ModelError(f"{error} ({self._unreachable} attempts in a row)", "permanent",
+                                              error.status, "unreachable")
+
+    def trip(self, error: ModelError) -> None:
+        with self._lock:
+            if self._reason is None:
+                self._reason = error
+
+
+_RUNS: dict[str, CircuitBreaker] = {}
+_RUNS_LOCK = threading.Lock()
+
+
+def run_breaker(run_id: str | None) -> CircuitBreaker:
+    """The breaker of a run in this process (a new one for a run without an id)."""
+    if run_id is None:
+        return CircuitBreaker()
+    with _RUNS_LOCK:
+        return _RUNS.setdefault(run_id, CircuitBreaker())
+
+
+def release_run_breaker(run_id: str) -> ModelError | None:
+    """Forget a finished run's breaker; the reason it tripped, if it did."""
+    with _RUNS_LOCK:
+        breaker = _RUNS.pop(run_id, None)
+    return breaker.reason if breaker is not None else None
+
+
+# ------------------------------------------------------------------ preflight
+
+
+class PreflightError(OmError):
+    """A model configuration that cannot work, found before any call (exit 1)."""
+
+
+class MissingCredentials(PreflightError):
+    def __init__(self, model: str, variables: list[str]) -> None:
+        super().__init__(f"missing credentials for {model}: set {' or '.join(variables)} "
+                         "(or --api-base for an OpenAI-compatible server)")
+        self.variables = variables
+
+
+def check_api_base(api_base: str | None) -> None:
+    if not api_base:
+        return
+    parsed = urlparse(api_base)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise PreflightError(f"--api-base {api_base!r} is not a URL: it needs http:// or https:// and a host")
+
+
+# The key variables of the most used providers, as litellm.validate_environment names them (any one
+# of a provider's variables is enough). Known here so that a missing key fails in a fraction of a
+# second instead of after litellm's import (seconds); tests/test_circuit.py checks every entry
+# against litellm. Other providers are asked of litellm itself.
+PROVIDER_KEYS: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY",),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+    "openrouter": ("OPENROUTER_API_KEY",),
+    "gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY"),
+    "groq": ("GROQ_API_KEY",),
+    "mistral": ("MISTRAL_API_KEY",),
+    "deepseek": ("DEEPSEEK_API_KEY",),
+    "xai": ("XAI_API_KEY",),
+}
+
+
+def preflight_model(model: str, api_base: str | None = None, api_key: str | None = None) -> None:
+    """What can be checked offline: the base URL parses, litellm knows the provider, and the
+    provider's API key variable is set. Only API keys are required here: base URLs, cloud projects and
+    cloud credentials can come from defaults or profiles, so the provider is left to judge those."""
+    check_api_base(api_base)
+    name = litellm_model_name(model, api_base)
+    provider = name.split("/", 1)[0] if "/" in name else None
+    if provider in PROVIDER_KEYS:
+        variables = PROVIDER_KEYS[provider]
+        if not (api_base or api_key) and not any(os.environ.get(v) for v in variables):
+            raise MissingCredentials(name, list(variables))
+        return
+    from om_core.model import _import_litellm
+
+    litellm = _import_litellm()
+    try:
+        litellm.get_llm_provider(model=name, api_base=api_base)
+    except Exception:
+        raise PreflightError(f"unknown model {model!r}: litellm cannot tell its provider; use provider/model "
+                             "(openai/…, anthropic/…, openrouter/…, ollama/…) or --api-base") from None
+    if api_base or api_key:
+        return  # an OpenAI-compatible server may need no key (OM_API_KEY is sent when set)
+    needed = litellm.validate_environment(model=name).get("missing_keys") or []
+    missing = [v for v in needed if v.endswith("API_KEY")]
+    if missing:
+        raise MissingCredentials(name, missing)
