@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -93,19 +94,126 @@ def sessions(db_path: str | os.PathLike) -> list[SessionInfo]:
 
 
 class QueryResult(BaseModel):
+    statement: str = ""
     columns: list[str]
     rows: list[list[Any]]
 
+    def text_rows(self) -> list[list[str]]:
+        """Every value as text for a table or CSV: NULL empty, BLOBs as hex, nested values as JSON."""
+        return [[display_value(v) for v in row] for row in self.rows]
 
-def run_sql(db_path: str | os.PathLike, sql: str) -> QueryResult:
-    """Run one analyst query on a read-only connection."""
+    def json_rows(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, (json_value(v) for v in row))) for row in self.rows]
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-ready value: BLOBs as hex strings, nested lists and structs converted throughout."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # dates, times, decimals, UUIDs, intervals: their text form
+
+
+def display_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    converted = json_value(value)
+    if isinstance(converted, (dict, list)):
+        return json.dumps(converted, ensure_ascii=False)
+    return str(converted)
+
+
+# Statements `om sql` runs: queries only. DuckDB's own parser says what each statement is; DuckDB's
+# settings (sql/queries/catalog.sql: sql_sandbox) refuse file, network and extension access and lock
+# the configuration, so a statement that slips past this list still cannot write or reconfigure.
+_QUERY_TYPES = {"SELECT", "CALL", "MULTI"}  # MULTI: a PIVOT (DuckDB adds its temporary enum type)
+_REFUSAL_REASONS = {
+    "COPY": "COPY writes and reads files (print with --csv or --json instead)",
+    "EXPORT": "EXPORT DATABASE writes files",
+    "ATTACH": "ATTACH opens another database",
+    "DETACH": "DETACH changes the attached databases",
+    "LOAD": "INSTALL and LOAD add extensions",
+    "SET": "SET, RESET and USE change the configuration",
+    "PRAGMA": "PRAGMA statements change settings or import data (read with SHOW, DESCRIBE or pragma_* "
+              "table functions)",
+    "TRANSACTION": "transactions are for writes",
+}
+
+
+def _refusal(con: duckdb.DuckDBPyConnection, statement: Any, number: int) -> str | None:
+    kind = statement.type.name
+    if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs its statement: allowed when that statement is
+        inner = _explained_statement(con, statement.query)
+        return None if inner is None else _refusal(con, inner, number)
+    if kind in _QUERY_TYPES:
+        return None
+    reason = _REFUSAL_REASONS.get(kind, f"{kind} statements change the database")
+    return f"om sql is read-only: statement {number} refused: {reason}"
+
+
+def _explained_statement(con: duckdb.DuckDBPyConnection, text: str) -> Any:
+    """The statement an EXPLAIN explains (found with DuckDB's tokenizer), or None for none."""
+    tokens = [(offset, kind) for offset, kind in duckdb.tokenize(text) if kind != duckdb.token_type.comment]
+    i = 1  # tokens[0] is EXPLAIN
+    if i < len(tokens) and text[tokens[i][0]:].lower().startswith(("analyze", "analyse")):
+        i += 1
+    elif i < len(tokens) and text[tokens[i][0]] == "(":  # EXPLAIN (ANALYZE, FORMAT json) ...
+        while i < len(tokens) and text[tokens[i][0]] != ")":
+            i += 1
+        i += 1
+    if i >= len(tokens):
+        return None
+    inner = con.extract_statements(text[tokens[i][0]:])
+    return inner[0] if inner else None
+
+
+def _one_line(exc: duckdb.Error) -> str:
+    """DuckDB's message without its caret diagram, on one line."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith("LINE ") and set(line) != {"^"}]
+    return "; ".join(kept) or type(exc).__name__
+
+
+def run_sql(db_path: str | os.PathLike, sql: str, *, allow_files: bool = False) -> list[QueryResult]:
+    """Run analyst queries on a read-only, locked-down connection: one result per statement.
+
+    Every statement is checked before any runs, so several statements either all run or none does.
+    Files on disk are readable only with ``allow_files`` (``om sql --allow-files``).
+    """
     if not sql.strip().strip(";").strip():
         raise InvalidArgument("the query is empty")
     with reading(db_path) as con:
+        if allow_files:
+            con.execute(query("sql_sandbox_local_files"))
+        con.execute(query("sql_sandbox"))
         try:
-            cursor = con.execute(sql)
+            statements = con.extract_statements(sql)
         except duckdb.Error as exc:
-            raise OmError(f"query failed: {exc}") from None
-        if cursor is None or cursor.description is None:
-            return QueryResult(columns=[], rows=[])
-        return QueryResult(columns=[d[0] for d in cursor.description], rows=[list(r) for r in cursor.fetchall()])
+            raise OmError(f"query failed: {_one_line(exc)}") from None
+        if not statements:
+            raise InvalidArgument("the query is empty")
+        for number, statement in enumerate(statements, 1):
+            reason = _refusal(con, statement, number)
+            if reason:
+                raise InvalidArgument(reason)
+        results = []
+        for statement in statements:
+            try:
+                cursor = con.execute(statement)
+                columns = [d[0] for d in cursor.description] if cursor.description else []
+                rows = [list(r) for r in cursor.fetchall()] if columns else []
+            except duckdb.PermissionException as exc:
+                if allow_files:
+                    raise OmError(f"query failed: {_one_line(exc)}") from None
+                raise OmError(f"om sql reads no files unless --allow-files is given ({_one_line(exc)})") from None
+            except duckdb.Error as exc:
+                raise OmError(f"query failed: {_one_line(exc)}") from None
+            results.append(QueryResult(statement=statement.query.strip(), columns=columns, rows=rows))
+        return results

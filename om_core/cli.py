@@ -56,6 +56,11 @@ def _global(
             console.width = 100_000  # piped: whole values in tables and one-line messages, never folded at 80
 
 
+def _examples(*lines: str) -> str:
+    """A command's help epilog: its examples, one per line."""
+    return "Examples:\n" + "\n".join(f"  {escape(line)}" for line in lines)
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
@@ -125,27 +130,69 @@ def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions 
     out.print(table)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    'om sql "SELECT class, count(*) FROM compaction_gaps GROUP BY ALL"',
+    'om sql --csv "SELECT stage, sum(cost) FROM llm_calls GROUP BY ALL" > cost.csv',
+    "om sql - < report.sql",
+    "om sql --allow-files \"SELECT * FROM read_json('notes.jsonl')\"",
+))
 def sql(
-    statement: str = typer.Argument(..., help="One SQL query; the database is opened read-only."),
-    as_json: bool = typer.Option(False, "--json", help="Print an array of row objects."),
-    as_csv: bool = typer.Option(False, "--csv", help="Print CSV with a header row."),
+    statement: str = typer.Argument(..., metavar="QUERY", help="SQL queries (several separated by ';'), or - to "
+                                    "read them from standard input."),
+    as_json: bool = typer.Option(False, "--json", help="Print an array of row objects (one statement)."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print CSV with a header row (one statement)."),
+    allow_files: bool = typer.Option(False, "--allow-files", help="Let queries read files on disk (read_csv, "
+                                     "read_json, read_text, ...); off by default."),
 ) -> None:
-    """Run a read-only SQL query against the ledger (views are listed in the README)."""
+    """Run read-only SQL queries against the ledger (tables and views are listed in the README).
+
+    Only queries run: statements that write (COPY, EXPORT, ATTACH, INSERT, CREATE, ...), install or
+    load extensions, or change settings are refused before anything runs. BLOBs print as hex.
+    """
     from om_core.catalog import run_sql
 
-    result = run_sql(state.db, statement)
+    if statement == "-":
+        statement = sys.stdin.read()
+    if as_json and as_csv:
+        raise InvalidArgument("--json and --csv cannot be combined")
+    results = run_sql(state.db, statement, allow_files=allow_files)
+    if (as_json or as_csv) and len(results) > 1:
+        raise InvalidArgument(f"--{'json' if as_json else 'csv'} prints one result: give one statement, "
+                              f"not {len(results)}")
     if as_json:
-        _print_json([dict(zip(result.columns, row)) for row in result.rows])
+        _print_json(results[0].json_rows())
     elif as_csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(result.columns)
-        writer.writerows(result.rows)
+        writer.writerow(results[0].columns)
+        writer.writerows(results[0].text_rows())
     else:
-        table = Table(*result.columns)
-        for row in result.rows:
-            table.add_row(*("" if v is None else escape(str(v)) for v in row))
+        for i, result in enumerate(results):
+            if i:
+                out.print()
+            _print_rows(result.columns, result.text_rows())
+
+
+def _print_rows(columns: list[str], rows: list[list[str]]) -> None:
+    """A table; on a terminal too narrow for it, one block per row (column, value) so nothing is squeezed."""
+    from rich.measure import Measurement
+
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(escape(v) for v in row))
+    natural = Measurement.get(out, out.options.update(max_width=1_000_000), table).maximum
+    if not out.is_terminal or natural <= out.width:
         out.print(table)
+        return
+    for n, row in enumerate(rows, 1):
+        out.print(f"[bold]-- row {n}[/]")
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for name, value in zip(columns, row):
+            grid.add_row(escape(name), escape(value))
+        out.print(grid)
+    if not rows:
+        out.print("(no rows)")
 
 
 @app.command()

@@ -118,7 +118,7 @@ def test_list_sessions(catalog_db):
 
 
 def test_run_sql_returns_columns_and_rows(catalog_db):
-    result = catalog.run_sql(catalog_db["db"], "SELECT session_id, entry_count FROM sessions ORDER BY session_id")
+    (result,) = catalog.run_sql(catalog_db["db"], "SELECT session_id, entry_count FROM sessions ORDER BY session_id")
     assert result.columns == ["session_id", "entry_count"]
     assert result.rows == [[SID_A, 6], [SID_B, 2], [SID_C, 8]]
 
@@ -136,6 +136,102 @@ def test_run_sql_is_read_only(catalog_db, statement):
     assert "read-only" in str(exc.value).lower() or "read only" in str(exc.value).lower()
     assert q(catalog_db["db"], "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM entries)") == before
     assert q(catalog_db["db"], "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'scratch'") == [(0,)]
+
+
+def _refused(db: Path, sql: str, **kwargs) -> str:
+    with pytest.raises(InvalidArgument) as exc:
+        catalog.run_sql(db, sql, **kwargs)
+    message = str(exc.value)
+    assert "\n" not in message and "read-only" in message
+    return message
+
+
+@pytest.mark.parametrize("allow_files", [False, True])
+def test_run_sql_writes_no_file(catalog_db, tmp_path, allow_files):
+    target = tmp_path / "written"
+    for sql, reason in (
+        (f"COPY (SELECT * FROM sessions) TO '{target}.csv'", "COPY"),
+        (f"COPY sessions TO '{target}.parquet' (FORMAT parquet)", "COPY"),
+        (f"EXPORT DATABASE '{target}'", "EXPORT DATABASE"),
+        (f"EXPLAIN ANALYZE COPY (SELECT 1) TO '{target}.csv'", "COPY"),  # ANALYZE runs the statement
+        (f"EXPLAIN (ANALYZE, FORMAT json) COPY (SELECT 1) TO '{target}.csv'", "COPY"),
+    ):
+        assert reason in _refused(catalog_db["db"], sql, allow_files=allow_files)
+    assert not list(tmp_path.glob("written*"))
+
+
+@pytest.mark.parametrize("allow_files", [False, True])
+def test_run_sql_attaches_nothing_for_writing(catalog_db, tmp_path, allow_files):
+    other = tmp_path / "other.duckdb"
+    duckdb.connect(str(other)).close()
+    fresh = tmp_path / "fresh.duckdb"
+    for sql in (f"ATTACH '{other}' AS o (READ_WRITE); CREATE TABLE o.stolen AS SELECT * FROM sessions",
+                f"ATTACH '{fresh}' AS f", f"ATTACH '{other}' AS o (READ_ONLY)", "DETACH o"):
+        assert "ATTACH" in _refused(catalog_db["db"], sql, allow_files=allow_files) or "DETACH" in sql
+    assert q(other, "SELECT count(*) FROM duckdb_tables()") == [(0,)]
+    assert not fresh.exists()
+
+
+@pytest.mark.parametrize("sql", ["INSTALL httpfs", "LOAD httpfs", "FORCE INSTALL json", "LOAD json"])
+def test_run_sql_installs_and_loads_no_extension(catalog_db, sql):
+    assert "extensions" in _refused(catalog_db["db"], sql, allow_files=True)
+
+
+@pytest.mark.parametrize("sql", ["SET threads = 1", "RESET threads", "SET enable_external_access = true",
+                                 "SET lock_configuration = false", "USE memory", "PRAGMA enable_profiling",
+                                 "SET VARIABLE x = 1", "BEGIN TRANSACTION",
+                                 "CREATE TEMP TABLE t AS SELECT 1", "CREATE SECRET (TYPE s3, KEY_ID 'a', SECRET 'b')"])
+def test_run_sql_changes_no_configuration(catalog_db, sql):
+    _refused(catalog_db["db"], sql)
+
+
+def test_run_sql_settings_that_slip_past_are_locked(catalog_db, tmp_path):
+    """What the statement check allows still runs on a locked connection: settings cannot change, even
+    through table functions."""
+    for sql in ("SELECT * FROM enable_profiling(save_location := '%s')" % (tmp_path / "p.json"),
+                "CALL enable_logging(storage := 'file', storage_path := '%s')" % (tmp_path / "logs")):
+        with pytest.raises(OmError) as exc:
+            catalog.run_sql(catalog_db["db"], sql, allow_files=True)
+        assert "locked" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "logs").exists()
+
+
+def test_run_sql_reads_files_only_with_allow_files(catalog_db, tmp_path):
+    secret = tmp_path / "secret.csv"
+    secret.write_text("hunter2")
+    for sql in (f"SELECT content FROM read_text('{secret}')", f"SELECT * FROM read_csv('{secret}')",
+                f"SELECT * FROM '{secret}'", f"SELECT * FROM glob('{tmp_path}/*')",
+                "SELECT * FROM read_text('/etc/hostname')"):
+        with pytest.raises(OmError) as exc:
+            catalog.run_sql(catalog_db["db"], sql)
+        assert "--allow-files" in str(exc.value) and "\n" not in str(exc.value)
+        assert "hunter2" not in str(exc.value)
+    (result,) = catalog.run_sql(catalog_db["db"], f"SELECT content FROM read_text('{secret}')", allow_files=True)
+    assert result.rows == [["hunter2"]]
+    with pytest.raises(OmError):  # files, not the network
+        catalog.run_sql(catalog_db["db"], "SELECT * FROM read_text('https://example.com/x')", allow_files=True)
+
+
+def test_run_sql_queries_that_run(catalog_db):
+    results = catalog.run_sql(catalog_db["db"], "SELECT count(*) AS n FROM sessions; "
+                              "EXPLAIN SELECT 1; PIVOT (SELECT 1 AS a, 2 AS b) ON a; DESCRIBE sessions; "
+                              "SHOW TABLES; CALL pragma_version(); SUMMARIZE SELECT 1 AS x")
+    assert [r.columns[0] for r in results][:1] == ["n"] and results[0].rows == [[3]]
+    assert len(results) == 7 and all(r.rows for r in results)
+    assert results[2].rows == [[2, 1]]
+
+
+def test_run_sql_checks_every_statement_before_running_any(catalog_db):
+    message = _refused(catalog_db["db"], "SELECT 1; SELECT 2; COPY sessions TO '/tmp/never.csv'")
+    assert "statement 3" in message
+
+
+def test_run_sql_values_for_printing(catalog_db):
+    (result,) = catalog.run_sql(catalog_db["db"], "SELECT '\\xAA\\x00'::BLOB AS b, [1, 2] AS l, "
+                                "{'k': 'v'} AS s, NULL AS n, true AS t, DATE '2026-01-02' AS d")
+    assert result.text_rows() == [["aa00", "[1, 2]", '{"k": "v"}', "", "true", "2026-01-02"]]
+    assert result.json_rows() == [{"b": "aa00", "l": [1, 2], "s": {"k": "v"}, "n": None, "t": True,
+                                   "d": "2026-01-02"}]
 
 
 def test_run_sql_bad_query_is_a_clear_error(catalog_db):

@@ -20,7 +20,7 @@ from builders import SessionBuilder
 from conftest import shared_session
 from om_core import db as dbmod
 from om_core.cli import app
-from om_core.errors import DatabaseBusy
+from om_core.errors import DatabaseBusy, InvalidArgument
 from om_core.ingest import ingest
 
 SID_A = "abc11111-0000-4000-8000-000000000001"
@@ -224,6 +224,81 @@ def test_sql_is_read_only(two_sessions, tmp_path):
     assert "read-only" in result.stderr.lower() or "read only" in result.stderr.lower()
     assert "Traceback" not in result.stderr + result.stdout
     assert q(db, "SELECT count(*) FROM runs WHERE run_id = 'x'") == [(0,)]
+
+
+@pytest.mark.parametrize("statement", [
+    "COPY (SELECT * FROM sessions) TO 'out.csv'",
+    "EXPORT DATABASE 'dump'",
+    "ATTACH 'other.duckdb' AS o (READ_WRITE)",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET threads = 1",
+    "SELECT 1; DROP TABLE sessions",
+])
+def test_sql_refusals_are_one_line(two_sessions, tmp_path, statement):
+    result = run_om(["--db", str(two_sessions["db"]), "sql", statement], cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: om sql is read-only") and result.stderr.count("\n") == 1, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "om.duckdb"]  # nothing written
+
+
+def test_sql_reads_files_only_with_allow_files(two_sessions, tmp_path):
+    (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
+    query = "SELECT * FROM read_csv('notes.csv')"
+    result = run_om(["--db", str(two_sessions["db"]), "sql", query], cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("error:") and "--allow-files" in result.stderr and result.stderr.count("\n") == 1
+    result = run_om(["--db", str(two_sessions["db"]), "sql", "--allow-files", query, "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"a": 1, "b": 2}]
+
+
+def test_sql_reads_the_query_from_stdin(two_sessions, tmp_path):
+    full_env = {k: v for k, v in os.environ.items() if k != "OM_DB"}
+    result = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(two_sessions["db"]), "sql", "-",
+                             "--json"], input="SELECT count(*) AS n\nFROM sessions;\n", capture_output=True, text=True,
+                            cwd=tmp_path, env=full_env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"n": 2}]
+
+
+def test_sql_several_statements_all_print_or_are_refused(two_sessions):
+    db = str(two_sessions["db"])
+    result = invoke(["--db", db, "sql", "SELECT 'first' AS one; SELECT 'second' AS two"])
+    assert result.exit_code == 0, result.output
+    assert "first" in result.stdout and "second" in result.stdout
+    assert result.stdout.index("first") < result.stdout.index("second")
+    for fmt in ("--json", "--csv"):
+        result = invoke(["--db", db, "sql", "SELECT 1; SELECT 2", fmt])
+        assert isinstance(result.exception, InvalidArgument) and result.stdout == ""
+        assert "one result" in str(result.exception)
+
+
+def test_sql_blobs_print_as_hex(two_sessions):
+    db = str(two_sessions["db"])
+    query = "SELECT '\\xDE\\xAD\\x00'::BLOB AS b"
+    assert "dead00" in invoke(["--db", db, "sql", query]).stdout
+    assert invoke(["--db", db, "sql", query, "--csv"]).stdout == "b\ndead00\n"
+    assert json.loads(invoke(["--db", db, "sql", query, "--json"]).stdout) == [{"b": "dead00"}]
+    assert "\\x" not in invoke(["--db", db, "sql", query]).stdout
+
+
+def test_sql_wide_results_stay_readable_on_a_terminal(two_sessions, monkeypatch):
+    from rich.console import Console
+
+    from om_core import cli
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=buffer, force_terminal=True, width=60, color_system=None))
+    wide = ", ".join(f"'{c * 30}' AS col_{c}" for c in "abcde")
+    result = invoke(["--db", str(two_sessions["db"]), "sql", f"SELECT {wide}"])
+    assert result.exit_code == 0, result.output
+    text = buffer.getvalue()
+    for c in "abcde":  # every value whole, every column named, nothing cut to an ellipsis
+        assert c * 30 in text and f"col_{c}" in text
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 60
 
 
 def test_sql_error_is_clear(two_sessions, tmp_path):

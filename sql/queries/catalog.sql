@@ -21,3 +21,15 @@ SELECT count(*) > 0 FROM entries WHERE session_id = $session_id AND entry_id = $
 -- name: branch_for_cut_point
 SELECT entry_id, entry_type, role, tokens_pi
 FROM branch_detail($session_id, $tip) ORDER BY position;
+
+-- name: sql_sandbox_local_files
+-- `om sql --allow-files`: local files may be read (writes stay refused by statement type)
+SET allowed_directories = ['/'];
+
+-- name: sql_sandbox
+-- `om sql`: no extension installs or loads, no file or network access beyond allowed_directories,
+-- and the configuration locked so no statement can undo any of it
+SET autoinstall_known_extensions = false;
+SET autoload_known_extensions = false;
+SET enable_external_access = false;
+SET lock_configuration = true;
