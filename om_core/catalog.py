@@ -10,7 +10,16 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from om_core.cutpoint import DEFAULT_KEEP_RECENT_TOKENS, BranchEntry, CutPoint, NothingToCompact, compaction_cut_point
+from om_core.cutpoint import (
+    DEFAULT_KEEP_RECENT_TOKENS,
+    DEFAULT_RULES,
+    BranchEntry,
+    CutPoint,
+    CutPointRules,
+    NothingToCompact,
+    branch_entries_from_rows,
+    compaction_cut_point,
+)
 from om_core.db import one, reading, rows_as_dicts, scalar
 from om_core.errors import AmbiguousSession, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.sqlfiles import query
@@ -70,12 +79,21 @@ def list_sessions(con: duckdb.DuckDBPyConnection) -> list[SessionInfo]:
 
 def branch_for_cut_point(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[BranchEntry]:
     rows = con.execute(query("branch_for_cut_point"), {"session_id": session_id, "tip": tip}).fetchall()
-    return [BranchEntry(*row) for row in rows]
+    return branch_entries_from_rows(rows)
+
+
+class PiDeclines(OmError):
+    """Pi would not compact this branch (pi-sessions.md §7.4): ``reason`` says why."""
+
+    def __init__(self, session_id: str, tip: str, reason: str, rules: str) -> None:
+        super().__init__(f"Pi would not compact at {tip}: {reason}")
+        self.session_id, self.tip, self.reason, self.rules = session_id, tip, reason, rules
 
 
 def cut_point(db_path: str | os.PathLike, session: str, leaf: str | None = None,
-              keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS) -> CutPoint:
-    """Pi's cut point if it compacted at ``leaf`` (default: the current leaf)."""
+              keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS, rules: CutPointRules = DEFAULT_RULES) -> CutPoint:
+    """Pi's cut point if it compacted at ``leaf`` (default: the current leaf); ``PiDeclines`` where
+    Pi would not compact."""
     if keep_recent_tokens < 0:
         raise InvalidArgument("--keep-recent must be zero or more")
     with reading(db_path) as con:
@@ -83,9 +101,9 @@ def cut_point(db_path: str | os.PathLike, session: str, leaf: str | None = None,
         tip = resolve_tip(con, sid, leaf)
         branch = branch_for_cut_point(con, sid, tip)
     try:
-        return compaction_cut_point(branch, keep_recent_tokens)
+        return compaction_cut_point(branch, keep_recent_tokens, rules=rules)
     except NothingToCompact as exc:
-        raise OmError(f"Pi would not compact at {tip}: {exc}") from None
+        raise PiDeclines(sid, tip, str(exc), rules) from None
 
 
 def sessions(db_path: str | os.PathLike) -> list[SessionInfo]:

@@ -201,21 +201,32 @@ def cutpoint(
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as if the branch ended at this entry."),
     keep_recent: Optional[int] = typer.Option(None, "--keep-recent", min=0, help="Pi's keepRecentTokens "
                                               "(default: the setting, 20000 unless configured)."),
+    rules: Optional[str] = typer.Option(None, "--rules", help="Pi's compaction rules: pi-1.6 or legacy "
+                                        "(default: the cutPointRules setting, pi-1.6)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Where Pi's own compaction would cut this branch (prepareCompaction's cut point)."""
-    from om_core.catalog import cut_point
+    """Where Pi's own compaction would cut this branch (prepareCompaction's cut point), and the
+    tokensBefore it would record. Where Pi would not compact, exits 1 with the reason (with --json:
+    {"compacts": false, "reason": ...})."""
+    from om_core.catalog import PiDeclines, cut_point
     from om_core.settings import load_settings
 
-    if keep_recent is None:
-        keep_recent = load_settings(state.config).settings.keepRecentTokens
-    result = cut_point(state.db, session, leaf, keep_recent)
+    settings = load_settings(state.config, {"keepRecentTokens": keep_recent, "cutPointRules": rules}).settings
+    try:
+        result = cut_point(state.db, session, leaf, settings.keepRecentTokens, settings.cutPointRules)
+    except PiDeclines as declined:
+        if not as_json:
+            raise
+        _print_json({"compacts": False, "reason": declined.reason, "sessionId": declined.session_id,
+                     "leaf": declined.tip, "cutPointRules": declined.rules})
+        raise typer.Exit(declined.exit_code) from None
     if as_json:
         _print_json(result.model_dump())
     else:
         out.print(
             f"first kept entry {result.firstKeptEntryId} at position {result.firstKeptPosition}; "
             + (f"split turn starting at {result.turnStartPosition}" if result.isSplitTurn else "not a split turn")
+            + f"; tokensBefore {result.tokensBefore} ({result.cutPointRules} rules)"
         )
 
 

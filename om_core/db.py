@@ -60,9 +60,32 @@ def _derive_entry_tree(con: duckdb.DuckDBPyConnection) -> None:
     rebuild_trees(con)
 
 
+def _pi16_user_image_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    """Migration 007: user images count 1200 tokens each in Pi 1.6's estimate (tokens_pi)."""
+    import json
+
+    from om_core.tokens import estimate_message_tokens
+
+    changed: set[str] = set()
+    for session_id, entry_id, raw, old in con.execute(query("user_messages_with_images")).fetchall():
+        try:
+            message = json.loads(raw).get("message")
+        except (ValueError, AttributeError):
+            continue
+        if not isinstance(message, dict):
+            continue
+        tokens = estimate_message_tokens(message)
+        if tokens != old:
+            con.execute(query("set_entry_tokens_pi"), {"tokens_pi": tokens, "session_id": session_id,
+                                                       "entry_id": entry_id})
+            changed.add(session_id)
+    for session_id in sorted(changed):
+        con.execute(query("resum_session_tokens_pi"), {"session_id": session_id})
+
+
 # Migrations whose new tables hold rows derived from stored data: the rows are derived in the
 # migration's own transaction, so the migration is recorded only together with them.
-_DERIVE_AFTER = {4: _derive_entry_tree}
+_DERIVE_AFTER = {4: _derive_entry_tree, 7: _pi16_user_image_tokens}
 
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:

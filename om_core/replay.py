@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from om_core.compaction import SimulatedCompaction, simulate_compaction
-from om_core.cutpoint import BranchEntry, NothingToCompact, compaction_cut_point
+from om_core.catalog import branch_for_cut_point
+from om_core.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.memory import clocks as sql_clocks
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -41,9 +42,6 @@ class ReplayEntry:
     is_source: bool
     first_kept_entry_id: str | None
     extension_folded: bool = False  # a compaction the extension already folded (valid om.folded details)
-
-    def cut(self) -> BranchEntry:
-        return BranchEntry(self.entry_id, self.entry_type or "", self.role, self.tokens_pi)
 
 
 @dataclass(frozen=True)
@@ -127,9 +125,11 @@ class BranchReplayer:
             changes = {r[0] for r in con.execute(query("ledger_anchor_positions"), params).fetchall()}
             compactions = con.execute(query("compaction_anchor_positions"), params).fetchall()
             empty = con.execute(query("empty_runs"), params).fetchall()
-        self.changes = sorted(changes | {position for position, _ in compactions})
+            self.cut_branch = branch_for_cut_point(con, self.session_id, self.leaf)  # Pi's view of each entry
+        self.changes = sorted(changes | {position for position, _, _ in compactions})
         # simulated compactions (this run's and earlier runs'): each bounds the cut points after it
-        self.simulated_at = sorted(position for position, simulated in compactions if simulated)
+        self.simulated_at = sorted(position for position, simulated, _ in compactions if simulated)
+        self.simulated_kept = {position: kept for position, simulated, kept in compactions if simulated}
         self.position = {e.entry_id: e.position for e in self.branch}
         self.empty_runs: list[int] = [position for (position,) in empty]  # the observer's
         use_tiktoken = self.settings.tokenCounter == "tiktoken"
@@ -215,8 +215,20 @@ class BranchReplayer:
             self._changed(t)
             if t not in self.simulated_at:
                 bisect.insort(self.simulated_at, t)
+            self.simulated_kept[t] = result.gap_safe.first_kept if result.gap_safe else result.first_kept
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
                        "stage": "compaction", "outcome": "native_fallback" if result.native_fallback else "folded"})
+
+    def cut_point(self, t: int) -> CutPoint:
+        """Pi's cut point if it compacted with the branch ending at t; the latest simulated compaction
+        at or before t bounds it like a written entry would."""
+        k = bisect.bisect_right(self.simulated_at, t)
+        after = None
+        if k:
+            position = self.simulated_at[k - 1]
+            after = PreviousCompaction(position, self.simulated_kept.get(position))
+        return compaction_cut_point(self.cut_branch[: t + 1], self.settings.keepRecentTokens, after=after,
+                                    rules=self.settings.cutPointRules)
 
     def run(self) -> BranchReport:
         self._load()
@@ -237,12 +249,10 @@ class BranchReplayer:
             elif event.kind == "turn_end":
                 self._observe_reflect_drop(report, t)
             elif self.clocks(t)["compaction"] >= self.settings.compact_threshold:
-                k = bisect.bisect_right(self.simulated_at, t)
                 try:
-                    cut = compaction_cut_point([e.cut() for e in self.branch[: t + 1]], self.settings.keepRecentTokens,
-                                               after=self.simulated_at[k - 1] if k else None)
+                    cut = self.cut_point(t)
                 except NothingToCompact:
-                    continue
+                    continue  # Pi would not compact here (pi-sessions.md §7.4)
                 self._compact(report, t, t, cut.firstKeptEntryId, "proactive")
         if self.drain:
             self._drain(report)

@@ -195,6 +195,30 @@ def entry_as_message(entry_type: str, obj: dict) -> dict | None:
     return None
 
 
+def entry_context_messages(entry_type: str, obj: dict) -> tuple[dict, ...]:
+    """The context messages an entry contributes as Pi 1.6 builds them (pi-sessions.md §1.7, §7.1):
+    any message (the system prompt included), a custom message, a branch summary with text, a
+    compaction's summary and its stored system message. Metadata entries contribute none."""
+    if entry_type == "message":
+        message = obj.get("message")
+        return (message,) if isinstance(message, dict) else ()
+    if entry_type == "custom_message":
+        return ({"role": "custom", "content": obj.get("content"), "customType": obj.get("customType")},)
+    if entry_type == "branch_summary":
+        summary = obj.get("summary")
+        return ({"role": "branchSummary", "summary": summary},) if summary else ()
+    if entry_type == "compaction":
+        summary = obj.get("summary")
+        messages = [{"role": "compactionSummary", "summary": summary if isinstance(summary, str) else ""}]
+        system = obj.get("systemMessage")
+        if isinstance(system, dict):
+            messages.insert(0, {**system, "role": "system"})
+        elif isinstance(system, str) and system:
+            messages.insert(0, {"role": "system", "content": system})
+        return tuple(messages)
+    return ()
+
+
 class SessionParser:
     """Turns the lines of one session file into entries, with Pi's migration applied."""
 

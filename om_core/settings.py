@@ -62,6 +62,8 @@ class Settings(BaseModel):
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
     contextWindow: int | None = Field(None, gt=0)  # the model's window, when known
     keepRecentTokens: int = Field(20_000, ge=0)  # Pi's cut-point budget
+    cutPointRules: Literal["pi-1.6", "legacy"] = "pi-1.6"  # Pi's compaction rules to simulate (SPEC §11)
+    clockBasis: Literal["usage", "source"] = "usage"  # observer/reflector clocks on provider usage (SPEC §7)
     gapSafeCompaction: bool = True
     gapSafeMaxContextShare: float = Field(0.5, gt=0, le=1)  # budget guard for the kept tail
     redactSecrets: bool = True

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, overload
 
-IMAGE_CHARS = 4800  # Pi counts 1200 tokens per image for custom and toolResult messages.
+IMAGE_CHARS = 4800  # Pi counts 1200 tokens per image (custom and toolResult; user messages too since 1.6)
 DEFAULT_ENCODING = "o200k_base"
 
 # Roles whose messages Pi's estimate understands; everything else counts 0 and is not a source.
@@ -118,19 +118,48 @@ def _text(block: Any, key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def estimate_message_chars(message: dict) -> int:
-    """Characters Pi's ``estimateTokens`` counts for one AgentMessage (pi-sessions.md §2.2)."""
+EstimateRules = Literal["pi-1.6", "legacy"]
+
+
+def _content_chars(content: Any, images: bool) -> int:
+    """A string's length, or the text lengths of text blocks (+ IMAGE_CHARS per image block)."""
+    if isinstance(content, str):
+        return js_len(content)
+    chars = 0
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            chars += js_len(_text(block, "text"))
+        elif images and block.get("type") == "image":
+            chars += IMAGE_CHARS
+    return chars
+
+
+def system_message_chars(message: dict) -> int:
+    """Pi 1.6 counts a system prompt message: its content, its section texts and the JSON of the
+    tools it adds (pi-sessions.md §7.2)."""
+    chars = _content_chars(message.get("content"), images=True)
+    sections = message.get("sections")
+    if isinstance(sections, dict):
+        for text in sections.values():
+            if isinstance(text, str):
+                chars += js_len(text)
+    if message.get("tools") is not None:
+        chars += js_json_length(message["tools"])
+    return chars
+
+
+def estimate_message_chars(message: dict, rules: EstimateRules = "pi-1.6") -> int:
+    """Characters Pi's ``estimateTokens`` counts for one AgentMessage: Pi 1.6 (pi-sessions.md §7.2:
+    user images count, system messages count) or the earlier Pi (``legacy``, §2.2)."""
     role = message.get("role")
     content = message.get("content")
     chars = 0
     if role == "user":
-        if isinstance(content, str):
-            return js_len(content)
-        if isinstance(content, list):
-            for block in content:
-                if isinstance(block, dict) and block.get("type") == "text":
-                    chars += js_len(_text(block, "text"))
-        return chars
+        return _content_chars(content, images=rules != "legacy")
+    if role == "system":
+        return system_message_chars(message) if rules != "legacy" else 0
     if role == "assistant":
         for block in content if isinstance(content, list) else ():
             if not isinstance(block, dict):
@@ -146,16 +175,7 @@ def estimate_message_chars(message: dict) -> int:
                     chars += js_json_length(block["arguments"])
         return chars
     if role in ("custom", "toolResult"):
-        if isinstance(content, str):
-            return js_len(content)
-        for block in content if isinstance(content, list) else ():
-            if not isinstance(block, dict):
-                continue
-            if block.get("type") == "text":
-                chars += js_len(_text(block, "text"))
-            elif block.get("type") == "image":
-                chars += IMAGE_CHARS
-        return chars
+        return _content_chars(content, images=True)
     if role == "bashExecution":
         return js_len(_text(message, "command")) + js_len(_text(message, "output"))
     if role in ("branchSummary", "compactionSummary"):
@@ -163,8 +183,8 @@ def estimate_message_chars(message: dict) -> int:
     return 0
 
 
-def estimate_message_tokens(message: dict) -> int:
-    return math.ceil(estimate_message_chars(message) / 4)
+def estimate_message_tokens(message: dict, rules: EstimateRules = "pi-1.6") -> int:
+    return math.ceil(estimate_message_chars(message, rules) / 4)
 
 
 # ---------------------------------------------------------------- text for the real tokenizer

@@ -255,19 +255,30 @@ def test_missing_database(tmp_path):
 # ------------------------------------------------------------------ cut point
 
 
-def test_cut_point_at_current_leaf(catalog_db):
+def _cut(cp) -> dict:
+    return {k: v for k, v in cp.model_dump().items() if k not in ("tokensBefore", "cutPointRules")}
+
+
+@pytest.mark.parametrize("rules", ["pi-1.6", "legacy"])
+def test_cut_point_at_current_leaf(catalog_db, rules):
     db, ids = catalog_db["db"], catalog_db["a_ids"]
     # branch of a3: u1 a1 u3 a3 (100 tokens each)
-    cp = catalog.cut_point(db, SID_A, keep_recent_tokens=150)
-    assert cp.model_dump() == {"firstKeptEntryId": ids["u3"], "firstKeptPosition": 2, "turnStartPosition": -1,
-                               "isSplitTurn": False}
-    cp = catalog.cut_point(db, "abc1", keep_recent_tokens=50)
-    assert cp.model_dump() == {"firstKeptEntryId": ids["a3"], "firstKeptPosition": 3, "turnStartPosition": 2,
-                               "isSplitTurn": True}
-    # the budget is never reached: the first cut point
-    cp = catalog.cut_point(db, str(catalog_db["a"]))
-    assert cp.model_dump() == {"firstKeptEntryId": ids["u1"], "firstKeptPosition": 0, "turnStartPosition": -1,
-                               "isSplitTurn": False}
+    cp = catalog.cut_point(db, SID_A, keep_recent_tokens=150, rules=rules)
+    assert _cut(cp) == {"firstKeptEntryId": ids["u3"], "firstKeptPosition": 2, "turnStartPosition": -1,
+                        "isSplitTurn": False}
+    assert cp.cutPointRules == rules and cp.tokensBefore == 120  # a3's usage (totalTokens 120), nothing after it
+    cp = catalog.cut_point(db, "abc1", keep_recent_tokens=50, rules=rules)
+    assert _cut(cp) == {"firstKeptEntryId": ids["a3"], "firstKeptPosition": 3, "turnStartPosition": 2,
+                        "isSplitTurn": True}
+    # the budget is never reached: the first cut point; Pi 1.6 then has nothing to summarize
+    if rules == "legacy":
+        cp = catalog.cut_point(db, str(catalog_db["a"]), rules=rules)
+        assert _cut(cp) == {"firstKeptEntryId": ids["u1"], "firstKeptPosition": 0, "turnStartPosition": -1,
+                            "isSplitTurn": False}
+    else:
+        with pytest.raises(catalog.PiDeclines, match="nothing to summarize") as declined:
+            catalog.cut_point(db, str(catalog_db["a"]), rules=rules)
+        assert declined.value.tip == ids["a3"]
 
 
 def test_cut_point_at_other_leaf_and_interior_entry(catalog_db):
@@ -287,10 +298,19 @@ def test_cut_point_at_other_leaf_and_interior_entry(catalog_db):
 def test_cut_point_after_a_compaction(catalog_db):
     db, ids = catalog_db["db"], catalog_db["c_ids"]
     # branch: u1 a1 u2 a2 comp think u3 a3; the boundary starts after the compaction
-    cp = catalog.cut_point(db, SID_C, keep_recent_tokens=1_000_000)
+    cp = catalog.cut_point(db, SID_C, keep_recent_tokens=1_000_000, rules="legacy")
     # first cut point after the compaction is u3 (6); backward absorption takes the thinking change (5)
-    assert cp.model_dump() == {"firstKeptEntryId": ids["think"], "firstKeptPosition": 5, "turnStartPosition": -1,
-                               "isSplitTurn": False}
+    assert _cut(cp) == {"firstKeptEntryId": ids["think"], "firstKeptPosition": 5, "turnStartPosition": -1,
+                        "isSplitTurn": False}
+    # Pi 1.6 cuts the projection [comp, u2 a2 (kept), think u3 a3]: 100 tokens each (the thinking change
+    # none); a budget of 250 is reached at a2 (3) -> cut a2, a split turn from u2 (2)
+    cp = catalog.cut_point(db, SID_C, keep_recent_tokens=250)
+    assert _cut(cp) == {"firstKeptEntryId": ids["a2"], "firstKeptPosition": 3, "turnStartPosition": 2,
+                        "isSplitTurn": True}
+    # a3's usage 120 comes after the compaction: 120, with nothing after it
+    assert cp.tokensBefore == 120
+    with pytest.raises(catalog.PiDeclines, match="nothing to summarize"):  # the budget is never reached
+        catalog.cut_point(db, SID_C, keep_recent_tokens=1_000_000)
     with pytest.raises(OmError) as exc:
         catalog.cut_point(db, SID_C, leaf=ids["comp"])
     assert "compact" in str(exc.value)
@@ -419,3 +439,27 @@ def test_migration_004_derives_the_tree_of_sessions_stored_before_it(catalog_db)
     assert q(db, "SELECT * FROM entry_tree ORDER BY ALL") == before
     assert q(db, "SELECT * FROM branch_entries ORDER BY ALL") == paths
     assert q(db, "SELECT table_type FROM information_schema.tables WHERE table_name = 'branch_entries'") == [("VIEW",)]
+
+
+def test_migration_007_counts_user_images_in_stored_estimates(tmp_path):
+    """Pi 1.6 counts 1200 tokens per image in user messages: a database ingested before it gets its
+    tokens_pi (and the session total) recomputed when migration 007 runs."""
+    sb = SessionBuilder("7e57da7a-0000-4000-8000-000000000007")
+    image = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
+    shot = sb.user([{"type": "text", "text": "what is this? "}, image, image])  # 14 chars + 2 images
+    plain = sb.user("no image here")
+    sb.assistant("a screenshot")
+    db = tmp_path / "om.duckdb"
+    ingest(db, [sb.write(tmp_path / "s.jsonl")])
+    # 14 + 2 * 4800 = 9614 chars -> ceil(9614 / 4) = 2404; 13 chars -> 4; "a screenshot" 12 -> 3
+    assert q(db, "SELECT entry_id, tokens_pi FROM entries WHERE role = 'user' ORDER BY 1") == [(shot, 2404), (plain, 4)]
+    assert q(db, "SELECT tokens_pi FROM sessions") == [(2404 + 4 + 3,)]
+    con = duckdb.connect(str(db))  # as an earlier om stored it: images counted 0 (14 chars -> 4)
+    con.execute("UPDATE entries SET tokens_pi = 4 WHERE entry_id = ?", [shot])
+    con.execute("UPDATE sessions SET tokens_pi = 11")
+    con.execute("DELETE FROM schema_migrations WHERE version = 7")
+    con.close()
+    dbmod.connect(db, read_only=True).close()
+    assert q(db, "SELECT entry_id, tokens_pi FROM entries WHERE role = 'user' ORDER BY 1") == [(shot, 2404), (plain, 4)]
+    assert q(db, "SELECT tokens_pi FROM sessions") == [(2411,)]
+    assert q(db, "SELECT count(*) FROM schema_migrations WHERE version = 7") == [(1,)]

@@ -378,27 +378,49 @@ def test_cutpoint_json_shape_and_values(two_sessions):
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "50", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"firstKeptEntryId": ids["a2"], "firstKeptPosition": 3,
-                                         "turnStartPosition": 2, "isSplitTurn": True}
+                                         "turnStartPosition": 2, "isSplitTurn": True, "tokensBefore": 120,
+                                         "cutPointRules": "pi-1.6"}
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "150", "--json"])
     assert json.loads(result.stdout) == {"firstKeptEntryId": ids["u2"], "firstKeptPosition": 2,
-                                         "turnStartPosition": -1, "isSplitTurn": False}
+                                         "turnStartPosition": -1, "isSplitTurn": False, "tokensBefore": 120,
+                                         "cutPointRules": "pi-1.6"}
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--leaf", ids["a1"], "--keep-recent", "50", "--json"])
     assert json.loads(result.stdout) == {"firstKeptEntryId": ids["a1"], "firstKeptPosition": 1,
-                                         "turnStartPosition": 0, "isSplitTurn": True}
+                                         "turnStartPosition": 0, "isSplitTurn": True, "tokensBefore": 120,
+                                         "cutPointRules": "pi-1.6"}
     text = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "50"])
-    assert text.exit_code == 0 and ids["a2"] in text.stdout
+    assert text.exit_code == 0 and ids["a2"] in text.stdout and "tokensBefore 120" in text.stdout
+
+
+def test_cutpoint_where_pi_declines_exits_non_zero_with_the_reason(two_sessions, tmp_path):
+    db, ids = two_sessions["db"], two_sessions["ids"]
+    # the whole branch fits in 20000 tokens: nothing to summarize, Pi 1.6 does not compact
+    result = invoke(["--db", str(db), "cutpoint", SID_A, "--json"])
+    assert result.exit_code == 1
+    body = json.loads(result.stdout)
+    assert body["compacts"] is False and "nothing to summarize" in body["reason"]
+    assert body["sessionId"] == SID_A and body["cutPointRules"] == "pi-1.6"
+    text = run_om(["--db", str(db), "cutpoint", SID_A], cwd=tmp_path)
+    assert text.returncode == 1 and "would not compact" in text.stderr and "Traceback" not in text.stderr
+    # the earlier Pi compacts there (cutPoints[0]); --rules or OM_CUT_POINT_RULES pick those rules
+    legacy = invoke(["--db", str(db), "cutpoint", SID_A, "--rules", "legacy", "--json"])
+    assert legacy.exit_code == 0 and json.loads(legacy.stdout)["firstKeptPosition"] == 0
+    env = invoke(["--db", str(db), "cutpoint", SID_A, "--json"], env={"OM_CUT_POINT_RULES": "legacy"})
+    assert env.exit_code == 0 and env.stdout == legacy.stdout
+    bad = invoke(["--db", str(db), "cutpoint", SID_A, "--rules", "pi-9"])
+    assert bad.exit_code != 0 and "cutPointRules" in str(bad.exception)
 
 
 def test_session_argument_accepts_id_prefix_and_path(two_sessions, tmp_path, monkeypatch):
     db = two_sessions["db"]
-    expected = invoke(["--db", str(db), "cutpoint", SID_A, "--json"]).stdout
-    assert json.loads(expected)["firstKeptPosition"] == 0
+    expected = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "150", "--json"]).stdout
+    assert json.loads(expected)["firstKeptPosition"] == 2
     for ref in ("abc1", "abc11111-0000", str(two_sessions["a"])):
-        result = invoke(["--db", str(db), "cutpoint", ref, "--json"])
+        result = invoke(["--db", str(db), "cutpoint", ref, "--keep-recent", "150", "--json"])
         assert result.exit_code == 0, (ref, result.output)
         assert result.stdout == expected, ref
     monkeypatch.chdir(tmp_path / "in")
-    result = invoke(["--db", str(db), "cutpoint", "a.jsonl", "--json"])
+    result = invoke(["--db", str(db), "cutpoint", "a.jsonl", "--keep-recent", "150", "--json"])
     assert result.exit_code == 0 and result.stdout == expected
 
 
@@ -492,7 +514,8 @@ def test_real_session_cutpoints(real_db, ref, session_id, first_kept, turn_start
             "ON e.session_id = ? AND e.entry_id = b.entry_id WHERE b.position = ?",
         [session_id, leaf, session_id, first_kept])[0]
     assert got == {"firstKeptEntryId": kept_id, "firstKeptPosition": first_kept, "turnStartPosition": turn_start,
-                   "isSplitTurn": True}
+                   "isSplitTurn": True, "tokensBefore": 177657 if session_id == LARGE_ID else 180820,
+                   "cutPointRules": "pi-1.6"}
     assert kept_role == "assistant"
     assert kept_line == first_kept + 2  # a linear v1 file: position p is line p + 2
     (turn_role,) = q(db, "SELECT e.role FROM branch(?, ?) b JOIN entries e ON e.session_id = ? "

@@ -1,4 +1,5 @@
-"""Pi's compaction cut point (pi-sessions.md §2.3, §2.4), quirks included.
+"""Pi's compaction cut point under the ``legacy`` rules (pi-sessions.md §2.3, §2.4), quirks included.
+The Pi 1.6 rules (the default) are tested in test_cutpoint_pi16.py.
 
 Branches are written as lists of ``BranchEntry``; results of ``find_cut_point`` are
 (firstKeptIndex, turnStartIndex, isSplitTurn). The comments walk the budget backwards from the end.
@@ -13,12 +14,17 @@ from om_core.cutpoint import (
     BranchEntry,
     CutPoint,
     NothingToCompact,
-    compaction_cut_point,
     find_cut_point,
     is_cut_point,
 )
 
+from om_core.cutpoint import compaction_cut_point as _compaction_cut_point
+
 _n = 0
+
+
+def compaction_cut_point(branch, *args, **kwargs):
+    return _compaction_cut_point(branch, *args, rules="legacy", **kwargs)
 
 
 def _id() -> str:
@@ -273,7 +279,8 @@ def test_compaction_cut_point_reports_id_and_positions():
     branch = [U(5), A(5), U(5), A(5)]
     # keep 11: i=3: 5; i=2: 10; i=1: 15 >= 11 -> cut 1 (assistant), turn start 0
     assert compaction_cut_point(branch, 11) == CutPoint(
-        firstKeptEntryId=branch[1].entry_id, firstKeptPosition=1, turnStartPosition=0, isSplitTurn=True)
+        firstKeptEntryId=branch[1].entry_id, firstKeptPosition=1, turnStartPosition=0, isSplitTurn=True,
+        tokensBefore=20, cutPointRules="legacy")  # no usage: the sum of the estimates
 
 
 def test_compaction_cut_point_starts_after_the_last_compaction():
@@ -283,7 +290,7 @@ def test_compaction_cut_point_starts_after_the_last_compaction():
     branch = [U(100), A(100), COMP(), TL(), U(10), A(10)]
     result = compaction_cut_point(branch, 150)
     assert result == CutPoint(firstKeptEntryId=branch[3].entry_id, firstKeptPosition=3, turnStartPosition=-1,
-                              isSplitTurn=False)
+                              isSplitTurn=False, tokensBefore=20, cutPointRules="legacy")
 
 
 def test_compaction_cut_point_uses_the_latest_of_several_compactions():

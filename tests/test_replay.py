@@ -10,7 +10,7 @@ import pytest
 from builders import SessionBuilder
 from om_core import db as dbmod
 from om_core import memory
-from om_core.cutpoint import BranchEntry, NothingToCompact, compaction_cut_point
+from om_core.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.ingest import ingest
 from om_core.replay import Event, ReplayEntry, replay_events, replay_session
 from om_core.settings import Settings
@@ -55,16 +55,32 @@ def entries(n: int) -> list[BranchEntry]:
     return [BranchEntry(f"{i:08x}", "message", "user" if i % 2 == 0 else "assistant", 100) for i in range(n)]
 
 
-def test_a_simulated_compaction_bounds_the_next_cut_like_an_entry_would():
+def test_a_simulated_compaction_bounds_the_next_cut_like_an_entry_would_legacy():
     branch = entries(10)
     # keepRecentTokens 250 is reached at position 7 (counting 9, 8, 7 from the end)
-    assert compaction_cut_point(branch, 250).firstKeptPosition == 7
+    assert compaction_cut_point(branch, 250, rules="legacy").firstKeptPosition == 7
     # a compaction simulated right after position 7: the cut may not go back before it, and the
     # budget is never reached after it, so the first cut point after it stands (Pi's default)
-    assert compaction_cut_point(branch, 250, after=7).firstKeptPosition == 8
-    assert compaction_cut_point(branch, 250, after=2).firstKeptPosition == 7
+    assert compaction_cut_point(branch, 250, after=7, rules="legacy").firstKeptPosition == 8
+    assert compaction_cut_point(branch, 250, after=2, rules="legacy").firstKeptPosition == 7
     with pytest.raises(NothingToCompact):
-        compaction_cut_point(branch, 250, after=9)  # the branch would end with that compaction
+        compaction_cut_point(branch, 250, after=9, rules="legacy")  # the branch would end with that compaction
+
+
+def test_a_simulated_compaction_bounds_the_next_cut_like_an_entry_would_pi16():
+    branch = entries(10)
+    assert compaction_cut_point(branch, 250).firstKeptPosition == 7
+    # simulated right after 7, keeping from 6: the projection is [summary, 6, 7, 8, 9]; 9, 8, 7 reach
+    # 300 >= 250 at 7 (an assistant) -> cut 7, a split turn starting at the user at 6; only the turn
+    # prefix is left to summarize, so Pi compacts
+    cut = compaction_cut_point(branch, 250, after=PreviousCompaction(7, branch[6].entry_id))
+    assert (cut.firstKeptPosition, cut.turnStartPosition, cut.isSplitTurn) == (7, 6, True)
+    # keeping nothing: the window [8, 9] never reaches 250 -> cut at 8 (a user message) with
+    # nothing before it: Pi declines
+    with pytest.raises(NothingToCompact, match="nothing to summarize"):
+        compaction_cut_point(branch, 250, after=PreviousCompaction(7, None))
+    with pytest.raises(NothingToCompact):
+        compaction_cut_point(branch, 250, after=PreviousCompaction(9, branch[8].entry_id))
 
 
 def mid(text: str) -> str:
@@ -122,13 +138,17 @@ def test_the_extensions_own_fold_in_the_archive_is_kept_not_folded_again(tmp_pat
         assert memory.visible_memory(con, sb.session_id, leaf).observations  # later folds exist too
 
 
-def test_proactive_compactions_never_cut_before_the_previous_compaction(tmp_path):
+@pytest.mark.parametrize("rules", ["legacy", "pi-1.6"])
+def test_proactive_compactions_never_cut_before_the_previous_compaction(tmp_path, rules):
     sb = SessionBuilder("7e91c0de-0000-4000-8000-000000000002")
     sb.work_turns(24, "delta")
     # a kept tail almost as large as the threshold: the clock (counted from the last first kept entry)
     # is due again soon after each compaction, while a cut 500 tokens back would reach before it
-    db_path = replayed(tmp_path, sb, SETTINGS.model_copy(update={"keepRecentTokens": 500}))
+    db_path = replayed(tmp_path, sb, SETTINGS.model_copy(update={"keepRecentTokens": 500, "cutPointRules": rules}))
     rows = [r for r in simulated(db_path, sb.session_id) if r[0] == "proactive"]
     assert len(rows) >= 3, rows
-    for (_, previous_anchor, _), (_, _, first_kept) in zip(rows, rows[1:]):
-        assert first_kept > previous_anchor, rows
+    for (_, previous_anchor, previous_kept), (_, _, first_kept) in zip(rows, rows[1:]):
+        if rules == "legacy":  # the earlier Pi cuts only after the previous compaction entry
+            assert first_kept > previous_anchor, rows
+        else:  # Pi 1.6 cuts the projection: the previous compaction's kept range is in its window
+            assert first_kept >= previous_kept, rows

@@ -20,7 +20,7 @@ from om_core.session import (
     parse_lines,
 )
 from om_core.tree import build_forest
-from om_core.cutpoint import BranchEntry, compaction_cut_point
+from om_core.cutpoint import branch_entry, compaction_cut_point
 
 SID = "d703a1a9-1b7b-4fb1-b512-c9738b1fe617"
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
@@ -582,8 +582,9 @@ def _load(path: Path):
     return hdr, entries, rejected, forest, branch
 
 
-def _cut(branch):
-    return compaction_cut_point([BranchEntry(e.entry_id, e.entry_type, e.role, e.tokens_pi) for e in branch])
+def _cut(branch, rules):
+    return compaction_cut_point([branch_entry(e.entry_id, e.entry_type, e.role, e.tokens_pi, e.obj, e.first_kept_entry_id)
+                                 for e in branch], rules=rules)
 
 
 def _kept_message_tokens(branch, first_kept: int) -> int:
@@ -610,10 +611,12 @@ def test_large_session_sources_and_tokens(large_session):
 
 
 @pytest.mark.real_sessions
-def test_large_session_cut_point(large_session):
+@pytest.mark.parametrize("rules", ["pi-1.6", "legacy"])
+def test_large_session_cut_point(large_session, rules):
     *_, branch = _load(large_session)
-    cut = _cut(branch)
+    cut = _cut(branch, rules)
     assert (cut.firstKeptPosition, cut.turnStartPosition, cut.isSplitTurn) == (837, 834, True)
+    assert cut.tokensBefore == 177657  # the last message's usage (no totalTokens: the four parts), 0 trailing
     assert cut.firstKeptEntryId == branch[837].entry_id
     assert branch[837].role == "assistant" and branch[834].role == "user"
     assert _kept_message_tokens(branch, 837) == 20330
@@ -649,10 +652,12 @@ def test_before_compaction_first_kept_indexes_resolve(before_compaction):
 
 
 @pytest.mark.real_sessions
-def test_before_compaction_cut_point(before_compaction):
+@pytest.mark.parametrize("rules", ["pi-1.6", "legacy"])
+def test_before_compaction_cut_point(before_compaction, rules):
     *_, branch = _load(before_compaction)
-    cut = _cut(branch)
+    cut = _cut(branch, rules)
     assert (cut.firstKeptPosition, cut.turnStartPosition, cut.isSplitTurn) == (946, 939, True)
+    assert cut.tokensBefore == 180820  # usage 168018 of the last valid assistant + 12802 trailing
     assert _kept_message_tokens(branch, 946) == 19805
 
 

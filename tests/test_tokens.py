@@ -188,15 +188,32 @@ def test_user_non_bmp_text_counts_utf16_units():
     assert estimate_message_tokens(message) == 2
 
 
-def test_user_images_count_zero():
+def test_user_images_count_zero_under_legacy_rules():
     message = {"role": "user", "content": [text("abcd"), IMAGE, text("ef")]}
     # 4 + 0 (image) + 2 = 6 -> ceil(6/4) = 2
-    assert estimate_message_chars(message) == 6
-    assert estimate_message_tokens(message) == 2
+    assert estimate_message_chars(message, "legacy") == 6
+    assert estimate_message_tokens(message, "legacy") == 2
 
 
-def test_user_image_only_is_zero():
-    assert estimate_message_tokens({"role": "user", "content": [IMAGE]}) == 0
+def test_user_image_only_is_zero_under_legacy_rules():
+    assert estimate_message_tokens({"role": "user", "content": [IMAGE]}, "legacy") == 0
+
+
+def test_user_images_count_1200_tokens_each_under_pi_16():
+    message = {"role": "user", "content": [text("abcd"), IMAGE, text("ef"), IMAGE]}
+    # 4 + 4800 + 2 + 4800 = 9606 -> ceil(9606/4) = 2402
+    assert estimate_message_chars(message) == 9606
+    assert estimate_message_tokens(message) == 2402
+    assert estimate_message_tokens({"role": "user", "content": [IMAGE]}) == 1200
+
+
+def test_system_message_counts_content_sections_and_tools_under_pi_16():
+    message = {"role": "system", "content": "You are Pi.", "sections": {"preamble": "Be brief.", "n": 3},
+               "tools": [{"name": "read"}]}
+    # 11 (content) + 9 (the one string section) + 17 (JSON [{"name":"read"}]) = 37 -> 10 tokens
+    assert estimate_message_chars(message) == 37
+    assert estimate_message_tokens(message) == 10
+    assert estimate_message_tokens(message, "legacy") == 0
 
 
 # ------------------------------------------------------------------ estimate: custom and toolResult
@@ -328,8 +345,10 @@ def test_compaction_summary_counts_summary_only():
     ids=["system-string", "system-blocks", "hookMessage", "unknown-role", "no-role"],
 )
 def test_system_and_unknown_roles_count_zero(message):
-    assert estimate_message_chars(message) == 0
-    assert estimate_message_tokens(message) == 0
+    assert estimate_message_chars(message, "legacy") == 0
+    assert estimate_message_tokens(message, "legacy") == 0
+    if message.get("role") != "system":  # Pi 1.6 counts only the system prompt among these
+        assert estimate_message_tokens(message) == 0
 
 
 # ------------------------------------------------------------------ text pieces for the real tokenizer

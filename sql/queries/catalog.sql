@@ -19,8 +19,11 @@ SELECT leaf_id FROM sessions WHERE session_id = $session_id;
 SELECT count(*) > 0 FROM entries WHERE session_id = $session_id AND entry_id = $entry_id;
 
 -- name: branch_for_cut_point
-SELECT entry_id, entry_type, role, tokens_pi
-FROM branch_detail($session_id, $tip) ORDER BY position;
+-- The raw line gives Pi 1.6's view of each entry: the messages it contributes, context edits, usage.
+SELECT b.entry_id, b.entry_type, b.role, b.tokens_pi, b.first_kept_entry_id, e.raw
+FROM branch_detail($session_id, $tip) b
+JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+ORDER BY b.position;
 
 -- name: sql_sandbox_local_files
 -- `om sql --allow-files`: local files may be read (writes stay refused by statement type)

@@ -104,3 +104,15 @@ DELETE FROM entries WHERE session_id = $session_id AND line_no > $line_no;
 
 -- name: delete_quarantine_after
 DELETE FROM quarantine WHERE file_path = $file_path AND line_no > $line_no;
+
+-- name: user_messages_with_images
+-- Migration 007: the stored user messages whose Pi estimate changes under Pi 1.6 (images count).
+SELECT session_id, entry_id, raw, tokens_pi FROM entries
+WHERE entry_type = 'message' AND role = 'user' AND contains(raw, '"image"');
+
+-- name: set_entry_tokens_pi
+UPDATE entries SET tokens_pi = $tokens_pi WHERE session_id = $session_id AND entry_id = $entry_id;
+
+-- name: resum_session_tokens_pi
+UPDATE sessions SET tokens_pi = (SELECT sum(e.tokens_pi) FROM entries e WHERE e.session_id = $session_id)
+WHERE session_id = $session_id;

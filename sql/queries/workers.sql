@@ -63,7 +63,9 @@ SELECT count(*) > 0 FROM ledger_records WHERE session_id = $session_id AND stage
 -- name: compaction_anchor_positions
 -- Where compactions sit on the branch; simulated ones are not entries, so the replay needs them to
 -- bound later cut points the way a written compaction entry would.
-SELECT anchor_pos, bool_or(origin = 'simulated') AS simulated
+-- A simulated one's first kept entry: Pi 1.6 cuts the projection that compaction leaves (its kept range).
+SELECT anchor_pos, bool_or(origin = 'simulated') AS simulated,
+       arg_max(first_kept_entry_id, compaction_order) FILTER (WHERE origin = 'simulated') AS simulated_first_kept
 FROM branch_compactions($session_id, $tip) GROUP BY anchor_pos ORDER BY 1;
 
 -- name: ledger_anchor_positions
