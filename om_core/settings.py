@@ -1,6 +1,7 @@
 """Settings (SPEC §11): names and defaults as in the TypeScript extension, plus this project's own.
 
-Values are resolved from, in rising priority: defaults, the user's Pi settings files (key
+Values are resolved from, in rising priority: defaults, Pi's own ``compaction.keepRecentTokens``
+(project over global, as Pi reads it), the user's Pi settings files (key
 ``observational-memory``; project over global), an ``om.toml`` (or ``--config FILE``), environment
 variables ``OM_<SETTING_IN_SNAKE_CASE>``, then command-line flags. Nothing is read at import time.
 """
@@ -160,15 +161,28 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
             values[key] = value
             sources[key] = where
 
+    pi_files = []
     for path in (home / ".pi" / "agent" / "settings.json", cwd / ".pi" / "settings.json"):
         if path.is_file():
             try:
                 data = json.loads(path.read_text())
             except ValueError as exc:
                 raise SettingsError(f"{path} is not valid JSON: {exc}") from None
-            section = data.get(PI_SETTINGS_KEY) if isinstance(data, dict) else None
-            if isinstance(section, dict):
-                take(section, str(path), strict=False)  # Pi's files are read as-is
+            pi_files.append((path, data if isinstance(data, dict) else {}))
+    # Pi's own compaction budget, as Pi reads it (project over global), below every om source
+    for path, data in pi_files:
+        compaction = data.get("compaction")
+        if isinstance(compaction, dict) and "keepRecentTokens" in compaction:
+            value = compaction["keepRecentTokens"]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values["keepRecentTokens"] = value
+                sources["keepRecentTokens"] = f"{path} (compaction.keepRecentTokens)"
+            else:
+                notes.append(f"ignored compaction.keepRecentTokens {value!r} in {path}: not a number")
+    for path, data in pi_files:
+        section = data.get(PI_SETTINGS_KEY)
+        if isinstance(section, dict):
+            take(section, str(path), strict=False)  # Pi's files are read as-is
     toml_path = Path(config) if config else cwd / "om.toml"
     if config and not toml_path.is_file():
         raise SettingsError(f"settings file {toml_path} does not exist")

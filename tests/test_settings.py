@@ -192,6 +192,38 @@ def test_pi_file_without_our_section_is_ignored(dirs):
     assert resolved.sources == {}
 
 
+def test_keep_recent_tokens_from_pis_own_compaction_settings(dirs, tmp_path):
+    home, project = dirs
+    g = global_pi(home, {"compaction": {"enabled": True, "keepRecentTokens": 30_000}})
+    resolved = load_settings(home=home, cwd=project, env={})
+    assert resolved.settings.keepRecentTokens == 30_000
+    assert resolved.sources["keepRecentTokens"] == f"{g} (compaction.keepRecentTokens)"
+    # the project's file over the global one, as Pi reads them
+    p = project_pi(project, {"compaction": {"keepRecentTokens": 12_000}})
+    resolved = load_settings(home=home, cwd=project, env={})
+    assert resolved.settings.keepRecentTokens == 12_000
+    assert resolved.sources["keepRecentTokens"] == f"{p} (compaction.keepRecentTokens)"
+    # a project file without the key leaves the global value
+    project_pi(project, {"compaction": {"reserveTokens": 8_000}})
+    assert load_settings(home=home, cwd=project, env={}).settings.keepRecentTokens == 30_000
+    # below every source of om's own: the observational-memory section (even the global one), om.toml, env
+    global_pi(home, {"compaction": {"keepRecentTokens": 30_000}, "observational-memory": {"keepRecentTokens": 25_000}})
+    project_pi(project, {"compaction": {"keepRecentTokens": 12_000}})
+    assert load_settings(home=home, cwd=project, env={}).settings.keepRecentTokens == 25_000
+    (project / "om.toml").write_text("keepRecentTokens = 18000\n")
+    assert load_settings(home=home, cwd=project, env={}).settings.keepRecentTokens == 18_000
+    env = {"OM_KEEP_RECENT_TOKENS": "9000"}
+    assert load_settings(home=home, cwd=project, env=env).settings.keepRecentTokens == 9_000
+
+
+def test_a_non_numeric_pi_keep_recent_tokens_is_noted_not_used(dirs):
+    home, project = dirs
+    g = global_pi(home, {"compaction": {"keepRecentTokens": "lots"}})
+    resolved = load_settings(home=home, cwd=project, env={})
+    assert resolved.settings.keepRecentTokens == 20_000
+    assert any("compaction.keepRecentTokens" in n and str(g) in n for n in resolved.notes)
+
+
 # ------------------------------------------------------------------ errors name the key and its source
 
 
