@@ -178,8 +178,10 @@ class BranchReplayer:
 
     # ---------------------------------------------------------------- running
 
-    def _stage(self, report: BranchReport, t: int, stage: str, reflection_watermark: str | None = None) -> StageOutcome:
-        outcome = self.run_stage(StageRequest(self.session_id, self.branch[t].entry_id, stage, reflection_watermark))
+    def _stage(self, report: BranchReport, t: int, stage: str, reflection_watermark: str | None = None,
+               chunk_until: int | None = None) -> StageOutcome:
+        outcome = self.run_stage(StageRequest(self.session_id, self.branch[t].entry_id, stage, reflection_watermark,
+                                              chunk_until))
         report.count(outcome)
         if outcome.ledger_id:
             self._changed(t)
@@ -258,15 +260,31 @@ class BranchReplayer:
             self._drain(report)
         return report
 
+    def drain_cut(self) -> int | None:
+        """Where Pi would cut the finished branch at its tip (the position of F), or None where Pi
+        would not compact there."""
+        try:
+            return self.cut_point(len(self.branch) - 1).firstKeptPosition
+        except NothingToCompact:
+            return None
+
     def _drain(self, report: BranchReport) -> None:
-        """A finished branch: observe until nothing is uncovered, then one reflector/dropper pass."""
+        """A finished branch: observe until nothing is uncovered, then one reflector/dropper pass.
+
+        The chunks end exactly before Pi's cut point F at the tip, and the kept tail from F on is
+        observed as a chunk of its own: the next compaction at or after F then includes every
+        observation of the history before it (no batch crosses the boundary, SPEC §9, §10)."""
         end = len(self.branch) - 1
-        while True:  # each chunk moves the watermark, so this ends
-            outcome = self._stage(report, end, "observer")
-            if outcome.outcome == "failed":
-                return
-            if outcome.outcome != "recorded" or not outcome.ledger_id:
-                break  # nothing left uncovered, or a deliberate empty chunk
+        first_kept = self.drain_cut()
+        for until in ([first_kept - 1] if first_kept else []) + [None]:
+            while True:  # each chunk moves the watermark, so this ends
+                outcome = self._stage(report, end, "observer", chunk_until=until)
+                if outcome.outcome == "failed":
+                    return
+                if outcome.outcome != "recorded" or not outcome.ledger_id:
+                    break  # nothing left uncovered (up to the bound), or a deliberate empty chunk
+            if outcome.outcome == "empty":
+                break  # a deliberate empty chunk: its span stays uncovered, the drain goes no further
         if self.clocks(end)["reflector"] > 0:
             self._reflect_then_drop(report, end)
         report.drained = True

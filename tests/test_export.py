@@ -117,3 +117,63 @@ def test_records_are_linked_as_if_appended_live(tmp_path):
     # the file itself is untouched, and refusing to overwrite it is enforced
     result = CliRunner().invoke(app, ["--db", str(db_path), "export", session_id, "--out", str(path)])
     assert result.exit_code != 0
+
+
+# ------------------------------------------------------------------ the drain respects Pi's cut point (SPEC §9)
+
+DRAIN_SETTINGS = Settings(observeAfterTokens=1_000_000, reflectAfterTokens=1_000_000, compactAfterTokens=1_000_000,
+                          keepRecentTokens=400)
+
+
+def finished_sample(tmp_path):
+    b = SessionBuilder("d7a1c0de-0000-4000-8000-000000000003")
+    b.system("You are Pi, a coding agent.")
+    b.user("We must never call the network from the tests; always use DuckDB for storage.")
+    b.work_turns(8, "ledger")
+    return b, b.write(tmp_path / "finished.jsonl")
+
+
+def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_holds_them(tmp_path):
+    """After the replay and an export of a finished sample, compacting the exported file at Pi's cut
+    point renders a summary holding every drained observation of the history before the cut."""
+    b, path = finished_sample(tmp_path)
+    db_path = tmp_path / "om.duckdb"
+    session_id = ingest(db_path, [path]).files[0].session_id
+    db = dbmod.shared_database(db_path)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
+        (report,) = replay_session(db, session_id, DRAIN_SETTINGS,
+                                   lambda req: execute_stage(db, req, brain, DRAIN_SETTINGS))
+    finally:
+        db.close()
+    assert report.drained and report.stages.get("observer:recorded", 0) >= 2
+    out = tmp_path / "exported.jsonl"
+    run(["--db", str(db_path), "export", session_id, "--out", str(out)])
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [out])
+    cut = json.loads(run(["--db", str(fresh), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
+    original = json.loads(run(["--db", str(db_path), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
+    assert cut["firstKeptEntryId"] == original["firstKeptEntryId"]  # the records after the tip change nothing
+    first_kept = cut["firstKeptEntryId"]
+    position = {e["id"]: i for i, e in enumerate(b.entries)}
+    f = position[first_kept]
+    with dbmod.reading(fresh) as con:
+        records = con.execute(
+            "SELECT r.covers_up_to_id, list(o.obs_id ORDER BY o.item_index), list(o.source_entry_ids) "
+            "FROM ledger_records r JOIN ledger_observations o ON o.session_id = r.session_id AND o.ledger_id = r.ledger_id "
+            "WHERE r.session_id = ? GROUP BY r.ledger_id, r.covers_up_to_id, r.append_seq ORDER BY r.append_seq",
+            [session_id]).fetchall()
+    before = [ids for covers, ids, _ in records if position[covers] < f]
+    after = [ids for covers, ids, _ in records if position[covers] >= f]
+    assert before and after  # a chunk for the history before F, and the kept tail as a chunk of its own
+    last_source_before_f = max(p for p, e in enumerate(b.entries[:f]) if e["type"] == "message"
+                               and e["message"]["role"] != "system")
+    assert any(position[covers] == last_source_before_f for covers, _, _ in records)  # ends exactly before F
+    for covers, _, sources in records:  # no chunk crosses F
+        flat = [position[s] for group in sources for s in group]
+        assert all(p < f for p in flat) or all(p >= f for p in flat), (covers, flat)
+    compacted = json.loads(run(["--db", str(fresh), "compact", session_id, "--first-kept", first_kept, "--json"]))
+    drained_before = [i for ids in before for i in ids]
+    assert compacted["observations"] == drained_before
+    for observation_id in drained_before:
+        assert f"[{observation_id}]" in compacted["summary"]

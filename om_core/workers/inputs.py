@@ -132,15 +132,18 @@ def _now_at(tip_ts: Any) -> str:
 
 
 def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
-                   after_position: int | None = None) -> ObserverInput | None:
-    """The oldest chunk of uncovered source entries after the observation watermark (None: nothing)."""
+                   after_position: int | None = None, until_position: int | None = None) -> ObserverInput | None:
+    """The oldest chunk of uncovered source entries after the observation watermark (None: nothing);
+    ``until_position``: the chunk takes no entry past that branch position."""
     use_tiktoken = settings.tokenCounter == "tiktoken"
     cap = settings.chunk_max_tokens
     start = after_position
     if start is None:
         start = dbmod.scalar(con, "observation_watermark_position", {"session_id": session_id, "tip": tip})
         start = -1 if start is None else start
-    cursor = con.execute(query("observer_backlog"), {"session_id": session_id, "tip": tip, "after": start})
+    until = 2**62 if until_position is None else until_position
+    cursor = con.execute(query("observer_backlog"), {"session_id": session_id, "tip": tip, "after": start,
+                                                     "until": until})
     chunk: list[SourceEntry] = []
     total = 0
     while True:

@@ -270,6 +270,7 @@ class StageRequest:
     tip: str
     stage: Literal["observer", "reflector", "dropper"]
     reflection_watermark: str | None = None  # dropper: the same run's reflection watermark
+    chunk_until: int | None = None  # observer: the chunk ends at or before this branch position (the drain)
 
 
 _PAYLOADS = {"observer": ObservationsRecorded, "reflector": ReflectionsRecorded, "dropper": ObservationsDropped}
@@ -277,7 +278,9 @@ _PAYLOADS = {"observer": ObservationsRecorded, "reflector": ReflectionsRecorded,
 
 def _input(con: duckdb.DuckDBPyConnection, req: StageRequest, settings: Settings):
     if req.stage == "observer":
-        return observer_input(con, req.session_id, req.tip, settings), "no uncovered source entries on this branch"
+        return (observer_input(con, req.session_id, req.tip, settings, until_position=req.chunk_until),
+                "no uncovered source entries on this branch" + (
+                    f" up to position {req.chunk_until}" if req.chunk_until is not None else ""))
     if req.stage == "reflector":
         return reflector_input(con, req.session_id, req.tip), "no observation watermark yet: run the observer first"
     return (dropper_input(con, req.session_id, req.tip, settings, req.reflection_watermark),

@@ -1,9 +1,10 @@
 -- name: observer_backlog
--- Source entries on the branch after a position, oldest first (the observer's uncovered span).
+-- Source entries on the branch after a position (and up to $until), oldest first (the observer's
+-- uncovered span; the drain ends its chunks before Pi's cut point).
 SELECT b.position, e.entry_id, e.entry_type, e.role, e.ts, e.tokens_pi, e.tokens, e.raw
 FROM branch($session_id, $tip) b
 JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
-WHERE e.is_source AND b.position > $after
+WHERE e.is_source AND b.position > $after AND b.position <= $until
 ORDER BY b.position;
 
 -- name: observation_watermark_entry
