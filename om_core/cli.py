@@ -672,6 +672,13 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print settin
         err.print(f"[yellow]note:[/] {escape(str(note))}")
 
 
+# ------------------------------------------------------------------ evaluations (om_core/eval)
+
+from om_core.eval.cli import eval_app  # noqa: E402  (typer and rich only; the evaluation loads inside)
+
+app.add_typer(eval_app, name="eval")
+
+
 def main() -> None:
     """Console entry point: one error handler for every command."""
     try:

@@ -1,0 +1,365 @@
+"""Running an evaluation: instances in parallel, model calls under one limit, resumable, stoppable.
+
+One task is one (instance, condition): build the context, ask the reader, write the hypothesis,
+ask the judge, write the verdict, write the calls. Tasks run on a thread pool of ``concurrency``
+threads (default: ``modelConcurrency``); every model call, the workers' included, holds one slot
+of a semaphore of ``modelConcurrency`` slots. Transient model errors are retried with backoff
+(``RetryPolicy``); a task that still fails is reported, writes no hypothesis, and is done by the
+next run. Setting ``stop`` (Ctrl-C) lets running tasks end at their next step and starts no new
+ones; what is written stays, and a rerun reuses it (the ledger's stages are exactly-once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from om_core import db as dbmod
+from om_core.catalog import resolve_tip
+from om_core.errors import InvalidArgument, OmError
+from om_core.eval import reader as R
+from om_core.eval.conditions import (
+    CONDITIONS,
+    NO_CUT_NOTE,
+    ReaderContext,
+    compacted,
+    final_cut,
+    om_memory,
+    whole_history,
+)
+from om_core.eval.data import QUESTION_TYPES, Dataset, Instance, load_dataset, select
+from om_core.eval.haystack import Haystack, build_haystack, evidence_turns
+from om_core.eval.report import build_report, write_report
+from om_core.eval.results import ConditionFiles
+from om_core.model import LiteLLMModel, ModelError, RetryPolicy
+from om_core.settings import Settings
+from om_core.workers.stages import ModelConfig, StageRequest, execute_stage, make_brain
+
+DEFAULT_READER_WINDOW = 128_000
+ANSWER_RESERVE_TOKENS = 2_048  # room left in the reader's window for its answer
+NATIVE_RESERVE_TOKENS = 16_384  # Pi's reserveTokens: room for the summary itself
+# Settings that shape the om memory (a rerun with other values would mix two memories).
+_MEMORY_SETTINGS = ("observeAfterTokens", "reflectAfterTokens", "observerChunkMaxTokens", "compactAfterTokens",
+                    "compactAfterTokensMode", "compactAfterTokensRatio", "observationsPoolMaxTokens",
+                    "observationsPoolTargetTokens", "agentMaxTurns", "tokenCounter", "contextWindow",
+                    "keepRecentTokens", "gapSafeCompaction", "gapSafeMaxContextShare", "redactSecrets")
+
+
+class Interrupted(Exception):
+    """The run was asked to stop; the task ends here and a rerun finishes it."""
+
+
+@dataclass
+class EvalOptions:
+    data: Path
+    out: Path
+    model: str  # the memory workers' model (om), or 'offline' for the extractive baseline
+    reader: str
+    judge: str | None = None  # None: the reader's model; 'off': no judge
+    conditions: list[str] = field(default_factory=lambda: list(CONDITIONS))
+    types: list[str] | None = None
+    limit: int | None = None
+    api_base: str | None = None
+    api_key: str | None = None
+    reader_recall: bool = False
+    reader_window: int | None = None
+    concurrency: int | None = None
+    settings: Settings = field(default_factory=Settings)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    @property
+    def judge_model(self) -> str | None:
+        if self.judge is not None and self.judge.lower() in ("off", "none", ""):
+            return None
+        return self.judge or self.reader
+
+    def validate(self) -> None:
+        unknown = [c for c in self.conditions if c not in CONDITIONS]
+        if unknown or not self.conditions:
+            raise InvalidArgument(f"unknown condition(s) {', '.join(unknown) or '(none given)'}: "
+                                  f"choose from {', '.join(CONDITIONS)}")
+        bad_types = [t for t in self.types or [] if t not in QUESTION_TYPES]
+        if bad_types:
+            raise InvalidArgument(f"unknown question type(s) {', '.join(bad_types)}: choose from "
+                                  f"{', '.join(QUESTION_TYPES)}")
+        if self.limit is not None and self.limit < 1:
+            raise InvalidArgument("--limit must be at least 1")
+        if not self.reader:
+            raise InvalidArgument("--reader is required")
+
+
+@dataclass
+class EvalSummary:
+    report: dict[str, Any]
+    report_paths: tuple[Path, Path]
+    dataset: Dataset
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def reader_window(options: EvalOptions) -> tuple[int, str]:
+    """The reader's context window: --reader-window, else litellm's model card, else 128k (said so)."""
+    if options.reader_window:
+        return options.reader_window, "given"
+    from om_core.model import _import_litellm
+
+    litellm = _import_litellm()
+    try:
+        info = litellm.get_model_info(options.reader)
+        window = info.get("max_input_tokens") or info.get("max_tokens")
+        if window:
+            return int(window), "litellm model card"
+    except Exception:  # a model litellm does not know
+        pass
+    return DEFAULT_READER_WINDOW, f"unknown model: assumed {DEFAULT_READER_WINDOW:,} (set --reader-window)"
+
+
+def open_database(path: Path):
+    """The evaluation's own DuckDB (sessions, ledger, compactions, model calls), shared by the threads.
+    Integration point: the lead's workspace object replaces this when the DB plumbing changes."""
+    return dbmod.shared_database(path)
+
+
+class _Run:
+    def __init__(self, options: EvalOptions, progress: Progress | None, stop: threading.Event) -> None:
+        self.o = options
+        self.progress = progress or (lambda _: None)
+        self.stop = stop
+        self.settings = options.settings
+        self.gate_semaphore = threading.BoundedSemaphore(self.settings.modelConcurrency)
+        self.run_id = dbmod.new_run_id()
+        self.failures: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.db = None
+
+    def gate(self):
+        return self.gate_semaphore
+
+    def _model(self, name: str, record) -> LiteLLMModel:
+        return LiteLLMModel(name, api_base=self.o.api_base, api_key=self.o.api_key,
+                            timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry, record=record,
+                            gate=self.gate)
+
+    def _check(self) -> None:
+        if self.stop.is_set():
+            raise Interrupted()
+
+    # ------------------------------------------------------------ contexts
+
+    def context(self, condition: str, inst: Instance, hay: Haystack, log: R.CallLog) -> ReaderContext:
+        if condition == "oracle":
+            turns = evidence_turns(inst, hay)
+            ctx = whole_history("oracle", inst, turns)
+            if not turns:
+                ctx.notes.append("no evidence session in the haystack: the reader sees only the question")
+            return ctx
+        if condition == "full":
+            ctx = whole_history("full", inst, hay.turns)
+            if ctx.tokens + ANSWER_RESERVE_TOKENS > self.window:
+                ctx.skipped = (f"the whole history ({ctx.tokens:,} tokens) does not fit the reader's window "
+                               f"({self.window:,} tokens, {self.window_source})")
+            return ctx
+        if condition == "native":
+            tip, first_kept = final_cut(self.db, hay.session_id, self.settings)
+            if first_kept is None:
+                return compacted("native", inst, hay, None, None, [NO_CUT_NOTE])
+            summary, _ = self.native(hay, first_kept, log.recorder("native:native"))
+            return compacted("native", inst, hay, summary, first_kept, [])
+        # om
+        calls: list = []
+        config = ModelConfig(model=self.o.model, api_base=self.o.api_base, api_key=self.o.api_key,
+                             timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry)
+        brain = make_brain(config, self.settings, calls, gate=self.gate)
+
+        def run_stage(request: StageRequest):
+            self._check()
+            return execute_stage(self.db, request, brain, self.settings, self.run_id)
+
+        memory = om_memory(self.db, hay, self.settings, run_stage, self.run_id)
+        self._check()
+        notes = list(memory.notes)
+        summary = memory.summary
+        if summary is None and memory.first_kept is not None:
+            notes.append("the memory projection was empty: native fallback (a native-style summary, as Pi would)")
+            summary, _ = self.native(hay, memory.first_kept, log.recorder("native:om"))
+        ctx = compacted("om", inst, hay, summary, memory.first_kept, notes)
+        ctx.memory = memory.facts
+        return ctx
+
+    def native(self, hay: Haystack, first_kept: str, record) -> tuple[str, int]:
+        turns = hay.turns[: hay.position[first_kept]]
+        budget = max(2_048, self.window - NATIVE_RESERVE_TOKENS - ANSWER_RESERVE_TOKENS)
+        return R.native_summary(self._model(self.o.reader, record), turns, budget)
+
+    # ------------------------------------------------------------ one task
+
+    def task(self, condition: str, inst: Instance, hay: Haystack, files: ConditionFiles) -> dict[str, Any]:
+        qid = inst.question_id
+        log = R.CallLog()
+        started = time.monotonic()
+        status = "reused"
+        try:
+            self._check()
+            hypothesis = files.hypotheses.get(qid)
+            if hypothesis is None:
+                ctx = self.context(condition, inst, hay, log)
+                if ctx.skipped:
+                    files.add_skip(qid, {"question_type": inst.question_type, "skipped": ctx.skipped,
+                                         **ctx.facts()})
+                    return {"condition": condition, "question_id": qid, "status": "skipped", "reason": ctx.skipped}
+                self._check()
+                recall = None
+                if self.o.reader_recall and condition == "om":
+                    with self.db.read() as con:
+                        tip = resolve_tip(con, hay.session_id, None)
+                    recall = R.recall_tool(self.db, hay.session_id, tip)
+                reader_started = time.monotonic()
+                hypothesis, recalls = R.answer(self._model(self.o.reader, log.recorder(f"reader:{condition}")),
+                                               ctx, recall)
+                files.add_answer(qid, hypothesis, {
+                    "question_type": inst.question_type, "abstention": inst.abstention,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "reader_seconds": round(time.monotonic() - reader_started, 3),
+                    "recall_calls": recalls, **ctx.facts()})
+                status = "answered"
+            judge = self.o.judge_model
+            if judge and files.verdict(qid, judge) is None:
+                self._check()
+                verdict = R.judge(self._model(judge, log.recorder(f"judge:{condition}")), inst, hypothesis)
+                files.add_judgement(qid, {"judge": judge, "verdict": verdict.verdict, "judge_reply": verdict.text,
+                                          "hypothesis": hypothesis, "question_type": inst.question_type,
+                                          "abstention": inst.abstention})
+                status = "judged" if status == "reused" else status
+            return {"condition": condition, "question_id": qid, "status": status}
+        except Interrupted:
+            return {"condition": condition, "question_id": qid, "status": "interrupted"}
+        except (ModelError, OmError) as exc:
+            return self._failed(condition, qid, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # one bad instance never stops the run
+            return self._failed(condition, qid, f"{type(exc).__name__}: {exc}")
+        finally:
+            try:
+                log.write(self.db, hay.session_id, self.run_id)
+            except Exception as exc:  # the answer is kept; only its cost record is lost
+                self._failed(condition, qid, f"could not record model calls: {exc}")
+
+    def _failed(self, condition: str, qid: str, error: str) -> dict[str, Any]:
+        row = {"condition": condition, "question_id": qid, "status": "failed", "error": error[:1000]}
+        with self._lock:
+            self.failures.append(row)
+        return row
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> EvalSummary:
+        o = self.o
+        o.validate()
+        wall = time.monotonic()
+        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        dataset = load_dataset(o.data)
+        o.out.mkdir(parents=True, exist_ok=True)
+        _write_invalid(o.out, dataset)
+        chosen = select(dataset.instances, o.types, o.limit)
+        self.window, self.window_source = reader_window(o)
+        files = {c: ConditionFiles(o.out, c).open(self._config(c)) for c in o.conditions}
+        haystacks = {i.question_id: build_haystack(i) for i in chosen}
+        self.db = open_database(o.out / "eval.duckdb")
+        bad_sessions = self._ingest(chosen, haystacks) if {"om", "native"} & set(o.conditions) else {}
+        plan = self._plan(chosen, files)
+        self.progress({"event": "start", "tasks": len(plan), "questions": len(chosen), "invalid": len(dataset.invalid),
+                       "conditions": list(o.conditions),
+                       "done": {c: sum(1 for i in chosen if i.question_id in f.hypotheses) for c, f in files.items()}})
+        results: list[dict[str, Any]] = []
+        interrupted = False
+        pool = ThreadPoolExecutor(max_workers=o.concurrency or self.settings.modelConcurrency,
+                                  thread_name_prefix="om-eval")
+        try:
+            futures: set[Future] = set()
+            for condition, inst in plan:
+                if inst.question_id in bad_sessions and condition in ("om", "native"):
+                    results.append(self._failed(condition, inst.question_id, bad_sessions[inst.question_id]))
+                    continue
+                futures.add(pool.submit(self.task, condition, inst, haystacks[inst.question_id], files[condition]))
+            while futures:
+                done, futures = wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    result = future.result()
+                    results.append(result)
+                    self.progress({"event": "task", **result})
+        except KeyboardInterrupt:
+            interrupted = True
+            self.stop.set()
+            self.progress({"event": "stopping"})
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        interrupted = interrupted or self.stop.is_set() or any(r["status"] == "interrupted" for r in results)
+        report = build_report(chosen, files, self.db, judge_model=o.judge_model, run={
+            "data": str(o.data), "model": o.model, "reader": o.reader, "reader_recall": o.reader_recall,
+            "reader_window": self.window, "reader_window_source": self.window_source,
+            "questions": len(chosen), "invalid_instances": len(dataset.invalid), "started_at": started_at,
+            "wall_seconds": round(time.monotonic() - wall, 3), "interrupted": interrupted,
+            "failures": self.failures[:50], "settings": self.settings.model_dump(mode="json")})
+        paths = write_report(o.out, report)
+        self.db.close()
+        return EvalSummary(report, paths, dataset, list(self.failures), interrupted)
+
+    def _config(self, condition: str) -> dict[str, Any]:
+        config: dict[str, Any] = {"reader": self.o.reader}
+        if condition == "om":
+            memory = self.settings.model_dump(mode="json")
+            config.update(model=self.o.model, reader_recall=self.o.reader_recall,
+                          settings={k: memory[k] for k in _MEMORY_SETTINGS})
+        if condition == "native":
+            config["keepRecentTokens"] = self.settings.keepRecentTokens
+        return config
+
+    def _ingest(self, chosen: list[Instance], haystacks: dict[str, Haystack]) -> dict[str, str]:
+        """Write the session files and ingest them (unchanged files are skipped). Returns problems by question."""
+        from om_core.ingest import ingest
+
+        sessions_dir = self.o.out / "sessions"
+        paths = {str(haystacks[i.question_id].write(sessions_dir)): i.question_id for i in chosen}
+        with self.db.write() as con:
+            report = ingest(con, list(paths), command="eval longmemeval")
+        problems = {}
+        for f in report.files:
+            if f.error or f.status in ("no_header", "duplicate_session", "error"):
+                problems[paths.get(f.path, f.path)] = f"ingest of its session failed: {f.error or f.status}"
+        return problems
+
+    def _plan(self, chosen: list[Instance], files: dict[str, ConditionFiles]) -> list[tuple[str, Instance]]:
+        """Tasks still to do, longest first (om replays, then native summaries, then single calls)."""
+        judge = self.o.judge_model
+        order = sorted(self.o.conditions, key=lambda c: CONDITIONS.index(c) if c != "native" else 0.5)
+        plan = []
+        for condition in order:
+            f = files[condition]
+            for inst in chosen:
+                q = inst.question_id
+                if q in f.hypotheses and (judge is None or f.verdict(q, judge) is not None):
+                    continue
+                plan.append((condition, inst))
+        return plan
+
+
+def _write_invalid(out: Path, dataset: Dataset) -> None:
+    path = out / "invalid.jsonl"
+    if dataset.invalid:
+        path.write_text("".join(R.dumps(i.model_dump()) + "\n" for i in dataset.invalid))
+    elif path.exists():
+        path.unlink()
+
+
+def run_longmemeval(options: EvalOptions, progress: Progress | None = None,
+                    stop: threading.Event | None = None) -> EvalSummary:
+    """Run (or resume) an evaluation; ``stop`` ends it early, keeping what is done."""
+    return _Run(options, progress, stop or threading.Event()).run()

@@ -1,0 +1,268 @@
+"""`om eval longmemeval` (issue 16) on a small LongMemEval-format file written by the project, with
+the fake model server playing workers, reader, native summarizer and judge."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from longmemeval_builders import TYPES, EvalModel, instance, kind_of, small_dataset, write_dataset
+from om_core.eval.data import load_dataset
+from om_core.eval.haystack import build_haystack
+from om_core.eval.run import EvalOptions, run_longmemeval
+from om_core.model import RetryPolicy
+from om_core.settings import Settings
+
+pytestmark = pytest.mark.usefixtures("isolated_home")
+
+# Small thresholds so a history of a few hundred tokens is observed, reflected and compacted.
+SMALL = dict(observeAfterTokens=60, reflectAfterTokens=400, keepRecentTokens=40, compactAfterTokens=300,
+             modelConcurrency=3)
+QIDS = [f"q{i}-LEAK" for i in range(6)] + ["q6-LEAK_abs"]
+
+
+def options(tmp_path: Path, server, **overrides) -> EvalOptions:
+    values = dict(data=tmp_path / "lme.json", out=tmp_path / "out", model="openai/fake-worker",
+                  reader="openai/fake-reader", judge="openai/fake-judge", api_base=server.base_url,
+                  reader_window=100_000, settings=Settings(**SMALL), concurrency=3,
+                  retry=RetryPolicy(attempts=2, base_seconds=0.001, max_seconds=0.002))
+    values.update(overrides)
+    return EvalOptions(**values)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_no_labels(server) -> None:
+    """No label or haystack id in any request; the answer key only in the judge's own request."""
+    assert server.requests
+    answers = {f"q{i}": f"LEAK-ANSWER-q{i}" for i in range(6)}
+    for body in server.requests:
+        sent = json.dumps(body, ensure_ascii=False)
+        assert "has_answer" not in sent and "sess-LEAK" not in sent and "_abs" not in sent
+        assert "answer_session" not in sent and "haystack_session" not in sent
+        if kind_of(body) == "judge":
+            leaked = [a for a in answers.values() if a in sent]
+            assert len(leaked) <= 1  # its own answer key (none for the abstention question)
+            assert sent.count("LEAK") == len(leaked)
+        else:
+            assert "LEAK" not in sent, kind_of(body)
+            assert "You never told me a code word about a red bicycle" not in sent
+
+
+# ------------------------------------------------------------------ data and session files
+
+
+def test_dataset_reports_bad_instances_and_keeps_the_rest(tmp_path):
+    path = write_dataset(tmp_path / "lme.json")
+    raw = json.loads(path.read_text())
+    raw.insert(0, {"question_id": "x"})  # most fields missing
+    raw.insert(0, "not an object")
+    raw.append(dict(raw[2]))  # a duplicate question id
+    raw[2]["answer"] = 42  # numbers are answers too
+    path.write_text(json.dumps(raw))
+    data = load_dataset(path)
+    assert [i.question_id for i in data.instances] == QIDS
+    assert data.instances[0].answer == "42"
+    reasons = {(p.index, p.question_id): p.reason for p in data.invalid}
+    assert len(reasons) == 4
+    assert any("differ in length" in r for r in reasons.values())
+    assert any("duplicate question_id" in r for r in reasons.values())
+    assert data.instances[-1].abstention and not data.instances[0].abstention
+
+
+def test_haystack_is_a_pi_session_in_date_order_without_labels(tmp_path):
+    raw = instance("qx-LEAK", "multi-session", "KW-X", sessions=5)
+    raw["haystack_dates"] = ["2023/05/20 (Sat) 02:21", "2023/05/02 (Tue) 10:00", "2023/05/02 (Tue) 09:00",
+                             "2023/06/01 (Thu) 00:00", "2023/05/20 (Sat) 02:21"]
+    from om_core.eval.data import Instance
+
+    hay = build_haystack(Instance.model_validate(raw))
+    path = hay.write(tmp_path / "s")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    header, entries = lines[0], lines[1:]
+    assert header["type"] == "session" and header["version"] == 3 and "LEAK" not in header["id"]
+    assert [e["type"] for e in entries] == ["message"] * len(entries)
+    assert entries[0]["parentId"] is None
+    assert all(b["parentId"] == a["id"] for a, b in zip(entries, entries[1:]))
+    stamps = [e["timestamp"] for e in entries]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    # sessions in date order: 2 (09:00), 1 (10:00), 0 and 4 (same time, file order), 3
+    order = [t.haystack_index for t in hay.turns]
+    assert list(dict.fromkeys(order)) == [2, 1, 0, 4, 3]
+    assert stamps[0].startswith("2023-05-02T09:00:00")
+    text = path.read_text()
+    assert "has_answer" not in text and "sess-LEAK" not in text and "LEAK" not in text
+    assert hay.write(tmp_path / "s").stat().st_mtime_ns == path.stat().st_mtime_ns  # unchanged: not rewritten
+
+
+# ------------------------------------------------------------------ a whole run
+
+
+def test_every_condition_answers_every_question_and_the_report_scores_them(tmp_path, server):
+    write_dataset(tmp_path / "lme.json")
+    server.responder = EvalModel()
+    summary = run_longmemeval(options(tmp_path, server))
+    out = tmp_path / "out"
+    assert not summary.failures and not summary.interrupted
+    for condition in ("om", "oracle", "native", "full"):
+        rows = read_jsonl(out / condition / "hypotheses.jsonl")
+        assert sorted(r["question_id"] for r in rows) == sorted(QIDS)
+        assert all(set(r) == {"question_id", "hypothesis"} for r in rows)
+    assert [json.loads(line)["question_id"] for line in (out / "invalid.jsonl").read_text().splitlines()] == ["qbad-LEAK"]
+
+    report = json.loads((out / "report.json").read_text())
+    assert report == summary.report and report["invalid_instances"] == 1 and "approximate" in report["judge_note"]
+    c = report["conditions"]
+    # oracle and full see the evidence; om's observer recorded it; native's summary lost it
+    for name in ("oracle", "full", "om"):
+        s = c[name]["scores"]
+        assert s["judged"] == 7 and s["per_question_average"] == 1.0 and s["mean_of_type_averages"] == 1.0, name
+        assert list(s["by_type"]) == TYPES
+    native = c["native"]["scores"]
+    assert {t: v["accuracy"] for t, v in native["by_type"].items()} == {
+        "single-session-user": 0.5, "single-session-assistant": 0.0, "single-session-preference": 0.0,
+        "multi-session": 0.0, "temporal-reasoning": 0.0, "knowledge-update": 0.0}
+    assert native["per_question_average"] == round(1 / 7, 4)
+    assert native["mean_of_type_averages"] == round(0.5 / 6, 4)
+    assert native["abstention"] == {"questions": 1, "correct": 1, "accuracy": 1.0}
+    judged = read_jsonl(out / "native" / "judged.jsonl")
+    assert sum(r["verdict"] is True for r in judged) == 1
+
+    # the om reader got the rendered memory in Pi's compaction wrapper, then the kept tail
+    results = {r["question_id"]: r for r in read_jsonl(out / "om" / "results.jsonl")}
+    assert all(r["summary_chars"] and r["first_kept_entry_id"] and r["observations"] > 0 for r in results.values())
+    om_reader = [b for b in server.requests if kind_of(b) == "reader"
+                 and b["messages"][1]["content"].startswith("The conversation history before this point was compacted")
+                 and "## Observations" in b["messages"][1]["content"]]
+    assert len(om_reader) == 7
+    assert all(b["messages"][-1]["content"].startswith("[2023-06-01 (Thu) 10:00] ") for b in om_reader)
+
+    # usage from llm_calls, per condition and part
+    om_usage = c["om"]["usage"]
+    assert om_usage["memory"]["calls"] == server_count(server, "observer", "reflector", "dropper")
+    assert om_usage["reader"]["calls"] == 7 and om_usage["judge"]["calls"] == 7
+    assert c["native"]["usage"]["memory"]["calls"] == 7
+    assert c["oracle"]["usage"]["total"]["calls"] == 14 and c["oracle"]["usage"]["total"]["input_tokens"] > 0
+    assert (out / "report.html").read_text().count("<tr") > 10
+    assert_no_labels(server)
+
+
+def server_count(server, *kinds: str) -> int:
+    return sum(1 for b in server.requests if kind_of(b) in kinds)
+
+
+def test_full_is_skipped_when_the_history_does_not_fit(tmp_path, server):
+    write_dataset(tmp_path / "lme.json", broken=False)
+    server.responder = EvalModel()
+    summary = run_longmemeval(options(tmp_path, server, conditions=["full"], reader_window=1024, limit=2))
+    full = summary.report["conditions"]["full"]
+    assert full["answered"] == 0 and full["skipped"] == 2 and full["missing"] == 0
+    assert all("does not fit the reader's window (1,024 tokens" in r for r in full["skipped_reasons"].values())
+    assert not (tmp_path / "out" / "full" / "hypotheses.jsonl").exists() or not read_jsonl(
+        tmp_path / "out" / "full" / "hypotheses.jsonl")
+    assert not server.requests
+
+
+def test_resume_after_an_interruption_reuses_what_is_done(tmp_path, server):
+    write_dataset(tmp_path / "lme.json")
+    model = EvalModel()
+    server.responder = model
+    stop = threading.Event()
+    seen: list[dict] = []
+
+    def progress(event: dict) -> None:
+        if event["event"] == "task":
+            seen.append(event)
+            if len(seen) == 4:
+                stop.set()  # what Ctrl-C does
+
+    first = run_longmemeval(options(tmp_path, server), progress=progress, stop=stop)
+    assert first.interrupted
+    out = tmp_path / "out"
+    done = {c: {r["question_id"] for r in read_jsonl(out / c / "hypotheses.jsonl")}
+            if (out / c / "hypotheses.jsonl").exists() else set() for c in ("om", "oracle", "native", "full")}
+    answered = sum(len(v) for v in done.values())
+    assert 1 <= answered < 28
+    first_requests = list(server.requests)
+    observer_prompts = {json.dumps(b["messages"][:2]) for b in first_requests
+                        if kind_of(b) == "observer" and b["messages"][-1]["role"] != "tool"}
+
+    server.requests.clear()
+    second = run_longmemeval(options(tmp_path, server))
+    assert not second.interrupted and not second.failures
+    for condition in ("om", "oracle", "native", "full"):
+        rows = read_jsonl(out / condition / "hypotheses.jsonl")
+        assert sorted(r["question_id"] for r in rows) == sorted(QIDS)  # each once
+    # the second run asked the reader only for what was missing, and no observer input twice
+    assert server_count(server, "reader") == 28 - answered
+    again = {json.dumps(b["messages"][:2]) for b in server.requests if kind_of(b) == "observer"}
+    assert not (again & observer_prompts)
+    assert second.report["conditions"]["oracle"]["scores"]["judged"] == 7
+
+    # a third run has nothing left to do and calls no model
+    server.requests.clear()
+    third = run_longmemeval(options(tmp_path, server))
+    assert not server.requests and third.report["conditions"]["om"]["scores"]["per_question_average"] == 1.0
+
+
+def test_a_failing_question_is_reported_and_done_by_the_next_run(tmp_path, server):
+    write_dataset(tmp_path / "lme.json", broken=False)
+    server.responder = EvalModel(fail_reader_for="red bicycle")  # a permanent error for the abstention question
+    first = run_longmemeval(options(tmp_path, server, conditions=["oracle"]))
+    assert [(f["condition"], f["question_id"]) for f in first.failures] == [("oracle", "q6-LEAK_abs")]
+    assert first.report["conditions"]["oracle"]["missing"] == 1
+    server.responder = EvalModel()
+    server.requests.clear()
+    second = run_longmemeval(options(tmp_path, server, conditions=["oracle"]))
+    assert not second.failures and second.report["conditions"]["oracle"]["answered"] == 7
+    assert server_count(server, "reader") == 1
+
+
+def test_reader_recall_reads_the_ledger(tmp_path, server):
+    write_dataset(tmp_path / "lme.json", [small_dataset()[0]], broken=False)
+    server.responder = EvalModel(use_recall=True)
+    summary = run_longmemeval(options(tmp_path, server, conditions=["om"], reader_recall=True))
+    result = read_jsonl(tmp_path / "out" / "om" / "results.jsonl")[0]
+    assert result["recall_calls"] == 1
+    tool_results = [m for b in server.requests if kind_of(b) == "reader" for m in b["messages"] if m["role"] == "tool"]
+    assert tool_results and "Observation [" in tool_results[0]["content"] and "[User @ " in tool_results[0]["content"]
+    assert summary.report["conditions"]["om"]["scores"]["per_question_average"] == 1.0
+    assert_no_labels(server)
+
+
+def test_a_rerun_with_another_reader_is_refused(tmp_path, server):
+    write_dataset(tmp_path / "lme.json", [small_dataset()[0]], broken=False)
+    server.responder = EvalModel()
+    run_longmemeval(options(tmp_path, server, conditions=["oracle"]))
+    from om_core.errors import OmError
+
+    with pytest.raises(OmError, match="other settings"):
+        run_longmemeval(options(tmp_path, server, conditions=["oracle"], reader="openai/other"))
+
+
+def test_cli_longmemeval(tmp_path, server):
+    from om_core.cli import app
+
+    write_dataset(tmp_path / "lme.json")
+    (tmp_path / "om.toml").write_text("\n".join(f"{k} = {v}" for k, v in SMALL.items()) + "\n")
+    server.responder = EvalModel()
+    result = CliRunner().invoke(app, ["eval", "longmemeval", "--data", str(tmp_path / "lme.json"),
+                                      "--model", "openai/fake-worker", "--reader", "openai/fake-reader",
+                                      "--conditions", "om,oracle", "--types", "multi-session,knowledge-update",
+                                      "--out", str(tmp_path / "cli-out"), "--api-base", server.base_url,
+                                      "--reader-window", "100000", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["conditions"]) == {"om", "oracle"}
+    assert report["questions"] == 2 and report["judge"] == "openai/fake-reader"
+    assert report["settings"]["keepRecentTokens"] == 40  # om.toml reached the run
+    assert report["conditions"]["om"]["scores"]["by_type"]["multi-session"]["accuracy"] == 1.0
+    bad = CliRunner().invoke(app, ["eval", "longmemeval", "--data", str(tmp_path / "lme.json"), "--model", "x",
+                                   "--reader", "y", "--conditions", "om,nope", "--out", str(tmp_path / "o2")])
+    assert bad.exit_code != 0 and "unknown condition" in str(bad.exception or bad.output)
