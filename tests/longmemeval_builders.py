@@ -133,9 +133,12 @@ class EvalModel:
     reader answers with the keyword it can see (else that it does not know), the native summarizer
     writes a generic summary, and the judge compares the keyword of the reference with the response."""
 
-    def __init__(self, use_recall: bool = False, fail_reader_for: str | None = None) -> None:
+    def __init__(self, use_recall: bool = False, fail_reader_for: str | None = None, observe_every: int = 1,
+                 note_chars: int = 300) -> None:
         self.use_recall = use_recall
         self.fail_reader_for = fail_reader_for
+        self.observe_every = observe_every  # record every n-th user turn (and every one with a keyword)
+        self.note_chars = note_chars
         self.kinds: list[str] = []
 
     def __call__(self, body: dict) -> Reply:
@@ -144,12 +147,21 @@ class EvalModel:
         messages = body["messages"]
         last = messages[-1]
         if kind in ("observer", "reflector", "dropper"):
-            if last["role"] == "tool" or kind != "observer":
+            if last["role"] == "tool" or kind == "dropper":
                 return text("nothing more to record")
             user = "\n".join(m["content"] for m in messages if m["role"] == "user")
-            observations = [{"timestamp": ts.strip(), "content": f"User said: {body_text[:300]}", "relevance": "high",
-                             "sourceEntryIds": [entry_id]}
-                            for entry_id, role, ts, body_text in _ENTRY.findall(user) if role.strip() == "User"]
+            if kind == "reflector":  # one reflection over the newest few observations
+                ids = list(dict.fromkeys(_MEMORY_ID.findall(user)))[-3:]
+                if not ids:
+                    return text("nothing durable")
+                return tool_call("record_reflections", {"reflections": [
+                    {"content": f"The user keeps sharing everyday plans ({len(ids)} notes).",
+                     "supportingObservationIds": ids}]})
+            turns = [(e, ts, t) for e, role, ts, t in _ENTRY.findall(user) if role.strip() == "User"]
+            observations = [{"timestamp": ts.strip(), "content": f"User said: {t[:self.note_chars]}",
+                             "relevance": "high", "sourceEntryIds": [entry_id]}
+                            for n, (entry_id, ts, t) in enumerate(turns)
+                            if n % self.observe_every == 0 or KEYWORD.search(t)]
             if not observations:
                 return text("nothing to record")
             return tool_call("record_observations", {"observations": observations})
