@@ -224,6 +224,17 @@ def test_a_failing_question_is_reported_and_done_by_the_next_run(tmp_path, serve
     assert server_count(server, "reader") == 1
 
 
+def test_a_permanent_provider_error_stops_the_run_s_calls(tmp_path, server):
+    from fake_openai import http_error
+
+    write_dataset(tmp_path / "lme.json", broken=False)
+    server.default = http_error(401, "invalid api key")
+    summary = run_longmemeval(options(tmp_path, server, conditions=["oracle"]))
+    assert len(summary.failures) == 7 and summary.report["conditions"]["oracle"]["missing"] == 7
+    assert "invalid api key" in summary.report["model_calls_stopped"]
+    assert len(server.requests) <= 3  # the calls already in flight; none after the breaker tripped
+
+
 def test_reader_recall_reads_the_ledger(tmp_path, server):
     write_dataset(tmp_path / "lme.json", [small_dataset()[0]], broken=False)
     server.responder = EvalModel(use_recall=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from om_core import db as dbmod
 from om_core.catalog import resolve_tip
+from om_core.circuit import CircuitBreaker
 from om_core.errors import InvalidArgument, OmError
 from om_core.eval import reader as R
 from om_core.eval.conditions import (
@@ -140,6 +141,9 @@ class _Run:
         self.failures: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.db = None
+        # one breaker for every call of the run: a permanent provider error (bad key, unknown model)
+        # stops the run's calls at once instead of failing 500 questions one by one
+        self.breaker = CircuitBreaker()
 
     def gate(self):
         return self.gate_semaphore
@@ -147,7 +151,7 @@ class _Run:
     def _model(self, name: str, record) -> LiteLLMModel:
         return LiteLLMModel(name, api_base=self.o.api_base, api_key=self.o.api_key,
                             timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry, record=record,
-                            gate=self.gate)
+                            gate=self.gate, breaker=self.breaker)
 
     def _check(self) -> None:
         if self.stop.is_set():
@@ -178,7 +182,7 @@ class _Run:
         calls: list = []
         config = ModelConfig(model=self.o.model, api_base=self.o.api_base, api_key=self.o.api_key,
                              timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry)
-        brain = make_brain(config, self.settings, calls, gate=self.gate)
+        brain = make_brain(config, self.settings, calls, gate=self.gate, breaker=self.breaker)
 
         def run_stage(request: StageRequest):
             self._check()
@@ -263,6 +267,7 @@ class _Run:
     def run(self) -> EvalSummary:
         o = self.o
         o.validate()
+        self._preflight()
         wall = time.monotonic()
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         dataset = load_dataset(o.data)
@@ -307,10 +312,19 @@ class _Run:
             "reader_window": self.window, "reader_window_source": self.window_source,
             "questions": len(chosen), "invalid_instances": len(dataset.invalid), "started_at": started_at,
             "wall_seconds": round(time.monotonic() - wall, 3), "interrupted": interrupted,
-            "failures": self.failures[:50], "settings": self.settings.model_dump(mode="json")})
+            "failures": self.failures[:50],
+            "model_calls_stopped": str(self.breaker.reason) if self.breaker.reason else None, "settings": self.settings.model_dump(mode="json")})
         paths = write_report(o.out, report)
         self.db.close()
         return EvalSummary(report, paths, dataset, list(self.failures), interrupted)
+
+    def _preflight(self) -> None:
+        """Credentials, provider and base URL of every model the run needs, before anything starts."""
+        models = [self.o.reader] + ([self.o.judge_model] if self.o.judge_model else [])
+        if "om" in self.o.conditions:
+            models.append(self.o.model)
+        for name in dict.fromkeys(models):
+            ModelConfig(model=name, api_base=self.o.api_base, api_key=self.o.api_key).preflight()
 
     def _config(self, condition: str) -> dict[str, Any]:
         config: dict[str, Any] = {"reader": self.o.reader}
