@@ -32,7 +32,7 @@ from om_core.db import one
 from om_core.errors import OmError
 from om_core.eval.data import Instance
 from om_core.eval.haystack import Haystack, HistoryTurn
-from om_core.replay import replay_session
+from om_core.replay import BranchReplayer, session_leaves
 from om_core.settings import Settings
 from om_core.tokens import count_text_tokens
 
@@ -129,7 +129,7 @@ def final_cut(db: Any, session_id: str, settings: Settings) -> tuple[str | None,
         tip = resolve_tip(con, session_id, None)
         branch = branch_for_cut_point(con, session_id, tip)
     try:
-        cut = compaction_cut_point(branch, settings.keepRecentTokens)
+        cut = compaction_cut_point(branch, settings.keepRecentTokens, rules=settings.cutPointRules)
     except NothingToCompact:
         return tip, None
     if cut.firstKeptPosition == 0:  # nothing before the cut: Pi has nothing to summarize
@@ -158,11 +158,20 @@ def om_memory(db: Any, haystack: Haystack, settings: Settings, run_stage: StageR
               run_id: str | None = None) -> OmMemory:
     """Replay and drain the session (stages through ``run_stage``), then the final compaction.
 
-    Integration points with the pipeline: ``replay_session`` (with a stage runner calling
+    The final compaction cuts where the drain cut (Pi's cut point at the tip, bounded by the latest
+    compaction the replay simulated, as Pi would be), so no observed batch crosses it; where the
+    drain had no cut, Pi's cut over the whole history.
+
+    Integration points with the pipeline: ``BranchReplayer`` (with a stage runner calling
     ``execute_stage``) and ``simulate_compaction``; ``db`` is any object with ``read()``/``write()``.
     """
     sid = haystack.session_id
-    reports = replay_session(db, sid, settings, run_stage, drain=True, run_id=run_id)
+    reports, drained_at = [], None
+    for leaf in session_leaves(db, sid):  # a haystack has one branch
+        replayer = BranchReplayer(db, sid, leaf, settings, run_stage, drain=True, run_id=run_id)
+        reports.append(replayer.run())
+        position = replayer.drain_cut() if replayer.branch else None
+        drained_at = replayer.branch[position].entry_id if position else None
     failures = [f for r in reports for f in r.failures]
     if failures:
         raise MemoryIncomplete(f"{len(failures)} memory stage(s) failed: {failures[0]}")
@@ -171,6 +180,7 @@ def om_memory(db: Any, haystack: Haystack, settings: Settings, run_stage: StageR
         for key, count in r.stages.items():
             stages[key] = stages.get(key, 0) + count
     tip, first_kept = final_cut(db, sid, settings)
+    first_kept = drained_at or first_kept
     if first_kept is None:
         return OmMemory(None, None, [NO_CUT_NOTE], {"stages": stages})
     done = simulate_compaction(db, sid, tip=tip, anchor=tip, first_kept=first_kept, trigger="eval",
