@@ -69,6 +69,7 @@ from om_core.ingest import ingest  # noqa: E402
 from om_core.memory import ledger_memory  # noqa: E402
 from om_core.model import ChatReply  # noqa: E402
 from om_core.replay import replay_session  # noqa: E402
+from om_core.workspace import Workspace  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.tokens import count_tokens  # noqa: E402
 from om_core.workers.llm import ModelBrain  # noqa: E402
@@ -240,7 +241,7 @@ def run_one(session_path: Path, mode: str, workdir: Path) -> dict[str, Any]:
     sid, leaf = session_facts(db_path)
     settings = Settings()
     run_id = dbmod.new_run_id()
-    db = dbmod.shared_database(db_path)
+    db = Workspace.on_connection(dbmod.connect(db_path), settings)
     rendered: list[dict[str, Any]] = []
     server = None
     if mode == "fake":
@@ -256,11 +257,11 @@ def run_one(session_path: Path, mode: str, workdir: Path) -> dict[str, Any]:
             return RenderingOfflineBrain(rendered, settings)
 
     def run_stage(request: StageRequest):
-        return execute_stage(db, request, brain(), settings, run_id)
+        return execute_stage(db, request, brain(), run_id)
 
     started = time.perf_counter()
     try:
-        reports = replay_session(db, sid, settings, run_stage, drain=True, run_id=run_id)
+        reports = replay_session(db, sid, run_stage, drain=True, run_id=run_id)
     finally:
         wall = time.perf_counter() - started
         db.close()

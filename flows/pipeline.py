@@ -7,14 +7,23 @@
 * ``maintain_sessions``: live folders on a schedule. New lines are ingested and due stages run;
   nothing is drained, since a live session may still grow.
 
-Sessions run in parallel up to ``concurrency``; stages within a branch run strictly in order (each
-stage task is called from its session's task and awaited). Model calls share one Prefect global
-concurrency limit. Transient model errors are retried by Prefect with exponential backoff and
-jitter; permanent ones fail the stage at once. One failing session never stops the others.
+One writer, many workers. Only the flow's own process opens the user's database. For each session
+it reads the session's rows as a payload (``om_core.replay_payload``) and submits a replay task;
+the task replays the session on a task-local in-memory DuckDB built from the same ``sql/`` schema,
+views and macros, and returns the rows it appended; the flow commits each result in one short
+transaction as it arrives. So the tasks can run on any machine (a Dask cluster) and an analyst's
+``om sql`` gets the file between commits.
+
+Stages within a branch run strictly in order: each stage task (the model calls) is called from its
+session's task. Its computed result is persisted in Prefect's result storage under the stage key,
+so a rerun after a crash (of the flow, or of a worker) repeats no model call for a stage already
+computed. Transient model errors are retried by Prefect with backoff and jitter; permanent ones
+fail the stage at once. One failing session never stops the others.
 """
 
 from __future__ import annotations
 
+import socket
 import traceback
 import uuid
 from dataclasses import asdict
@@ -23,35 +32,48 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE as NO_CACHE
+from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
+from flows.storage import stage_result_storage
 from om_core import db as dbmod
-from om_core.circuit import release_run_breaker, run_breaker
 from om_core.errors import OmError
 from om_core.ingest import ingest
+from om_core.memory import clocks as read_clocks
 from om_core.model import RetryPolicy
-from om_core.replay import replay_session
+from om_core.replay import replay_session, session_leaves
+from om_core.replay_payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
+    replayed_rows
+from om_core.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.sqlfiles import query
-from om_core.workers.stages import ModelConfig, StageOutcome, StageRequest, execute_stage, make_brain
+from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, StageOutcome, StageRequest, \
+    compute_stage, make_brain, prepare_stage, record_stage
+from om_core.workspace import Workspace, WorkspaceSpec
 
 
-class RunStopped(Exception):
-    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
+class StageFailed(RuntimeError):
+    """A stage's model run failed; it carries the failed outcome (with its model calls). Transient
+    failures are retried by Prefect; a failed result is never persisted, so a rerun asks again."""
 
+    def __init__(self, outcome: StageOutcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome
 
-class TransientStageError(RuntimeError):
-    """A stage failed on a retryable model error; Prefect retries the task."""
+    @property
+    def transient(self) -> bool:
+        return self.outcome.error_kind == "transient"
 
 
 def _retry_transient(task, task_run, state) -> bool:  # noqa: ANN001 - Prefect's hook signature
     try:
         state.result()
-    except TransientStageError:
-        return True
+    except StageFailed as exc:
+        return exc.transient
     except Exception:
         return False
     return False
@@ -64,91 +86,115 @@ def _config(model: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
 
 
-def _brain(model: dict[str, Any], settings: Settings, breaker=None):
+def _brain(model: dict[str, Any], settings: Settings):
     """A brain for one stage (it records that stage's model calls; litellm is imported only once)."""
     config = _config(model)
     config.retry = RetryPolicy(attempts=1)  # Prefect retries the whole stage instead
     gate = None if config.offline else model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
-    return make_brain(config, settings, gate=gate, breaker=breaker)
+    return make_brain(config, settings, gate=gate)
+
+
+def _stage_key(context, parameters: dict[str, Any]) -> str:  # noqa: ANN001 - Prefect's cache-key hook
+    return parameters["prepared"].stage_key
 
 
 @task(name="memory-stage", retries=4, retry_delay_seconds=exponential_backoff(backoff_factor=1.0),
-      retry_jitter_factor=0.5, retry_condition_fn=_retry_transient, persist_result=False)
-def stage_task(db_path: str, request: dict[str, Any], model: dict[str, Any], settings: dict[str, Any],
-               run_id: str) -> dict[str, Any]:
-    """One observer, reflector or dropper stage (exactly-once: see om_core.workers.stages)."""
-    breaker = run_breaker(run_id)  # fail fast: a permanent provider error stops every stage of the run
-    if breaker.tripped:
-        return {"stopped": str(breaker.reason)}
-    db = dbmod.shared_database(db_path)
-    resolved = Settings(**settings)
-    brain = _brain(model, resolved, breaker)
-    outcome = execute_stage(db, StageRequest(**request), brain, resolved, run_id)
-    if outcome.outcome == "failed" and outcome.error_kind == "transient":
-        raise TransientStageError(outcome.error)
-    return _outcome_dict(outcome)
+      retry_jitter_factor=0.5, retry_condition_fn=_retry_transient, persist_result=True, cache_key_fn=_stage_key)
+def stage_task(prepared: PreparedStage, model: dict[str, Any], settings: Settings,
+               attempts: list[StageOutcome] | None = None) -> ComputedStage:
+    """One observer, reflector or dropper model run on a prepared input; touches no database.
+
+    Its result is kept in Prefect's result storage under the stage key (exactly-once). ``attempts``
+    collects failed attempts, so each one's model calls are recorded."""
+    computed = compute_stage(prepared, _brain(model, settings), settings)
+    if computed.outcome.outcome == "failed":
+        if attempts is not None:
+            attempts.append(computed.outcome)
+        raise StageFailed(computed.outcome)
+    return computed
 
 
-def _outcome_dict(outcome: StageOutcome) -> dict[str, Any]:
-    return {k: v for k, v in asdict(outcome).items() if k not in ("calls", "receipts")}
+def _failed(req: StageRequest, model: str, exc: BaseException) -> StageOutcome:
+    return StageOutcome(req.stage, "failed", req.session_id, req.tip, model, error=f"{type(exc).__name__}: {exc}",
+                        error_kind="permanent")
 
 
-def _outcome(data: dict[str, Any]) -> StageOutcome:
-    return StageOutcome(**data)
+class SessionReplayer:
+    """The stage runner of one replay task: prepare on the in-memory workspace, compute through the
+    stage task, record into the in-memory workspace."""
 
+    def __init__(self, ws: Workspace, model: dict[str, Any], run_id: str, stage_options: dict[str, Any],
+                 result_storage: Any) -> None:
+        self.ws = ws
+        self.model = model
+        self.model_name = model.get("model") or "offline"
+        self.run_id = run_id
+        self.staged = stage_task.with_options(result_storage=result_storage, **stage_options)
 
-@task(name="replay-session", persist_result=False)
-def replay_session_task(db_path: str, session_id: str, model: dict[str, Any], settings: dict[str, Any],
-                        drain: bool, run_id: str, stage_options: dict[str, Any]) -> dict[str, Any]:
-    """Every branch of one session, stage after stage. Errors are recorded, never raised."""
-    db = dbmod.shared_database(db_path)
-    resolved = Settings(**settings)
-    staged = stage_task.with_options(**stage_options) if stage_options else stage_task
-
-    def run_stage(request: StageRequest) -> StageOutcome:
+    def __call__(self, req: StageRequest) -> StageOutcome:
+        with self.ws.read() as con:
+            prepared, outcome = prepare_stage(con, req, self.ws.settings, self.model_name)
+        if prepared is None:
+            return outcome
+        started = datetime.now(timezone.utc)
+        attempts: list[StageOutcome] = []
         try:
-            data = staged(db_path, asdict(request), model, settings, run_id)
-            if "stopped" in data:  # the run's breaker tripped: this session goes no further
-                raise RunStopped(data["stopped"])
-            return _outcome(data)
-        except TransientStageError as exc:  # retries exhausted; the failure is already recorded
-            return StageOutcome(request.stage, "failed", request.session_id, request.tip, model.get("model") or "offline",
-                                error=str(exc), error_kind="transient")
+            computed = self.staged(prepared, self.model, self.ws.settings, attempts)
+        except StageFailed as exc:
+            computed = ComputedStage(exc.outcome)
+            attempts = attempts[:-1]  # the last attempt is the failure itself
+        except Exception as exc:  # a task that could not run at all (e.g. result storage unreachable)
+            computed = ComputedStage(_failed(req, self.model_name, exc))
+        with self.ws.write() as con:
+            for earlier in attempts:  # retried attempts: their failures and model calls are kept too
+                record_stage(con, ComputedStage(earlier), self.run_id, started)
+            return record_stage(con, computed, self.run_id, started)
 
+
+def _due_source_tokens(ws: Workspace, session_id: str) -> int:
+    """Source tokens not yet covered by an observation on the session's current leaf."""
+    with ws.read() as con:
+        leaf = dbmod.scalar(con, "session_leaf", {"session_id": session_id})
+        if leaf is None:
+            return 0
+        return read_clocks(con, session_id, leaf, ws.settings)["observer"].tokens
+
+
+@task(name="replay-session", persist_result=False, cache_policy=NO_CACHE)
+def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings, drain: bool, run_id: str,
+                        stage_options: dict[str, Any], result_storage: Any) -> dict[str, Any]:
+    """Every branch of one session, stage after stage, on an in-memory copy of its rows. Returns the
+    rows it appended; errors are returned, never raised."""
+    session_id = payload.session_id
+    ws = payload_workspace(payload, settings)
+    error = None
+    reports: list = []
     try:
-        reports = replay_session(db, session_id, resolved, run_stage, drain=drain, run_id=run_id,
-                                 progress=progress_board.update)
-    except RunStopped as exc:  # the reason is the run's one error line; nothing to record per session
-        progress_board.update({"session_id": session_id, "error": str(exc)})
-        return {"session_id": session_id, "error": f"stopped: {exc}", "stopped": True, "branches": []}
+        due = _due_source_tokens(ws, session_id)
+        reports = replay_session(ws, session_id, SessionReplayer(ws, model, run_id, stage_options, result_storage),
+                                 drain=drain, run_id=run_id, progress=progress_board.update)
+        if drain and due > 0 and not any(r.stages for r in reports):
+            error = (f"the replay ran no stage although {due} source tokens are not yet observed "
+                     f"({len(reports)} branch(es) found)")
     except Exception as exc:  # one failing session never stops the others
-        message = f"{type(exc).__name__}: {exc}"
-        _record_session_error(db, session_id, run_id, message)
-        get_run_logger().error("session %s failed: %s\n%s", session_id, message, traceback.format_exc())
-        progress_board.update({"session_id": session_id, "error": message})
-        return {"session_id": session_id, "error": message, "branches": []}
-    progress_board.update({"session_id": session_id, "done": True})
-    return {"session_id": session_id, "error": None,
-            "branches": [{**asdict(r)} for r in reports]}
-
-
-def _record_session_error(db, session_id: str, run_id: str, message: str) -> None:
-    now = datetime.now(timezone.utc)
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            get_run_logger().error("session %s failed: %s\n%s", session_id, error, traceback.format_exc())
+        except Exception:  # outside a Prefect run context (tests call the task's function)
+            pass
     try:
-        with db.write() as con:
-            con.execute(query("insert_stage_run"), {
-                "stage_run_id": uuid.uuid4().hex[:16], "run_id": run_id, "session_id": session_id, "stage": "session",
-                "stage_key": "", "tip_entry_id": "", "chunk_first_id": None, "chunk_last_id": None, "model": "",
-                "outcome": "failed", "records": 0, "items": 0, "rejected": 0, "error_kind": "permanent",
-                "error": message[:2000], "receipts": None, "started_at": now})
-    except Exception:  # the error is also in the flow's logs and summary
-        pass
+        with ws.read() as con:
+            rows = replayed_rows(con, session_id, run_id)  # what it appended before any error is kept
+    finally:
+        ws.close()
+    progress_board.update({"session_id": session_id, **({"error": error} if error else {"done": True})})
+    return {"session_id": session_id, "error": error, "branches": [asdict(r) for r in reports], "rows": rows}
 
 
-@task(name="ingest-sessions", persist_result=False)
-def ingest_task(db_path: str, paths: list[str], run_id: str) -> dict[str, Any]:
-    db = dbmod.shared_database(db_path)
-    with db.write() as con:
+@task(name="ingest-sessions", persist_result=False, cache_policy=NO_CACHE)
+def ingest_task(spec: WorkspaceSpec, paths: list[str], run_id: str) -> dict[str, Any]:
+    ws = Workspace.from_spec(spec)
+    with ws.write() as con:
         report = ingest(con, paths, command=f"run {run_id}")
     return {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
 
@@ -167,12 +213,13 @@ def _split_targets(targets: list[str]) -> tuple[list[str], list[str], list[str]]
     return paths, sessions, missing
 
 
-def _resolve_sessions(db_path: str, refs: list[str]) -> tuple[list[str], list[str]]:
+def _resolve_sessions(ws: Workspace, refs: list[str]) -> tuple[list[str], list[str]]:
     from om_core.catalog import resolve_session
 
     found, errors = [], []
-    db = dbmod.shared_database(db_path)
-    with db.read() as con:
+    if not refs:
+        return found, errors
+    with ws.read() as con:
         for ref in refs:
             try:
                 found.append(resolve_session(con, ref))
@@ -181,79 +228,108 @@ def _resolve_sessions(db_path: str, refs: list[str]) -> tuple[list[str], list[st
     return found, errors
 
 
-def _start_run(db_path: str, run_id: str, command: str, detail: dict[str, Any]) -> None:
-    import json
-
-    with dbmod.shared_database(db_path).write() as con:
-        con.execute(query("start_run"), {"run_id": run_id, "command": command, "detail": json.dumps(detail)})
-
-
-def _finish_run(db_path: str, run_id: str, status: str, detail: dict[str, Any]) -> None:
-    import json
-
-    with dbmod.shared_database(db_path).write() as con:
-        con.execute(query("finish_run"), {"run_id": run_id, "status": status, "detail": json.dumps(detail, default=str)})
+def _record_session_error(con, session_id: str, run_id: str, message: str) -> None:
+    con.execute(query("insert_stage_run"), {
+        "stage_run_id": uuid.uuid4().hex[:16], "run_id": run_id, "session_id": session_id, "stage": "session",
+        "stage_key": "", "tip_entry_id": "", "chunk_first_id": None, "chunk_last_id": None, "model": "",
+        "outcome": "failed", "records": 0, "items": 0, "rejected": 0, "error_kind": "permanent",
+        "error": message[:2000], "receipts": None, "started_at": datetime.now(timezone.utc)})
 
 
-def _process(targets: list[str], db_path: str, model: dict[str, Any], settings: dict[str, Any], drain: bool,
-             run_id: str | None, stage_options: dict[str, Any], command: str) -> dict[str, Any]:
-    run_id = run_id or dbmod.new_run_id()
-    db_path = str(Path(db_path).resolve())
-    _start_run(db_path, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
-    paths, refs, not_found = _split_targets(targets)
-    ingested = ingest_task(db_path, paths, run_id) if paths else {"files": [], "missing": []}
-    session_ids, errors = _resolve_sessions(db_path, refs)
+def commit_session_result(ws: Workspace, result: dict[str, Any]) -> dict[str, int]:
+    """The flow's one write per session: the replay's rows (and its error, if any) in one transaction."""
+    rows: ReplayedRows = result["rows"]
+    with ws.write() as con:
+        written = commit_replayed_rows(con, rows)
+        if result["error"]:
+            _record_session_error(con, result["session_id"], rows.run_id, result["error"])
+    return written
+
+
+def _ingest_errors(ingested: dict[str, Any]) -> tuple[list[str], list[str]]:
+    session_ids, errors = [], []
     for f in ingested["files"]:
         if f["status"] in ("new", "appended", "rewritten", "unchanged") and f["session_id"]:
             session_ids.append(f["session_id"])
         elif f["error"] or f["status"] in ("no_header", "duplicate_session"):
             errors.append(f"{f['path']}: {f['error'] or f['status']}")
-    errors += [f"{p}: no such file or directory" for p in ingested["missing"] + not_found]
+    return session_ids, errors + [f"{p}: no such file or directory" for p in ingested["missing"]]
+
+
+def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
+             stage_options: dict[str, Any], command: str, window: int) -> dict[str, Any]:
+    ws = Workspace.from_spec(spec)
+    settings = ws.settings
+    run_id = run_id or dbmod.new_run_id()
+    with ws.write() as con:
+        start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
+    paths, refs, not_found = _split_targets(targets)
+    ingested = ingest_task(spec, paths, run_id) if paths else {"files": [], "missing": []}
+    session_ids, errors = _resolve_sessions(ws, refs)
+    found, ingest_errors = _ingest_errors(ingested)
+    session_ids += found
+    errors += ingest_errors + [f"{p}: no such file or directory" for p in not_found]
     session_ids = list(dict.fromkeys(session_ids))
     if session_ids:
-        with dbmod.shared_database(db_path).read() as con:
+        with ws.read() as con:
             session_ids = [r[0] for r in con.execute(query("sessions_largest_first"),
                                                      {"session_ids": session_ids}).fetchall()]
-    if Settings(**settings).passive:  # the extension's "no background work": ingest only
-        dbmod.shared_database(db_path).close()
-        _finish_run(db_path, run_id, "ok", {"sessions": 0, "passive": True})
-        dbmod.shared_database(db_path).close()
+    if settings.passive:  # the extension's "no background work": ingest only
+        with ws.write() as con:
+            finish_run(con, run_id, "ok", {"sessions": 0, "passive": True})
         return {"run_id": run_id, "sessions": [], "errors": errors, "ingest": ingested, "passive": True}
     if not _config(model).offline and model.get("limit") == "prefect":
-        ensure_model_call_limit(Settings(**settings).modelConcurrency)
+        ensure_model_call_limit(settings.modelConcurrency)
+    storage = stage_result_storage(settings, spec.db_path)
     progress_board.start(session_ids)
-    futures = [replay_session_task.submit(db_path, sid, model, settings, drain, run_id, stage_options)
-               for sid in session_ids]
-    results = [f.result() for f in futures]
-    dbmod.shared_database(db_path).close()
-    stopped = release_run_breaker(run_id)
-    if stopped is not None:
-        errors.insert(0, f"model calls stopped: {stopped}")
-    summary = {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested,
-               "stopped": None if stopped is None else str(stopped)}
-    failed = errors or any(r["error"] for r in results)
-    _finish_run(db_path, run_id, "failed" if failed else "ok",
-                {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
-    dbmod.shared_database(db_path).close()
-    return summary
+    results: list[dict[str, Any]] = []
+
+    def collect(future) -> None:  # noqa: ANN001 - a Prefect future
+        result = future.result()
+        commit_session_result(ws, result)
+        results.append({k: v for k, v in result.items() if k != "rows"})
+
+    pending = []
+    for sid in session_ids:
+        while len(pending) >= window:  # bounded: payloads are read just before their task starts
+            done = next(as_completed(pending))
+            pending.remove(done)
+            collect(done)
+        with ws.read() as con:
+            payload = read_session_payload(con, sid)
+        pending.append(replay_session_task.submit(payload, model, settings, drain, run_id, stage_options, storage))
+    for future in as_completed(pending):
+        collect(future)
+    order = {sid: i for i, sid in enumerate(session_ids)}
+    results.sort(key=lambda r: order[r["session_id"]])
+    failed = bool(errors) or any(r["error"] for r in results)
+    with ws.write() as con:
+        finish_run(con, run_id, "failed" if failed else "ok",
+                   {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
+    return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested}
+
+
+def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> WorkspaceSpec:
+    typed = settings if isinstance(settings, Settings) else Settings(**(settings or {}))
+    return WorkspaceSpec(db_path=str(Path(db_path).resolve()), settings=typed)
 
 
 @flow(name="om-process-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=False,
       validate_parameters=False)
 def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
-                     stage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                     stage_options: dict[str, Any] | None = None, window: int = 8) -> dict[str, Any]:
     """Ingest and replay sessions (files, directories, or ingested session ids)."""
-    return _process(targets, db_path, model or {}, settings or Settings().model_dump(), drain, run_id,
-                    stage_options or {}, "run")
+    return _process(targets, _spec(db_path, settings), model or {}, drain, run_id, stage_options or {}, "run",
+                    window)
 
 
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
 def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
                       settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining."""
-    return _process([directory], db_path, model or {}, settings or Settings().model_dump(), False, None, {},
-                    "maintain")
+    return _process([directory], _spec(db_path, settings), model or {}, False, None, {}, "maintain", 8)
 
 
-__all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT"]
+__all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT",
+           "commit_session_result", "session_leaves"]

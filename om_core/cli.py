@@ -61,6 +61,13 @@ def _examples(*lines: str) -> str:
     return "Examples:\n" + "\n".join(f"  {escape(line)}" for line in lines)
 
 
+def workspace():
+    """The command's workspace: the --db file and the settings resolved from every source."""
+    from om_core.workspace import Workspace
+
+    return Workspace.open(state.db, config=state.config)
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
@@ -467,16 +474,15 @@ def _print_stage(outcome, as_json: bool) -> None:
 
 
 def _stage_setup(model: Optional[str], api_base: Optional[str], as_json: bool):
-    from om_core.settings import load_settings
     from om_core.workers.stages import ModelConfig
 
-    settings = load_settings(state.config).settings
-    config = ModelConfig.from_settings(settings, model, api_base)
+    ws = workspace()
+    config = ModelConfig.from_settings(ws.settings, model, api_base)
     config.preflight()
     if config.offline and not as_json:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
-    return settings, config
+    return ws, config
 
 
 @app.command()
@@ -491,8 +497,8 @@ def observe(
     """Run one observer stage now on the oldest uncovered chunk, even below the threshold."""
     from om_core.workers.stages import observe_now
 
-    settings, config = _stage_setup(model, api_base, as_json)
-    outcome = observe_now(state.db, session, leaf, config, settings)
+    ws, config = _stage_setup(model, api_base, as_json)
+    outcome = observe_now(ws, session, leaf, config)
     if as_json:
         _print_json({**outcome.as_json(), "offline": config.offline})
     _print_stage(outcome, as_json)
@@ -512,8 +518,8 @@ def reflect(
     """Run the reflector now, then the dropper if it added reflections and the pool is over target."""
     from om_core.workers.stages import reflect_now
 
-    settings, config = _stage_setup(model, api_base, as_json)
-    outcomes = reflect_now(state.db, session, leaf, config, settings)
+    ws, config = _stage_setup(model, api_base, as_json)
+    outcomes = reflect_now(ws, session, leaf, config)
     if as_json:
         _print_json({"stages": [o.as_json() for o in outcomes], "offline": config.offline})
     for outcome in outcomes:

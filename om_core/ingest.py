@@ -44,6 +44,7 @@ from om_core import db as dbmod
 from om_core.errors import OmError
 from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger_candidates
 from om_core.session import ParsedEntry, ParserState, RejectedLine, SessionHeader, SessionParser
+from om_core.runs import finish_run, start_run
 from om_core.sqlfiles import query
 from om_core.tokens import DEFAULT_ENCODING, TokenCounts, count_tokens
 from om_core.tree import Forest, TreeIntervals, build_forest
@@ -939,8 +940,7 @@ def ingest(
     holder = _Connection(db)
     ahead: _ReadAhead | None = None
     try:
-        holder.con.execute(query("start_run"), {"run_id": run_id, "command": command,
-                                                "detail": json.dumps({"paths": [str(p) for p in files]})})
+        start_run(holder.con, run_id, command, {"paths": [str(p) for p in files]})
         ahead = _ReadAhead(holder, files, progress, encoding, threads)
         for index, path in enumerate(files):
             con = holder.breathe()
@@ -961,8 +961,7 @@ def ingest(
                 report.files.append(FileReport(path=str(path), status="error", error=f"{type(exc).__name__}: {exc}"))
         report.seconds = time.monotonic() - started
         status = "failed" if any(f.error for f in report.files) else "ok"
-        holder.con.execute(query("finish_run"), {"run_id": run_id, "status": status,
-                                                 "detail": json.dumps(report.summary())})
+        finish_run(holder.con, run_id, status, report.summary())
     finally:
         if ahead is not None:
             ahead.close()

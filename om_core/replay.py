@@ -99,13 +99,13 @@ class BranchReport:
 
 
 class BranchReplayer:
-    def __init__(self, db: Any, session_id: str, leaf: str, settings: Settings, run_stage: StageRunner, *,
+    def __init__(self, ws: Any, session_id: str, leaf: str, run_stage: StageRunner, *,
                  drain: bool = True, compactor: Compactor = simulate_compaction, run_id: str | None = None,
                  progress: Progress | None = None) -> None:
-        self.db = db
+        self.db = ws  # the workspace: its database and its settings
         self.session_id = session_id
         self.leaf = leaf
-        self.settings = settings
+        self.settings: Settings = ws.settings
         self.run_stage = run_stage
         self.drain = drain
         self.compactor = compactor
@@ -290,14 +290,24 @@ class BranchReplayer:
         report.drained = True
 
 
-def session_leaves(db: Any, session_id: str) -> list[str]:
+def session_leaves(ws: Any, session_id: str) -> list[str]:
     """Every leaf of a session, in file order (branches sharing a prefix share its records)."""
-    with db.read() as con:
+    with ws.read() as con:
         return [row[0] for row in con.execute(query("session_leaves"), {"session_id": session_id}).fetchall()]
 
 
-def replay_session(db: Any, session_id: str, settings: Settings, run_stage: StageRunner, *, drain: bool = True,
+def replay_session(ws: Any, session_id: str, run_stage: StageRunner, *, drain: bool = True,
                    run_id: str | None = None, progress: Progress | None = None) -> list[BranchReport]:
-    """Replay every branch of a session, in file order, one stage at a time."""
-    return [BranchReplayer(db, session_id, leaf, settings, run_stage, drain=drain, run_id=run_id, progress=progress).run()
-            for leaf in session_leaves(db, session_id)]
+    """Replay every branch of a session, in file order, one stage at a time, with the workspace's settings."""
+    return [BranchReplayer(ws, session_id, leaf, run_stage, drain=drain, run_id=run_id, progress=progress).run()
+            for leaf in session_leaves(ws, session_id)]
+
+
+def replay_in_process(ws: Any, session_id: str, brain: Any, *, drain: bool = True, run_id: str | None = None,
+                      progress: Progress | None = None) -> list[BranchReport]:
+    """Replay a session in this process, each stage run at once against the workspace (commands,
+    tests, benchmarks; the pipeline runs stages as Prefect tasks instead)."""
+    from om_core.workers.stages import execute_stage
+
+    return replay_session(ws, session_id, lambda req: execute_stage(ws, req, brain, run_id), drain=drain,
+                          run_id=run_id, progress=progress)

@@ -71,6 +71,9 @@ class Settings(BaseModel):
     requestTimeoutSeconds: float = Field(120.0, gt=0)
     modelConcurrency: int = Field(8, ge=1)  # model calls in flight at once across a whole run
     apiBase: str | None = None
+    # where the pipeline keeps computed stage results (a folder, an fsspec URL, or a Prefect block slug);
+    # unset: a folder next to the database
+    resultStorage: str | None = None
 
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:

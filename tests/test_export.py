@@ -12,11 +12,12 @@ from typer.testing import CliRunner
 from om_core import db as dbmod
 from om_core.cli import app
 from om_core.ingest import ingest
-from om_core.replay import replay_session
+from om_core.replay import replay_in_process
 from om_core.session import parse_lines
 from om_core.settings import Settings
 from om_core.tree import build_forest
-from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+from om_core.workspace import Workspace
+from om_core.workers.stages import ModelConfig, make_brain
 
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,
                     observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)
@@ -47,12 +48,12 @@ def run(cli_args: list[str]) -> str:
 def replayed_db(tmp_path, path):
     db_path = tmp_path / "om.duckdb"
     session_id = ingest(db_path, [path]).files[0].session_id
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), SETTINGS)
-        replay_session(db, session_id, SETTINGS, lambda req: execute_stage(db, req, brain, SETTINGS))
+        replay_in_process(Workspace.on_connection(con, SETTINGS), session_id, brain)
     finally:
-        db.close()
+        con.close()
     return db_path, session_id
 
 

@@ -13,9 +13,10 @@ from om_core.cli import app
 from om_core.gaps import compaction_gaps, gap_safe_position, gaps
 from om_core.ingest import ingest
 from om_core.ledger import memory_id
-from om_core.replay import replay_session
+from om_core.replay import replay_in_process
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+from om_core.workspace import Workspace
+from om_core.workers.stages import ModelConfig, make_brain
 
 
 def obs(content: str, sources: list[str]) -> dict:
@@ -128,12 +129,12 @@ def test_before_compaction_gaps_with_the_offline_baseline(tmp_path, before_compa
     report = ingest(db_path, [before_compaction])
     session_id = report.files[0].session_id
     settings = Settings()
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), settings)
-        replay_session(db, session_id, settings, lambda req: execute_stage(db, req, brain, settings))
+        replay_in_process(Workspace.on_connection(con, settings), session_id, brain)
     finally:
-        db.close()
+        con.close()
     result = CliRunner().invoke(app, ["--db", str(db_path), "gaps", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

@@ -19,6 +19,7 @@ from om_core.cli import app
 from om_core.ingest import ingest
 from om_core.memory import clocks, coverage, ledger_memory
 from om_core.settings import Settings
+from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, observe_now, reflect_now
 
 SID = "0ff11e00-0000-4000-8000-000000000001"
@@ -77,7 +78,7 @@ def by_source(observations) -> dict[tuple[str, ...], list]:
 
 def test_offline_observer_rules_on_a_small_session(tmp_path, db_path):
     ingest(db_path, [work_session().write(tmp_path / "s.jsonl")])
-    outcome = observe_now(db_path, SID, None, OFFLINE, Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, OFFLINE)
     assert (outcome.outcome, outcome.model, outcome.rejected, outcome.turns) == ("recorded", "offline", 0, 0)
     tip, memory, _, _, clock = state(db_path, SID)
     found = by_source(memory.observations)
@@ -122,14 +123,14 @@ def test_offline_observer_rules_on_a_small_session(tmp_path, db_path):
 
 def test_offline_reflector_and_dropper_on_a_small_session(tmp_path, db_path):
     ingest(db_path, [work_session().write(tmp_path / "s.jsonl")])
-    observe_now(db_path, SID, None, OFFLINE, Settings())
+    observe_now(Workspace.open(db_path, settings=Settings()), SID, None, OFFLINE)
     _, before, covered_before, _, _ = state(db_path, SID)
     pool = sum(o.tokenCount for o in before.observations)
     target = 30
     settings = Settings(observationsPoolMaxTokens=60, observationsPoolTargetTokens=target)
     assert pool > target
 
-    reflector, dropper = reflect_now(db_path, SID, None, OFFLINE, settings)
+    reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, OFFLINE)
     assert (reflector.outcome, reflector.model) == ("recorded", "offline")
     _, after_reflect_memory, _, _, _ = state(db_path, SID)
     reflections = after_reflect_memory.reflections
@@ -181,7 +182,7 @@ def test_offline_baseline_on_before_compaction(before_compaction, tmp_path, db_p
     assert "offline baseline" in first.output
     runs = 1
     while True:
-        outcome = observe_now(db_path, BEFORE_ID, None, OFFLINE, Settings())
+        outcome = observe_now(Workspace.open(db_path, settings=Settings()), BEFORE_ID, None, OFFLINE)
         runs += 1
         assert outcome.outcome in ("recorded", "empty", "skipped"), outcome.error
         if outcome.outcome == "skipped":
@@ -191,7 +192,7 @@ def test_offline_baseline_on_before_compaction(before_compaction, tmp_path, db_p
     assert clock.tokens == 0  # nothing left uncovered
     assert len(memory.observations) >= 20
 
-    stages = reflect_now(db_path, BEFORE_ID, None, OFFLINE, Settings())
+    stages = reflect_now(Workspace.open(db_path, settings=Settings()), BEFORE_ID, None, OFFLINE)
     assert stages[0].outcome == "recorded"
     tip, memory, _, branch, _ = state(db_path, BEFORE_ID)
     assert memory.reflections

@@ -21,6 +21,7 @@ from om_core.model import RetryPolicy
 from om_core.recall import recall
 from om_core.redact import redact, redact_messages
 from om_core.settings import Settings
+from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, observe_now, reflect_now
 
 SID = "5ec7e700-0000-4000-8000-000000000001"
@@ -178,7 +179,7 @@ def test_only_markers_leave_the_machine_and_recall_shows_the_original(server, tm
     server.add(tool_call("record_observations", {"observations": [
         {"timestamp": "2026-01-15 14:01", "content": content, "relevance": "high",
          "sourceEntryIds": [ids["user"], ids["tool"]]}]}), text("done"))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "recorded"
 
     sent = server.sent_text()
@@ -208,7 +209,7 @@ def test_with_redaction_off_the_secret_is_sent(server, tmp_path, db_path):
     b, _ = leaky_session()
     ingest(db_path, [b.write(tmp_path / "leaky.jsonl")])
     server.add(text("nothing"))
-    observe_now(db_path, SID, None, config(server), Settings(redactSecrets=False))
+    observe_now(Workspace.open(db_path, settings=Settings(redactSecrets=False)), SID, None, config(server))
     sent = server.sent_text()
     assert SECRETS[0][2] in sent
     assert "Tr0ub4dor-and-3" in sent
@@ -223,10 +224,10 @@ def test_reflector_prompt_is_redacted_too(server, tmp_path, db_path):
     b.user(f"You must always use the key {key} for the staging account.")
     b.assistant("Understood.")
     ingest(db_path, [b.write(tmp_path / "s.jsonl")])
-    observed = observe_now(db_path, SID, None, ModelConfig(model="offline"), Settings())
+    observed = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, ModelConfig(model="offline"))
     assert observed.outcome == "recorded"
     server.add(text("nothing durable"))
-    reflect_now(db_path, SID, None, config(server), Settings())
+    reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     sent = server.sent_text()
     assert "staging account" in sent  # the observation was in the reflector's input
     assert key not in sent
@@ -245,7 +246,7 @@ def test_a_private_key_cut_by_the_head_tail_excerpt_does_not_leak(server, tmp_pa
     b.assistant("Thanks.")
     ingest(db_path, [b.write(tmp_path / "s.jsonl")])
     server.add(text("nothing"))
-    observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     sent = server.sent_text()
     assert "characters omitted from the middle of this entry" in sent  # the excerpt was used
     assert "-----END RSA PRIVATE KEY-----" in sent or "[REDACTED:" in sent

@@ -12,9 +12,10 @@ from om_core import db as dbmod
 from om_core import memory
 from om_core.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.ingest import ingest
-from om_core.replay import Event, ReplayEntry, replay_events, replay_session
+from om_core.replay import Event, ReplayEntry, replay_events, replay_in_process
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+from om_core.workspace import Workspace
+from om_core.workers.stages import ModelConfig, make_brain
 
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,
                     observationsPoolMaxTokens=400, observationsPoolTargetTokens=200, gapSafeCompaction=False)
@@ -90,12 +91,12 @@ def mid(text: str) -> str:
 def replayed(tmp_path, sb: SessionBuilder, settings: Settings = SETTINGS) -> str:
     db_path = tmp_path / "om.duckdb"
     ingest(db_path, [sb.write(tmp_path / "s.jsonl")])
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), settings)
-        replay_session(db, sb.session_id, settings, lambda req: execute_stage(db, req, brain, settings))
+        replay_in_process(Workspace.on_connection(con, settings), sb.session_id, brain)
     finally:
-        db.close()
+        con.close()
     return str(db_path)
 
 

@@ -16,10 +16,11 @@ from builders import SessionBuilder
 from om_core import db as dbmod
 from om_core.errors import SessionNotFound
 from om_core.ingest import ingest
-from om_core.replay import replay_session
+from om_core.replay import replay_in_process
 from om_core.report import GAP_CLASSES, build_report, fmt_cost, fmt_short, nice_max, ticks
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+from om_core.workspace import Workspace
+from om_core.workers.stages import ModelConfig, make_brain
 
 WORKED = "a0000000-0000-4000-8000-00000000000a"
 QUIET = "b0000000-0000-4000-8000-00000000000b"
@@ -78,12 +79,12 @@ def built(tmp_path_factory) -> tuple[Path, Path, str]:
     root = tmp_path_factory.mktemp("report")
     path = root / "om.duckdb"
     ingest(path, [worked_session().write(root / "worked.jsonl"), quiet_session().write(root / "quiet.jsonl")])
-    db = dbmod.shared_database(path)
+    con = dbmod.connect(path)
     try:
         brain = make_brain(ModelConfig(model="offline"), SETTINGS)
-        replay_session(db, WORKED, SETTINGS, lambda req: execute_stage(db, req, brain, SETTINGS))
+        replay_in_process(Workspace.on_connection(con, SETTINGS), WORKED, brain)
     finally:
-        db.close()
+        con.close()
     add_model_calls(path)
     index = build_report(path, None, root / "out", settings=SETTINGS)
     return path, index, index.read_text(encoding="utf-8")

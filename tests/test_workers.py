@@ -27,6 +27,7 @@ from om_core.prompts import TRUNCATION_MARKER
 from om_core.recall import recall
 from om_core.settings import Settings
 from om_core.workers.inputs import dropper_input, max_drops
+from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, observe_now, reflect_now
 
 SID = "0b5e1111-0000-4000-8000-000000000001"
@@ -167,7 +168,7 @@ def blocks(n: int) -> SessionBuilder:
 def test_observer_input_labels_every_source_entry_with_id_role_and_time(server, tmp_path, db_path):
     load(story(), tmp_path, db_path)
     server.add(text("Nothing to record."))
-    observe_now(db_path, SID, None, config(server), Settings())
+    observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     body = server.requests[0]
     assert body["messages"][0]["role"] == "system"  # the stable prompt comes first
     assert [t["function"]["name"] for t in body["tools"]] == ["record_observations"]
@@ -199,7 +200,7 @@ def test_observer_input_labels_extension_messages_and_branch_summaries(server, t
     b.label(E[1], "checkpoint")  # E4: not a source entry
     load(b, tmp_path, db_path)
     server.add(text("nothing"))
-    observe_now(db_path, SID, None, config(server), Settings())
+    observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     sent = prompt(server)
     assert (f"--- entry {E[2]} ---\n[Extension message (plan-reminder) @ 2026-01-15 14:02]: "
             "Remember: tests before merge.") in sent
@@ -218,7 +219,7 @@ def test_observer_input_shows_current_reflections_and_active_observations(server
                            "coversUpToId": E[2]}, E[2])
     append(db_path, DROP, {"observationIds": [o3["id"]], "coversUpToId": E[2]}, E[2])
     server.add(text("nothing"))
-    observe_now(db_path, SID, None, config(server), Settings())
+    observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     sent = prompt(server)
     assert (f"## Current reflections\n[{mid('The project standardizes on PostgreSQL 16.')}] "
             "The project standardizes on PostgreSQL 16.") in sent
@@ -235,7 +236,7 @@ def test_chunk_cap_boundary(server, tmp_path, db_path, cap, last):
     """Whole entries of 100 tokens each (the first entry is E1, so E{last} - 1 entries fit)."""
     load(blocks(5), tmp_path, db_path)
     server.add(text("nothing"))
-    outcome = observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=cap))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=cap)), SID, None, config(server))
     assert outcome.chunk == (E[1], E[last - 1])
     assert outcome.outcome == "empty"
 
@@ -244,7 +245,7 @@ def test_chunk_cap_limits_the_chunk_to_whole_entries(server, tmp_path, db_path):
     load(blocks(5), tmp_path, db_path)
     server.add(tool_call("record_observations", {"observations": [item("First two blocks seen.", [E[1], E[2]])]}),
                text("done"))
-    outcome = observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     sent = prompt(server)
     assert f"--- entry {E[1]} ---" in sent and f"--- entry {E[2]} ---" in sent
     assert f"--- entry {E[3]} ---" not in sent  # 100 + 100 + 100 > 256
@@ -255,7 +256,7 @@ def test_chunk_cap_limits_the_chunk_to_whole_entries(server, tmp_path, db_path):
     assert stages(db_path)[0]["chunk_first_id"] == E[1] and stages(db_path)[0]["chunk_last_id"] == E[2]
     # the next stage reads the next chunk
     server.add(text("nothing here"))
-    observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     assert f"({E[3]} to {E[4]})" in prompt(server, 2)
 
 
@@ -268,7 +269,7 @@ def test_an_entry_alone_over_the_cap_is_sent_as_a_marked_head_tail_excerpt(serve
     raw_before = rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?", [SID, E[1]])[0][0]
     server.add(tool_call("record_observations", {"observations": [item("User pasted a long log.", [E[1]])]}),
                text("done"))
-    outcome = observe_now(db_path, SID, None, config(server), Settings(observerChunkMaxTokens=256))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     sent = prompt(server)
     assert outcome.chunk == (E[1], E[1])  # at least the first entry, and nothing after it
     assert "HEAD-START" in sent and "TAIL-END" in sent
@@ -294,7 +295,7 @@ def test_valid_observations_are_recorded_with_code_made_ids_and_token_counts(ser
     second = item("Assistant switched config/db.yaml from MySQL 8 to PostgreSQL 16.", [E[4], E[8], E[4]],
                   ts="2026-01-15 14:08")
     server.add(tool_call("record_observations", {"observations": [first, second]}), text("Recorded two."))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert (outcome.outcome, outcome.items, outcome.rejected, outcome.duplicates) == ("recorded", 2, 0, 0)
     assert len(server.requests) == 2
     [(kind, covers, anchor, origin, ledger_id)] = records(db_path)
@@ -343,7 +344,7 @@ def test_every_rejection_rule_and_its_receipt(server, tmp_path, db_path):
         item(long_content, [E[4]], rel="medium"),                              # 12 truncated, recorded
     ]
     server.add(tool_call("record_observations", {"observations": proposals}), text("Thanks."))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert (outcome.items, outcome.rejected, outcome.duplicates) == (2, 8, 2)
 
     [receipt] = tool_messages(server, 1)
@@ -379,7 +380,7 @@ def test_malformed_json_and_wrong_shapes_get_receipts_and_the_loop_continues(ser
                tool_call("record_observations", {"items": [good]}),
                tool_call("record_observations", {"observations": [good]}),
                text("Done."))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert len(server.requests) == 4
     assert tool_messages(server, 1)[0].startswith("rejected: the arguments were not valid JSON")
     assert tool_messages(server, 2)[1] == 'rejected: expected {"observations": [...]}'
@@ -397,7 +398,7 @@ def test_an_unknown_tool_gets_a_receipt(server, tmp_path, db_path):
     server.add(Reply(tool_calls=[("record_reflections", {"reflections": []}),
                                  ("record_observations", {"observations": [good]})]),
                text("Done."))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     unknown, receipt = tool_messages(server, 1)
     assert "unknown tool 'record_reflections'" in unknown and "record_observations" in unknown
     assert receipt.endswith(f"1. recorded [{mid(good['content'])}]")
@@ -411,7 +412,7 @@ def test_a_deliberate_empty_run_appends_nothing_and_keeps_the_watermark(server, 
     load(blocks(4), tmp_path, db_path)
     append(db_path, OBS, {"observations": [obs("Earlier note.", [E[1]])], "coversUpToId": E[2]}, E[2])
     server.add(text("Nothing worth keeping in this chunk."))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert (outcome.outcome, outcome.items, outcome.error) == ("empty", 0, None)
     assert len(records(db_path)) == 1
     assert observer_watermark(db_path) == E[2]
@@ -429,7 +430,7 @@ def test_a_failure_appends_nothing_and_moves_no_watermark(server, tmp_path, db_p
     load(blocks(4), tmp_path, db_path)
     append(db_path, OBS, {"observations": [obs("Earlier note.", [E[1]])], "coversUpToId": E[2]}, E[2])
     server.default = http_error(status, message)
-    outcome = observe_now(db_path, SID, None, config(server, attempts=3), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server, attempts=3))
     assert len(server.requests) == requests
     assert (outcome.outcome, outcome.error_kind) == ("failed", kind)
     assert message in outcome.error
@@ -447,7 +448,7 @@ def test_a_failure_on_the_second_turn_still_appends_nothing(server, tmp_path, db
     load(story(), tmp_path, db_path)
     good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
     server.add(tool_call("record_observations", {"observations": [good]}), http_error(401, "key revoked"))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "failed" and "key revoked" in outcome.error
     assert records(db_path) == []
     assert memory(db_path).observations == []
@@ -460,7 +461,7 @@ def test_a_failure_on_the_second_turn_still_appends_nothing(server, tmp_path, db
 def test_the_turn_cap_stops_the_loop_after_exactly_n_model_calls(server, tmp_path, db_path, cap):
     load(story(), tmp_path, db_path)
     server.default = tool_call("record_observations", {"observations": [item("User wants PostgreSQL 16.", [E[2]])]})
-    outcome = observe_now(db_path, SID, None, config(server), Settings(agentMaxTurns=cap))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(agentMaxTurns=cap)), SID, None, config(server))
     assert len(server.requests) == cap
     assert outcome.turns == cap and outcome.turn_cap_reached is True
     assert [c["turn"] for c in llm_calls(db_path)] == list(range(1, cap + 1))
@@ -474,7 +475,7 @@ def test_observer_through_a_streaming_model(server, tmp_path, db_path):
                Reply(text="done", prompt_tokens=950, completion_tokens=3, cached_tokens=896))
     cfg = config(server)
     cfg.stream = True
-    outcome = observe_now(db_path, SID, None, cfg, Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, cfg)
     assert all(body.get("stream") is True for body in server.requests)
     assert (outcome.outcome, outcome.items) == ("recorded", 1)
     assert [o.id for o in memory(db_path).observations] == [mid(good["content"])]
@@ -494,7 +495,7 @@ def test_observe_a_chosen_leaf_is_branch_local(server, tmp_path, db_path):
     load(b, tmp_path, db_path)
     server.add(tool_call("record_observations", {"observations": [item("User asked a side question.", [E[3]])]}),
                text("done"))
-    outcome = observe_now(db_path, SID, E[3], config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, E[3], config(server))
     assert outcome.chunk == (E[1], E[3]) and outcome.outcome == "recorded"
     assert f"--- entry {E[4]} ---" not in prompt(server)
     [(_, covers, anchor, _, _)] = records(db_path)
@@ -502,7 +503,7 @@ def test_observe_a_chosen_leaf_is_branch_local(server, tmp_path, db_path):
     # the record is on the side branch only: the current branch is still wholly uncovered
     assert observer_watermark(db_path) is None
     server.add(text("nothing"))
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.chunk == (E[1], E[5])
     sent = prompt(server, 2)
     assert f"--- entry {E[3]} ---" not in sent and "User asked a side question." not in sent
@@ -586,7 +587,7 @@ def coverage_session(tmp_path, db_path) -> dict[str, dict]:
 def test_reflector_input_shows_coverage_tiers(server, tmp_path, db_path):
     o = coverage_session(tmp_path, db_path)
     server.add(text("Nothing new."))
-    [outcome] = reflect_now(db_path, SID, None, config(server), Settings())
+    [outcome] = reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "empty"
     sent = prompt(server)
     line = lambda key: f"[{o[key]['id']}] {o[key]['timestamp']} [{o[key]['relevance']}] {o[key]['content']}"  # noqa: E731
@@ -614,7 +615,7 @@ def test_reflector_rejections_and_record_watermark(server, tmp_path, db_path):
         {"content": good, "supportingObservationIds": [o["O3"]["id"], o["O4"]["id"]]},                 # 8
     ]
     server.add(tool_call("record_reflections", {"reflections": proposals}), text("done"))
-    outcome, dropper = reflect_now(db_path, SID, None, config(server), Settings())
+    outcome, dropper = reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert dropper.outcome == "skipped"  # a pool of 40 tokens is within the default target
     [receipt] = tool_messages(server, 1)
     lines = receipt.splitlines()
@@ -637,7 +638,7 @@ def test_reflector_rejections_and_record_watermark(server, tmp_path, db_path):
 
 def test_reflector_does_not_run_without_an_observation_watermark(server, tmp_path, db_path):
     load(blocks(2), tmp_path, db_path)
-    [outcome] = reflect_now(db_path, SID, None, config(server), Settings())
+    [outcome] = reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "skipped"
     assert server.requests == []
     assert outcome.reason and "observer" in outcome.reason
@@ -687,7 +688,7 @@ def test_dropper_input_and_maximum(server, tmp_path, db_path):
                tool_call("drop_observations", {"ids": [m["id"] for m in made], "reason": "pool too big"}),
                text("ok"))
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=50)
-    reflector, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert (reflector.outcome, dropper.outcome) == ("recorded", "recorded")
     sent = prompt(server, 2)
     assert "Active observations: 4 using 105 tokens; target 50 tokens. Drop at most 3." in sent
@@ -722,7 +723,7 @@ def test_dropper_keeps_the_safest_when_too_many_are_proposed(server, tmp_path, d
                tool_call("drop_observations", {"ids": [by_name[n] for n in reversed(names)]}), text("ok"))
     target = 70 - 10 * limit  # over = 10·limit, average 10: max drops = limit
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=target)
-    _, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert f"Drop at most {limit}." in prompt(server, 2)
     assert dropper.outcome == "recorded"
     assert sorted(dropped_ids(db_path)) == sorted(by_name[n] for n in expected)
@@ -738,7 +739,7 @@ def test_dropper_ignores_ids_that_are_not_active(server, tmp_path, db_path):
                tool_call("drop_observations", {"ids": [made[2]["id"], "ffffffffffff", 7, made[1]["id"]]}),
                text("ok"))
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=40)
-    _, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     [receipt] = tool_messages(server, 3)
     lines = receipt.splitlines()
     assert lines[1].startswith("ignored") and made[2]["id"] in lines[1]
@@ -752,8 +753,7 @@ def test_dropper_ignores_ids_that_are_not_active(server, tmp_path, db_path):
 def test_dropper_does_not_run_when_the_reflector_appended_nothing(server, tmp_path, db_path):
     pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
     server.add(text("No reflections are due."))
-    outcomes = reflect_now(db_path, SID, None, config(server),
-                           Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10))
+    outcomes = reflect_now(Workspace.open(db_path, settings=Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10)), SID, None, config(server))
     assert [o.stage for o in outcomes] == ["reflector"]
     assert len(server.requests) == 1
     assert dropped_ids(db_path) == []
@@ -763,8 +763,7 @@ def test_dropper_does_not_run_when_the_pool_is_within_target(server, tmp_path, d
     made = pool_session(tmp_path, db_path, [("One.", "low", 35), ("Two.", "low", 35)], [])
     server.add(new_reflection(made[0]["id"]), text("ok"))
     # pool 70 == target 70: not over target
-    outcomes = reflect_now(db_path, SID, None, config(server),
-                           Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=70))
+    outcomes = reflect_now(Workspace.open(db_path, settings=Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=70)), SID, None, config(server))
     assert [(o.stage, o.outcome) for o in outcomes] == [("reflector", "recorded"), ("dropper", "skipped")]
     assert len(server.requests) == 2
 
@@ -782,7 +781,7 @@ def test_a_dropper_failure_does_not_undo_the_reflections(server, tmp_path, db_pa
     made = pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
     server.add(new_reflection(made[0]["id"]), text("ok"), http_error(401, "key revoked mid-run"))
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10)
-    reflector, dropper = reflect_now(db_path, SID, None, config(server), settings)
+    reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert (reflector.outcome, dropper.outcome, dropper.error_kind) == ("recorded", "failed", "permanent")
     assert [r.id for r in memory(db_path).reflections] == [mid("A fresh durable conclusion.")]
     assert dropped_ids(db_path) == []
@@ -816,12 +815,12 @@ def test_a_result_computed_but_not_appended_is_appended_later_without_asking_aga
 
     monkeypatch.setattr(stages_module, "append_record", failing_append)
     with pytest.raises(RuntimeError):
-        observe_now(db_path, SID, None, config(server), Settings())
+        observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert records(db_path) == [] and len(server.requests) == 2
     assert rows(db_path, "SELECT stage FROM stage_results WHERE session_id = ?", [SID]) == [("observer",)]
 
     monkeypatch.setattr(stages_module, "append_record", append_record)
-    outcome = observe_now(db_path, SID, None, config(server), Settings())
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert (outcome.outcome, outcome.items) == ("recorded", 1)
     assert "without calling the model again" in outcome.reason
     assert len(server.requests) == 2  # no new model call

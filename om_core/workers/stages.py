@@ -251,17 +251,7 @@ def run_dropper(inp, brain: Brain, outcome: StageOutcome) -> tuple[StageOutcome,
 KINDS = {"observer": OBSERVATIONS_RECORDED, "reflector": REFLECTIONS_RECORDED, "dropper": OBSERVATIONS_DROPPED}
 
 
-# ------------------------------------------------------------------ one stage against a database
-
-
-class Database(Protocol):
-    def read(self) -> Any: ...
-
-    def write(self) -> Any: ...
-
-
-def as_database(db: Any) -> Database:
-    return db if hasattr(db, "read") and hasattr(db, "write") else dbmod.PathDatabase(db)
+# ------------------------------------------------------------------ one stage: prepare, compute, record
 
 
 @dataclass
@@ -287,87 +277,128 @@ def _input(con: duckdb.DuckDBPyConnection, req: StageRequest, settings: Settings
             "the active observation pool is within its target")
 
 
-def _compute(req: StageRequest, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome):
+@dataclass
+class PreparedStage:
+    """A stage's whole input, read from the database: what a stage task needs to call the model."""
+
+    request: StageRequest
+    input: Any  # ObserverInput | ReflectorInput | DropperInput
+    stage_key: str
+    model: str
+    cached_result: str | None = None  # a result computed earlier but not appended (commands only)
+
+
+@dataclass
+class ComputedStage:
+    """What the model run gave: the outcome (with its model calls) and the accepted payload, if any."""
+
+    outcome: StageOutcome
+    payload: Any = None
+
+
+def prepare_stage(con: duckdb.DuckDBPyConnection, req: StageRequest, settings: Settings,
+                  model: str) -> tuple[PreparedStage | None, StageOutcome]:
+    """The stage's input, or (None, outcome) when there is nothing to do: no input, already
+    appended, or this exact input gave a deliberate empty result before (exactly-once)."""
+    outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, model)
+    inp, why_not = _input(con, req, settings)
+    if inp is None:
+        outcome.reason = why_not
+        return None, outcome
+    key = inp.stage_key(model)
+    appended, was_empty, cached = dbmod.one(con, "stage_state", {"session_id": req.session_id, "stage_key": key})
+    outcome.stage_key = key
+    if appended:
+        outcome.reason = "already appended by an earlier run"
+        return None, outcome
+    if was_empty:
+        outcome.outcome = "empty"
+        outcome.reason = "this exact input gave a deliberate empty result before; not asked again"
+        return None, outcome
+    return PreparedStage(req, inp, key, model, cached), outcome
+
+
+def compute_stage(prepared: PreparedStage, brain: Brain, settings: Settings) -> ComputedStage:
+    """Run the worker on a prepared input; no database is touched."""
+    req = prepared.request
+    calls: list[CallRecord] = getattr(brain, "calls", None) if getattr(brain, "calls", None) is not None else []
+    calls_before = len(calls)
+    outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, brain.name)
     if req.stage == "observer":
-        return run_observer(inp, brain, settings, outcome)
-    if req.stage == "reflector":
-        return run_reflector(inp, brain, settings, outcome)
-    return run_dropper(inp, brain, outcome)
+        outcome, payload = run_observer(prepared.input, brain, settings, outcome)
+    elif req.stage == "reflector":
+        outcome, payload = run_reflector(prepared.input, brain, settings, outcome)
+    else:
+        outcome, payload = run_dropper(prepared.input, brain, outcome)
+    outcome.calls = calls[calls_before:]
+    return ComputedStage(outcome, payload)
 
 
-def execute_stage(db: Any, req: StageRequest, brain: Brain, settings: Settings, run_id: str | None = None) -> StageOutcome:
+def _from_cached(prepared: PreparedStage) -> ComputedStage:
+    req = prepared.request
+    payload = _PAYLOADS[req.stage].model_validate_json(prepared.cached_result)
+    outcome = StageOutcome(req.stage, "recorded", req.session_id, req.tip, prepared.model, stage_key=prepared.stage_key,
+                           reason="computed by an earlier run; appended without calling the model again",
+                           covers_up_to_id=payload.coversUpToId)
+    outcome.items = len(getattr(payload, "observations", None) or getattr(payload, "reflections", None)
+                        or getattr(payload, "observationIds", []))
+    return ComputedStage(outcome, payload)
+
+
+def record_stage(con: duckdb.DuckDBPyConnection, computed: ComputedStage, run_id: str | None,
+                 started_at: datetime) -> StageOutcome:
+    record_outcome(con, computed.outcome, computed.payload, KINDS[computed.outcome.stage], run_id, started_at)
+    return computed.outcome
+
+
+def execute_stage(ws: Any, req: StageRequest, brain: Brain, run_id: str | None = None) -> StageOutcome:
     """Read the input, run the worker (unless this exact input was already computed), append.
 
-    Exactly-once: a record already appended for this stage key is not appended again, and a result
-    computed but not yet appended (a crash in between) is appended without calling the model again.
+    Exactly-once for a command (the one process that writes the database): a record already
+    appended for this stage key is not appended again, and a result computed but not yet appended
+    (a crash in between) is persisted in ``stage_results`` and appended without calling the model
+    again. The pipeline has its own form of this (Prefect's result storage, flows/pipeline.py).
     """
-    db = as_database(db)
-    calls: list[CallRecord] = getattr(brain, "calls", None) if getattr(brain, "calls", None) is not None else []
     started = datetime.now(timezone.utc)
-    outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, brain.name, calls=calls)
-    with db.read() as con:
-        inp, why_not = _input(con, req, settings)
-        if inp is None:
-            outcome.reason = why_not
-            return outcome
-        key = inp.stage_key(brain.name)
-        params = {"session_id": req.session_id, "stage_key": key}
-        appended, was_empty, cached = dbmod.one(con, "stage_state", params)
-        if appended:
-            outcome.stage_key, outcome.reason = key, "already appended by an earlier run"
-            return outcome
-        if was_empty:
-            outcome.stage_key, outcome.outcome = key, "empty"
-            outcome.reason = "this exact input gave a deliberate empty result before; not asked again"
-            return outcome
-    if cached is not None:
-        payload = _PAYLOADS[req.stage].model_validate_json(cached)
-        outcome.stage_key, outcome.outcome = key, "recorded"
-        outcome.reason = "computed by an earlier run; appended without calling the model again"
-        outcome.covers_up_to_id = payload.coversUpToId
-        outcome.items = len(getattr(payload, "observations", None) or getattr(payload, "reflections", None)
-                            or getattr(payload, "observationIds", []))
-    else:
-        calls_before = len(calls)
-        outcome, payload = _compute(req, inp, brain, settings, outcome)
-        outcome.calls = calls[calls_before:]
-    with db.write() as con:
-        if payload is not None and cached is None:
+    with ws.read() as con:
+        prepared, outcome = prepare_stage(con, req, ws.settings, brain.name)
+    if prepared is None:
+        return outcome
+    computed = _from_cached(prepared) if prepared.cached_result is not None else compute_stage(prepared, brain, ws.settings)
+    with ws.write() as con:
+        if computed.payload is not None and prepared.cached_result is None:
             # persisted first, in its own transaction: a crash before the append does not pay twice
-            con.execute(query("put_stage_result"), {**params, "stage": req.stage, "result": payload.model_dump_json()})
-        record_outcome(con, outcome, payload, KINDS[req.stage], run_id, started)
-    return outcome
+            con.execute(query("put_stage_result"), {"session_id": req.session_id, "stage_key": prepared.stage_key,
+                                                    "stage": req.stage, "result": computed.payload.model_dump_json()})
+        return record_stage(con, computed, run_id, started)
 
 
 # ------------------------------------------------------------------ manual stages (om observe / om reflect)
 
 
-def _session_and_tip(db: Database, session: str, leaf: str | None) -> tuple[str, str]:
+def _session_and_tip(ws: Any, session: str, leaf: str | None) -> tuple[str, str]:
     from om_core.catalog import resolve_session, resolve_tip
 
-    with db.read() as con:
+    with ws.read() as con:
         sid = resolve_session(con, session)
         return sid, resolve_tip(con, sid, leaf)
 
 
-def observe_now(db_path, session: str, leaf: str | None, config: ModelConfig, settings: Settings,
+def observe_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
                 run_id: str | None = None) -> StageOutcome:
     """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
-    db = as_database(db_path)
-    sid, tip = _session_and_tip(db, session, leaf)
-    brain = make_brain(config, settings, [], breaker=CircuitBreaker())
-    return execute_stage(db, StageRequest(sid, tip, "observer"), brain, settings, run_id)
+    sid, tip = _session_and_tip(ws, session, leaf)
+    brain = make_brain(config, ws.settings, [], breaker=CircuitBreaker())
+    return execute_stage(ws, StageRequest(sid, tip, "observer"), brain, run_id)
 
 
-def reflect_now(db_path, session: str, leaf: str | None, config: ModelConfig, settings: Settings,
+def reflect_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
                 run_id: str | None = None) -> list[StageOutcome]:
     """The reflector now; then the dropper if it appended reflections and the pool is over target."""
-    db = as_database(db_path)
-    sid, tip = _session_and_tip(db, session, leaf)
-    brain = make_brain(config, settings, [], breaker=CircuitBreaker())
-    outcome = execute_stage(db, StageRequest(sid, tip, "reflector"), brain, settings, run_id)
+    sid, tip = _session_and_tip(ws, session, leaf)
+    brain = make_brain(config, ws.settings, [], breaker=CircuitBreaker())
+    outcome = execute_stage(ws, StageRequest(sid, tip, "reflector"), brain, run_id)
     results = [outcome]
     if outcome.outcome == "recorded" and outcome.ledger_id:
-        results.append(execute_stage(db, StageRequest(sid, tip, "dropper", outcome.covers_up_to_id), brain,
-                                     settings, run_id))
+        results.append(execute_stage(ws, StageRequest(sid, tip, "dropper", outcome.covers_up_to_id), brain, run_id))
     return results

@@ -30,7 +30,16 @@ SELECT count(*) > 0 FROM duckdb_tables() WHERE table_name = $name AND NOT tempor
 SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND NOT internal;
 
 -- name: start_run
-INSERT INTO runs (run_id, command, status, detail) VALUES ($run_id, $command, 'running', $detail);
+INSERT INTO runs (run_id, command, status, detail, pid, host)
+VALUES ($run_id, $command, 'running', $detail, $pid, $host);
+
+-- name: running_runs
+SELECT run_id, pid, host FROM runs WHERE status = 'running';
+
+-- name: mark_run_abandoned
+-- A run whose process is gone: it stopped without finishing (what it committed stays).
+UPDATE runs SET status = 'abandoned', finished_at = coalesce(finished_at, current_timestamp)
+WHERE run_id = $run_id AND status = 'running';
 
 -- name: finish_run
 UPDATE runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;

@@ -1,0 +1,175 @@
+"""A session's replay as a unit of work that needs no database file (one writer, many workers).
+
+* ``read_session_payload``: the flow reads a session's rows (session, entries and tree, ledger
+  records, compactions, the observer's empty results) from the user's database;
+* ``payload_workspace``: a replay task loads them into an in-memory DuckDB with the same ``sql/``
+  schema, views and macros, so fold and projection are still carried out in SQL;
+* ``replayed_rows``: after the replay, the rows it appended (records, compactions, stage runs, model
+  calls: every one carries the run id);
+* ``commit_replayed_rows``: the flow writes them to the user's database in one short transaction.
+
+Payloads and results are Arrow IPC bytes per table: plain, compact and serialisable by any task
+runner (Prefect's threads, a Dask cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from om_core import db as dbmod
+from om_core.settings import Settings
+from om_core.sqlfiles import query
+from om_core.workspace import Workspace
+
+# The tables a replay reads, in load order; each has its payload_/load_ queries in replay_payload.sql.
+PAYLOAD_TABLES = (
+    ("sessions", "payload_sessions", "load_sessions"),
+    ("entries", "payload_entries", "load_entries"),
+    ("entry_tree", "payload_entry_tree", "load_entry_tree"),
+    ("ledger_records", "payload_ledger_records", "load_ledger_records"),
+    ("ledger_observations", "payload_ledger_observations", "load_ledger_observations"),
+    ("ledger_reflections", "payload_ledger_reflections", "load_ledger_reflections"),
+    ("ledger_drops", "payload_ledger_drops", "load_ledger_drops"),
+    ("compaction_folds", "payload_compaction_folds", "load_compaction_folds"),
+    ("compaction_fold_items", "payload_compaction_fold_items", "load_compaction_fold_items"),
+    ("stage_runs", "payload_stage_runs", "load_stage_runs"),
+)
+
+# The tables a replay appends to, in commit order; each has replayed_/commit_ queries.
+REPLAYED_TABLES = (
+    ("ledger_records", "replayed_ledger_records", "commit_ledger_records"),
+    ("ledger_observations", "replayed_ledger_observations", "commit_ledger_observations"),
+    ("ledger_reflections", "replayed_ledger_reflections", "commit_ledger_reflections"),
+    ("ledger_drops", "replayed_ledger_drops", "commit_ledger_drops"),
+    ("compaction_folds", "replayed_compaction_folds", "commit_compaction_folds"),
+    ("compaction_fold_items", "replayed_compaction_fold_items", "commit_compaction_fold_items"),
+    ("stage_runs", "replayed_stage_runs", "commit_stage_runs"),
+    ("model_calls", "replayed_model_calls", "commit_model_calls"),
+)
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, name: str, params: dict) -> pa.Table:
+    return con.execute(query(name), params).to_arrow_table()
+
+
+@dataclass
+class SessionPayload:
+    """Everything a replay of one session reads, as Arrow IPC bytes per table."""
+
+    session_id: str
+    tables: dict[str, bytes] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.tables.values())
+
+
+@dataclass
+class ReplayedRows:
+    """The rows one replay appended, to be committed by the flow."""
+
+    session_id: str
+    run_id: str
+    tables: dict[str, bytes] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.rows.values())
+
+
+def read_session_payload(con: duckdb.DuckDBPyConnection, session_id: str) -> SessionPayload:
+    payload = SessionPayload(session_id)
+    params = {"session_id": session_id}
+    for table, read_name, _ in PAYLOAD_TABLES:
+        data = _arrow(con, read_name, params)
+        payload.tables[table] = _to_ipc(data)
+        payload.rows[table] = data.num_rows
+    return payload
+
+
+def payload_workspace(payload: SessionPayload, settings: Settings) -> Workspace:
+    """An in-memory workspace holding the payload's rows (the caller closes it)."""
+    ws = Workspace.in_memory(settings)
+    with ws.write() as con, dbmod.transaction(con):
+        for table, _, load_name in PAYLOAD_TABLES:
+            if payload.rows.get(table):
+                dbmod.insert_arrow(con, "payload_batch", _from_ipc(payload.tables[table]), load_name)
+        ordered = payload.rows.get("ledger_records", 0) + payload.rows.get("compaction_folds", 0)
+        if ordered:
+            con.execute(query("advance_append_seq"), {"n": ordered}).fetchall()
+    return ws
+
+
+def replayed_rows(con: duckdb.DuckDBPyConnection, session_id: str, run_id: str) -> ReplayedRows:
+    result = ReplayedRows(session_id, run_id)
+    for table, read_name, _ in REPLAYED_TABLES:
+        data = _arrow(con, read_name, {"run_id": run_id})
+        result.rows[table] = data.num_rows
+        if data.num_rows:
+            result.tables[table] = _to_ipc(data)
+    return result
+
+
+def _renumber(tables: dict[str, pa.Table], seqs: list[int]) -> dict[str, pa.Table]:
+    """New records and compactions take fresh database positions, in the replay's own order."""
+    local = []
+    for name in ("ledger_records", "compaction_folds"):
+        if name in tables:
+            local += tables[name].column("append_seq").to_pylist()
+    fresh = dict(zip(sorted(local), sorted(seqs)))
+    out = dict(tables)
+    for name in ("ledger_records", "compaction_folds"):
+        if name in tables:
+            column = pa.array([fresh[s] for s in tables[name].column("append_seq").to_pylist()], pa.int64())
+            index = tables[name].schema.get_field_index("append_seq")
+            out[name] = tables[name].set_column(index, "append_seq", column)
+    return out
+
+
+def _without_committed(tables: dict[str, pa.Table], committed: set[str]) -> dict[str, pa.Table]:
+    """Leave out records and compactions (with their items) that are already in the database."""
+    if not committed:
+        return tables
+    out = dict(tables)
+    for name, key in (("ledger_records", "ledger_id"), ("ledger_observations", "ledger_id"),
+                      ("ledger_reflections", "ledger_id"), ("ledger_drops", "ledger_id"),
+                      ("compaction_folds", "compaction_id"), ("compaction_fold_items", "compaction_id")):
+        if name in tables:
+            keep = [value not in committed for value in tables[name].column(key).to_pylist()]
+            out[name] = tables[name].filter(pa.array(keep, pa.bool_()))
+    return out
+
+
+def commit_replayed_rows(con: duckdb.DuckDBPyConnection, result: ReplayedRows) -> dict[str, int]:
+    """Write a replay's rows in one transaction; a result committed twice changes nothing."""
+    tables = {name: _from_ipc(data) for name, data in result.tables.items()}
+    written: dict[str, int] = {}
+    with dbmod.transaction(con):
+        committed = {row[0] for row in con.execute(query("committed_ledger_ids"),
+                                                   {"session_id": result.session_id}).fetchall()}
+        tables = _without_committed(tables, committed)
+        ordered = sum(tables[n].num_rows for n in ("ledger_records", "compaction_folds") if n in tables)
+        if ordered:
+            seqs = [row[0] for row in con.execute(query("take_append_seqs"), {"n": ordered}).fetchall()]
+            tables = _renumber(tables, seqs)
+        for table, _, commit_name in REPLAYED_TABLES:
+            if table in tables and tables[table].num_rows:
+                dbmod.insert_arrow(con, "replay_batch", tables[table], commit_name)
+                written[table] = tables[table].num_rows
+    return written

@@ -1,0 +1,45 @@
+"""The ``runs`` table: one row per pipeline run, owned by the process that started it.
+
+A run row never stays ``running`` after its process has ended: when a run starts, rows of runs
+whose process on this host is gone are marked ``abandoned`` (what they committed stays).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+import duckdb
+
+from om_core.sqlfiles import query
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def mark_abandoned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+    host = socket.gethostname()
+    gone = [run_id for run_id, pid, run_host in con.execute(query("running_runs")).fetchall()
+            if run_host == host and (pid is None or not _alive(pid))]
+    for run_id in gone:
+        con.execute(query("mark_run_abandoned"), {"run_id": run_id})
+    return gone
+
+
+def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail: dict[str, Any]) -> None:
+    mark_abandoned_runs(con)
+    con.execute(query("start_run"), {"run_id": run_id, "command": command, "detail": json.dumps(detail, default=str),
+                                     "pid": os.getpid(), "host": socket.gethostname()})
+
+
+def finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, detail: dict[str, Any]) -> None:
+    con.execute(query("finish_run"), {"run_id": run_id, "status": status, "detail": json.dumps(detail, default=str)})

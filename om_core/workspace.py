@@ -1,0 +1,163 @@
+"""One way into the library: a workspace is the database, the resolved settings, and a runner of the
+named ``sql/`` queries that returns named rows.
+
+A command builds one workspace (``Workspace.open``), a flow run builds one from its serialisable form
+(``WorkspaceSpec``), and a session's replay task builds one around an in-memory copy of the session's
+rows (``om_core.replay_payload``). Every library entry point takes a workspace, so nothing below it
+resolves settings or opens files on its own.
+
+Two kinds of database:
+* ``FileDatabase``: the user's file, opened for each use and closed right after (read-only to read),
+  so another process (an analyst's ``om sql``) can open it between uses. Only the process that owns
+  the run (the flow, or a command) ever writes to it.
+* ``MemoryDatabase``: a task-local in-memory DuckDB with the same schema, views and macros.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import duckdb
+from pydantic import BaseModel, ConfigDict
+
+from om_core import db as dbmod
+from om_core.settings import ResolvedSettings, Settings, load_settings
+from om_core.sqlfiles import query
+
+
+class Database(Protocol):
+    def read(self) -> Any: ...
+
+    def write(self) -> Any: ...
+
+
+class FileDatabase:
+    """The user's DuckDB file: each use opens it and closes it again."""
+
+    def __init__(self, path: str | os.PathLike, busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> None:
+        self.path = Path(path)
+        self.busy_seconds = busy_seconds
+
+    def read(self):
+        return dbmod.reading(self.path, self.busy_seconds)
+
+    def write(self):
+        return dbmod.writing(self.path, self.busy_seconds)
+
+    def __repr__(self) -> str:
+        return f"FileDatabase({str(self.path)!r})"
+
+
+class ConnectionDatabase:
+    """One open connection, used for every read and write (a command's many steps, a test, a task).
+
+    Uses are serialised: DuckDB connections are not meant to be shared by threads without cursors."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def _use(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._lock:
+            yield self.con
+
+    def read(self):
+        return self._use()
+
+    def write(self):
+        return self._use()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class MemoryDatabase(ConnectionDatabase):
+    """An in-memory DuckDB holding om's schema, views and macros (one per replay task)."""
+
+    def __init__(self) -> None:
+        # One DuckDB thread: these databases are small and many run side by side.
+        con = duckdb.connect(":memory:", config={"threads": 1})
+        dbmod.apply_migrations(con)
+        dbmod.ensure_views(con)
+        super().__init__(con)
+
+
+class WorkspaceSpec(BaseModel):
+    """What flows, tasks and deployments carry: where the database is, and the typed settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    db_path: str
+    settings: Settings
+    busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS
+
+
+class Workspace:
+    def __init__(self, db: Database, settings: Settings, *, sources: ResolvedSettings | None = None) -> None:
+        self.db = db
+        self.settings = settings
+        self.resolved = sources  # where each setting came from, when the workspace resolved them
+
+    # ------------------------------------------------------------------ building one
+
+    @classmethod
+    def open(cls, db_path: str | os.PathLike, *, config: str | os.PathLike | None = None,
+             settings: Settings | None = None, busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> Workspace:
+        """A command's workspace: the user's file and the settings resolved from every source
+        (defaults, Pi's settings files, om.toml or ``config``, OM_* variables), unless given."""
+        resolved = None
+        if settings is None:
+            resolved = load_settings(config)
+            settings = resolved.settings
+        return cls(FileDatabase(db_path, busy_seconds), settings, sources=resolved)
+
+    @classmethod
+    def from_spec(cls, spec: WorkspaceSpec | dict[str, Any]) -> Workspace:
+        spec = spec if isinstance(spec, WorkspaceSpec) else WorkspaceSpec.model_validate(spec)
+        return cls(FileDatabase(spec.db_path, spec.busy_seconds), spec.settings)
+
+    @classmethod
+    def in_memory(cls, settings: Settings) -> Workspace:
+        return cls(MemoryDatabase(), settings)
+
+    @classmethod
+    def on_connection(cls, con: duckdb.DuckDBPyConnection, settings: Settings) -> Workspace:
+        """A workspace around an open connection (``close()`` closes it)."""
+        return cls(ConnectionDatabase(con), settings)
+
+    def spec(self) -> WorkspaceSpec:
+        if not isinstance(self.db, FileDatabase):
+            raise TypeError("only a workspace on a database file has a serialisable form")
+        return WorkspaceSpec(db_path=str(self.db.path.resolve()), settings=self.settings,
+                             busy_seconds=self.db.busy_seconds)
+
+    def with_settings(self, settings: Settings) -> Workspace:
+        return Workspace(self.db, settings, sources=None)
+
+    @property
+    def path(self) -> Path | None:
+        return self.db.path if isinstance(self.db, FileDatabase) else None
+
+    # ------------------------------------------------------------------ using it
+
+    def read(self):
+        return self.db.read()
+
+    def write(self):
+        return self.db.write()
+
+    def rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The named query's rows as dicts (column name -> value)."""
+        with self.read() as con:
+            return dbmod.rows_as_dicts(con.execute(query(name), params or {}))
+
+    def close(self) -> None:
+        """Close what the database holds open (a file database holds nothing between uses)."""
+        if isinstance(self.db, ConnectionDatabase):
+            self.db.close()
