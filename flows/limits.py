@@ -43,7 +43,8 @@ def ensure_model_call_limit(slots: int, name: str = MODEL_CALL_LIMIT) -> None:
 def _prefect_gate() -> AbstractContextManager:
     from prefect.concurrency.sync import concurrency
 
-    return concurrency(MODEL_CALL_LIMIT, occupy=1, strict=False)
+    # strict: a limit missing on the server is an error, never an unlimited run
+    return concurrency(MODEL_CALL_LIMIT, occupy=1, strict=True)
 
 
 def _process_gate(slots: int) -> Callable[[], AbstractContextManager]:

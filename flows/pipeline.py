@@ -23,7 +23,6 @@ fail the stage at once. One failing session never stops the others.
 
 from __future__ import annotations
 
-import socket
 import traceback
 import uuid
 from dataclasses import asdict
@@ -36,6 +35,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
+from prefect.transactions import CommitMode, transaction
 
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
@@ -45,7 +45,7 @@ from om_core.errors import OmError
 from om_core.ingest import ingest
 from om_core.memory import clocks as read_clocks
 from om_core.model import RetryPolicy
-from om_core.replay import replay_session, session_leaves
+from om_core.replay import replay_session
 from om_core.replay_payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
     replayed_rows
 from om_core.runs import finish_run, start_run
@@ -139,7 +139,10 @@ class SessionReplayer:
         started = datetime.now(timezone.utc)
         attempts: list[StageOutcome] = []
         try:
-            computed = self.staged(prepared, self.model, self.ws.settings, attempts)
+            # Committed at once, not when the session's task ends: a result survives a crash of the
+            # flow or of the worker mid-session (Prefect defers a nested task's commit otherwise).
+            with transaction(commit_mode=CommitMode.EAGER):
+                computed = self.staged(prepared, self.model, self.ws.settings, attempts)
         except StageFailed as exc:
             computed = ComputedStage(exc.outcome)
             attempts = attempts[:-1]  # the last attempt is the failure itself
@@ -288,6 +291,9 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         result = future.result()
         commit_session_result(ws, result)
         results.append({k: v for k, v in result.items() if k != "rows"})
+        # the board is drawn here too: a replay on a cluster worker cannot update this process's board
+        progress_board.update({"session_id": result["session_id"],
+                               **({"error": result["error"]} if result["error"] else {"done": True})})
 
     pending = []
     for sid in session_ids:
@@ -332,4 +338,4 @@ def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[st
 
 
 __all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT",
-           "commit_session_result", "session_leaves"]
+           "commit_session_result"]

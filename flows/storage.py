@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
 from om_core.settings import Settings
 
 _BLOCK_SLUG = re.compile(r"^[a-z0-9-]+/[A-Za-z0-9_.-]+$")
@@ -22,18 +20,23 @@ def describe_result_storage(settings: Settings, db_path: str) -> str:
     return settings.resultStorage or str(Path(f"{db_path}.stage-results"))
 
 
-def stage_result_storage(settings: Settings, db_path: str) -> Any:
-    """A Prefect result storage for stage results (a block, or a block's slug)."""
-    from prefect.filesystems import LocalFileSystem, RemoteFileSystem
-
+def stage_result_storage(settings: Settings, db_path: str) -> Path | str:
+    """A Prefect result storage for stage results: a local path, or the slug of a saved block."""
     where = settings.resultStorage
     if not where:
-        return LocalFileSystem(basepath=str(Path(f"{db_path}.stage-results").resolve()))
+        return Path(f"{db_path}.stage-results").resolve()
     if "://" in where:
-        return RemoteFileSystem(basepath=where)
+        # Prefect takes remote storage as a saved block: save one named after the URL (idempotent)
+        import hashlib
+
+        from prefect.filesystems import RemoteFileSystem
+
+        name = "om-stage-results-" + hashlib.sha256(where.encode()).hexdigest()[:12]
+        RemoteFileSystem(basepath=where).save(name, overwrite=True)
+        return f"remote-file-system/{name}"
     if _BLOCK_SLUG.match(where) and not Path(where).exists():
         return where  # Prefect loads the saved block by its slug
-    return LocalFileSystem(basepath=str(Path(where).expanduser().resolve()))
+    return Path(where).expanduser().resolve()
 
 
 def is_shared_storage(settings: Settings) -> bool:

@@ -63,7 +63,7 @@ def _from_ipc(data: bytes) -> pa.Table:
 
 
 def _arrow(con: duckdb.DuckDBPyConnection, name: str, params: dict) -> pa.Table:
-    return con.execute(query(name), params).to_arrow_table()
+    return con.sql(query(name), params=params).to_arrow_table()
 
 
 @dataclass
