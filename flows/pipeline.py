@@ -41,6 +41,7 @@ from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
 from flows.storage import stage_result_storage
 from om_core import db as dbmod
+from om_core.circuit import release_run_breaker, run_breaker
 from om_core.errors import OmError
 from om_core.ingest import ingest
 from om_core.memory import clocks as read_clocks
@@ -54,6 +55,10 @@ from om_core.sqlfiles import query
 from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, StageOutcome, StageRequest, \
     compute_stage, make_brain, prepare_stage, record_stage
 from om_core.workspace import Workspace, WorkspaceSpec
+
+
+class RunStopped(Exception):
+    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
 
 
 class StageFailed(RuntimeError):
@@ -86,12 +91,12 @@ def _config(model: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
 
 
-def _brain(model: dict[str, Any], settings: Settings):
+def _brain(model: dict[str, Any], settings: Settings, breaker=None):
     """A brain for one stage (it records that stage's model calls; litellm is imported only once)."""
     config = _config(model)
     config.retry = RetryPolicy(attempts=1)  # Prefect retries the whole stage instead
     gate = None if config.offline else model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
-    return make_brain(config, settings, gate=gate)
+    return make_brain(config, settings, gate=gate, breaker=breaker)
 
 
 def _stage_key(context, parameters: dict[str, Any]) -> str:  # noqa: ANN001 - Prefect's cache-key hook
@@ -100,13 +105,16 @@ def _stage_key(context, parameters: dict[str, Any]) -> str:  # noqa: ANN001 - Pr
 
 @task(name="memory-stage", retries=4, retry_delay_seconds=exponential_backoff(backoff_factor=1.0),
       retry_jitter_factor=0.5, retry_condition_fn=_retry_transient, persist_result=True, cache_key_fn=_stage_key)
-def stage_task(prepared: PreparedStage, model: dict[str, Any], settings: Settings,
+def stage_task(prepared: PreparedStage, model: dict[str, Any], settings: Settings, run_id: str,
                attempts: list[StageOutcome] | None = None) -> ComputedStage:
     """One observer, reflector or dropper model run on a prepared input; touches no database.
 
     Its result is kept in Prefect's result storage under the stage key (exactly-once). ``attempts``
     collects failed attempts, so each one's model calls are recorded."""
-    computed = compute_stage(prepared, _brain(model, settings), settings)
+    breaker = run_breaker(run_id)  # fail fast: a permanent provider error stops every stage of the run
+    if breaker.tripped:
+        raise RunStopped(str(breaker.reason))
+    computed = compute_stage(prepared, _brain(model, settings, breaker), settings)
     if computed.outcome.outcome == "failed":
         if attempts is not None:
             attempts.append(computed.outcome)
@@ -142,7 +150,9 @@ class SessionReplayer:
             # Committed at once, not when the session's task ends: a result survives a crash of the
             # flow or of the worker mid-session (Prefect defers a nested task's commit otherwise).
             with transaction(commit_mode=CommitMode.EAGER):
-                computed = self.staged(prepared, self.model, self.ws.settings, attempts)
+                computed = self.staged(prepared, self.model, self.ws.settings, self.run_id, attempts)
+        except RunStopped:
+            raise
         except StageFailed as exc:
             computed = ComputedStage(exc.outcome)
             attempts = attempts[:-1]  # the last attempt is the failure itself
@@ -170,7 +180,7 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
     rows it appended; errors are returned, never raised."""
     session_id = payload.session_id
     ws = payload_workspace(payload, settings)
-    error = None
+    error, stopped = None, False
     reports: list = []
     try:
         due = _due_source_tokens(ws, session_id)
@@ -179,6 +189,8 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
         if drain and due > 0 and not any(r.stages for r in reports):
             error = (f"the replay ran no stage although {due} source tokens are not yet observed "
                      f"({len(reports)} branch(es) found)")
+    except RunStopped as exc:  # the reason is the run's one error line
+        error, stopped = f"stopped: {exc}", True
     except Exception as exc:  # one failing session never stops the others
         error = f"{type(exc).__name__}: {exc}"
         try:
@@ -191,7 +203,8 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
     finally:
         ws.close()
     progress_board.update({"session_id": session_id, **({"error": error} if error else {"done": True})})
-    return {"session_id": session_id, "error": error, "branches": [asdict(r) for r in reports], "rows": rows}
+    return {"session_id": session_id, "error": error, "stopped": stopped, "branches": [asdict(r) for r in reports],
+            "rows": rows}
 
 
 @task(name="ingest-sessions", persist_result=False, cache_policy=NO_CACHE)
@@ -308,11 +321,15 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         collect(future)
     order = {sid: i for i, sid in enumerate(session_ids)}
     results.sort(key=lambda r: order[r["session_id"]])
+    stopped = release_run_breaker(run_id)
+    if stopped is not None:
+        errors.insert(0, f"model calls stopped: {stopped}")
     failed = bool(errors) or any(r["error"] for r in results)
     with ws.write() as con:
         finish_run(con, run_id, "failed" if failed else "ok",
                    {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
-    return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested}
+    return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested,
+            "stopped": None if stopped is None else str(stopped)}
 
 
 def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> WorkspaceSpec:
