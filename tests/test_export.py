@@ -140,13 +140,12 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     b, path = finished_sample(tmp_path)
     db_path = tmp_path / "om.duckdb"
     session_id = ingest(db_path, [path]).files[0].session_id
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
-        (report,) = replay_session(db, session_id, DRAIN_SETTINGS,
-                                   lambda req: execute_stage(db, req, brain, DRAIN_SETTINGS))
+        (report,) = replay_in_process(Workspace.on_connection(con, DRAIN_SETTINGS), session_id, brain)
     finally:
-        db.close()
+        con.close()
     assert report.drained and report.stages.get("observer:recorded", 0) >= 2
     out = tmp_path / "exported.jsonl"
     run(["--db", str(db_path), "export", session_id, "--out", str(out)])

@@ -163,12 +163,12 @@ def om_memory(db: Any, haystack: Haystack, settings: Settings, run_stage: StageR
     drain had no cut, Pi's cut over the whole history.
 
     Integration points with the pipeline: ``BranchReplayer`` (with a stage runner calling
-    ``execute_stage``) and ``simulate_compaction``; ``db`` is any object with ``read()``/``write()``.
+    ``execute_stage``) and ``simulate_compaction``; ``db`` is the evaluation's workspace.
     """
     sid = haystack.session_id
     reports, drained_at = [], None
     for leaf in session_leaves(db, sid):  # a haystack has one branch
-        replayer = BranchReplayer(db, sid, leaf, settings, run_stage, drain=True, run_id=run_id)
+        replayer = BranchReplayer(db, sid, leaf, run_stage, drain=True, run_id=run_id)
         reports.append(replayer.run())
         position = replayer.drain_cut() if replayer.branch else None
         drained_at = replayer.branch[position].entry_id if position else None

@@ -124,10 +124,12 @@ def reader_window(options: EvalOptions) -> tuple[int, str]:
     return DEFAULT_READER_WINDOW, f"unknown model: assumed {DEFAULT_READER_WINDOW:,} (set --reader-window)"
 
 
-def open_database(path: Path):
-    """The evaluation's own DuckDB (sessions, ledger, compactions, model calls), shared by the threads.
-    Integration point: the lead's workspace object replaces this when the DB plumbing changes."""
-    return dbmod.shared_database(path)
+def open_database(path: Path, settings):
+    """The evaluation's own workspace: its DuckDB (sessions, ledger, compactions, model calls), one
+    connection its threads take turns on (their model calls run outside it), and the run's settings."""
+    from om_core.workspace import Workspace
+
+    return Workspace.on_connection(dbmod.connect(path), settings)
 
 
 class _Run:
@@ -186,7 +188,7 @@ class _Run:
 
         def run_stage(request: StageRequest):
             self._check()
-            return execute_stage(self.db, request, brain, self.settings, self.run_id)
+            return execute_stage(self.db, request, brain, self.run_id)
 
         memory = om_memory(self.db, hay, self.settings, run_stage, self.run_id)
         self._check()
@@ -277,7 +279,7 @@ class _Run:
         self.window, self.window_source = reader_window(o)
         files = {c: ConditionFiles(o.out, c).open(self._config(c)) for c in o.conditions}
         haystacks = {i.question_id: build_haystack(i) for i in chosen}
-        self.db = open_database(o.out / "eval.duckdb")
+        self.db = open_database(o.out / "eval.duckdb", self.settings)
         bad_sessions = self._ingest(chosen, haystacks) if {"om", "native"} & set(o.conditions) else {}
         plan = self._plan(chosen, files)
         self.progress({"event": "start", "tasks": len(plan), "questions": len(chosen), "invalid": len(dataset.invalid),
