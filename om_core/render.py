@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from om_core.prompts import SUMMARY_PREAMBLE
+from om_core.redact import redact_line
 
 
 def observation_line(obs_id: str, timestamp: str, relevance: str, content: str) -> str:
@@ -16,12 +17,16 @@ def reflection_line(refl_id: str, content: str) -> str:
 
 
 def render_summary(reflection_lines: Sequence[str], observation_lines: Sequence[str]) -> str | None:
-    """The summary text, or None for an empty projection (the caller falls back to Pi's summarizer)."""
+    """The summary text, or None for an empty projection (the caller falls back to Pi's summarizer).
+
+    Pi sends the summary to its model, so every line is redacted (whatever wrote the memory: a model,
+    the offline baseline's excerpts, records imported from the extension); lines recur in every
+    compaction, so the per-line redaction is cached."""
     if not reflection_lines and not observation_lines:
         return None
     parts = [SUMMARY_PREAMBLE]
     if reflection_lines:
-        parts.append("## Reflections\n" + "\n".join(reflection_lines))
+        parts.append("## Reflections\n" + "\n".join(map(redact_line, reflection_lines)))
     if observation_lines:
-        parts.append("## Observations\n" + "\n".join(observation_lines))
+        parts.append("## Observations\n" + "\n".join(map(redact_line, observation_lines)))
     return "\n\n".join(parts)

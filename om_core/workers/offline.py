@@ -13,9 +13,12 @@ submit it through the same checks as a model's tool calls.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter, defaultdict
 from typing import Any
+
+from om_core.redact import redact
 
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput, SourceEntry
@@ -182,16 +185,40 @@ def drop_candidates(inp: DropperInput, check: DropCheck) -> list[str]:
     return sorted(safe, key=check.safety_key)[: inp.max_drops]
 
 
+def redact_strings(value: Any) -> Any:
+    """``value`` (parsed JSON) with every string redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_strings(v) for v in value]
+    return value
+
+
 class OfflineBrain:
-    """The extractive baseline, used when no model is configured (or by the name ``offline``)."""
+    """The extractive baseline, used when no model is configured (or by the name ``offline``).
+
+    Its observations quote the session, and they reach compaction summaries (which Pi sends to its
+    model), so it reads redacted entries and observations: a secret is cut out whole before any
+    excerpt could cut it in half."""
 
     offline = True
     name = OFFLINE_NAME
 
+    def __init__(self, redact_secrets: bool = True) -> None:
+        self.redact_secrets = redact_secrets
+
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
-        return LoopResult(turns=0, finished=True, receipts=[check.submit({"observations": observe_entries(inp.chunk)})])
+        chunk = inp.chunk
+        if self.redact_secrets:
+            chunk = [dataclasses.replace(e, obj=redact_strings(e.obj)) for e in chunk]
+        return LoopResult(turns=0, finished=True, receipts=[check.submit({"observations": observe_entries(chunk)})])
 
     def reflect(self, inp: ReflectorInput, check: ReflectionCheck) -> LoopResult:
+        if self.redact_secrets:
+            inp = dataclasses.replace(inp, covered=[c.model_copy(update={"observation": c.observation.model_copy(
+                update={"content": redact(c.observation.content)})}) for c in inp.covered])
         return LoopResult(turns=0, finished=True, receipts=[check.submit({"reflections": reflect_observations(inp)})])
 
     def drop(self, inp: DropperInput, check: DropCheck) -> LoopResult:

@@ -114,7 +114,7 @@ def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] 
     """The offline baseline or a model brain; a model brain keeps its call records in ``brain.calls``
     and consults ``breaker`` (om_core.circuit) before every call."""
     if config.offline:
-        return OfflineBrain()
+        return OfflineBrain(redact_secrets=settings.redactSecrets)
     calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
