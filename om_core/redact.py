@@ -164,14 +164,18 @@ def _assignment_group(m: re.Match[str]) -> str:
     return "qv" if m.group("qv") is not None else "v"
 
 
-_NEAR_WORD = re.compile(r"(?i)\b(?:api[ _-]?keys?|keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|"
+# a word starts here; a JSON-escaped newline or tab (tool-call arguments are rendered as JSON) counts as a gap
+_WB = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrt]))"
+_NEAR_WORD = re.compile(r"(?i)" + _WB + r"(?:api[ _-]?keys?|keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|"
                         r"bearer|auth(?:orization)?|access[ _-]?keys?)\b")
-_CANDIDATE = re.compile(r"(?<![\w+/=\-])[A-Za-z0-9][A-Za-z0-9_\-+/=.]{11,}[A-Za-z0-9=]")
+_CANDIDATE = re.compile(r"(?:(?<![\w+/=\-\\])|(?<=\\[nrt]))[A-Za-z0-9][A-Za-z0-9_\-+/.]{11,}[A-Za-z0-9]={0,2}")
 
 
 def _near_word_spans(text: str) -> Iterable[tuple[int, int]]:
     """High-entropy tokens within a few characters after a secret-ish word."""
     for m in _NEAR_WORD.finditer(text):
+        if text.rfind("[REDACTED:", max(0, m.start() - 40), m.start()) > text.rfind("]", max(0, m.start() - 40), m.start()):
+            continue  # the word is part of a marker
         window_end = min(len(text), m.end() + 40)
         for c in _CANDIDATE.finditer(text, m.end(), window_end + 80):
             if c.start() > window_end:
@@ -196,7 +200,7 @@ def _not_a_word(m: re.Match[str]) -> bool:
 
 def _own_rules() -> list[Rule]:
     r = re.compile
-    b = r"(?<![A-Za-z0-9_\-])"  # the token starts here
+    b = r"(?:(?<![A-Za-z0-9_\-])|(?<=\\[nrt]))"  # the token starts here
     e = r"(?![A-Za-z0-9_\-])"
     return [
         Rule("private-key", r(r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY((?: BLOCK)?)-----.*?"
@@ -257,10 +261,10 @@ def _own_rules() -> list[Rule]:
         Rule("query-secret", r(r"(?i)[?&;](?:access_token|refresh_token|id_token|auth_token|token|api_?key|key|"
                                r"secret|client_secret|password|passwd|pwd|sig|signature|auth)=([^&\s#'\"\\<>]{6,})"),
              1, keywords=("=",), check=_not_a_word),
-        Rule("bearer-token", r(r"(?i)\b(?:bearer|token)\s+([A-Za-z0-9_\-.~+/]{12,}=*)"), 1,
+        Rule("bearer-token", r(r"(?i)" + _WB + r"(?:bearer|token)\s+([A-Za-z0-9_\-.~+/]{12,}=*)"), 1,
              keywords=("bearer", "token"), check=_not_a_word),
-        Rule("basic-auth", r(r"(?i)\bbasic\s+([A-Za-z0-9+/]{12,}={0,2})"), 1, keywords=("basic",), check=_not_a_word),
-        Rule("authorization-header", r(r"(?i)\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?"
+        Rule("basic-auth", r(r"(?i)" + _WB + r"basic\s+([A-Za-z0-9+/]{12,}={0,2})"), 1, keywords=("basic",), check=_not_a_word),
+        Rule("authorization-header", r(r"(?i)" + _WB + r"(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?"
                                        r"([A-Za-z0-9_\-.~+/]{8,}=*)"), 1, keywords=("authorization",),
              check=_not_a_word),
         Rule("cli-secret", r(r"(?i)(?<![\w-])--?(?:password|passwd|pass|pwd|token|api[-_]?key|secret|client-secret|"
@@ -269,16 +273,16 @@ def _own_rules() -> list[Rule]:
              check=lambda m: plausible_value(m.group(1), data_style=True, quoted=False)),
         Rule("basic-auth", r(r"(?<![\w-])(?:-u|--user)\s+[\"']?[^\s:\"']+:([^\s\"']{3,})"), 1, keywords=("-u",)),
         # credential files
-        Rule("netrc-password", r(r"(?i)\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+(\S+)"), 1, keywords=("machine",)),
+        Rule("netrc-password", r(r"(?i)" + _WB + r"machine\s+\S+\s+(?:login\s+\S+\s+)?password\s+([^\s\\]+)"), 1, keywords=("machine",)),
         Rule("netrc-password", r(r"(?im)^[ \t]*password[ \t]+(\S+)[ \t]*$"), 1, keywords=("password",)),
-        Rule("pgpass-password", r(r"(?m)^[A-Za-z0-9_.\-*]+:(?:\d+|\*):[^\s:]+:[^\s:]+:(\S+)$"), 1, keywords=(":",)),
+        Rule("pgpass-password", r(r"(?m)(?:^|(?<=\\n))[A-Za-z0-9_.\-*]+:(?:\d+|\*):[^\s:\\]+:[^\s:\\]+:([^\s\\]+)(?:$|(?=\\n))"), 1, keywords=(":",)),
         Rule("secret-assignment", _ASSIGN, _assignment_group, keywords=_NAME_WORDS, check=_assignment),
     ]
 
 
 # detect-secrets regex plugins used as maintained shape lists; (module, class)
 _PLUGINS = [
-    ("aws", "AWSKeyDetector"), ("azure_storage_key", "AzureStorageKeyDetector"), ("cloudant", "CloudantDetector"),
+    ("aws", "AWSKeyDetector"), ("cloudant", "CloudantDetector"),
     ("discord", "DiscordBotTokenDetector"), ("github_token", "GitHubTokenDetector"),
     ("gitlab_token", "GitLabTokenDetector"), ("ibm_cloud_iam", "IbmCloudIamDetector"),
     ("ibm_cos_hmac", "IbmCosHmacDetector"), ("mailchimp", "MailchimpDetector"), ("npm", "NpmDetector"),
@@ -286,6 +290,8 @@ _PLUGINS = [
     ("slack", "SlackDetector"), ("softlayer", "SoftlayerDetector"), ("square_oauth", "SquareOAuthDetector"),
     ("stripe", "StripeDetector"), ("telegram_token", "TelegramBotTokenDetector"), ("twilio", "TwilioKeyDetector"),
     ("artifactory", "ArtifactoryDetector"),
+    # AzureStorageKeyDetector's pattern takes `AccountKey=` with the key; the own azure rule keeps the name
+
 ]
 
 
@@ -316,6 +322,21 @@ def rules() -> tuple[Rule, ...]:
 # ------------------------------------------------------------------ redaction
 
 
+def _matches(rule: Rule, text: str) -> Iterable[re.Match[str]]:
+    """The rule's accepted matches. A rejected match does not hide the next one inside it
+    (``shared: TOKEN=…`` is first tried with the name ``shared``)."""
+    if rule.check is None:
+        yield from rule.pattern.finditer(text)
+        return
+    pos = 0
+    while (m := rule.pattern.search(text, pos)) is not None:
+        if rule.check(m):
+            yield m
+            pos = max(m.end(), m.start() + 1)
+        else:
+            pos = m.start() + 1
+
+
 def secret_spans(text: str) -> list[tuple[int, int, str]]:
     """Non-overlapping (start, end, kind) spans of the secrets in ``text``, in order."""
     low = text.lower()
@@ -323,9 +344,7 @@ def secret_spans(text: str) -> list[tuple[int, int, str]]:
     for rule in rules():
         if rule.keywords and not any(k in low for k in rule.keywords):
             continue
-        for m in rule.pattern.finditer(text):
-            if rule.check is not None and not rule.check(m):
-                continue
+        for m in _matches(rule, text):
             start, end = m.span(rule.group(m) if callable(rule.group) else rule.group)
             if start < end:
                 found.append((start, end, rule.kind))

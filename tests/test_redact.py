@@ -1,8 +1,10 @@
-"""Secret redaction (issue 4, item 4): every common secret shape becomes a marker in what leaves the
-machine, ordinary text and code are left alone, the stored session is untouched, and recall still
-shows the original locally. The end-to-end tests read what the fake model server actually received.
+"""Secret redaction (issue 4 item 4, issue 15 item 1): every common secret shape becomes a marker in
+what leaves the machine, ordinary text and code are left alone, the stored session is untouched, and
+recall still shows the original locally. The end-to-end tests read what the fake model server actually
+received and every compaction summary.
 
-The fake secrets are assembled from pieces so that no complete key-shaped literal sits in the source.
+The fake secrets (tests/secret_corpus.py) are derived from a seeded hash, so no complete key-shaped
+literal sits in the source.
 """
 
 from __future__ import annotations
@@ -20,51 +22,12 @@ from om_core.ingest import ingest
 from om_core.model import RetryPolicy
 from om_core.recall import recall
 from om_core.redact import redact, redact_messages
+from secret_corpus import NEAR_MISSES, SECRETS, fill, secret_parts
 from om_core.settings import Settings
 from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, observe_now, reflect_now
 
 SID = "5ec7e700-0000-4000-8000-000000000001"
-
-PEM_BODY = ("b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW",
-            "QyNTUxOQAAACBkZXZlbG9wZXJrZXlmb3J0ZXN0aW5nb25seTEyMzQ1Njc4OQAAAJg")
-RSA_BODY = "MIIEpAIBAAKCAQEA1xKz7fakefakefakefakefakeQ9wIDAQABAoIBAQCfakefake"
-
-# (kind, text as it would appear, the secret part that must not leave the machine)
-SECRETS: list[tuple[str, str, str]] = [
-    ("openai", "my key is {s} ok", "sk-" + "Abc123Def456Ghi789Jkl012Mno345Pqr678Stu901Vwx"),
-    ("openai-project", "export KEY={s}", "sk-" + "proj-" + "Zx9_Yw8-Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0Fe9Dc8Ba7Zy6Xw5"),
-    ("anthropic", "anthropic: {s}", "sk-" + "ant-api03-" + "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4G5h6J7k8L9z0X1c2V3b4N5m6-Qw_Er"),
-    ("openrouter", "router key {s} here", "sk-" + "or-v1-" + "0123456789abcdef" * 4),
-    ("google", "maps key={s}&v=3", "AI" + "za" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"),
-    ("aws", "aws_access_key_id {s}", "AK" + "IA" + "Z7XK4M2P9Q3R5T8V"),
-    ("github-classic", "git clone https://{s}@github.com/org/repo", "gh" + "p_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
-    ("github-fine-grained", "GH token {s}", "github" + "_pat_" + "11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJ"),
-    ("slack", "slack bot {s}", "xo" + "xb-" + "123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"),
-    ("stripe", "charge with {s}", "sk" + "_live_" + "51HxYzAbCdEfGhIjKlMnOpQr"),
-    ("huggingface", "HF {s}", "h" + "f_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"),
-    ("jwt", "cookie session={s}; path=/",
-     "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9" + ".eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
-     + ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"),
-    ("bearer", "curl -H 'Authorization: Bearer {s}' https://api.example.com", "opaque-Token.value_1234567890abcdef"),
-    ("pem-openssh", "key file:\n-----BEGIN OPENSSH PRIVATE KEY-----\n{s}\n-----END OPENSSH PRIVATE KEY-----\nend",
-     "\n".join(PEM_BODY)),
-    ("pem-rsa", "-----BEGIN RSA PRIVATE KEY-----\n{s}\n-----END RSA PRIVATE KEY-----", RSA_BODY),
-    ("postgres-password", "DATABASE_URL is postgres://orders_app:{s}@db.internal.example.com:5432/orders",
-     "Tr0ub4dor-and-3"),
-    ("env-database-password", "DATABASE_PASSWORD={s}", "correct-horse-battery"),
-    ("env-openai-api-key", "OPENAI_API_KEY={s}", "9f8e7d6c5b4a3928170615"),
-    ("env-aws-secret", "AWS_SECRET_ACCESS_KEY={s}", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
-]
-
-
-def fill(template: str, secret: str) -> str:
-    return template.replace("{s}", secret)
-
-
-def secret_parts(secret: str) -> list[str]:
-    """The pieces of a secret that must not appear (each line of a multi-line one)."""
-    return [p for p in secret.split("\n") if p]
 
 
 @pytest.mark.parametrize("kind, template, secret", SECRETS, ids=[s[0] for s in SECRETS])
@@ -75,11 +38,22 @@ def test_each_secret_kind_becomes_a_marker(kind, template, secret):
         assert part not in out
     assert "[REDACTED:" in out
     # the text around the secret is kept, so the model still knows something was there
-    before, after = template.split("{s}")
+    before, after = fill(template, "\x00").split("\x00")
     first_line_before = before.split("-----BEGIN")[0]
     assert out.startswith(first_line_before)
     if "-----END" not in after:
         assert out.endswith(after)
+
+
+@pytest.mark.parametrize("kind, template, secret", SECRETS, ids=[s[0] for s in SECRETS])
+def test_each_secret_is_found_inside_json_escaped_text(kind, template, secret):
+    """Tool-call arguments reach the observer as JSON (newlines and quotes escaped)."""
+    rendered = "write(" + json.dumps({"path": "notes.txt", "content": f"line one\n{fill(template, secret)}\nlast"},
+                                     ensure_ascii=False, separators=(",", ":")) + ")"
+    out = redact(rendered)
+    for part in secret_parts(json.dumps(secret)[1:-1]):
+        assert part not in out
+    assert out.startswith('write({"path":"notes.txt","content":"line one\\n')
 
 
 def test_connection_string_keeps_everything_but_the_password():
@@ -110,27 +84,6 @@ def test_redaction_is_idempotent():
     assert redact(once) == once
 
 
-NEAR_MISSES = [
-    "pip install scikit-learn && python -m pytest -q",
-    "Keep the ask-user-for-confirmation-dialog component.",
-    "AWS access key ids start with AKIA followed by 16 characters.",
-    "git@github.com:org/repo.git and https://example.com/docs?page=2&sort=desc",
-    "md5 d41d8cd98f00b204e9800998ecf8427e and sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-    "session 0b5e1111-0000-4000-8000-000000000001, commit 879ecea",
-    "def check_password(user, password):\n    return hmac.compare_digest(hash(password), user.hash)",
-    "Bearer tokens must never be logged; the token budget is 20000 tokens.",
-    "from huggingface_hub import hf_hub_download",
-    "redis://localhost:6379/0 and http://localhost:8080/api",
-    "PASSWORD_MIN_LENGTH=12",
-    "ghp_ and sk- are prefixes; xoxo, AIza alone is not a key.",
-    "const header = `-----BEGIN CERTIFICATE-----`;",
-    # ordinary Python of this very project: assignments to names that merely contain "token"/"password"
-    "num_tokens = count_tokens(text)",
-    "max_tokens=100000",
-    'password = os.environ["DB_PASSWORD"]',
-]
-
-
 @pytest.mark.parametrize("line", NEAR_MISSES)
 def test_ordinary_text_and_code_are_untouched(line):
     assert redact(line) == line
@@ -156,22 +109,87 @@ def config(server: FakeOpenAI) -> ModelConfig:
                        retry=RetryPolicy(attempts=1, base_seconds=0.001))
 
 
+GROUPS = 8  # user text, thinking, tool-call arguments, tool results, bash output, custom messages,
+#            branch summaries, imported observations (records the TypeScript extension wrote)
+
+
+def _group(g: int) -> list[tuple[str, str, str]]:
+    return SECRETS[g::GROUPS]
+
+
+def _texts(g: int) -> list[str]:
+    return [fill(t, s) for _, t, s in _group(g)]
+
+
+def mid(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
 def leaky_session() -> tuple[SessionBuilder, dict[str, str]]:
-    """One secret of each kind, spread over user text, thinking, tool calls, tool results and bash output."""
+    """Every secret of the corpus, spread over every place a session can hold one."""
     b = SessionBuilder(SID)
     ids = {}
-    cut = len(SECRETS) // 2
-    ids["user"] = b.user("Here are my credentials:\n" + "\n".join(fill(t, s) for _, t, s in SECRETS[:cut]))
+    ids["start"] = b.user("Let's set up the orders service.")
+    # memory the extension recorded, quoting secrets (it has no redaction of its own)
+    imported = [{"id": mid(text), "content": f"User shared: {text}", "timestamp": "2026-01-15 14:02",
+                 "relevance": "high", "sourceEntryIds": [ids["start"]], "tokenCount": 30}
+                for text in _texts(7)]
+    for o in imported:
+        o["id"] = mid(o["content"])
+    b.custom("om.observations.recorded", {"observations": imported, "coversUpToId": ids["start"]})
+    reflection = {"id": mid("Standing constraint: " + _texts(7)[0]), "content": "Standing constraint: "
+                  + _texts(7)[0].replace("\n", " "), "supportingObservationIds": [imported[0]["id"]], "tokenCount": 20}
+    reflection["id"] = mid(reflection["content"])
+    b.custom("om.reflections.recorded", {"reflections": [reflection], "coversUpToId": ids["start"]})
+    b.assistant("Sure, tell me what you have.")
+    b.compaction("summary the extension rendered", ids["start"], details={
+        "type": "om.folded", "version": 1, "fullFold": False, "observations": imported, "reflections": [reflection]},
+        from_hook=True)
+    ids["user"] = b.user("Here are my credentials:\n" + "\n".join(_texts(0)))
     ids["assistant"] = b.assistant(
-        "I will check the database.", thinking=f"The user pasted {SECRETS[0][2]}; do not repeat it.",
-        tool_calls=[("call_1", "bash", {"command": fill(SECRETS[12][1], SECRETS[12][2])})])
-    ids["tool"] = b.tool_result("call_1", "bash", "\n".join(fill(t, s) for _, t, s in SECRETS[cut:]))
-    ids["bash"] = b.bash("env | grep PASSWORD", fill(SECRETS[16][1], SECRETS[16][2]))
-    ids["done"] = b.assistant("Connected to the orders database.")
+        "I will check the database.", thinking="The user pasted these; do not repeat them:\n" + "\n".join(_texts(1)),
+        tool_calls=[("call_1", "bash", {"command": " && ".join(_texts(2)[:4])}),
+                    ("call_2", "write", {"path": ".env", "content": "\n".join(_texts(2)[4:]) + "\n"})])
+    ids["tool"] = b.tool_result("call_1", "bash", "\n".join(_texts(3)))
+    b.tool_result("call_2", "write", "Wrote .env")
+    ids["bash"] = b.bash("env | grep -i secret", "\n".join(_texts(4)))
+    ids["custom"] = b.custom_message("deploy-notes", "Deploy notes:\n" + "\n".join(_texts(5)))
+    ids["branch"] = b.branch_summary("Tried another approach with these settings:\n" + "\n".join(_texts(6)))
+    ids["done"] = b.assistant("Connected to the orders database. Done.")
+    ids["after"] = b.user("Now please run the migrations.")
+    b.assistant("Migrations ran.")
     return b, ids
 
 
-def test_only_markers_leave_the_machine_and_recall_shows_the_original(server, tmp_path, db_path):
+def assert_no_secret(text: str, where: str) -> None:
+    leaked = [kind for kind, _, secret in SECRETS for part in secret_parts(secret) if part in text]
+    assert not leaked, f"secrets leaked to {where}: {sorted(set(leaked))}"
+
+
+def all_summaries(db_path, tmp_path) -> list[str]:
+    """Every compaction summary om can produce for the session: simulated ones stored by a replay,
+    `om compact` at each entry, and the visible memory's."""
+    from om_core.memory import compact, view
+
+    summaries = []
+    with dbmod.reading(db_path) as con:
+        summaries += [r[0] for r in con.execute("SELECT summary FROM compaction_folds WHERE summary IS NOT NULL "
+                                                "AND origin = 'simulated'").fetchall()]
+        entry_ids = [r[0] for r in con.execute("SELECT entry_id FROM entries WHERE session_id = ? AND entry_type "
+                                               "= 'message'", [SID]).fetchall()]
+    for first_kept in entry_ids:
+        for pool in (10, 20_000):  # a normal and a full fold
+            result = compact(db_path, SID, first_kept, None, pool)
+            if result.summary:
+                summaries.append(result.summary)
+    for full in (False, True):
+        summary = view(db_path, SID, None, full)[2].summary()
+        if summary:
+            summaries.append(summary)
+    return summaries
+
+
+def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(server, tmp_path, db_path):
     b, ids = leaky_session()
     path = b.write(tmp_path / "leaky.jsonl")
     ingest(db_path, [path])
@@ -181,28 +199,61 @@ def test_only_markers_leave_the_machine_and_recall_shows_the_original(server, tm
          "sourceEntryIds": [ids["user"], ids["tool"]]}]}), text("done"))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "recorded"
+    server.add(text("nothing durable"))
+    reflect_now(db_path, SID, None, config(server), Settings())
+    assert len(server.requests) >= 3
 
     sent = server.sent_text()
-    for kind, _, secret in SECRETS:
-        for part in secret_parts(secret):
-            assert part not in sent, f"{kind} leaked to the model"
-    assert sent.count("[REDACTED:") >= len(SECRETS)
+    for where in ("user", "assistant", "tool", "bash", "custom", "branch"):
+        assert f"--- entry {ids[where]} ---" in sent  # every place was in the observer's chunk
+    assert "User shared: " in sent  # the imported observations were in the reflector's input
+    assert_no_secret(sent, "the model")
+    assert sent.count("[REDACTED:") >= len(SECRETS) - 2
     assert "postgres://orders_app:[REDACTED:" in sent  # context kept around the marker
+    for summary in all_summaries(db_path, tmp_path):
+        assert_no_secret(summary, "a compaction summary")
 
     # recall shows the exact original text locally
-    obs_id = hashlib.sha256(content.encode()).hexdigest()[:12]
-    found = recall(db_path, obs_id, SID)
+    found = recall(db_path, mid(content), SID)
     local = "\n".join(s.text for s in found.observations[0].sources)
-    for _, template, secret in SECRETS:
-        assert fill(template, secret) in local
+    for text_ in _texts(0) + _texts(3):
+        assert text_ in local
 
     # the stored session is untouched
     lines = path.read_text().splitlines()[1:]
     with dbmod.reading(db_path) as con:
         raws = [r[0] for r in con.execute("SELECT raw FROM entries WHERE session_id = ? ORDER BY entry_id",
                                           [SID]).fetchall()]
-    assert [json.loads(r) for r in raws] == [json.loads(line) for line in lines]
-    assert SECRETS[0][2] in raws[0]
+    assert sorted(json.dumps(json.loads(r), sort_keys=True) for r in raws) == sorted(
+        json.dumps(json.loads(line), sort_keys=True) for line in lines)
+    assert any(_texts(0)[0] in r for r in raws)
+
+
+def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
+    """The extractive observer quotes the session; a replay folds its excerpts into compactions."""
+    from om_core.replay import replay_session
+    from om_core.workers.stages import execute_stage, make_brain
+
+    b, _ = leaky_session()
+    ingest(db_path, [b.write(tmp_path / "leaky.jsonl")])
+    settings = Settings(observeAfterTokens=50, reflectAfterTokens=100, compactAfterTokens=200, keepRecentTokens=50,
+                        observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)
+    db = dbmod.shared_database(db_path)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), settings)
+        replay_session(db, SID, settings, lambda req: execute_stage(db, req, brain, settings))
+    finally:
+        db.close()
+    with dbmod.reading(db_path) as con:
+        offline_contents = [r[0] for table in ("ledger_observations", "ledger_reflections") for r in con.execute(
+            f"SELECT o.content FROM {table} o JOIN ledger_records r USING (session_id, ledger_id) "
+            "WHERE r.origin = 'pipeline' AND o.session_id = ?", [SID]).fetchall()]
+    assert any(c.startswith("User required:") or c.startswith("User requested:") for c in offline_contents)
+    assert_no_secret("\n".join(offline_contents), "the offline baseline's observations")
+    summaries = all_summaries(db_path, tmp_path)
+    assert summaries
+    for summary in summaries:
+        assert_no_secret(summary, "a compaction summary")
 
 
 def test_with_redaction_off_the_secret_is_sent(server, tmp_path, db_path):
@@ -211,8 +262,7 @@ def test_with_redaction_off_the_secret_is_sent(server, tmp_path, db_path):
     server.add(text("nothing"))
     observe_now(Workspace.open(db_path, settings=Settings(redactSecrets=False)), SID, None, config(server))
     sent = server.sent_text()
-    assert SECRETS[0][2] in sent
-    assert "Tr0ub4dor-and-3" in sent
+    assert _group(0)[0][2] in sent
     assert "[REDACTED:" not in sent
 
 
@@ -220,7 +270,7 @@ def test_reflector_prompt_is_redacted_too(server, tmp_path, db_path):
     """The offline observer quotes the user verbatim into local memory; a model reflector must still
     receive only the marker."""
     b = SessionBuilder(SID)
-    key = SECRETS[0][2]
+    key = "sk-" + "Abc123Def456Ghi789Jkl012Mno345Pqr678Stu901Vwx"
     b.user(f"You must always use the key {key} for the staging account.")
     b.assistant("Understood.")
     ingest(db_path, [b.write(tmp_path / "s.jsonl")])
