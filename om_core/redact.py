@@ -40,8 +40,16 @@ class Rule:
     kind: str
     pattern: re.Pattern[str]
     group: int | str | Callable[[re.Match[str]], str] = 0  # the part of the match that is the secret
-    keywords: tuple[str, ...] = ()  # lowercase literals; the rule runs only when one occurs (empty: always)
-    check: Callable[[re.Match[str]], bool] | None = None  # a last look at the match (shape, entropy, context)
+    keywords: tuple[str, ...] = ()  # lowercase literals; the rule runs only when one occurs (empty: always).
+    #                                 Not for literal-led patterns: the engine's own search is as fast.
+    check: Callable[[re.Match[str], str], bool] | None = None  # a last look at (match, original text)
+    lower: bool = False  # the pattern is written for lower-cased text and runs on it (case-insensitive
+    #                      patterns defeat the regex engine's literal search: ~30x slower)
+    needles: tuple[str, ...] = ()  # the pattern is only tried (anchored) where one of these occurs
+    window: tuple[int, int] | None = None  # with needles: search from needle+window[0] to needle+window[1]
+    at_start: bool = False  # tried at the start of the text only (the twin of a rule led by "\n")
+    boundary: bool = False  # the match must not be glued to a token before it (checked in Python: a
+    #                         leading look-behind would make the engine try every position)
 
 
 # ------------------------------------------------------------------ value checks
@@ -121,15 +129,35 @@ def secret_name(name: str) -> str | None:
 
 # ------------------------------------------------------------------ rule callbacks
 
-# where a name can start: line start, after whitespace, quotes, shell separators, or a JSON-escaped \n
-_START = r"(?:(?<=^)|(?<=[\s;&|(`'\"{,])|(?<=\\n)|(?<=\\t))"
-_ASSIGN = re.compile(
-    _START + r"(?P<export>(?:export|set|setenv|ENV)\s+)?"
-    r"(?P<name>[A-Za-z_$][A-Za-z0-9_.\-]{0,80})(?P<nq>\\?[\"']?)"
+# The assignment rule is anchored on the secret word (a literal-led pattern is fast to search);
+# the rest of the name (`DB_` of `DB_PASS`) is read backwards in Python.
+_ASSIGN = re.compile(  # on lower-cased text
+    r"(?:passw(?:or)?d|passphrase|pass|pwd|pw|secret|token|api_?key|key|auth|cred(?:ential)?s?)"
+    r"(?P<tail>[a-z0-9_.\-]{0,30})(?P<nq>\\?[\"']?)"
     r"(?P<sp1>[ \t]*)(?P<op>:=|=>|=|:(?!//))(?P<sp2>[ \t]*)"
-    r"(?:(?P<q>\\?[\"'`])(?P<qv>[^\"'`\n\\]{1,400})(?P=q)|(?P<v>[^\s\"'`\\,;&)\]}]{1,400}))",
-    re.MULTILINE)
-_NAME_WORDS = ("pass", "pwd", "pw", "secret", "token", "key", "auth", "cred")
+    r"(?:(?P<q>\\?[\"'`])(?P<qv>[^\"'`\n\\]{1,400})(?P=q)|(?P<v>[^\s\"'`\\,;&)\]}]{1,400}))")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-$")
+_NAME_STARTS = frozenset(" \t\r\n;&|(`'\"{,")
+
+
+def _escape_before(text: str, at: int) -> bool:
+    """A JSON escape (``\n``, ``\t``, ``\r``) ends right before ``at``."""
+    return at >= 2 and text[at - 2] == "\\" and text[at - 1] in "ntr"
+
+
+def _token_start(text: str, at: int) -> bool:
+    """Nothing token-like is glued to the front of ``at`` (a JSON escape counts as a gap)."""
+    return at == 0 or not (text[at - 1].isalnum() or text[at - 1] in "_-") or _escape_before(text, at)
+
+
+def _name_start(text: str, at: int) -> int | None:
+    """Where the name holding ``at`` starts, or None when it is glued to something else."""
+    i = at
+    while i > 0 and at - i < 80 and text[i - 1] in _NAME_CHARS and not _escape_before(text, i):
+        i -= 1
+    if i == 0 or text[i - 1] in _NAME_STARTS or _escape_before(text, i):
+        return i
+    return None
 
 
 def _line_prefix(text: str, at: int) -> str:
@@ -138,22 +166,27 @@ def _line_prefix(text: str, at: int) -> str:
     return text[begin:at].strip()
 
 
-def _assignment(m: re.Match[str]) -> bool:
-    strength = secret_name(m.group("name"))
+def _assignment(m: re.Match[str], text: str) -> bool:
+    start = _name_start(text, m.start())
+    if start is None:
+        return False
+    name = text[start:m.start("tail") + len(m.group("tail"))]
+    strength = secret_name(name)
     if strength is None:
         return False
     quoted = m.group("qv") is not None
-    value = m.group("qv") if quoted else m.group("v")
+    value = text[slice(*m.span("qv" if quoted else "v"))]
+    before = _line_prefix(text, start)
+    exported = before.split(" ")[-1] in ("export", "set", "setenv", "ENV")
     # .env / shell / INI / YAML: the name starts its line (or follows `export`), the value is data
-    line_start = _line_prefix(m.string, m.start("export") if m.group("export") else m.start("name")) in ("", "-", "-e",
-                                                                                                         "--env")
+    line_start = before in ("", "-", "-e", "--env") or exported
     # pure data (anything goes): `export NAME=…`, `NAME=value` with no spaces (an env file, a shell
     # prefix); elsewhere (INI, YAML, code) a variable, attribute, call or small number is no secret
     tight = m.group("op") == "=" and not m.group("sp1") and not m.group("sp2")
-    data_style = bool(m.group("export")) or (tight and (line_start or m.group("name").isupper()))
+    data_style = exported or (tight and (line_start or name.isupper()))
     if not plausible_value(value, data_style=data_style, quoted=quoted):
         return False
-    if not quoted and m.end() < len(m.string) and m.string[m.end()] == "(":
+    if not quoted and m.end() < len(text) and text[m.end()] == "(":
         return False  # a call
     if strength == "key":
         return looks_random(value, 12) or (data_style and len(value) >= 12 and entropy(value) >= 3.0)
@@ -164,134 +197,159 @@ def _assignment_group(m: re.Match[str]) -> str:
     return "qv" if m.group("qv") is not None else "v"
 
 
-# a word starts here; a JSON-escaped newline or tab (tool-call arguments are rendered as JSON) counts as a gap
-_WB = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrt]))"
-_NEAR_WORD = re.compile(r"(?i)" + _WB + r"(?:api[ _-]?keys?|keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|"
-                        r"bearer|auth(?:orization)?|access[ _-]?keys?)\b")
-_CANDIDATE = re.compile(r"(?:(?<![\w+/=\-\\])|(?<=\\[nrt]))[A-Za-z0-9][A-Za-z0-9_\-+/.]{11,}[A-Za-z0-9]={0,2}")
+# a secret-ish word, a short gap on the same line, then a token-like run (on lower-cased text)
+_NEAR_NEEDLES = ("key", "token", "secret", "passw", "pwd", "credential", "bearer", "auth")
+_NEAR_WORD = re.compile(r"(?:keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|bearer|auth(?:orization)?)\b"
+                        r"[^\n]{0,40}?(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{14,}[a-z0-9]={0,2})")
 
 
-def _near_word_spans(text: str) -> Iterable[tuple[int, int]]:
+def _near_word_spans(text: str, low: str) -> Iterable[tuple[int, int]]:
     """High-entropy tokens within a few characters after a secret-ish word."""
-    for m in _NEAR_WORD.finditer(text):
+    done = 0
+    for m in _anchored(_NEAR_WORD, low, _NEAR_NEEDLES):
+        if m.start() < done or not _token_start(text, m.start()):
+            continue
         if text.rfind("[REDACTED:", max(0, m.start() - 40), m.start()) > text.rfind("]", max(0, m.start() - 40), m.start()):
             continue  # the word is part of a marker
-        window_end = min(len(text), m.end() + 40)
-        for c in _CANDIDATE.finditer(text, m.end(), window_end + 80):
-            if c.start() > window_end:
-                break
-            if looks_random(c.group(), 16):
-                yield c.start(), c.end()
-                break
+        start, end = m.span(1)
+        glued = text[start - 1] == "\\" and not _escape_before(text, start)
+        if not glued and looks_random(text[start:end], 16):
+            yield start, end
+            done = end
 
 
-def _url_password(m: re.Match[str]) -> bool:
+def _url_password(m: re.Match[str], text: str) -> bool:
     pw = m.group(2)
+    at = m.start()
+    if at == 0 or not text[at - 1].isalnum():  # scheme://
+        return False
     return not re.match(r"\d+(?:/|$)", pw) and not pw.startswith(("[REDACTED:", "$", "{", "<")) and pw != "****"
 
 
-def _not_a_word(m: re.Match[str]) -> bool:
-    value = m.group(m.re.groups)
+_NAME_WORDS = ("pass", "pwd", "pw", "secret", "token", "key", "auth", "cred")
+
+
+def _not_a_word(m: re.Match[str], text: str) -> bool:
+    value = text[slice(*m.span(m.re.groups))]
     return not value.isalpha() and not value.startswith("[REDACTED")
 
 
 # ------------------------------------------------------------------ rules
 
 
+def _line_rules(kind: str, body: str, *, lower: bool = False, escaped: bool = False) -> list[Rule]:
+    """A rule for a whole line: led by a newline (a literal the engine searches fast; ``(?m)^`` is
+    tried at every position), by a JSON-escaped newline when ``escaped``, and at the text's start.
+    ``body``'s first group is the secret."""
+    rules = [Rule(kind, re.compile("\n" + body), 1, lower=lower), Rule(kind, re.compile(body), 1, lower=lower, at_start=True)]
+    if escaped:
+        rules.append(Rule(kind, re.compile(r"\\n" + body), 1, lower=lower))
+    return rules
+
+
 def _own_rules() -> list[Rule]:
     r = re.compile
-    b = r"(?:(?<![A-Za-z0-9_\-])|(?<=\\[nrt]))"  # the token starts here
     e = r"(?![A-Za-z0-9_\-])"
+    pgpass = r"[A-Za-z0-9_.\-*]+:(?:\d+|\*):[^\s:\\]+:[^\s:\\]+:([^\s\\]+)"  # host:port:db:user:password
     return [
         Rule("private-key", r(r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY((?: BLOCK)?)-----.*?"
-                              r"(?:-----END \1PRIVATE KEY\2-----|\Z)", re.DOTALL), keywords=("private key",)),
-        Rule("private-key", r(r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC:\s*\S+|\Z)", re.DOTALL), keywords=("putty",)),
+                              r"(?:-----END \1PRIVATE KEY\2-----|\Z)", re.DOTALL)),
+        Rule("private-key", r(r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC:\s*\S+|\Z)", re.DOTALL)),
         # base64 key material without its BEGIN line (an excerpt, a `sed -n` of a key file)
-        Rule("key-material", r(r"(?m)(?:^[A-Za-z0-9+/]{60,76}={0,2}[ \t]*\r?\n){3,}(?:^[A-Za-z0-9+/]{4,76}={0,2}$)?")),
-        Rule("jwt", r(b + r"eyJ[A-Za-z0-9_\-]{8,}={0,2}\.eyJ[A-Za-z0-9_\-]{8,}={0,2}\.(?:[A-Za-z0-9_\-]+={0,2})?"
-                                r"(?:\.[A-Za-z0-9_\-]+){0,2}"), keywords=("eyj",)),
-        Rule("anthropic-key", r(b + r"sk-ant-[A-Za-z0-9_\-]{20,}"), keywords=("sk-ant-",)),
-        Rule("openrouter-key", r(b + r"sk-or-(?:v1-)?[A-Za-z0-9]{20,}"), keywords=("sk-or-",)),
-        Rule("openai-key", r(b + r"sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}"), keywords=("sk-",)),
-        Rule("google-api-key", r(b + r"AIza[0-9A-Za-z_\-]{35}"), keywords=("aiza",)),
-        Rule("google-oauth-token", r(b + r"ya29\.[0-9A-Za-z_\-]{20,}"), keywords=("ya29.",)),
-        Rule("google-client-secret", r(b + r"GOCSPX-[0-9A-Za-z_\-]{20,}"), keywords=("gocspx-",)),
-        Rule("aws-access-key", r(b + r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}" + e)),
-        Rule("github-token", r(b + r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
-             keywords=("gh", "github_pat_")),
-        Rule("gitlab-token", r(b + r"gl(?:pat|dt|ft|soat|rt|cbt|imt|ptt|oas|agent)-[A-Za-z0-9_\-]{20,}"), keywords=("gl",)),
-        Rule("slack-token", r(b + r"(?:xox[a-z]|xapp|xoxe\.xox[a-z])-[A-Za-z0-9\-]{10,}"), keywords=("xox", "xapp-")),
-        Rule("slack-webhook", r(r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_/\-]+"),
-             keywords=("hooks.slack.com",)),
-        Rule("discord-webhook", r(r"https://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]+"),
-             keywords=("discord",)),
-        Rule("stripe-key", r(b + r"(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}|" + b + r"whsec_[A-Za-z0-9]{20,}"),
-             keywords=("_live_", "_test_", "whsec_")),
+        *_line_rules("key-material", r"((?:[A-Za-z0-9+/]{60,76}={0,2}[ \t]*\r?\n){3,}(?:[A-Za-z0-9+/]{4,76}={0,2}(?=\n|$))?)"),
+        Rule("jwt", r(r"eyJ[A-Za-z0-9_\-]{8,}={0,2}\.eyJ[A-Za-z0-9_\-]{8,}={0,2}\.(?:[A-Za-z0-9_\-]+={0,2})?"
+                                r"(?:\.[A-Za-z0-9_\-]+){0,2}"), boundary=True),
+        Rule("anthropic-key", r(r"sk-ant-[A-Za-z0-9_\-]{20,}"), boundary=True),
+        Rule("openrouter-key", r(r"sk-or-(?:v1-)?[A-Za-z0-9]{20,}"), boundary=True),
+        Rule("openai-key", r(r"sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}"), boundary=True),
+        Rule("google-api-key", r(r"AIza[0-9A-Za-z_\-]{35}"), boundary=True),
+        Rule("google-oauth-token", r(r"ya29\.[0-9A-Za-z_\-]{20,}"), boundary=True),
+        Rule("google-client-secret", r(r"GOCSPX-[0-9A-Za-z_\-]{20,}"), boundary=True),
+        Rule("aws-access-key", r(r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}" + e), boundary=True),
+        Rule("github-token", r(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"), boundary=True),
+        Rule("gitlab-token", r(r"gl(?:pat|dt|ft|soat|rt|cbt|imt|ptt|oas|agent)-[A-Za-z0-9_\-]{20,}"), boundary=True),
+        Rule("slack-token", r(r"(?:xox[a-z]|xapp|xoxe\.xox[a-z])-[A-Za-z0-9\-]{10,}"), boundary=True),
+        Rule("slack-webhook", r(r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_/\-]+")),
+        Rule("discord-webhook", r(r"https://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]+")),
+        Rule("stripe-key", r(r"whsec_[A-Za-z0-9]{20,}"), boundary=True),
         # many SaaS keys are <prefix>_live_<random> / <prefix>_test_<random>
-        Rule("live-key", r(b + r"[a-z][a-z0-9]{0,11}_(?:live|test|prod|sandbox)_[A-Za-z0-9]{12,}" + e),
-             keywords=("_live_", "_test_", "_prod_", "_sandbox_")),
-        Rule("huggingface-token", r(b + r"hf_[A-Za-z0-9]{30,}"), keywords=("hf_",)),
-        Rule("groq-key", r(b + r"gsk_[A-Za-z0-9]{40,}"), keywords=("gsk_",)),
-        Rule("replicate-token", r(b + r"r8_[A-Za-z0-9]{30,}"), keywords=("r8_",)),
-        Rule("perplexity-key", r(b + r"pplx-[A-Za-z0-9]{40,}"), keywords=("pplx-",)),
-        Rule("xai-key", r(b + r"xai-[A-Za-z0-9]{40,}"), keywords=("xai-",)),
-        Rule("npm-token", r(b + r"npm_[A-Za-z0-9]{36}" + e), keywords=("npm_",)),
-        Rule("pypi-token", r(b + r"pypi-[A-Za-z0-9_\-]{50,}"), keywords=("pypi-",)),
-        Rule("mailgun-key", r(b + r"key-[0-9a-zA-Z]{32}" + e), keywords=("key-",)),
-        Rule("sendgrid-key", r(b + r"SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"), keywords=("sg.",)),
-        Rule("shopify-token", r(b + r"shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"), keywords=("shp",)),
-        Rule("digitalocean-token", r(b + r"do[opr]_v1_[a-f0-9]{64}"), keywords=("_v1_",)),
-        Rule("heroku-key", r(b + r"HRKU-[A-Za-z0-9_\-]{20,}"), keywords=("hrku-",)),
-        Rule("linear-key", r(b + r"lin_(?:api|oauth)_[A-Za-z0-9]{32,}"), keywords=("lin_",)),
-        Rule("notion-token", r(b + r"(?:secret|ntn)_[A-Za-z0-9]{40,}"), keywords=("secret_", "ntn_")),
-        Rule("atlassian-token", r(b + r"ATATT3[A-Za-z0-9_\-=]{50,}"), keywords=("atatt3",)),
-        Rule("databricks-token", r(b + r"dapi[a-f0-9]{32}(?:-\d)?" + e), keywords=("dapi",)),
-        Rule("vault-token", r(b + r"hv[sbr]\.[A-Za-z0-9_\-]{24,}"), keywords=("hvs.", "hvb.", "hvr.")),
-        Rule("doppler-token", r(b + r"dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,}"), keywords=("dp.",)),
-        Rule("postman-key", r(b + r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"), keywords=("pmak-",)),
-        Rule("sentry-token", r(b + r"sntr[ysu]_[A-Za-z0-9+/=_\-]{30,}"), keywords=("sntr",)),
-        Rule("grafana-token", r(b + r"gl(?:c|sa)_[A-Za-z0-9_+/=\-]{32,}"), keywords=("glc_", "glsa_")),
-        Rule("newrelic-key", r(b + r"NRAK-[A-Z0-9]{27}"), keywords=("nrak-",)),
-        Rule("age-secret-key", r(r"AGE-SECRET-KEY-1[0-9A-Z]{58}"), keywords=("age-secret-key-",)),
-        Rule("square-token", r(b + r"sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,}"), keywords=("sq0",)),
-        Rule("azure-storage-key", r(r"(?i)AccountKey=([A-Za-z0-9+/=]{40,})"), 1, keywords=("accountkey=",)),
+        Rule("live-key", r(r"[a-z][a-z0-9]{0,11}_(?:live|test|prod|sandbox)_[A-Za-z0-9]{12,}" + e),
+             needles=("_live_", "_test_", "_prod_", "_sandbox_"), window=(-12, 1000), boundary=True),
+        Rule("huggingface-token", r(r"hf_[A-Za-z0-9]{30,}"), boundary=True),
+        Rule("groq-key", r(r"gsk_[A-Za-z0-9]{40,}"), boundary=True),
+        Rule("replicate-token", r(r"r8_[A-Za-z0-9]{30,}"), boundary=True),
+        Rule("perplexity-key", r(r"pplx-[A-Za-z0-9]{40,}"), boundary=True),
+        Rule("xai-key", r(r"xai-[A-Za-z0-9]{40,}"), boundary=True),
+        Rule("npm-token", r(r"npm_[A-Za-z0-9]{36}" + e), boundary=True),
+        Rule("pypi-token", r(r"pypi-[A-Za-z0-9_\-]{50,}"), boundary=True),
+        Rule("mailgun-key", r(r"key-[0-9a-zA-Z]{32}" + e), boundary=True),
+        Rule("sendgrid-key", r(r"SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"), boundary=True),
+        Rule("shopify-token", r(r"shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"), boundary=True),
+        Rule("digitalocean-token", r(r"do[opr]_v1_[a-f0-9]{64}"), boundary=True),
+        Rule("heroku-key", r(r"HRKU-[A-Za-z0-9_\-]{20,}"), boundary=True),
+        Rule("linear-key", r(r"lin_(?:api|oauth)_[A-Za-z0-9]{32,}"), boundary=True),
+        Rule("notion-token", r(r"(?:secret|ntn)_[A-Za-z0-9]{40,}"), needles=("secret_", "ntn_"), window=(0, 400),
+             boundary=True),
+        Rule("atlassian-token", r(r"ATATT3[A-Za-z0-9_\-=]{50,}"), boundary=True),
+        Rule("databricks-token", r(r"dapi[a-f0-9]{32}(?:-\d)?" + e), boundary=True),
+        Rule("vault-token", r(r"hv[sbr]\.[A-Za-z0-9_\-]{24,}"), boundary=True),
+        Rule("doppler-token", r(r"dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,}"), boundary=True),
+        Rule("postman-key", r(r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"), boundary=True),
+        Rule("sentry-token", r(r"sntr[ysu]_[A-Za-z0-9+/=_\-]{30,}"), boundary=True),
+        Rule("grafana-token", r(r"gl(?:c|sa)_[A-Za-z0-9_+/=\-]{32,}"), boundary=True),
+        Rule("newrelic-key", r(r"NRAK-[A-Z0-9]{27}"), boundary=True),
+        Rule("age-secret-key", r(r"AGE-SECRET-KEY-1[0-9A-Z]{58}")),
+        Rule("square-token", r(r"sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,}"), boundary=True),
+        Rule("azure-storage-key", r(r"AccountKey=([A-Za-z0-9+/=]{40,})"), 1),
         # scheme://user:password@host; the password may hold "/" (only "@" and whitespace end it)
-        Rule("connection-password", r(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://([^\s:/@'\"<>]*):([^\s@'\"<>]+)@(?=[\w\[])"), 2,
-             keywords=("://",), check=_url_password),
-        Rule("query-secret", r(r"(?i)[?&;](?:access_token|refresh_token|id_token|auth_token|token|api_?key|key|"
+        Rule("connection-password", r(r"://([^\s:/@'\"<>]*):([^\s@'\"<>]+)@(?=[\w\[])"), 2, check=_url_password),
+        Rule("query-secret", r(r"[?&;](?:access_token|refresh_token|id_token|auth_token|token|api_?key|key|"
                                r"secret|client_secret|password|passwd|pwd|sig|signature|auth)=([^&\s#'\"\\<>]{6,})"),
-             1, keywords=("=",), check=_not_a_word),
-        Rule("bearer-token", r(r"(?i)" + _WB + r"(?:bearer|token)\s+([A-Za-z0-9_\-.~+/]{12,}=*)"), 1,
-             keywords=("bearer", "token"), check=_not_a_word),
-        Rule("basic-auth", r(r"(?i)" + _WB + r"basic\s+([A-Za-z0-9+/]{12,}={0,2})"), 1, keywords=("basic",), check=_not_a_word),
-        Rule("authorization-header", r(r"(?i)" + _WB + r"(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?"
-                                       r"([A-Za-z0-9_\-.~+/]{8,}=*)"), 1, keywords=("authorization",),
-             check=_not_a_word),
-        Rule("cli-secret", r(r"(?i)(?<![\w-])--?(?:password|passwd|pass|pwd|token|api[-_]?key|secret|client-secret|"
+             1, keywords=("=",), check=_not_a_word, lower=True),
+        Rule("bearer-token", r(r"(?:bearer|token)\s+([a-z0-9_\-.~+/]{12,}=*)"), 1,
+             needles=("bearer", "token"), check=_not_a_word, boundary=True, lower=True),
+        Rule("basic-auth", r(r"basic\s+([a-z0-9+/]{12,}={0,2})"), 1, check=_not_a_word,
+             boundary=True, lower=True),
+        Rule("authorization-header", r(r"authorization[\"']?\s*[:=]\s*[\"']?(?:[a-z]+\s+)?"
+                                       r"([a-z0-9_\-.~+/]{8,}=*)"), 1,
+             check=_not_a_word, lower=True, needles=("authorization",)),
+        Rule("cli-secret", r(r"--?(?:password|passwd|pass|pwd|token|api[-_]?key|secret|client-secret|"
                              r"auth-token|access-token)(?:=|\s+)[\"']?([^\s\"'\\-][^\s\"'\\]{2,})"), 1,
-             keywords=("--", "-p", "-t", "-s", "-a"),
-             check=lambda m: plausible_value(m.group(1), data_style=True, quoted=False)),
-        Rule("basic-auth", r(r"(?<![\w-])(?:-u|--user)\s+[\"']?[^\s:\"']+:([^\s\"']{3,})"), 1, keywords=("-u",)),
+             check=lambda m, text: plausible_value(text[slice(*m.span(1))], data_style=True, quoted=False),
+             boundary=True, lower=True),
+        Rule("basic-auth", r(r"(?:-u|--user)\s+[\"']?[^\s:\"']+:([^\s\"']{3,})"), 1, boundary=True),
         # credential files
-        Rule("netrc-password", r(r"(?i)" + _WB + r"machine\s+\S+\s+(?:login\s+\S+\s+)?password\s+([^\s\\]+)"), 1, keywords=("machine",)),
-        Rule("netrc-password", r(r"(?im)^[ \t]*password[ \t]+(\S+)[ \t]*$"), 1, keywords=("password",)),
-        Rule("pgpass-password", r(r"(?m)(?:^|(?<=\\n))[A-Za-z0-9_.\-*]+:(?:\d+|\*):[^\s:\\]+:[^\s:\\]+:([^\s\\]+)(?:$|(?=\\n))"), 1, keywords=(":",)),
-        Rule("secret-assignment", _ASSIGN, _assignment_group, keywords=_NAME_WORDS, check=_assignment),
+        Rule("netrc-password", r(r"machine\s+\S+\s+(?:login\s+\S+\s+)?password\s+([^\s\\]+)"), 1,
+             boundary=True, lower=True),
+        *_line_rules("netrc-password", r"[ \t]*password[ \t]+([^\s\\]+)[ \t]*(?=\n|\\n|$)", lower=True),
+        *_line_rules("pgpass-password", pgpass + r"(?=\n|\\n|$)", escaped=True),
+        Rule("secret-assignment", _ASSIGN, _assignment_group, check=_assignment, lower=True, needles=_NAME_WORDS),
     ]
 
 
-# detect-secrets regex plugins used as maintained shape lists; (module, class)
-_PLUGINS = [
-    ("aws", "AWSKeyDetector"), ("cloudant", "CloudantDetector"),
-    ("discord", "DiscordBotTokenDetector"), ("github_token", "GitHubTokenDetector"),
-    ("gitlab_token", "GitLabTokenDetector"), ("ibm_cloud_iam", "IbmCloudIamDetector"),
-    ("ibm_cos_hmac", "IbmCosHmacDetector"), ("mailchimp", "MailchimpDetector"), ("npm", "NpmDetector"),
-    ("openai", "OpenAIDetector"), ("pypi_token", "PypiTokenDetector"), ("sendgrid", "SendGridDetector"),
-    ("slack", "SlackDetector"), ("softlayer", "SoftlayerDetector"), ("square_oauth", "SquareOAuthDetector"),
-    ("stripe", "StripeDetector"), ("telegram_token", "TelegramBotTokenDetector"), ("twilio", "TwilioKeyDetector"),
-    ("artifactory", "ArtifactoryDetector"),
-    # AzureStorageKeyDetector's pattern takes `AccountKey=` with the key; the own azure rule keeps the name
-
+# detect-secrets regex plugins used as maintained shape lists: (module, class, keywords that gate
+# them, or (needles, window): tried only in a window around each needle).
+# Left out: Artifactory (its `AP…` shape matches plain upper-case words, and both patterns start
+# with an alternation the engine tries everywhere), IBM Cloud IAM, IBM COS HMAC, Cloudant and SoftLayer (keyword-assignment shapes the own
+# assignment rule covers; their leading look-behinds make the engine try every position, ~8 MB/s
+# each), Azure storage (its pattern takes the `AccountKey=` name along; the own rule keeps it),
+# private keys and JWTs (they flag a line or a prefix; the own rules cut out the whole secret),
+# basic auth (its password may not hold "/"), public IPs and the entropy/keyword scanners.
+_PLUGINS: list[tuple[str, str, tuple[str, ...] | tuple[tuple[str, ...], tuple[int, int]]]] = [
+    ("aws", "AWSKeyDetector", (("aws", "akia", "asia", "abia", "acca", "a3t"), (0, 200))),
+    ("discord", "DiscordBotTokenDetector", ("discord",)),  # [MNO]… is tried everywhere: ~30 MB/s alone
+    ("github_token", "GitHubTokenDetector", ()),
+    ("gitlab_token", "GitLabTokenDetector", ()),
+    ("mailchimp", "MailchimpDetector", (("-us",), (-32, 6))),  # needles and window: [0-9a-z]{32}-us…
+    ("npm", "NpmDetector", ("_authtoken",)),
+    ("openai", "OpenAIDetector", ()),
+    ("pypi_token", "PypiTokenDetector", ()),
+    ("sendgrid", "SendGridDetector", ()),
+    ("slack", "SlackDetector", (("xox", "https://hooks.slack"), (0, 400))),
+    ("square_oauth", "SquareOAuthDetector", ()),
+    ("stripe", "StripeDetector", (("k_live_",), (-1, 40))),
+    ("telegram_token", "TelegramBotTokenDetector", ((":",), (-10, 37))),  # \d{8,10}:…{35}
+    ("twilio", "TwilioKeyDetector", ()),
 ]
 
 
@@ -303,12 +361,16 @@ def _plugin_rules() -> list[Rule]:
     import importlib
 
     rules = []
-    for module, name in _PLUGINS:
+    for module, name, keywords in _PLUGINS:
         cls = getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), name)
         kind = _slug(cls.secret_type)
         for pattern in cls().denylist:
             # a pattern with a group marks the secret with its first group (the rest is context)
-            rules.append(Rule(kind, pattern, 1 if pattern.groups else 0))
+            if keywords and isinstance(keywords[0], tuple):
+                needles, window = keywords
+                rules.append(Rule(kind, pattern, 1 if pattern.groups else 0, needles=needles, window=window))
+            else:
+                rules.append(Rule(kind, pattern, 1 if pattern.groups else 0, keywords=keywords))
     return rules
 
 
@@ -322,15 +384,57 @@ def rules() -> tuple[Rule, ...]:
 # ------------------------------------------------------------------ redaction
 
 
-def _matches(rule: Rule, text: str) -> Iterable[re.Match[str]]:
+_ASCII_LOWER = {c: c + 32 for c in range(65, 91)}
+
+
+def _lower(text: str) -> str:
+    """``text`` lower-cased with every offset kept (``str.lower`` may change the length: İ)."""
+    low = text.lower()
+    return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
+
+
+def _anchored(pattern: re.Pattern[str], text: str, needles: tuple[str, ...],
+              window: tuple[int, int] | None = None, low: str | None = None) -> Iterable[re.Match[str]]:
+    """Matches of ``pattern`` tried only where a needle (lower-case) starts in ``low`` (``str.find``
+    is fast), in order: anchored there, or searched in a small window around it."""
+    starts = set()
+    low = text if low is None else low
+    for needle in needles:
+        at = low.find(needle)
+        while at >= 0:
+            starts.add(at)
+            at = low.find(needle, at + 1)
+    done = -1
+    for at in sorted(starts):
+        if window is None:
+            m = pattern.match(text, at)
+        else:
+            m = pattern.search(text, max(0, at + window[0], done), min(len(text), at + window[1]))
+        if m is not None:
+            done = m.end()
+            yield m
+
+
+def _matches(rule: Rule, text: str, low: str) -> Iterable[re.Match[str]]:
     """The rule's accepted matches. A rejected match does not hide the next one inside it
     (``shared: TOKEN=…`` is first tried with the name ``shared``)."""
-    if rule.check is None:
-        yield from rule.pattern.finditer(text)
+    subject = low if rule.lower else text
+    if rule.at_start:
+        m = rule.pattern.match(subject)
+        if m is not None and (rule.check is None or rule.check(m, text)):
+            yield m
+        return
+    if rule.needles:
+        for m in _anchored(rule.pattern, subject, rule.needles, rule.window, low):
+            if (not rule.boundary or _token_start(text, m.start())) and (rule.check is None or rule.check(m, text)):
+                yield m
+        return
+    if rule.check is None and not rule.boundary:
+        yield from rule.pattern.finditer(subject)
         return
     pos = 0
-    while (m := rule.pattern.search(text, pos)) is not None:
-        if rule.check(m):
+    while (m := rule.pattern.search(subject, pos)) is not None:
+        if (not rule.boundary or _token_start(text, m.start())) and (rule.check is None or rule.check(m, text)):
             yield m
             pos = max(m.end(), m.start() + 1)
         else:
@@ -339,16 +443,16 @@ def _matches(rule: Rule, text: str) -> Iterable[re.Match[str]]:
 
 def secret_spans(text: str) -> list[tuple[int, int, str]]:
     """Non-overlapping (start, end, kind) spans of the secrets in ``text``, in order."""
-    low = text.lower()
+    low = _lower(text)
     found: list[tuple[int, int, str]] = []
     for rule in rules():
         if rule.keywords and not any(k in low for k in rule.keywords):
             continue
-        for m in _matches(rule, text):
+        for m in _matches(rule, text, low):
             start, end = m.span(rule.group(m) if callable(rule.group) else rule.group)
             if start < end:
                 found.append((start, end, rule.kind))
-    for start, end in _near_word_spans(text):
+    for start, end in _near_word_spans(text, low):
         found.append((start, end, "high-entropy-token"))
     if not found:
         return []
