@@ -200,7 +200,7 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "recorded"
     server.add(text("nothing durable"))
-    reflect_now(db_path, SID, None, config(server), Settings())
+    reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert len(server.requests) >= 3
 
     sent = server.sent_text()
@@ -231,19 +231,18 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
 
 def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
     """The extractive observer quotes the session; a replay folds its excerpts into compactions."""
-    from om_core.replay import replay_session
-    from om_core.workers.stages import execute_stage, make_brain
+    from om_core.replay import replay_in_process
+    from om_core.workers.stages import make_brain
 
     b, _ = leaky_session()
     ingest(db_path, [b.write(tmp_path / "leaky.jsonl")])
     settings = Settings(observeAfterTokens=50, reflectAfterTokens=100, compactAfterTokens=200, keepRecentTokens=50,
                         observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
-        brain = make_brain(ModelConfig(model="offline"), settings)
-        replay_session(db, SID, settings, lambda req: execute_stage(db, req, brain, settings))
+        replay_in_process(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
     finally:
-        db.close()
+        con.close()
     with dbmod.reading(db_path) as con:
         offline_contents = [r[0] for table in ("ledger_observations", "ledger_reflections") for r in con.execute(
             f"SELECT o.content FROM {table} o JOIN ledger_records r USING (session_id, ledger_id) "
