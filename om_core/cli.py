@@ -245,19 +245,36 @@ def view(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Any entry id: memory as of that point on its branch."),
     full: bool = typer.Option(False, "--full", help="Full memory at the tip (the whole ledger), not visible memory."),
+    replayed: bool = typer.Option(False, "--replayed", help="The replayed view: the latest folded compaction "
+                                  "including the replay's simulated ones (what the extension would have shown)."),
     as_json: bool = typer.Option(False, "--json", help='Print {"observations": [...], "reflections": [...]}.'),
 ) -> None:
-    """Show visible memory (what the latest folded compaction shows the agent), or full memory."""
+    """Show visible memory (the latest om.folded compaction the session file holds: what the agent saw),
+    full memory (--full), or the replayed view of simulated compactions (--replayed)."""
     from om_core.memory import view as memory_view
 
-    _, tip, memory = memory_view(state.db, session, leaf, full)
+    result = memory_view(state.db, session, leaf, full, replayed)
     if as_json:
-        _print_json(memory.wire())
+        _print_json(result.memory.wire())
         return
-    summary = memory.summary()
+    summary = result.memory.summary()
+    if result.which == "replayed" and result.compaction is not None:
+        source = "simulated" if result.compaction.origin == "simulated" else "the session file's own"
+        err.print(f"replayed memory ({source} compaction {result.compaction.compactionId}): what the extension "
+                  "would have shown, not what the agent saw")
     if summary is None:
-        what = "full memory" if full else "visible memory (no folded compaction on this branch yet)"
-        err.print(f"{what} is empty at {tip}")
+        what = {"full": "full memory", "replayed": "replayed memory (no folded compaction, simulated or not, on "
+                "this branch)", "visible": "visible memory"}[result.which]
+        err.print(f"{what} is empty at {result.tip}")
+        if result.which == "visible":
+            err.print("the session file holds no om.folded compaction on this branch" if result.compaction is None
+                      else f"its latest om.folded compaction {result.compaction.compactionId} holds no items")
+            if result.fullCounts and any(result.fullCounts):
+                err.print(f"full memory holds {result.fullCounts[0]} observation(s) and {result.fullCounts[1]} "
+                          "reflection(s): om view --full")
+            if result.replayedCounts and any(result.replayedCounts):
+                err.print(f"the replay's simulated compactions show {result.replayedCounts[0]} observation(s) and "
+                          f"{result.replayedCounts[1]} reflection(s): om view --replayed")
         return
     sys.stdout.write(summary + "\n")
 
@@ -326,34 +343,40 @@ def _print_recall(result) -> None:
     if result.status != "found":
         err.print(escape(result.message or result.status), highlight=False)
         return
-    flags = [f for f, on in (("collision", result.collision), ("partial", result.partial)) if on]
-    out.print(f"[bold]{result.id}[/]: {result.kind}" + (f" ({', '.join(flags)})" if flags else "")
-              + f" in {', '.join(result.sessionIds)}")
+
+    def flagged(x) -> str:
+        flags = [f for f, on in (("collision", x.collision), ("partial", x.partial)) if on]
+        return f"{x.kind}" + (f" ({', '.join(flags)})" if flags else "")
+
+    out.print(f"[bold]{result.id}[/]: {flagged(result)} in {', '.join(result.sessionIds)}")
 
     def exact(text: str) -> None:
         # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
         out.file.write(text + "\n")
         out.file.flush()
 
-    for r in result.reflections:
-        out.print("\n[bold]reflection[/] ", end="")
-        exact(f"[{r.id}] {r.content}")
-        out.print(f"  supported by {', '.join(r.supportingObservationIds)}")
-    for o in result.observations:
-        label = "observation" if o.matched else "supporting observation"
-        out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
-        exact(f"[{o.id}] {o.timestamp} [{o.relevance}] {o.content}")
-        for src in o.sources:
-            # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
-            out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} "
-                      f"@ {escape(src.timestamp or '')}[/]")
-            exact(src.text)
-        if o.missingSourceEntryIds:
-            out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
-        if o.nonSourceEntryIds:
-            out.print(f"  [yellow]not source entries:[/] {', '.join(o.nonSourceEntryIds)}")
-    if result.missingSupportingObservationIds:
-        out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(result.missingSupportingObservationIds)}")
+    for group in result.sessions:  # each session's branch on its own (SPEC §6)
+        if len(result.sessions) > 1:
+            out.print(f"\n[bold]session {escape(group.sessionId)}[/] at {escape(group.tip)}: {flagged(group)}")
+        for r in group.reflections:
+            out.print("\n[bold]reflection[/] ", end="")
+            exact(f"[{r.id}] {r.content}")
+            out.print(f"  supported by {', '.join(r.supportingObservationIds)}")
+        for o in group.observations:
+            label = "observation" if o.matched else "supporting observation"
+            out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
+            exact(f"[{o.id}] {o.timestamp} [{o.relevance}] {o.content}")
+            for src in o.sources:
+                # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
+                out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} "
+                          f"@ {escape(src.timestamp or '')}[/]")
+                exact(src.text)
+            if o.missingSourceEntryIds:
+                out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
+            if o.nonSourceEntryIds:
+                out.print(f"  [yellow]not source entries:[/] {', '.join(o.nonSourceEntryIds)}")
+        if group.missingSupportingObservationIds:
+            out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missingSupportingObservationIds)}")
 
 
 @app.command()
@@ -377,6 +400,14 @@ def status(
     out.print(f"reflections: {r['recorded']} recorded, {r['visible']} visible")
     out.print(f"drift: {len(s.drift.observationsOnlyInFull)} observation(s) and {len(s.drift.reflectionsOnlyInFull)} "
               f"reflection(s) only in full memory; {len(s.drift.visibleNoLongerActive)} visible but no longer active")
+    if s.visibleCompaction is None and (o["active"] or r["recorded"]):
+        out.print("visible: nothing (the session file holds no om.folded compaction on this branch; "
+                  "full memory: om view --full)")
+    x = s.replayed
+    if x.simulatedCompactions and x.compaction is not None:
+        out.print(f"replayed (the replay's simulated compactions, not what the agent saw): {x.observations} "
+                  f"observations, {x.reflections} reflections from {x.compaction.origin} compaction "
+                  f"{x.compaction.compactionId}; {x.drift.total} item(s) of drift: om view --replayed")
     table = Table("clock", "tokens", "threshold", "due", "since")
     for c in s.clocks.values():
         table.add_row(c.name, str(c.tokens), "" if c.threshold is None else str(c.threshold),

@@ -5,8 +5,9 @@ Each record becomes a ``custom`` entry placed right after the entry it is anchor
 extension had appended it live: it becomes that entry's child, and the entries that followed on the
 branch (the anchor's children) are re-linked to the last record of the chain. Original entries are
 written as they were; a v1 or v2 file is written migrated to v3 (ids, parentIds, firstKeptEntryId,
-``hookMessage`` → ``custom``), exactly the entries ingest read. Simulated compactions are not
-exported: they never happened in the session.
+``hookMessage`` → ``custom``), exactly the entries ingest read. A record is stamped with the time it
+was made, as the extension stamps its appends, never earlier than its parent entry. Simulated
+compactions are not exported: they never happened in the session.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,24 @@ def record_payloads(con: duckdb.DuckDBPyConnection, session_id: str) -> list[dic
     return out
 
 
+def js_iso(moment: datetime) -> str:
+    """``Date.prototype.toISOString``: UTC, milliseconds, ``Z``."""
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def record_timestamp(created: datetime | None, parent_text: str, parent_at: datetime | None) -> tuple[str, datetime | None]:
+    """The timestamp of an exported record: the time it was made, as the extension stamps its appends
+    (``new Date().toISOString()``), but never earlier than its parent entry. Returns the text and the
+    moment it stands for (the parent's own text when the parent is not earlier, or the record has no
+    time of its own)."""
+    if created is not None:
+        made = created.astimezone(timezone.utc).replace(microsecond=created.microsecond // 1000 * 1000)
+        if parent_at is None or made > parent_at:
+            return js_iso(made), made
+    return parent_text, parent_at
+
+
 def _migrated(raw: str, entry_id: str, parent_id: str | None, entry_type: str | None, role: str | None,
               first_kept: str | None, version: int) -> dict[str, Any]:
     obj = json.loads(raw)
@@ -106,7 +126,7 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
     header["version"] = 3
     lines = [_dumps(header)]
     relinked = 0
-    for entry_id, parent_id, entry_type, role, first_kept, ts, raw in entries:
+    for entry_id, parent_id, entry_type, role, first_kept, ts, raw, at in entries:
         obj = _migrated(raw, entry_id, parent_id, entry_type, role, first_kept, version)
         if parent_id in chains:
             obj["parentId"] = chains[parent_id][-1]["ledger_id"]  # the extension appended after the parent
@@ -116,6 +136,7 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
             lines.append(raw if version >= 3 else _dumps(obj))
         previous = entry_id
         for record in chains.get(entry_id, ()):
+            ts, at = record_timestamp(record["created"], ts, at)
             lines.append(_dumps({"type": "custom", "customType": record["kind"], "data": record["data"],
                                  "id": record["ledger_id"], "parentId": previous, "timestamp": ts}))
             previous = record["ledger_id"]

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from om_core.catalog import resolve_session, resolve_tip
 from om_core.db import reading, scalar
-from om_core.errors import EntryNotFound
+from om_core.errors import EntryNotFound, InvalidArgument
 from om_core.ledger import Observation, Reflection
 from om_core.render import observation_line, reflection_line, render_summary
 from om_core.settings import Settings
@@ -94,8 +94,36 @@ def full_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, bound
 
 
 def visible_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
-    """What the agent sees: the lists of the latest folded compaction on the branch."""
+    """What the agent sees: the lists of the latest folded compaction the session file holds on the
+    branch (the extension's om.folded ones); simulated compactions never count here."""
     return split_rows(_rows(con, "visible_projection", {"session_id": session_id, "tip": tip}))
+
+
+def replayed_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
+    """The replayed view: the lists of the latest folded compaction on the branch, the replay's
+    simulated ones included; what the extension would have shown, not what the agent saw."""
+    return split_rows(_rows(con, "replayed_projection", {"session_id": session_id, "tip": tip}))
+
+
+class FoldRef(BaseModel):
+    """The compaction a visible or replayed view comes from."""
+
+    compactionId: str
+    origin: str  # imported (the session file's om.folded compaction) | simulated (the replay's)
+    firstKeptEntryId: str | None
+    fullFold: bool | None
+
+
+def latest_folds(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> tuple[FoldRef | None, FoldRef | None, int]:
+    """(the visible view's compaction, the replayed view's compaction, simulated folds on the branch)."""
+    refs: dict[bool, FoldRef | None] = {}
+    simulated = 0
+    for row in _rows(con, "latest_folds", {"session_id": session_id, "tip": tip}):
+        simulated = int(row["simulated_folds"])
+        refs[bool(row["replayed"])] = None if row["compaction_id"] is None else FoldRef(
+            compactionId=row["compaction_id"], origin=row["origin"], firstKeptEntryId=row["first_kept_entry_id"],
+            fullFold=row["full_fold"])
+    return refs.get(False), refs.get(True), simulated
 
 
 def ledger_rows(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[dict[str, Any]]:
@@ -185,12 +213,14 @@ class Drift(BaseModel):
         return len(self.observationsOnlyInFull) + len(self.reflectionsOnlyInFull) + len(self.visibleNoLongerActive)
 
 
-def drift(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> Drift:
+def drift(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, replayed: bool = False) -> Drift:
+    """Full memory against visible memory, or against the replayed view with ``replayed``."""
     out = Drift()
     lists = {"observation_only_in_full": out.observationsOnlyInFull,
              "reflection_only_in_full": out.reflectionsOnlyInFull,
              "visible_not_active": out.visibleNoLongerActive}
-    for kind, item in con.execute(query("memory_drift"), {"session_id": session_id, "tip": tip}).fetchall():
+    for kind, item in con.execute(query("memory_drift"), {"session_id": session_id, "tip": tip,
+                                                          "replayed": replayed}).fetchall():
         lists[kind].append(item)
     return out
 
@@ -249,12 +279,28 @@ def coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[
 # ------------------------------------------------------------------ status
 
 
+class ReplayedStatus(BaseModel):
+    """The replayed view in `om status`: what the extension would have shown had it run live, from the
+    latest folded compaction the replay simulated (or the file's own when that is newer). Never what
+    the agent saw."""
+
+    label: str = "replayed"
+    compaction: FoldRef | None = None
+    simulatedCompactions: int = 0  # folded simulated compactions on the branch
+    observations: int = 0
+    reflections: int = 0
+    observationTokens: int | float = 0
+    drift: Drift = Field(default_factory=Drift)
+
+
 class MemoryStatus(BaseModel):
     session_id: str
     tip: str
     observations: dict[str, int]  # recorded, active, dropped, visible
     reflections: dict[str, int]  # recorded (current), visible
+    visibleCompaction: FoldRef | None = None  # the file's om.folded compaction visible memory comes from
     drift: Drift
+    replayed: ReplayedStatus = Field(default_factory=ReplayedStatus)
     clocks: dict[str, Clock]
     pools: dict[str, Any]
     lastErrors: list[dict[str, Any]] = Field(default_factory=list)
@@ -266,6 +312,8 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     obs = [r for r in state if r["item_kind"] == "observation"]
     refl = [r for r in state if r["item_kind"] == "reflection"]
     visible = visible_memory(con, session_id, tip)
+    visible_ref, replayed_ref, simulated = latest_folds(con, session_id, tip)
+    replayed = replayed_memory(con, session_id, tip)
     active_tokens = sum(r["token_count"] for r in obs if not r["dropped"])
     visible_tokens = visible.observation_tokens()
     errors = _rows(con, "last_errors", {"session_id": session_id})
@@ -275,7 +323,12 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
         observations={"recorded": len(obs), "active": sum(not r["dropped"] for r in obs),
                       "dropped": sum(bool(r["dropped"]) for r in obs), "visible": len(visible.observations)},
         reflections={"recorded": len(refl), "visible": len(visible.reflections)},
+        visibleCompaction=visible_ref,
         drift=drift(con, session_id, tip),
+        replayed=ReplayedStatus(compaction=replayed_ref, simulatedCompactions=simulated,
+                                observations=len(replayed.observations), reflections=len(replayed.reflections),
+                                observationTokens=_number(replayed.observation_tokens()),
+                                drift=drift(con, session_id, tip, replayed=True)),
         clocks=clocks(con, session_id, tip, settings),
         pools={
             "activeTokens": _number(active_tokens), "visibleTokens": _number(visible_tokens),
@@ -291,11 +344,42 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
 # ------------------------------------------------------------------ by path, for the CLI
 
 
-def view(db_path: str | os.PathLike, session: str, leaf: str | None = None, full: bool = False) -> tuple[str, str, MemoryView]:
+class ViewResult(BaseModel):
+    """`om view`: one of the three views, and what the others hold when the one asked for is empty."""
+
+    session_id: str
+    tip: str
+    which: str  # visible | full | replayed
+    memory: MemoryView
+    compaction: FoldRef | None = None  # visible / replayed: the compaction the lists come from
+    fullCounts: tuple[int, int] | None = None  # (observations, reflections) of full memory, when asked
+    replayedCounts: tuple[int, int] | None = None  # of the replayed view, when it differs from visible
+
+
+def view(db_path: str | os.PathLike, session: str, leaf: str | None = None, full: bool = False,
+         replayed: bool = False) -> ViewResult:
+    """Visible memory by default, full memory with ``full``, the replayed view with ``replayed``. An empty
+    visible view also reports full memory's and the replayed view's sizes, so the caller can point on."""
+    if full and replayed:
+        raise InvalidArgument("choose one of --full and --replayed")
     with reading(db_path) as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        return sid, tip, (full_memory(con, sid, tip) if full else visible_memory(con, sid, tip))
+        if full:
+            return ViewResult(session_id=sid, tip=tip, which="full", memory=full_memory(con, sid, tip))
+        visible_ref, replayed_ref, _ = latest_folds(con, sid, tip)
+        if replayed:
+            return ViewResult(session_id=sid, tip=tip, which="replayed", memory=replayed_memory(con, sid, tip),
+                              compaction=replayed_ref)
+        result = ViewResult(session_id=sid, tip=tip, which="visible", memory=visible_memory(con, sid, tip),
+                            compaction=visible_ref)
+        if result.memory.empty:
+            everything = full_memory(con, sid, tip)
+            result.fullCounts = (len(everything.observations), len(everything.reflections))
+            if replayed_ref is not None and replayed_ref != visible_ref:
+                other = replayed_memory(con, sid, tip)
+                result.replayedCounts = (len(other.observations), len(other.reflections))
+        return result
 
 
 def compact(db_path: str | os.PathLike, session: str, first_kept: str, leaf: str | None = None,

@@ -46,7 +46,25 @@ class RecallReflection(BaseModel):
     sessionId: str | None = None
 
 
+class RecallGroup(BaseModel):
+    """The matches in one session's branch: collision and partial are judged here, within one branch."""
+
+    sessionId: str
+    tip: str
+    kind: Literal["observation", "reflection", "mixed"] | None = None
+    collision: bool = False
+    partial: bool = False
+    observations: list[RecallObservation] = Field(default_factory=list)
+    reflections: list[RecallReflection] = Field(default_factory=list)
+    missingSupportingObservationIds: list[str] = Field(default_factory=list)
+
+
 class RecallResult(BaseModel):
+    """Recall of one id. ``sessions`` groups the matches by session (SPEC §6); the flat lists hold the
+    same items in session order, and kind/collision/partial sum up the groups: ``collision`` is true
+    only when some one branch matched more than once, never for one content hashed alike in two
+    sessions."""
+
     status: Literal["found", "not_found", "invalid_id"]
     id: str
     kind: Literal["observation", "reflection", "mixed"] | None = None
@@ -56,6 +74,7 @@ class RecallResult(BaseModel):
     reflections: list[RecallReflection] = Field(default_factory=list)
     missingSupportingObservationIds: list[str] = Field(default_factory=list)
     sessionIds: list[str] = Field(default_factory=list)
+    sessions: list[RecallGroup] = Field(default_factory=list)
     message: str | None = None
 
     def as_json(self) -> dict[str, Any]:
@@ -121,23 +140,32 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
             result.missingSupportingObservationIds.append(sid)
         elif (row["id"], row["ledger_id"]) not in matched_ids:
             result.observations.append(_observation(con, session_id, tip, row, False, resolved))
-    _finish(result)
+    _finish(result, session_id, tip)
     return result
 
 
-def _finish(result: RecallResult) -> None:
+def _kind(has_obs: bool, has_refl: bool) -> str | None:
+    return "mixed" if has_obs and has_refl else "observation" if has_obs else "reflection" if has_refl else None
+
+
+def _finish(result: RecallResult, session_id: str, tip: str) -> None:
+    """Judge one branch's matches, and file them as that session's group."""
     has_obs = any(o.matched for o in result.observations)
-    has_refl = bool(result.reflections)
-    result.kind = "mixed" if has_obs and has_refl else "observation" if has_obs else "reflection" if has_refl else None
+    result.kind = _kind(has_obs, bool(result.reflections))
     result.collision = sum(o.matched for o in result.observations) + len(result.reflections) > 1
     result.partial = bool(result.missingSupportingObservationIds) or any(
         o.missingSourceEntryIds or o.nonSourceEntryIds for o in result.observations)
     if result.status == "not_found":
         result.message = f"no observation or reflection with id {result.id} on this branch"
+    else:
+        result.sessions = [RecallGroup(sessionId=session_id, tip=tip, kind=result.kind, collision=result.collision,
+                                       partial=result.partial, observations=result.observations,
+                                       reflections=result.reflections,
+                                       missingSupportingObservationIds=result.missingSupportingObservationIds)]
 
 
 def recall(db_path: str | os.PathLike, memory_id: str, session: str | None = None, leaf: str | None = None) -> RecallResult:
-    """Recall in one session (``--session``), or in every session at its current leaf."""
+    """Recall in one session (``--session``), or in every session, each on its own current branch."""
     with reading(db_path) as con:
         if session is not None:
             sid = resolve_session(con, session)
@@ -152,10 +180,15 @@ def recall(db_path: str | os.PathLike, memory_id: str, session: str | None = Non
                 continue
             combined.status = "found"
             combined.sessionIds.append(sid)
+            combined.sessions += one.sessions
             combined.observations += one.observations
             combined.reflections += one.reflections
             combined.missingSupportingObservationIds += one.missingSupportingObservationIds
-        _finish(combined)
+        groups = combined.sessions
+        combined.kind = _kind(any(g.kind in ("observation", "mixed") for g in groups),
+                              any(g.kind in ("reflection", "mixed") for g in groups))
+        combined.collision = any(g.collision for g in groups)
+        combined.partial = any(g.partial for g in groups)
         if combined.status == "not_found":
             combined.message = f"no observation or reflection with id {memory_id} in any ingested session"
         return combined

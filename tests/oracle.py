@@ -183,8 +183,10 @@ class World:
         b = pos[boundary or tip]
         return self.fold([r for r in recs if self._covered(pos, r, b)])
 
-    def visible(self, tip: str) -> tuple[list[dict], list[dict]]:
-        folded = [c for c in self.branch_compactions(tip) if c.details is not None]
+    def visible(self, tip: str, replayed: bool = False) -> tuple[list[dict], list[dict]]:
+        """The latest folded compaction's lists: only those the file holds, or (replayed) simulated too."""
+        folded = [c for c in self.branch_compactions(tip)
+                  if c.details is not None and (replayed or c.origin != "simulated")]
         if not folded:
             return [], []
         d = folded[-1].details
@@ -208,9 +210,9 @@ class World:
             return True, obs, refl
         return False, obs, refl
 
-    def drift(self, tip: str) -> tuple[list[str], list[str], list[str]]:
+    def drift(self, tip: str, replayed: bool = False) -> tuple[list[str], list[str], list[str]]:
         full_obs, full_refl = self.full_projection(tip)
-        vis_obs, vis_refl = self.visible(tip)
+        vis_obs, vis_refl = self.visible(tip, replayed)
         fo, fr = [o["id"] for o in full_obs], [r["id"] for r in full_refl]
         vo, vr = [o["id"] for o in vis_obs], [r["id"] for r in vis_refl]
         return [i for i in fo if i not in vo], [i for i in fr if i not in vr], [i for i in vo if i not in fo]

@@ -4,6 +4,8 @@ have appended them; ingesting the exported file gives the same memory."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime, timezone
 
 import pytest
 from builders import SessionBuilder
@@ -11,6 +13,8 @@ from typer.testing import CliRunner
 
 from om_core import db as dbmod
 from om_core.cli import app
+from om_core.errors import InvalidArgument
+from om_core.export import js_iso
 from om_core.ingest import ingest
 from om_core.replay import replay_in_process
 from om_core.session import parse_lines
@@ -177,3 +181,168 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     assert compacted["observations"] == drained_before
     for observation_id in drained_before:
         assert f"[{observation_id}]" in compacted["summary"]
+
+
+# ---------------------------------------------------------------- what the exported file shows (SPEC §4)
+
+
+OBS = "om.observations.recorded"
+
+
+def extension_visible(path) -> dict:
+    """What Pi's extension shows as visible memory for a session file, read from the file alone: the
+    lists of the latest compaction on the current branch whose details are om.folded (version 1)."""
+    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
+    by_id = {e["id"]: e for e in entries}
+    node = entries[-1]  # the leaf: the last entry in file order
+    while node is not None:
+        details = node.get("details")
+        if node["type"] == "compaction" and isinstance(details, dict) and details.get("type") == "om.folded" \
+                and details.get("version") == 1:
+            return {"observations": details["observations"], "reflections": details["reflections"]}
+        node = by_id.get(node.get("parentId"))
+    return {"observations": [], "reflections": []}
+
+
+def latest_simulated_lists(db_path, session_id: str) -> tuple[str, dict]:
+    """The latest folded simulated compaction on the current branch and its lists, read from the
+    analyst views (not through the projection macros)."""
+    with dbmod.reading(db_path) as con:
+        leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [session_id]).fetchone()[0]
+        cid = con.execute("SELECT c.compaction_id FROM compactions c JOIN branch(?, ?) b ON b.entry_id = "
+                          "c.anchor_entry_id WHERE c.session_id = ? AND c.origin = 'simulated' AND c.folded "
+                          "ORDER BY b.position DESC, c.append_seq DESC LIMIT 1",
+                          [session_id, leaf, session_id]).fetchone()[0]
+        rows = con.execute("SELECT item_kind, id, content, ts, relevance, source_entry_ids, "
+                           "supporting_observation_ids, token_count FROM compaction_items "
+                           "WHERE session_id = ? AND compaction_id = ? ORDER BY item_kind, item_index",
+                           [session_id, cid]).fetchall()
+
+    def number(x):
+        return int(x) if float(x).is_integer() else x
+
+    return cid, {
+        "observations": [{"id": i, "content": c, "timestamp": t, "relevance": r, "sourceEntryIds": list(s),
+                          "tokenCount": number(n)} for k, i, c, t, r, s, _, n in rows if k == "observation"],
+        "reflections": [{"id": i, "content": c, "supportingObservationIds": list(p), "tokenCount": number(n)}
+                        for k, i, c, _, _, _, p, n in rows if k == "reflection"]}
+
+
+def view_json(db_path, session_id: str, *extra: str) -> dict:
+    return json.loads(run(["--db", str(db_path), "view", session_id, "--json", *extra]))
+
+
+def test_view_of_an_exported_file_is_what_the_extension_shows(tmp_path):
+    sb = SessionBuilder("7e91c0de-0000-4000-8000-0000000000e1")
+    sb.work_turns(3, "alpha")
+    covers, kept = sb.entries[-1]["id"], sb.entries[-4]["id"]
+    note = {"id": "4a1b9c0d2e3f", "content": "alpha is finished", "timestamp": "2026-01-15 14:30",
+            "relevance": "high", "sourceEntryIds": [covers], "tokenCount": 8}
+    sb.custom(OBS, {"observations": [note], "coversUpToId": covers})
+    details = {"type": "om.folded", "version": 1, "fullFold": False, "observations": [note], "reflections": []}
+    sb.compaction("rendered by the extension", kept, details=details, from_hook=True)
+    sb.work_turns(8, "beta")
+    archive = sb.write(tmp_path / "archive.jsonl")
+    db_path, sid = replayed_db(tmp_path, archive)
+    shown = extension_visible(archive)
+    assert shown["observations"] == [note]
+
+    # the archive: visible memory is the extension's own fold; the replay's later fold is the replayed view
+    assert view_json(db_path, sid) == shown
+    cid, simulated = latest_simulated_lists(db_path, sid)
+    assert simulated["observations"] and simulated != shown
+    assert view_json(db_path, sid, "--replayed") == simulated
+    label = CliRunner().invoke(app, ["--db", str(db_path), "view", sid, "--replayed"])
+    assert label.exit_code == 0 and f"simulated compaction {cid}" in label.stderr
+    assert "not what the agent saw" in label.stderr
+
+    # the exported file holds the extension's fold only (simulated ones are never exported)
+    out = tmp_path / "exported.jsonl"
+    run(["--db", str(db_path), "export", sid, "--out", str(out)])
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [out])
+    assert extension_visible(out) == shown
+    assert view_json(fresh, sid) == shown
+    assert view_json(fresh, sid, "--replayed") == shown  # nothing simulated there
+
+
+def test_with_no_folded_compaction_in_the_file_nothing_is_visible(tmp_path):
+    sb = SessionBuilder("7e91c0de-0000-4000-8000-0000000000e2")
+    sb.work_turns(10, "gamma")
+    path = sb.write(tmp_path / "archive.jsonl")
+    db_path, sid = replayed_db(tmp_path, path)
+    cid, simulated = latest_simulated_lists(db_path, sid)
+    assert simulated["observations"]
+    empty = {"observations": [], "reflections": []}
+    assert extension_visible(path) == empty
+    assert view_json(db_path, sid) == empty  # the replay's compactions were never in the file
+    full = view_json(db_path, sid, "--full")
+    result = CliRunner().invoke(app, ["--db", str(db_path), "view", sid])
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "no om.folded compaction" in result.stderr
+    assert f"full memory holds {len(full['observations'])} observation(s)" in result.stderr
+    assert "om view --full" in result.stderr and "om view --replayed" in result.stderr
+    assert view_json(db_path, sid, "--replayed") == simulated
+
+    # om status: visible counts 0, the replayed block says what the simulation shows, drift is against visible
+    status = json.loads(run(["--db", str(db_path), "status", sid, "--json"]))
+    assert status["observations"]["visible"] == 0 and status["reflections"]["visible"] == 0
+    assert status["visibleCompaction"] is None and status["pools"]["visibleTokens"] == 0
+    assert status["drift"]["observationsOnlyInFull"] == [o["id"] for o in full["observations"]]
+    replayed = status["replayed"]
+    assert replayed["label"] == "replayed" and replayed["simulatedCompactions"] >= 1
+    assert replayed["compaction"]["compactionId"] == cid and replayed["compaction"]["origin"] == "simulated"
+    assert (replayed["observations"], replayed["reflections"]) == (len(simulated["observations"]),
+                                                                   len(simulated["reflections"]))
+    assert replayed["observationTokens"] == sum(o["tokenCount"] for o in simulated["observations"])
+    full_ids = {o["id"] for o in full["observations"]}
+    assert replayed["drift"]["observationsOnlyInFull"] == [
+        o["id"] for o in full["observations"] if o["id"] not in {s["id"] for s in simulated["observations"]}]
+    assert replayed["drift"]["visibleNoLongerActive"] == [
+        o["id"] for o in simulated["observations"] if o["id"] not in full_ids]
+    text = run(["--db", str(db_path), "status", sid])
+    assert "visible: nothing" in text and "replayed (the replay's simulated compactions" in text
+
+    # --full and --replayed together: a clear error
+    both = CliRunner().invoke(app, ["--db", str(db_path), "view", sid, "--full", "--replayed"])
+    assert isinstance(both.exception, InvalidArgument) and "--replayed" in str(both.exception)
+
+
+# ---------------------------------------------------------------- record timestamps (SPEC §6, issue 13)
+
+
+def test_records_carry_the_time_they_were_made_never_before_their_parent(tmp_path):
+    b = SessionBuilder()
+    b.work_turns(4, "alpha")
+    b.clock = datetime(2999, 1, 1, tzinfo=timezone.utc)  # entries from the future: a record must wait for them
+    b.work_turns(4, "beta")
+    path = b.write(tmp_path / "session.jsonl")
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    db_path, sid = replayed_db(tmp_path, path)
+    with dbmod.reading(db_path) as con:
+        made = dict(con.execute("SELECT ledger_id, created_at FROM ledger WHERE session_id = ? AND "
+                                "origin = 'pipeline'", [sid]).fetchall())
+    out = tmp_path / "exported.jsonl"
+    run(["--db", str(db_path), "export", sid, "--out", str(out)])
+    lines = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    by_id = {e["id"]: e for e in lines}
+    records = [e for e in lines if e["type"] == "custom"]
+    assert {e["id"] for e in records} == set(made)
+
+    def at(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    own = waited = 0
+    for e in records:
+        parent = by_id[e["parentId"]]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["timestamp"])  # toISOString
+        assert at(e["timestamp"]) >= at(parent["timestamp"])
+        created = made[e["id"]].astimezone(timezone.utc)
+        if at(parent["timestamp"]) < created.replace(microsecond=created.microsecond // 1000 * 1000):
+            own += 1
+            assert e["timestamp"] == js_iso(created)  # the time it was made
+            assert before <= at(e["timestamp"]) <= datetime.now(timezone.utc)
+        else:
+            waited += 1
+            assert e["timestamp"] == parent["timestamp"]  # never earlier than its parent
+    assert own and waited

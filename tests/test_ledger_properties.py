@@ -267,13 +267,14 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
         got = memory.full_memory(con, session_id, tip, boundary)
         assert norm(wire(got.observations)) == norm(obs), boundary
         assert norm(wire(got.reflections)) == norm(refl), boundary
-    # visible projection and drift
-    obs, refl = world.visible(tip)
-    got = memory.visible_memory(con, session_id, tip)
-    assert norm(wire(got.observations)) == norm(obs)
-    assert norm(wire(got.reflections)) == norm(refl)
-    d = memory.drift(con, session_id, tip)
-    assert (d.observationsOnlyInFull, d.reflectionsOnlyInFull, d.visibleNoLongerActive) == world.drift(tip)
+    # visible projection (the file's folds), the replayed view (simulated ones too), and their drift
+    for replayed, view in ((False, memory.visible_memory), (True, memory.replayed_memory)):
+        obs, refl = world.visible(tip, replayed)
+        got = view(con, session_id, tip)
+        assert norm(wire(got.observations)) == norm(obs), replayed
+        assert norm(wire(got.reflections)) == norm(refl), replayed
+        d = memory.drift(con, session_id, tip, replayed)
+        assert (d.observationsOnlyInFull, d.reflectionsOnlyInFull, d.visibleNoLongerActive) == world.drift(tip, replayed)
     # compaction projection at sampled F and pool limits
     for first_kept in rng.sample(path, 1):
         pool = rng.choice(sc["pools"])

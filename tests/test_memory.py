@@ -366,8 +366,9 @@ def test_om_compact_json_gives_null_summary_for_an_empty_projection(db_path, tmp
 
 
 def test_simulated_compactions_count_like_the_extensions(con):
-    """Compactions this project stores (anchored like pipeline records) are visible, set M, and
-    move the compaction clock; a native fallback (nothing rendered) moves the clock only."""
+    """Compactions this project stores (anchored like pipeline records) are the replayed view, set M,
+    and move the compaction clock, but are never visible (the file does not hold them); a native
+    fallback (nothing rendered) moves the clock only."""
     sb = new_session()
     sb.user("one")  # E1
     sb.assistant("two")  # E2
@@ -384,8 +385,9 @@ def test_simulated_compactions_count_like_the_extensions(con):
     with dbmod.transaction(con):
         store_simulated_compaction(con, sid, anchor_entry_id=E[7], first_kept_entry_id=E[6],
                                    details=parse_folded(details), summary="memory", seed="sim-1")
-    assert memory.visible_memory(con, sid, E[9]).wire() == lists(details)
-    assert memory.visible_memory(con, sid, E[6]).empty  # anchored after E7: not there yet
+    assert memory.replayed_memory(con, sid, E[9]).wire() == lists(details)
+    assert memory.visible_memory(con, sid, E[9]).empty  # the agent never saw a simulated compaction
+    assert memory.replayed_memory(con, sid, E[6]).empty  # anchored after E7: not there yet
     c = memory.compaction_projection(con, sid, E[9], E[8], 20_000)  # M = E6
     assert (c.fullFold, c.observationIds, c.reflectionIds) == (False, [mid("beta")], [mid("rule")])
     assert memory.clocks(con, sid, E[9])["compaction"].tokens_pi == 2 + 1 + 10 + 10  # from E6: "three" 2, "four" 1
@@ -393,7 +395,7 @@ def test_simulated_compactions_count_like_the_extensions(con):
     with dbmod.transaction(con):
         store_simulated_compaction(con, sid, anchor_entry_id=E[9], first_kept_entry_id=E[8], details=None,
                                    summary=None, note="native fallback", seed="sim-2")
-    assert memory.visible_memory(con, sid, E[9]).wire() == lists(details)
+    assert memory.replayed_memory(con, sid, E[9]).wire() == lists(details)  # a fallback folds nothing
     assert memory.clocks(con, sid, E[9])["compaction"].tokens_pi == 20  # from E8
     assert con.execute("SELECT origin, first_kept_entry_id, folded, full_fold FROM compactions "
                        "WHERE session_id = ? ORDER BY first_kept_entry_id", [sid]).fetchall() == [

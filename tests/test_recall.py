@@ -74,7 +74,8 @@ def session_one() -> SessionBuilder:
 def session_two() -> SessionBuilder:
     sb = SessionBuilder(S2)
     sb.user("We use DuckDB here too.")  # E1
-    sb.custom(OBS, {"observations": [o(A, [E[1]], "2026-02-01 10:00"), o("Only in session two.", [E[1]])],
+    sb.custom(OBS, {"observations": [o(A, [E[1]], "2026-02-01 10:00"), o("Only in session two.", [E[1]]),
+                                     o(D, [E[1]], "2026-02-01 10:00")],  # D once here, once in session one
                     "coversUpToId": E[1]})  # E2
     return sb
 
@@ -217,13 +218,36 @@ def test_without_a_session_every_session_is_searched_and_named(db):
     assert [(x.sessionId, x.sources[0].text) for x in only_two.observations] == [(S2, "We use DuckDB here too.")]
 
     both = recall(db, mid(A))
-    assert brief(both) == ("found", "observation", True, False)
+    assert brief(both) == ("found", "observation", True, False)  # session one recorded A twice
     assert both.sessionIds == [S1, S2]
     assert [(x.sessionId, x.ledgerId, x.sourceEntryIds) for x in both.observations] == [
         (S1, E[5], [E[1], E[2]]), (S1, E[7], [E[6]]), (S2, E[2], [E[1]])]
+    # grouped by session, each branch judged on its own
+    assert [(g.sessionId, g.tip, g.kind, g.collision, g.partial, [x.ledgerId for x in g.observations])
+            for g in both.sessions] == [(S1, E[14], "observation", True, False, [E[5], E[7]]),
+                                        (S2, E[2], "observation", False, False, [E[2]])]
 
-    only_one = recall(db, mid(D))
-    assert only_one.sessionIds == [S1]
+
+def test_the_same_content_in_two_sessions_is_no_collision(db):
+    # D is recorded once in each session: the same text hashes to the same id, which is not a collision
+    got = recall(db, mid(D))
+    assert brief(got) == ("found", "observation", False, False)
+    assert got.sessionIds == [S1, S2]
+    assert [(g.sessionId, g.collision, [(x.sessionId, x.sources[0].text) for x in g.observations])
+            for g in got.sessions] == [(S1, False, [(S1, "DuckDB it is.")]),
+                                       (S2, False, [(S2, "We use DuckDB here too.")])]
+    # one session asked for: one group, the same verdict
+    one = recall(db, mid(D), S2)
+    assert brief(one) == ("found", "observation", False, False)
+    assert [(g.sessionId, g.tip) for g in one.sessions] == [(S2, E[2])]
+    # the JSON groups them too, and the command prints each session under its own heading
+    data = json.loads(CliRunner().invoke(app, ["--db", str(db), "recall", mid(D), "--json"]).stdout)
+    assert [(g["sessionId"], g["collision"], [x["ledgerId"] for x in g["observations"]])
+            for g in data["sessions"]] == [(S1, False, [E[5]]), (S2, False, [E[2]])]
+    assert data["collision"] is False
+    text = CliRunner().invoke(app, ["--db", str(db), "recall", mid(D)]).stdout
+    assert f"session {S1} at {E[14]}: observation\n" in text and f"session {S2} at {E[2]}: observation\n" in text
+    assert text.index(S1 + " at") < text.index("DuckDB it is.") < text.index(S2 + " at") < text.index("We use DuckDB")
 
 
 def test_a_migrated_hook_message_is_labelled_as_pi_reads_it(tmp_path):

@@ -7,6 +7,23 @@ SELECT * FROM full_projection($session_id, $tip, $boundary);
 -- name: visible_projection
 SELECT * FROM visible_projection($session_id, $tip);
 
+-- name: replayed_projection
+SELECT * FROM replayed_projection($session_id, $tip);
+
+-- name: latest_folds
+-- The compaction behind the visible projection (replayed = false) and behind the replayed view
+-- (replayed = true), and how many of the branch's folded compactions were simulated.
+WITH f AS (SELECT * FROM branch_folds($session_id, $tip)),
+     visible AS (SELECT * FROM f WHERE origin <> 'simulated' ORDER BY fold_rank LIMIT 1),
+     replayed AS (SELECT * FROM f ORDER BY fold_rank LIMIT 1),
+     simulated AS (SELECT count(*) AS n FROM f WHERE origin = 'simulated')
+SELECT false AS replayed, v.compaction_id, v.origin, v.first_kept_entry_id, v.full_fold, s.n AS simulated_folds
+FROM simulated s LEFT JOIN visible v ON true
+UNION ALL
+SELECT true, r.compaction_id, r.origin, r.first_kept_entry_id, r.full_fold, s.n
+FROM simulated s LEFT JOIN replayed r ON true
+ORDER BY replayed;
+
 -- name: ledger_at
 SELECT * FROM ledger_at($session_id, $tip) ORDER BY item_kind, fold_order;
 
@@ -18,7 +35,7 @@ SELECT item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supp
 FROM compaction_projection($session_id, $tip, $first_kept, $pool_max);
 
 -- name: memory_drift
-SELECT drift, id FROM memory_drift($session_id, $tip);
+SELECT drift, id FROM folded_drift($session_id, $tip, $replayed);
 
 -- name: progress_clocks
 SELECT * FROM progress_clocks($session_id, $tip);

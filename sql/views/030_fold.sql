@@ -80,25 +80,44 @@ CREATE OR REPLACE MACRO full_projection(p_session, p_tip, p_boundary) AS TABLE
     SELECT * EXCLUDE (dropped) FROM fold(p_session, p_tip, 'watermark', p_boundary, p_boundary, p_boundary)
     WHERE NOT dropped;
 
--- Folded compactions on the branch (the extension's and simulated ones), newest first.
+-- Folded compactions on the branch (the extension's and simulated ones), newest first; fold_rank 1 is
+-- the newest.
 CREATE OR REPLACE MACRO branch_folds(p_session, p_tip) AS TABLE
     WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
     SELECT c.compaction_id, c.origin, c.full_fold, c.first_kept_entry_id, c.summary,
-           a.position AS anchor_pos, k.position AS first_kept_pos
+           a.position AS anchor_pos, k.position AS first_kept_pos,
+           row_number() OVER (ORDER BY a.position DESC, c.origin = 'simulated' DESC, c.append_seq DESC) AS fold_rank
     FROM compaction_folds c
     JOIN b a ON a.entry_id = c.anchor_entry_id
     LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id
     WHERE c.session_id = p_session AND c.folded
-    ORDER BY a.position DESC, c.origin = 'simulated' DESC, c.append_seq DESC;
+    ORDER BY fold_rank;
 
--- Visible projection: the lists stored in the latest folded compaction on the branch.
-CREATE OR REPLACE MACRO visible_projection(p_session, p_tip) AS TABLE
-    WITH latest AS (SELECT compaction_id FROM branch_folds(p_session, p_tip) LIMIT 1)
+-- The lists of the latest folded compaction on the branch. p_replayed = false: only compactions the
+-- session file holds (the extension's om.folded ones): the visible projection, what the agent saw.
+-- p_replayed = true: the replay's simulated compactions count too: the replayed view, what the
+-- extension would have shown (SPEC §4).
+CREATE OR REPLACE MACRO folded_projection(p_session, p_tip, p_replayed) AS TABLE
+    WITH latest AS (
+        SELECT compaction_id, origin FROM branch_folds(p_session, p_tip)
+        WHERE p_replayed OR origin <> 'simulated'
+        ORDER BY fold_rank LIMIT 1
+    )
     SELECT i.item_kind, i.item_index AS fold_order, i.id, i.content, i.ts, i.relevance,
-           i.source_entry_ids, i.supporting_observation_ids, i.token_count, i.compaction_id
+           i.source_entry_ids, i.supporting_observation_ids, i.token_count, i.compaction_id,
+           l.origin AS compaction_origin
     FROM compaction_fold_items i
     JOIN latest l ON l.compaction_id = i.compaction_id
     WHERE i.session_id = p_session;
+
+-- Visible projection (SPEC §4): what the session file shows the agent.
+CREATE OR REPLACE MACRO visible_projection(p_session, p_tip) AS TABLE
+    SELECT * FROM folded_projection(p_session, p_tip, false);
+
+-- Replayed projection: the latest folded compaction, simulated ones included (always labelled
+-- replayed, never what the agent saw).
+CREATE OR REPLACE MACRO replayed_projection(p_session, p_tip) AS TABLE
+    SELECT * FROM folded_projection(p_session, p_tip, true);
 
 -- Compaction projection at F = p_first_kept with pool limit P = p_pool_max (SPEC §4):
 --   M = first kept entry of the latest folded full-fold compaction on the branch whose first kept
@@ -195,10 +214,11 @@ CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_
            d.full_fold
     FROM decision d CROSS JOIN bounds;
 
--- Drift (SPEC §4): full memory at the tip against visible memory, in each list's own order.
-CREATE OR REPLACE MACRO memory_drift(p_session, p_tip) AS TABLE
+-- Drift (SPEC §4): full memory at the tip against visible memory (p_replayed = false) or against the
+-- replayed view (true), in each list's own order.
+CREATE OR REPLACE MACRO folded_drift(p_session, p_tip, p_replayed) AS TABLE
     WITH full_memory AS (SELECT item_kind, fold_order, id FROM full_projection(p_session, p_tip, p_tip)),
-         visible AS (SELECT item_kind, fold_order, id FROM visible_projection(p_session, p_tip)),
+         visible AS (SELECT item_kind, fold_order, id FROM folded_projection(p_session, p_tip, p_replayed)),
          drift AS (
              SELECT 1 AS list, fold_order, 'observation_only_in_full' AS drift, id FROM full_memory
              WHERE item_kind = 'observation' AND id NOT IN (SELECT id FROM visible WHERE item_kind = 'observation')
@@ -210,3 +230,6 @@ CREATE OR REPLACE MACRO memory_drift(p_session, p_tip) AS TABLE
              WHERE item_kind = 'observation' AND id NOT IN (SELECT id FROM full_memory WHERE item_kind = 'observation')
          )
     SELECT drift, id FROM drift ORDER BY list, fold_order;
+
+CREATE OR REPLACE MACRO memory_drift(p_session, p_tip) AS TABLE
+    SELECT * FROM folded_drift(p_session, p_tip, false);
