@@ -107,6 +107,8 @@ class SessionReport:
     branch_source_tokens: int = 0
     timeline: list[MemoryPoint] = field(default_factory=list)
     compactions: list[CompactionGap] = field(default_factory=list)
+    visible: tuple[int, int] = (0, 0)  # (observations, reflections) of the file's own latest om.folded compaction
+    replayed: tuple[int, int] = (0, 0)  # the same with the replay's simulated compactions counted
     calls_by_stage: list[CallStats] = field(default_factory=list)
 
     @property
@@ -123,6 +125,16 @@ class SessionReport:
         for stats in self.calls_by_stage:
             total.add(stats)
         return total
+
+    @property
+    def file_compactions(self) -> int:
+        """Compactions the session file holds (Pi's and the extension's)."""
+        return sum(c.origin != "simulated" for c in self.compactions)
+
+    @property
+    def replayed_compactions(self) -> int:
+        """Compactions the replay simulated: what the extension would have done, not what happened."""
+        return sum(c.origin == "simulated" for c in self.compactions)
 
     def class_counts(self) -> dict[str, int]:
         out = dict.fromkeys(GAP_CLASSES, 0)
@@ -161,6 +173,13 @@ def _memory_timeline(con: duckdb.DuckDBPyConnection, report: SessionReport) -> N
                                            float(row[6]), float(row[7])))
 
 
+def _folded_memory(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
+    if report.tip is None:
+        return
+    row = con.execute(query("report_folded_memory"), {"session_id": report.sid, "tip": report.tip}).fetchone()
+    report.visible, report.replayed = (int(row[0]), int(row[1])), (int(row[2]), int(row[3]))
+
+
 def _model_calls(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
     for row in con.execute(query("report_calls_by_stage"), {"session_id": report.sid}).fetchall():
         report.calls_by_stage.append(CallStats(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4]),
@@ -189,6 +208,7 @@ def collect(db_path: str | os.PathLike, sessions: list[str] | None) -> list[Sess
         for report in reports:
             _current_branch(con, report)
             _memory_timeline(con, report)
+            _folded_memory(con, report)
             _model_calls(con, report)
             if report.tip is None:
                 continue
@@ -613,7 +633,7 @@ def _compaction_label(c: CompactionGap) -> str:
         return "Pi's compaction"
     if c.origin == "imported":
         return "the extension's compaction"
-    return "simulated compaction" + (f" ({c.trigger})" if c.trigger else "")
+    return "simulated compaction (replayed" + (f", {c.trigger})" if c.trigger else ")")
 
 
 def _markers(report: SessionReport) -> list[Marker]:
@@ -626,7 +646,7 @@ def _markers(report: SessionReport) -> list[Marker]:
         native = c.origin != "simulated"
         out.append(Marker(c.compaction_position, CLASS_COLORS.get(c.class_, "#6b7280"), title,
                           dash=None if native else "4 3", legend=f"gap: {c.class_}",
-                          style="session's compaction" if native else "simulated compaction"))
+                          style="session's compaction" if native else "replayed (simulated) compaction"))
     order = {f"gap: {cls}": i for i, cls in enumerate(GAP_CLASSES)}
     return sorted(out, key=lambda m: (order.get(m.legend, 99), m.dash is not None))
 
@@ -706,14 +726,15 @@ def _compactions_html(report: SessionReport) -> str:
     for i, c in enumerate(report.compactions, 1):
         at = report.times[c.compaction_position] if c.compaction_position < len(report.times) else None
         rows.append([str(i), str(c.compaction_position), f'<span class="nowrap">{esc(fmt_ts(at))}</span>', f"<code>{esc(c.compaction_id)}</code>",
-                     esc(c.origin), esc(c.trigger or ""), str(c.first_kept_position),
+                     esc("simulated (replayed)" if c.origin == "simulated" else c.origin), esc(c.trigger or ""), str(c.first_kept_position),
                      "none" if c.c_position < 0 else str(c.c_position), fmt_int(c.gap_messages),
                      fmt_int(c.gap_tokens), _badge(c.class_)])
     table = _table(["#", "position", "time", "compaction", "origin", "trigger", "first kept at",
                     "observed through (C)", "gap messages", "gap tokens", "class"], rows,
                    numeric={0, 1, 6, 7, 8, 9}, raw={2, 3, 4, 5, 10})
     return ('<h3>Compactions</h3><p class="meta">Markers in the charts, colored by gap class: solid for the '
-            'session\'s own compactions (Pi\'s or the extension\'s), dashed for simulated ones; hover for details. '
+            'session\'s own compactions (Pi\'s or the extension\'s), dashed for the ones the replay simulated (what '
+            'the extension would have done; never in the file); hover for details. '
             'C is the last position the included observations cover.</p>' + f'<div class="compactions">{table}</div>')
 
 
@@ -742,12 +763,17 @@ def _session_html(index: int, report: SessionReport, settings: Settings) -> str:
         ("reflections", fmt_int(final.reflections if final else 0)),
         ("dropped", fmt_int(final.dropped if final else 0)),
         ("pool tokens", fmt_int(final.pool_tokens if final else 0)),
-        ("compactions", fmt_int(len(report.compactions))),
+        ("visible observations", fmt_int(report.visible[0])),
+        ("compactions in the file", fmt_int(report.file_compactions)),
+        ("replayed compactions", fmt_int(report.replayed_compactions)),
         ("model calls", fmt_int(calls.calls)),
         ("model tokens", fmt_int(calls.input_tokens + calls.output_tokens)),
         (_cost_label(calls), fmt_cost(calls.cost)),
     ]))
-    parts.append(f'<p class="meta">Observations shown as active / recorded. Compactions by class: '
+    parts.append(f'<p class="meta">Observations shown as active / recorded. Visible memory is what the session '
+                 f'file shows the agent (its latest om.folded compaction): {report.visible[0]} observations, '
+                 f'{report.visible[1]} reflections; the replayed view (with the replay\'s simulated compactions) '
+                 f'holds {report.replayed[0]} observations, {report.replayed[1]} reflections. Compactions by class: '
                  f'{esc(compaction_text)}.</p>')
     if report.timeline:
         parts.append('<h3>Memory</h3>')
@@ -780,11 +806,13 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
             reflections += r.final.reflections
             dropped += r.final.dropped
     compactions = sum(classes.values())
+    replayed = sum(r.replayed_compactions for r in reports)
     parts = ['<section class="overview" id="overview"><h2>Overview</h2>',
              '<p class="meta">Counts are those at the tip of each session\'s current branch.</p>',
              _cards([("sessions", fmt_int(len(reports))), ("observations", fmt_int(observations)),
                      ("reflections", fmt_int(reflections)), ("dropped", fmt_int(dropped)),
-                     ("compactions", fmt_int(compactions)), ("model calls", fmt_int(calls.calls)),
+                     ("compactions in the files", fmt_int(compactions - replayed)),
+                     ("replayed compactions", fmt_int(replayed)), ("model calls", fmt_int(calls.calls)),
                      ("input tokens", fmt_int(calls.input_tokens)), ("output tokens", fmt_int(calls.output_tokens)),
                      ("cached tokens", fmt_int(calls.cached_tokens)),
                      (_cost_label(calls), fmt_cost(calls.cost))])]
@@ -811,12 +839,13 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
         rows.append([link, Path(r.info.file_path).name, fmt_int((r.tip_position or -1) + 1), fmt_int(r.info.tokens_pi),
                      fmt_int(final.recorded if final else 0), fmt_int(final.reflections if final else 0),
                      fmt_int(final.dropped if final else 0), fmt_int(final.pool_tokens if final else 0),
-                     fmt_int(len(r.compactions)), fmt_int(r.calls.calls),
+                     fmt_int(r.file_compactions), fmt_int(r.replayed_compactions), fmt_int(r.calls.calls),
                      fmt_int(r.calls.input_tokens + r.calls.output_tokens), fmt_cost(r.calls.cost, r.calls.unpriced)])
     parts.append('<h3>Sessions</h3>')
     parts.append(_table(["session", "file", "branch entries", "source tokens", "observations", "reflections",
-                         "dropped", "pool tokens", "compactions", "model calls", "model tokens", "cost"],
-                        rows, numeric=set(range(2, 12)), raw={0}))
+                         "dropped", "pool tokens", "compactions in the file", "replayed compactions", "model calls",
+                         "model tokens", "cost"],
+                        rows, numeric=set(range(2, 13)), raw={0}))
     parts.append(f'<p class="meta">Pool budget {fmt_int(settings.observationsPoolMaxTokens)} tokens, target '
                  f'{fmt_int(settings.pool_target_tokens)} (observationsPoolMaxTokens, observationsPoolTargetTokens).'
                  '</p></section>')

@@ -346,3 +346,39 @@ def test_records_carry_the_time_they_were_made_never_before_their_parent(tmp_pat
             waited += 1
             assert e["timestamp"] == parent["timestamp"]  # never earlier than its parent
     assert own and waited
+
+
+@pytest.mark.real_sessions
+def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before_compaction):
+    """The shared session holds two of Pi's own compactions and no om.folded one: after a replay the
+    simulated folds are the replayed view, the visible view is empty on the archive and on its export."""
+    db_path = tmp_path / "om.duckdb"
+    sid = ingest(db_path, [before_compaction]).files[0].session_id
+    settings = Settings()
+    db = dbmod.shared_database(db_path)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), settings)
+        replay_session(db, sid, settings, lambda req: execute_stage(db, req, brain, settings))
+    finally:
+        db.close()
+    empty = {"observations": [], "reflections": []}
+    archived = [json.loads(line) for line in before_compaction.read_text(encoding="utf-8").splitlines()[1:]]
+    compactions = [e for e in archived if e.get("type") == "compaction"]
+    assert len(compactions) == 2 and not any(isinstance(e.get("details"), dict) for e in compactions)
+    assert view_json(db_path, sid) == empty
+    cid, simulated = latest_simulated_lists(db_path, sid)
+    assert simulated["observations"]
+    assert view_json(db_path, sid, "--replayed") == simulated
+    status = json.loads(run(["--db", str(db_path), "status", sid, "--json"]))
+    assert status["observations"]["visible"] == 0 and status["replayed"]["compaction"]["compactionId"] == cid
+    out = tmp_path / "exported.jsonl"
+    run(["--db", str(db_path), "export", sid, "--out", str(out)])
+    fresh = tmp_path / "fresh.duckdb"
+    ingest(fresh, [out])
+    assert view_json(fresh, sid) == extension_visible(out) == empty
+    assert view_json(fresh, sid, "--full") == view_json(db_path, sid, "--full")
+    # every exported record is stamped no earlier than its parent entry
+    lines = {e["id"]: e for e in map(json.loads, out.read_text(encoding="utf-8").splitlines()[1:])}
+    for e in lines.values():
+        if e["type"] == "custom" and e["customType"].startswith("om."):
+            assert e["timestamp"] >= lines[e["parentId"]]["timestamp"]

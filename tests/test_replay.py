@@ -136,7 +136,11 @@ def test_the_extensions_own_fold_in_the_archive_is_kept_not_folded_again(tmp_pat
         visible = memory.visible_memory(con, sb.session_id, folded_id)
         assert [o.id for o in visible.observations] == [note["id"]]
         assert visible.reflections == []
-        assert memory.visible_memory(con, sb.session_id, leaf).observations  # later folds exist too
+        # later folds are the replay's own: the agent still sees the extension's fold at the leaf, and the
+        # replayed view shows the newest simulated one
+        assert memory.visible_memory(con, sb.session_id, leaf) == visible
+        assert memory.replayed_memory(con, sb.session_id, leaf).observations
+        assert memory.replayed_memory(con, sb.session_id, leaf) != visible
 
 
 @pytest.mark.parametrize("rules", ["legacy", "pi-1.6"])

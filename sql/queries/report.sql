@@ -24,3 +24,11 @@ SELECT coalesce(stage, '(none)') AS stage, count(*), count(*) FILTER (WHERE stat
        string_agg(DISTINCT model, ', ' ORDER BY model)
 FROM llm_calls WHERE session_id = $session_id
 GROUP BY ALL ORDER BY stage;
+
+-- name: report_folded_memory
+-- Visible memory (the session file's own om.folded compactions) and the replayed view (the replay's
+-- simulated ones included) at the tip: observation and reflection counts.
+SELECT (SELECT count(*) FILTER (WHERE item_kind = 'observation') FROM visible_projection($session_id, $tip)),
+       (SELECT count(*) FILTER (WHERE item_kind = 'reflection') FROM visible_projection($session_id, $tip)),
+       (SELECT count(*) FILTER (WHERE item_kind = 'observation') FROM replayed_projection($session_id, $tip)),
+       (SELECT count(*) FILTER (WHERE item_kind = 'reflection') FROM replayed_projection($session_id, $tip));
