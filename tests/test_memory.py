@@ -406,6 +406,50 @@ def lists(details: dict) -> dict:
     return {"observations": details["observations"], "reflections": details["reflections"]}
 
 
+def test_visible_counts_only_the_files_compactions_and_replayed_adds_simulated_ones(con):
+    """SPEC §4: visible memory is the latest om.folded compaction the session file holds; the replay's
+    simulated compactions are the replayed view, newest first (a simulated one after an entry counts
+    as newer than a compaction entry at the same place), with its own drift."""
+    sb = new_session()
+    sb.user("one")  # E1
+    sb.assistant("two")  # E2
+    observed(sb, E[2], o("alpha"), o("beta"))  # E3
+    file_lists = {"observations": [o("alpha")], "reflections": []}
+    folded(sb, E[2], False, file_lists["observations"], [])  # E4: the extension's fold, in the file
+    sb.user("three")  # E5
+    sb.assistant("four")  # E6
+    sid = load(con, sb)
+    early = {"type": "om.folded", "version": 1, "fullFold": False, "observations": [o("beta")], "reflections": []}
+    late = {"type": "om.folded", "version": 1, "fullFold": False, "observations": [o("alpha"), o("beta")],
+            "reflections": []}
+    with dbmod.transaction(con):
+        store_simulated_compaction(con, sid, anchor_entry_id=E[2], first_kept_entry_id=E[1],
+                                   details=parse_folded(early), summary="memory", seed="early")
+        late_id = store_simulated_compaction(con, sid, anchor_entry_id=E[6], first_kept_entry_id=E[5],
+                                             details=parse_folded(late), summary="memory", seed="late")
+    # before the file's fold only a simulated one exists: nothing visible, the replayed view has it
+    assert memory.visible_memory(con, sid, E[3]).empty
+    assert memory.replayed_memory(con, sid, E[3]).wire() == lists(early)
+    # at E5 the file's fold is the newest of both
+    assert memory.visible_memory(con, sid, E[5]).wire() == file_lists
+    assert memory.replayed_memory(con, sid, E[5]).wire() == file_lists
+    # at the tip a simulated fold is newer: visible stays the file's, replayed is the simulated one
+    assert memory.visible_memory(con, sid, E[6]).wire() == file_lists
+    assert memory.replayed_memory(con, sid, E[6]).wire() == lists(late)
+    d, dr = memory.drift(con, sid, E[6]), memory.drift(con, sid, E[6], replayed=True)
+    assert (d.observationsOnlyInFull, d.total) == ([mid("beta")], 1)
+    assert dr.total == 0
+    visible_ref, replayed_ref, simulated = memory.latest_folds(con, sid, E[6])
+    assert (visible_ref.compactionId, visible_ref.origin, visible_ref.firstKeptEntryId) == (E[4], "imported", E[2])
+    assert (replayed_ref.compactionId, replayed_ref.origin, simulated) == (late_id, "simulated", 2)
+    s = memory.memory_status(con, sid, E[6])
+    assert (s.observations["visible"], s.visibleCompaction.compactionId) == (1, E[4])
+    assert (s.replayed.observations, s.replayed.compaction.compactionId, s.replayed.simulatedCompactions) == (
+        2, late_id, 2)
+    assert s.drift == d and s.replayed.drift == dr
+    assert memory.latest_folds(con, sid, E[1]) == (None, None, 0)
+
+
 # ---------------------------------------------------------------- drift (SPEC §4)
 
 
