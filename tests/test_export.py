@@ -355,12 +355,11 @@ def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before
     db_path = tmp_path / "om.duckdb"
     sid = ingest(db_path, [before_compaction]).files[0].session_id
     settings = Settings()
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
-        brain = make_brain(ModelConfig(model="offline"), settings)
-        replay_session(db, sid, settings, lambda req: execute_stage(db, req, brain, settings))
+        replay_in_process(Workspace.on_connection(con, settings), sid, make_brain(ModelConfig(model="offline"), settings))
     finally:
-        db.close()
+        con.close()
     empty = {"observations": [], "reflections": []}
     archived = [json.loads(line) for line in before_compaction.read_text(encoding="utf-8").splitlines()[1:]]
     compactions = [e for e in archived if e.get("type") == "compaction"]
