@@ -104,6 +104,24 @@ def large_instance(qid: str = "bench-1", sessions: int = 48, target_tokens: int 
 
 _ENTRY = re.compile(r"--- entry (\S+) ---\n\[([^\]@]+?) @ ([0-9: -]+)\]: (.*?)(?=\n\n--- entry |\n\n## |\Z)", re.S)
 _MEMORY_ID = re.compile(r"^\[([0-9a-f]{12})\]", re.M)
+_ENTRY_ID = re.compile(r"\b(00[0-9a-f]{6})\b")  # the haystack's entry ids (a counter)
+_MINUTE = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}")
+
+
+def chunk_entries(user: str) -> list[tuple[str, str, str, str]]:
+    """(entry id, role, minute, text) of each entry in an observer prompt. The prompt's own layout
+    first; failing that, any text between two entry ids (so a new prompt layout still parses)."""
+    found = _ENTRY.findall(user)
+    if found:
+        return found
+    marks = list(_ENTRY_ID.finditer(user))
+    out = []
+    for mark, following in zip(marks, marks[1:] + [None]):
+        segment = user[mark.end(): following.start() if following else len(user)]
+        minute = _MINUTE.search(segment)
+        role = "User" if "User" in segment[:40] else "Assistant"
+        out.append((mark.group(1), role, minute.group(0) if minute else "2023-01-01 00:00", segment))
+    return out
 
 
 def _tools(body: dict) -> set[str]:
@@ -157,7 +175,7 @@ class EvalModel:
                 return tool_call("record_reflections", {"reflections": [
                     {"content": f"The user keeps sharing everyday plans ({len(ids)} notes).",
                      "supportingObservationIds": ids}]})
-            turns = [(e, ts, t) for e, role, ts, t in _ENTRY.findall(user) if role.strip() == "User"]
+            turns = [(e, ts, t) for e, role, ts, t in chunk_entries(user) if role.strip() == "User"]
             observations = [{"timestamp": ts.strip(), "content": f"User said: {t[:self.note_chars]}",
                              "relevance": "high", "sourceEntryIds": [entry_id]}
                             for n, (entry_id, ts, t) in enumerate(turns)

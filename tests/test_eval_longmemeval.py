@@ -64,14 +64,18 @@ def test_dataset_reports_bad_instances_and_keeps_the_rest(tmp_path):
     raw.insert(0, {"question_id": "x"})  # most fields missing
     raw.insert(0, "not an object")
     raw.append(dict(raw[2]))  # a duplicate question id
+    empty = instance("qempty-LEAK", "multi-session", "KW-E")
+    empty["haystack_sessions"] = [[] for _ in empty["haystack_sessions"]]
+    raw.append(empty)
     raw[2]["answer"] = 42  # numbers are answers too
     path.write_text(json.dumps(raw))
     data = load_dataset(path)
     assert [i.question_id for i in data.instances] == QIDS
     assert data.instances[0].answer == "42"
     reasons = {(p.index, p.question_id): p.reason for p in data.invalid}
-    assert len(reasons) == 4
+    assert len(reasons) == 5
     assert any("differ in length" in r for r in reasons.values())
+    assert any("no turns" in r for r in reasons.values())
     assert any("duplicate question_id" in r for r in reasons.values())
     assert data.instances[-1].abstention and not data.instances[0].abstention
 
@@ -277,3 +281,53 @@ def test_cli_longmemeval(tmp_path, server):
     bad = CliRunner().invoke(app, ["eval", "longmemeval", "--data", str(tmp_path / "lme.json"), "--model", "x",
                                    "--reader", "y", "--conditions", "om,nope", "--out", str(tmp_path / "o2")])
     assert bad.exit_code != 0 and "unknown condition" in str(bad.exception or bad.output)
+
+
+def test_ctrl_c_stops_the_command_cleanly_and_a_rerun_finishes(tmp_path, server):
+    """A real SIGINT to `om eval longmemeval`: running work ends, exit 130, nothing half-written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_dataset(tmp_path / "lme.json", broken=False)
+    model = EvalModel()
+
+    def slow(body):
+        reply = model(body)
+        reply.delay = 0.3
+        return reply
+
+    server.responder = slow
+    out = tmp_path / "out"
+    hypotheses = out / "oracle" / "hypotheses.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "om_core.cli", "eval", "longmemeval", "--data",
+                             str(tmp_path / "lme.json"), "--reader", "openai/fake-reader", "--conditions", "oracle",
+                             "--out", str(out), "--api-base", server.base_url, "--reader-window", "100000",
+                             "--concurrency", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (hypotheses.exists() and hypotheses.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no hypothesis within 180 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    first = read_jsonl(hypotheses)
+    assert 1 <= len(first) < 7 and json.loads((out / "report.json").read_text())["interrupted"] is True
+
+    server.responder = EvalModel()
+    server.requests.clear()
+    second = run_longmemeval(options(tmp_path, server, conditions=["oracle"], judge="openai/fake-reader"))
+    assert not second.interrupted
+    rows = read_jsonl(hypotheses)
+    assert sorted(r["question_id"] for r in rows) == sorted(QIDS)
+    assert server_count(server, "reader") == 7 - len(first)

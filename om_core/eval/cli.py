@@ -35,8 +35,9 @@ def longmemeval(
     ctx: typer.Context,
     data: Path = typer.Option(..., "--data", help="The LongMemEval JSON you downloaded (e.g. longmemeval_s.json); "
                               "nothing is fetched at run time."),
-    model: str = typer.Option(..., "--model", envvar="OM_MODEL",
-                              help="Model of the memory workers (om condition): a litellm model string, or 'offline'."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL",
+                                        help="Model of the memory workers, needed for the om condition: a litellm "
+                                        "model string, or 'offline' for the extractive baseline."),
     reader: str = typer.Option(..., "--reader", help="Model that answers the questions (and writes the native summary)."),
     judge: Optional[str] = typer.Option(None, "--judge", help="Model of the built-in approximate judge (default: the "
                                         "reader); 'off' to only write hypotheses."),

@@ -80,6 +80,8 @@ class Instance(BaseModel):
                              f"({len(self.haystack_dates)}) and haystack_sessions ({n}) differ in length")
         for value in [*self.haystack_dates, self.question_date]:
             parse_date(value)
+        if not any(self.haystack_sessions):
+            raise ValueError("the haystack has no turns at all")
         return self
 
     @property

@@ -60,7 +60,7 @@ class Interrupted(Exception):
 class EvalOptions:
     data: Path
     out: Path
-    model: str  # the memory workers' model (om), or 'offline' for the extractive baseline
+    model: str | None  # the memory workers' model (om), or 'offline' for the extractive baseline
     reader: str
     judge: str | None = None  # None: the reader's model; 'off': no judge
     conditions: list[str] = field(default_factory=lambda: list(CONDITIONS))
@@ -93,6 +93,8 @@ class EvalOptions:
             raise InvalidArgument("--limit must be at least 1")
         if not self.reader:
             raise InvalidArgument("--reader is required")
+        if "om" in self.conditions and not self.model:
+            raise InvalidArgument("the om condition needs --model (the memory workers' model, or 'offline')")
 
 
 @dataclass
@@ -195,8 +197,11 @@ class _Run:
         notes = list(memory.notes)
         summary = memory.summary
         if summary is None and memory.first_kept is not None:
-            notes.append("the memory projection was empty: native fallback (a native-style summary, as Pi would)")
-            summary, _ = self.native(hay, memory.first_kept, log.recorder("native:om"))
+            if hay.position[memory.first_kept] == 0:
+                notes.append("the compaction keeps the whole history: nothing before the cut to summarize")
+            else:
+                notes.append("the memory projection was empty: native fallback (a native-style summary, as Pi would)")
+                summary, _ = self.native(hay, memory.first_kept, log.recorder("native:om"))
         ctx = compacted("om", inst, hay, summary, memory.first_kept, notes)
         ctx.memory = memory.facts
         return ctx
