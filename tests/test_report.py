@@ -227,3 +227,40 @@ def test_report_renders_to_png(built, tmp_path):
                    capture_output=True, timeout=90, check=False)
     assert png.is_file() and png.stat().st_size > 10_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("source", ["pi-global", "pi-project", "om.toml", "--config", "env"])
+def test_om_report_honours_settings_from_every_source(built, tmp_path, isolated_home, monkeypatch, source):
+    """`om report` resolves settings like every other command (defaults < Pi files < om.toml or
+    --config < OM_*): the pool budget it draws comes from the chosen source."""
+    import json as jsonlib
+
+    from typer.testing import CliRunner
+
+    from om_core.cli import app
+
+    path, _, _ = built
+    budget = 4321
+    args = ["--db", str(path)]
+    if source == "pi-global":
+        pi = tmp_path / "home" / ".pi" / "agent" / "settings.json"
+        pi.parent.mkdir(parents=True)
+        pi.write_text(jsonlib.dumps({"observational-memory": {"observationsPoolMaxTokens": budget}}))
+    elif source == "pi-project":
+        (tmp_path / ".pi").mkdir()
+        (tmp_path / ".pi" / "settings.json").write_text(
+            jsonlib.dumps({"observational-memory": {"observationsPoolMaxTokens": budget}}))
+    elif source == "om.toml":
+        (tmp_path / "om.toml").write_text(f"observationsPoolMaxTokens = {budget}\n")
+    elif source == "--config":
+        (tmp_path / "elsewhere.toml").write_text(f"observations_pool_max_tokens = {budget}\n")
+        (tmp_path / "om.toml").write_text("observationsPoolMaxTokens = 999\n")  # --config wins over ./om.toml
+        args += ["--config", str(tmp_path / "elsewhere.toml")]
+    else:
+        (tmp_path / "om.toml").write_text("observationsPoolMaxTokens = 999\n")  # the environment wins
+        monkeypatch.setenv("OM_OBSERVATIONS_POOL_MAX_TOKENS", str(budget))
+    result = CliRunner().invoke(app, args + ["report", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert f"Pool budget {budget:,} tokens" in html, source
+    assert f"target {budget // 2:,}" in html
