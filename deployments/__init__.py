@@ -4,8 +4,13 @@
 * ``maintain``: keep a live sessions directory up to date on a schedule (new lines are ingested and
   due stages run; nothing is drained, since a live session may still grow).
 
-Locally, ``om serve`` serves both from this process. On a Prefect server with a work pool and a
-worker, ``python -m deployments --pool NAME ...`` registers them (see the README).
+Locally, ``om serve`` serves both from this process, on a local Prefect server it starts when
+PREFECT_API_URL is unset (the ephemeral API runs no schedules). On a Prefect server with a work pool
+and a worker, ``python -m deployments --pool NAME ...`` registers them (see the README).
+
+Both carry the user's resolved settings (defaults, Pi settings files, om.toml or --config, OM_*) as
+the flow's ``settings`` parameter, resolved where the deployment is made: a scheduled run happens in
+another process, later, and must not depend on that process's directory or environment.
 """
 
 from __future__ import annotations
@@ -14,42 +19,69 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-
-def _model(model: str | None) -> dict[str, Any]:
-    # deployments run on workers in several processes: the limit must be Prefect's global one
-    return {"model": model or "offline", "limit": "prefect"}
+# a live folder's runs must not overlap: a tick still running when the next is due skips that one
+_ONE_AT_A_TIME = {"limit": 1, "collision_strategy": "CANCEL_NEW"}
 
 
-def archive_deployment(directory: Path, db_path: str, model: str | None = None):
+def resolved_inputs(config: str | Path | None = None, model: str | None = None,
+                    api_base: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The flow's ``model`` and ``settings`` parameters from the user's resolved settings."""
+    from om_core.settings import load_settings
+    from om_core.workers.stages import ModelConfig
+
+    settings = load_settings(config).settings
+    chosen = ModelConfig.from_settings(settings, model, api_base)
+    # deployments run on workers in several processes: the model-call limit is Prefect's global one
+    model_dict = {"model": chosen.model or "offline", "api_base": chosen.api_base, "thinking": chosen.thinking,
+                  "timeout": chosen.timeout, "limit": "prefect"}
+    return model_dict, settings.model_dump(mode="json")
+
+
+def _module_entrypoint():
+    # "flows.pipeline.<flow>": a worker with the package installed imports it, from any directory
+    from prefect.deployments.runner import EntrypointType
+
+    return EntrypointType.MODULE_PATH
+
+
+def archive_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any]):
     from flows.pipeline import process_sessions
 
     return process_sessions.to_deployment(
         name="om-archive",
-        parameters={"targets": [str(Path(directory).resolve())], "db_path": db_path, "model": _model(model)},
+        parameters={"targets": [str(Path(directory).resolve())], "db_path": db_path, "model": model,
+                    "settings": settings},
         description="Ingest and replay an archive of Pi sessions, draining finished branches.",
-        tags=["om", "archive"],
+        tags=["om", "archive"], entrypoint_type=_module_entrypoint(),
     )
 
 
-def maintenance_deployment(directory: Path, db_path: str, every_seconds: int = 600, model: str | None = None):
+def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any],
+                           every_seconds: int = 600):
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig
+
     from flows.pipeline import maintain_sessions
 
     return maintain_sessions.to_deployment(
         name="om-maintain",
-        parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": _model(model)},
+        parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": model,
+                    "settings": settings},
         interval=timedelta(seconds=every_seconds),
+        concurrency_limit=ConcurrencyLimitConfig(**_ONE_AT_A_TIME),
         description="Ingest new lines of live Pi sessions and run the memory stages that are due.",
-        tags=["om", "maintenance"],
+        tags=["om", "maintenance"], entrypoint_type=_module_entrypoint(),
     )
 
 
-def serve_locally(db_path: str, archive: Path | None, live: Path | None, every_seconds: int = 600,
-                  model: str | None = None) -> None:
+def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: dict[str, Any],
+                  settings: dict[str, Any], every_seconds: int = 600) -> None:
     from prefect import serve
 
     deployments = []
     if archive is not None:
-        deployments.append(archive_deployment(archive, db_path, model))
+        deployments.append(archive_deployment(archive, db_path, model, settings))
     if live is not None:
-        deployments.append(maintenance_deployment(live, db_path, every_seconds, model))
-    serve(*deployments)
+        deployments.append(maintenance_deployment(live, db_path, model, settings, every_seconds))
+    # one flow run at a time: every run writes the one database file; a schedule shorter than
+    # Prefect's default poll (10 s) is polled as often as it fires
+    serve(*deployments, limit=1, print_starting_message=False, query_seconds=min(10.0, max(1.0, every_seconds)))

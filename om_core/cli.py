@@ -677,18 +677,49 @@ def _print_run_table(summary, rows) -> None:
 def serve(
     archive: Optional[Path] = typer.Option(None, "--archive", help="Directory of archived sessions to process."),
     live: Optional[Path] = typer.Option(None, "--live", help="Live sessions directory to maintain on a schedule."),
-    every: int = typer.Option(600, "--every", help="Seconds between maintenance runs of the live directory."),
+    every: int = typer.Option(600, "--every", min=1, help="Seconds between maintenance runs of the live directory."),
     model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=_model_options_help()),
+    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
+                                           help="Base URL of an OpenAI-compatible server."),
 ) -> None:
-    """Serve the Prefect deployments locally: archive processing and scheduled live maintenance."""
+    """Serve the Prefect deployments from this process: archive processing and scheduled live
+    maintenance, with the resolved settings. With no PREFECT_API_URL, a local Prefect server (with its
+    scheduler and UI) is reused or started, and stopped again with this command."""
+    import os
+
+    from flows.server import local_server
+
+    if archive is None and live is None:
+        raise InvalidArgument("give --archive DIR and/or --live DIR")
+    for path in (archive, live):
+        if path is not None and not path.is_dir():
+            raise InvalidArgument(f"{path} is not a directory")
+    from deployments import resolved_inputs
+
+    model_dict, settings_dict = resolved_inputs(state.config, model, api_base)
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):  # the ephemeral API runs no schedules: use a real server
+        home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+        err.print("starting a local Prefect server (PREFECT_API_URL is not set) ...")
+        server = local_server(log=home / "om-serve-server.log")
+        os.environ["PREFECT_API_URL"] = server.api_url
+        how = "started by om serve; it stops with it" if server.started_here else "already running; reused"
+        err.print(f"Prefect UI: {server.ui_url} ({how})", highlight=False)
+    else:
+        err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
     from flows.runner import prepare_environment
 
     prepare_environment()
     from deployments import serve_locally
 
-    if archive is None and live is None:
-        raise InvalidArgument("give --archive DIR and/or --live DIR")
-    serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, every_seconds=every, model=model)
+    what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
+    err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
+    try:
+        serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, model=model_dict,
+                      settings=settings_dict, every_seconds=every)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 @app.command("config")

@@ -79,3 +79,7 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=90):
         yield PREFECT_API_URL.value()
+
+
+# The real-cluster harness (a Prefect server, a Dask scheduler and workers): tests/cluster.py.
+from cluster import dask_cluster, prefect_server  # noqa: E402,F401

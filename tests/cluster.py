@@ -1,0 +1,203 @@
+"""A real cluster on 127.0.0.1 for the tests: a `prefect server start` with its own PREFECT_HOME, a
+`dask scheduler`, and `dask worker` processes started from their own working directories in a private
+mount namespace (`unshare -m`) where a tmpfs hides chosen directories (the database's), as on other
+machines. Every process is started in its own process group and stopped by pid in teardown, also
+when the test fails.
+
+Loaded by conftest (``pytest_plugins``); fixtures: ``prefect_server`` (one per test session),
+``dask_cluster`` (a factory: ``dask_cluster(hidden=[dir], workers=2)``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from flows.server import PrefectServer, free_port, start_server, stop_process_group
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+
+
+def _unshare_problem() -> str | None:
+    """Why workers cannot get a private mount namespace here, or None when they can."""
+    if not sys.platform.startswith("linux"):
+        return "unshare -m needs Linux"
+    if shutil.which("unshare") is None:
+        return "the unshare command is not installed (util-linux)"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True,
+                           text=True, timeout=20)
+    if probe.returncode != 0:
+        return f"unshare -m with a tmpfs mount is not permitted here (needs root or CAP_SYS_ADMIN): " \
+               f"{probe.stderr.strip()[:200]}"
+    return None
+
+
+def cluster_env(api_url: str, **extra: str) -> dict[str, str]:
+    """What a cluster process needs: the installed code (here: this checkout), the Prefect API, quiet logs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_"))}
+    env.update({"PYTHONPATH": str(REPO), "PREFECT_API_URL": api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_LOGGING_LEVEL": "WARNING", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}, **extra)
+    return env
+
+
+@dataclass
+class Worker:
+    name: str
+    process: subprocess.Popen
+    workdir: Path
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def sees(self, path: Path) -> list[str]:
+        """The entries of ``path`` as this worker sees it (through its own mount namespace)."""
+        return sorted(os.listdir(f"/proc/{self.pid}/root{Path(path).resolve()}"))
+
+    def kill(self) -> None:
+        """kill -9: a lost worker, as when a machine goes away."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(10)
+
+
+@dataclass
+class DaskCluster:
+    address: str
+    scheduler: subprocess.Popen
+    workers: list[Worker] = field(default_factory=list)
+    hidden: list[Path] = field(default_factory=list)
+
+    def client(self):
+        from distributed import Client
+
+        return Client(self.address, timeout=30)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                stop_process_group(worker.process, timeout=10)
+        if self.scheduler.poll() is None:
+            stop_process_group(self.scheduler, timeout=10)
+
+
+def _wait_for_workers(cluster: DaskCluster, count: int, timeout: float = 90.0) -> None:
+    from distributed import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(cluster.address, timeout=timeout) as client:
+        while len(client.scheduler_info()["workers"]) < count:
+            for w in cluster.workers:
+                if w.process.poll() is not None:
+                    raise RuntimeError(f"dask worker {w.name} exited ({w.process.returncode}): "
+                                       f"{w.log.read_text(errors='replace')[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(client.scheduler_info()['workers'])} of {count} dask workers joined")
+            time.sleep(0.3)
+
+
+def start_dask_cluster(root: Path, api_url: str, hidden: list[Path], workers: int = 2, nthreads: int = 2,
+                       env: dict[str, str] | None = None) -> DaskCluster:
+    """A scheduler and ``workers`` worker processes (no nanny: the pid is the worker). Each worker runs
+    in its own mount namespace with an empty tmpfs over every ``hidden`` directory, from its own
+    working directory under ``root``."""
+    env = env or cluster_env(api_url)
+    port = free_port(HOST)
+    address = f"tcp://{HOST}:{port}"
+    root.mkdir(parents=True, exist_ok=True)
+    scheduler_dir = root / "scheduler"
+    scheduler_dir.mkdir(exist_ok=True)
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "dask", "scheduler", "--host", HOST, "--port", str(port), "--no-dashboard"],
+        cwd=scheduler_dir, env=env, stdin=subprocess.DEVNULL, stdout=open(root / "scheduler.log", "ab"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    cluster = DaskCluster(address, scheduler, hidden=[Path(h).resolve() for h in hidden])
+    try:
+        mounts = " && ".join(f"mount -t tmpfs om-hidden {h}" for h in cluster.hidden) or "true"
+        for n in range(workers):
+            name = f"worker-{n}"
+            workdir = root / name
+            workdir.mkdir(exist_ok=True)
+            log = root / f"{name}.log"
+            command = (f"{mounts} && cd {workdir} && exec {sys.executable} -m dask worker {address} --name {name} "
+                       f"--nthreads {nthreads} --no-nanny --no-dashboard --local-directory {workdir}")
+            process = subprocess.Popen(["unshare", "-m", "sh", "-c", command], cwd=workdir, env=env,
+                                       stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            cluster.workers.append(Worker(name, process, workdir, log))
+        _wait_for_workers(cluster, workers)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real `prefect server start` (API, UI, scheduler) on a free port, with its own PREFECT_HOME."""
+    root = tmp_path_factory.mktemp("prefect-server")
+    server: PrefectServer = start_server(HOST, free_port(HOST), home=root / "home", log=root / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def dask_cluster(tmp_path, prefect_server):
+    """``dask_cluster(hidden=[...], workers=2)`` starts a cluster; all of them stop after the test."""
+    problem = _unshare_problem()
+    if problem:
+        pytest.skip(problem)
+    started: list[DaskCluster] = []
+
+    def start(hidden: list[Path], workers: int = 2, **kwargs) -> DaskCluster:
+        cluster = start_dask_cluster(tmp_path / f"cluster{len(started)}", prefect_server.api_url, hidden, workers,
+                                     **kwargs)
+        started.append(cluster)
+        return cluster
+
+    try:
+        yield start
+    finally:
+        for cluster in started:
+            cluster.stop()
+
+
+def ledger_snapshot(db: Path) -> dict[str, list]:
+    """The ledger record for record, without what differs between equal runs (minted ids, run ids,
+    times, append order across sessions): records with their items, and simulated compactions."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {
+            "records": con.execute(
+                "SELECT session_id, kind, covers_up_to_id, anchor_entry_id, stage, stage_key FROM ledger "
+                "WHERE origin = 'pipeline' ORDER BY ALL").fetchall(),
+            "observations": con.execute(
+                "SELECT session_id, covers_up_to_id, item_index, obs_id, content, ts, relevance, source_entry_ids, "
+                "token_count FROM observations WHERE origin = 'pipeline' ORDER BY ALL").fetchall(),
+            "reflections": con.execute(
+                "SELECT session_id, covers_up_to_id, item_index, refl_id, content, supporting_observation_ids, "
+                "token_count FROM reflections WHERE origin = 'pipeline' ORDER BY ALL").fetchall(),
+            "drops": con.execute("SELECT session_id, covers_up_to_id, item_index, obs_id FROM drops "
+                                 "WHERE origin = 'pipeline' ORDER BY ALL").fetchall(),
+            "compactions": con.execute(
+                "SELECT session_id, compaction_id, first_kept_entry_id, folded, full_fold FROM compactions "
+                "WHERE origin = 'simulated' ORDER BY ALL").fetchall(),
+        }
+    finally:
+        con.close()
