@@ -586,11 +586,20 @@ def run(
 
     if runner not in ("threads", "dask"):
         raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
-    prepare_environment(verbose)
+    if dask_address:
+        runner = "dask"  # an address names a Dask cluster: no other runner can use it
     from om_core.settings import load_settings
-    from om_core.workers.stages import ModelConfig
 
     settings = load_settings(state.config).settings
+    if dask_address:  # before any work: workers elsewhere need a server they reach and shared results
+        import os
+
+        from flows.preflight import check_cluster_run
+
+        check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"), getattr(settings, "resultStorage", None))
+    prepare_environment(verbose)
+    from om_core.workers.stages import ModelConfig
+
     config = ModelConfig.from_settings(settings, model, api_base)
     config.preflight()  # before Prefect starts: credentials, provider, base URL
     if config.offline and not as_json:
