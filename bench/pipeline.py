@@ -33,6 +33,9 @@ What it does:
    session tasks calling stage tasks that only sleep 200 ms (Prefect's own overhead), and the same
    flow whose stage tasks make the run's litellm calls with no DuckDB work at all (the ceiling this
    design reaches on this machine if the ledger cost nothing).
+6. With ``--scaling`` (on by default): bench/scaling.py, model calls per second of ``om run
+   --dask-address`` with 1, 2 and 4 Dask worker processes on a local multi-process cluster (and a
+   real Prefect server) at 1 s model latency, and the scaling ratio against 1 worker.
 
 Usage (from the repository root):
 
@@ -672,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave the fake server's ~40 ms Nagle/delayed-ACK stall per answer in place")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="keep sessions and databases in this directory")
+    parser.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure model calls per second with 1, 2 and 4 Dask worker processes at 1 s "
+                             "model latency (bench/scaling.py; default: on)")
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.runs < 1:
         parser.error("--sessions and --runs must be at least 1")
@@ -721,6 +727,10 @@ def main(argv: list[str] | None = None) -> int:
                 log("baseline: Prefect + litellm without DuckDB…")
                 out["prefect_with_litellm"] = prefect_with_litellm(
                     round(median["stage_tasks"]), round(median["model_calls"]), args.sessions, args.concurrency)
+        if args.scaling:  # outside the ephemeral API: the workers are other processes, on a real server
+            import scaling
+
+            out["scaling"] = scaling.measure([1, 2, 4], log=log)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -728,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2, default=str))
     else:
         print_report(out)
+        if "scaling" in out:
+            scaling.print_scaling(out["scaling"])
     return 0
 
 

@@ -73,18 +73,24 @@ def client_side(tmp_path) -> dict[str, Path]:
 
 def run_env(api_url: str, server: FakeOpenAI, shared: Path, tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "client-home"
-    home.mkdir(exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     return cluster_env(api_url, HOME=str(home), OM_MODEL="openai/fake-model", OM_API_BASE=server.base_url,
                        OM_RESULT_STORAGE=str(shared), OPENAI_API_KEY="sk-fake", **SETTINGS_ENV)
 
 
-def threads_ledger(sessions: Path, env: dict[str, str], tmp_path: Path) -> dict:
-    db = tmp_path / "threads" / "om.duckdb"
-    db.parent.mkdir()
-    env = {**env, "OM_RESULT_STORAGE": str(tmp_path / "threads" / "results")}
-    result = om_run(["--db", str(db), "run", str(sessions), "--json", "--concurrency", "4"], env, db.parent)
+@pytest.fixture(scope="module")
+def threads_ledger(tmp_path_factory, prefect_server) -> dict:
+    """The reference: the same sessions, settings and scripted model on the threads runner."""
+    root = tmp_path_factory.mktemp("threads")
+    sessions = make_sessions(root / "sessions")
+    db = root / "om.duckdb"
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        env = run_env(prefect_server.api_url, server, root / "results", root)
+        result = om_run(["--db", str(db), "run", str(sessions), "--json", "--concurrency", "4"], env, root)
     assert result.returncode == 0, result.stderr[-3000:]
-    return ledger_snapshot(db)
+    ledger = ledger_snapshot(db)
+    assert ledger["records"] and ledger["compactions"]
+    return ledger
 
 
 def assert_workers_wrote_nothing_hidden(cluster, client: Path) -> None:
@@ -150,23 +156,22 @@ def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(dask_cluster
 
 
 @ONE_WRITER
-def test_a_cluster_run_gives_the_ledger_of_a_threads_run(dask_cluster, prefect_server, client_side, tmp_path):
+def test_a_cluster_run_gives_the_ledger_of_a_threads_run(dask_cluster, prefect_server, client_side, tmp_path,
+                                                         threads_ledger):
     cluster = dask_cluster(hidden=[client_side["client"]])
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
-        expected = threads_ledger(client_side["sessions"], env, tmp_path)
         db = client_side["client"] / "om.duckdb"
         result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--task-runner", "dask",
                          "--dask-address", cluster.address], env, client_side["client"])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert expected["records"] and expected["compactions"]
-    assert ledger_snapshot(db) == expected
+    assert ledger_snapshot(db) == threads_ledger
     assert_no_duplicate_record(db)
     assert_workers_wrote_nothing_hidden(cluster, client_side["client"])
 
 
 @ONE_WRITER
-def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, client_side, tmp_path):
+def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, client_side, tmp_path, threads_ledger):
     cluster = dask_cluster(hidden=[client_side["client"]])
     script = ScriptedWorkers(delay=0.05)
     lost = threading.Event()
@@ -177,9 +182,6 @@ def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, clie
             cluster.workers[0].kill()  # kill -9 of a worker while stages are in flight
         return script(body)
 
-    with FakeOpenAI(responder=ScriptedWorkers()) as reference:
-        expected = threads_ledger(client_side["sessions"],
-                                  run_env(prefect_server.api_url, reference, client_side["shared"], tmp_path), tmp_path)
     with FakeOpenAI(responder=responder) as server:
         env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
         db = client_side["client"] / "om.duckdb"
@@ -188,7 +190,7 @@ def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, clie
     assert lost.is_set(), "the run ended before a worker was lost"
     assert cluster.workers[0].process.returncode == -signal.SIGKILL
     assert result.returncode == 0, result.stderr[-3000:]
-    assert ledger_snapshot(db) == expected
+    assert ledger_snapshot(db) == threads_ledger
     assert_no_duplicate_record(db)
     assert_workers_wrote_nothing_hidden(cluster, client_side["client"])
 

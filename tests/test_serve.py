@@ -127,11 +127,12 @@ def test_a_deployment_run_honours_a_setting_from_every_source(tmp_path, prefect_
     """Registered from a directory with a setting from each source, run by a worker that has none of
     them (another directory, an empty HOME, no OM_*): the run gives the ledger of `om run` given the
     same values directly."""
-    from test_flows import make_sessions
-
     api = prefect_server.api_url
     archive = tmp_path / "archive"
-    make_sessions(archive, count=2)
+    for n in range(2):
+        b = SessionBuilder(f"de910e0{n}-aaaa-bbbb-cccc-dddddddddddd", start=f"2026-05-0{n + 1}T09:00:00")
+        b.work_turns(6 + n, f"topic{n}")
+        b.write(archive / f"s{n}.jsonl")
     project, home = tmp_path / "project", tmp_path / "home"
     _pi_settings(home / ".pi" / "agent" / "settings.json", {"keepRecentTokens": 200, "reflectAfterTokens": 9999})
     _pi_settings(project / ".pi" / "settings.json", {"reflectAfterTokens": 300})  # the project's file wins
