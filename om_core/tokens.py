@@ -352,6 +352,55 @@ def _make_counter(enc: Any) -> Callable[[Sequence[str]], list[int]]:
     return joined
 
 
+# Bounded run count (a fallback, named as one). tiktoken's pre-tokenizer makes a run of letters or
+# of punctuation one piece, and BPE on one piece grows faster than linearly with its length: 20 MB
+# of one repeated character (base64, minified output) took many times as long as 20 MB of words.
+# A run of more than LONG_RUN_CHARS characters without whitespace is therefore counted in pieces of
+# RUN_PIECE_CHARS, identical pieces once. The count can differ from the exact one by about a token
+# per cut (a token straddling a cut is counted as two); text without such runs is counted exactly.
+LONG_RUN_CHARS = 1024
+RUN_PIECE_CHARS = 256
+_LONG_RUN = re.compile(r"\S{%d,}" % LONG_RUN_CHARS)
+
+
+def bounded_pieces(text: str) -> list[str] | None:
+    """``text`` cut so that no piece holds more than RUN_PIECE_CHARS of a long run, or None when
+    it has no run longer than LONG_RUN_CHARS (then it is counted whole, exactly)."""
+    if len(text) <= LONG_RUN_CHARS:
+        return None
+    pieces: list[str] = []
+    last = 0
+    for m in _LONG_RUN.finditer(text):
+        if m.start() > last:
+            pieces.append(text[last:m.start()])
+        end = m.end()
+        pieces.extend(text[i:min(i + RUN_PIECE_CHARS, end)] for i in range(m.start(), end, RUN_PIECE_CHARS))
+        last = m.end()
+    if not pieces:
+        return None
+    if last < len(text):
+        pieces.append(text[last:])
+    return pieces
+
+
+def _bounded_counter(count: Callable[[Sequence[str]], list[int]]) -> Callable[[Sequence[str]], list[int]]:
+    """``count`` with long runs counted in bounded pieces (see LONG_RUN_CHARS)."""
+
+    def bounded(texts: Sequence[str]) -> list[int]:
+        cut = [bounded_pieces(t) for t in texts]
+        if not any(cut):
+            return count(texts)
+        unique: dict[str, int] = {}
+        for t, pieces in zip(texts, cut):
+            for piece in pieces or (t,):
+                unique.setdefault(piece, 0)
+        for piece, n in zip(unique, count(list(unique))):
+            unique[piece] = n
+        return [sum(unique[p] for p in pieces) if pieces else unique[t] for t, pieces in zip(texts, cut)]
+
+    return bounded
+
+
 _counters: dict[str, tuple[Any, Callable[[Sequence[str]], list[int]]]] = {}
 
 
@@ -359,7 +408,7 @@ def _counter(encoding: str) -> Callable[[Sequence[str]], list[int]]:
     enc = get_encoding(encoding)  # raises if the encoding is unavailable, every time
     cached = _counters.get(encoding)
     if cached is None or cached[0] is not enc:
-        cached = _counters[encoding] = (enc, _make_counter(enc))
+        cached = _counters[encoding] = (enc, _bounded_counter(_make_counter(enc)))
     return cached[1]
 
 

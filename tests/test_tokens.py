@@ -441,3 +441,94 @@ def test_missing_encoding_file_raises_instead_of_downloading(monkeypatch, tmp_pa
 def test_unknown_encoding_raises():
     with pytest.raises(TokenizerUnavailable, match="unknown tiktoken encoding"):
         count_tokens(["hello"], encoding="no_such_encoding")
+
+
+# ---------------------------------------------------------------- bounded run count (issue 15 item 4)
+
+
+def exact_counts(texts: list[str]) -> list[int]:
+    enc = tokens.get_encoding()
+    return [len(enc.encode_ordinary(t)) for t in texts]
+
+
+def long_runs() -> dict[str, str]:
+    import base64
+    import hashlib
+    import json
+
+    blob = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(2000))
+    minified = json.dumps([{"id": i, "name": f"item{i}", "tags": ["a", "b"], "ok": True} for i in range(600)],
+                          separators=(",", ":"))
+    return {
+        "one char": "log: " + "a" * 40_000 + " end",
+        "base64": "payload " + base64.b64encode(blob).decode() + "\nthat was it",
+        "minified json": "response: " + minified,
+        "hex": "sha " + blob.hex()[:30_000],
+        "punctuation": "=" * 20_000 + "\nEOF",
+    }
+
+
+def test_long_runs_are_counted_in_bounded_pieces_and_identical_pieces_once():
+    seen: list[str] = []
+
+    def fake_count(texts):
+        seen.extend(texts)
+        return [len(t) for t in texts]
+
+    bounded = tokens._bounded_counter(fake_count)
+    text = "head " + "a" * 5_000 + " tail"
+    assert bounded([text, "short text"]) == [len(text), len("short text")]
+    assert max(map(len, seen)) <= tokens.RUN_PIECE_CHARS + len(" tail")
+    assert seen.count("a" * tokens.RUN_PIECE_CHARS) == 1  # counted once, used 19 times
+    seen.clear()
+    normal = "word " * 2_000  # long, but no run over LONG_RUN_CHARS: counted whole
+    assert bounded([normal]) == [len(normal)] and seen == [normal]
+
+
+def test_count_tokens_uses_the_bounded_count_for_long_runs(monkeypatch):
+    calls: list[list[str]] = []
+    real = tokens._make_counter
+
+    def recording(enc):
+        inner = real(enc)
+
+        def count(texts):
+            calls.append(list(texts))
+            return inner(texts)
+        return count
+
+    monkeypatch.setattr(tokens, "_make_counter", recording)
+    monkeypatch.setattr(tokens, "_counters", {})
+    count_tokens(["x" * 100_000], threads=1)
+    assert calls and max(len(t) for batch in calls for t in batch) <= tokens.RUN_PIECE_CHARS
+
+
+def test_bounded_count_stays_close_to_the_exact_count():
+    runs = long_runs()
+    bounded = count_tokens(list(runs.values()), threads=1)
+    for (name, text), got, exact in zip(runs.items(), bounded, exact_counts(list(runs.values()))):
+        assert tokens.bounded_pieces(text) is not None, name
+        assert abs(got - exact) <= max(3, 0.01 * exact), (name, got, exact)
+
+
+def test_normal_text_is_counted_exactly():
+    prose = ("The retry policy backs off exponentially; see https://example.com/docs/retry?page=2 and "
+             "src/om_core/tokens.py:412 for details. ") * 300
+    code = "def handler(request):\n    return {'status': 200, 'body': request.json()}\n" * 200
+    texts = [prose, code, "naïve café 😀 " * 500, "x\ud800y " * 10]
+    assert all(tokens.bounded_pieces(t) is None for t in texts)
+    assert count_tokens(texts, threads=1) == [len(tokens.get_encoding().encode_ordinary(
+        tokens._scrub_surrogates(t))) for t in texts]
+
+
+@pytest.mark.real_sessions
+def test_sample_session_counts_are_unchanged_by_the_bounded_count(large_session):
+    import json
+
+    pieces = []
+    for line in large_session.read_text(encoding="utf-8").splitlines():
+        obj = json.loads(line)
+        if obj.get("type") == "message":
+            pieces.extend(message_text_pieces(obj["message"]))
+    plain = tokens._make_counter(tokens.get_encoding())
+    assert sum(count_tokens(pieces, threads=1)) == pytest.approx(sum(plain(pieces)), rel=0.001)
