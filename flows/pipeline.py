@@ -42,10 +42,10 @@ from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_g
 from flows.storage import stage_result_storage
 from om_core import db as dbmod
 from om_core.circuit import release_run_breaker, run_breaker
-from om_core.errors import OmError
+from om_core.errors import OmError, StorageError, storage_error
 from om_core.ingest import ingest
 from om_core.memory import clocks as read_clocks
-from om_core.model import RetryPolicy
+from om_core.model import ModelError, RetryPolicy
 from om_core.replay import replay_session
 from om_core.replay_payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
     replayed_rows
@@ -210,8 +210,14 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
 @task(name="ingest-sessions", persist_result=False, cache_policy=NO_CACHE)
 def ingest_task(spec: WorkspaceSpec, paths: list[str], run_id: str) -> dict[str, Any]:
     ws = Workspace.from_spec(spec)
-    with ws.write() as con:
-        report = ingest(con, paths, command=f"run {run_id}")
+    try:
+        with ws.write() as con:
+            report = ingest(con, paths, command=f"run {run_id}")
+    except Exception as exc:  # a full disk ends the run with one line, not a task traceback
+        stored = storage_error(exc, spec.db_path)
+        if stored is None:
+            raise
+        return {"files": [], "missing": [], "storage_error": str(stored)}
     return {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
 
 
@@ -272,15 +278,37 @@ def _ingest_errors(ingested: dict[str, Any]) -> tuple[list[str], list[str]]:
     return session_ids, errors + [f"{p}: no such file or directory" for p in ingested["missing"]]
 
 
+def _finish(ws: Workspace, run_id: str, status: str, detail: dict[str, Any]) -> None:
+    try:
+        with ws.write() as con:
+            finish_run(con, run_id, status, detail)
+    except Exception as exc:
+        if storage_error(exc) is None:
+            raise  # a full disk: the run's error line says so; the row cannot be written
+
+
+def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict[str, Any]) -> dict[str, Any]:
+    _finish(ws, run_id, "failed", {"errors": [message]})
+    return {"run_id": run_id, "sessions": [], "errors": [message], "ingest": ingested, "stopped": message}
+
+
 def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
              stage_options: dict[str, Any], command: str, window: int) -> dict[str, Any]:
     ws = Workspace.from_spec(spec)
     settings = ws.settings
     run_id = run_id or dbmod.new_run_id()
-    with ws.write() as con:
-        start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
+    try:
+        with ws.write() as con:
+            start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
+    except Exception as exc:
+        stored = storage_error(exc, spec.db_path)
+        if stored is None:
+            raise
+        return _stopped_by_storage(ws, run_id, str(stored), {"files": [], "missing": []})
     paths, refs, not_found = _split_targets(targets)
     ingested = ingest_task(spec, paths, run_id) if paths else {"files": [], "missing": []}
+    if ingested.get("storage_error"):
+        return _stopped_by_storage(ws, run_id, ingested["storage_error"], ingested)
     session_ids, errors = _resolve_sessions(ws, refs)
     found, ingest_errors = _ingest_errors(ingested)
     session_ids += found
@@ -300,9 +328,18 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     progress_board.start(session_ids)
     results: list[dict[str, Any]] = []
 
+    breaker = run_breaker(run_id)
+
     def collect(future) -> None:  # noqa: ANN001 - a Prefect future
         result = future.result()
-        commit_session_result(ws, result)
+        if not isinstance(breaker.reason, StorageError):  # after a full disk nothing more is written
+            try:
+                commit_session_result(ws, result)
+            except Exception as exc:
+                stored = storage_error(exc, spec.db_path)
+                if stored is None:
+                    raise
+                breaker.trip(stored)  # a full disk: stop the other sessions before their model calls
         results.append({k: v for k, v in result.items() if k != "rows"})
         # the board is drawn here too: a replay on a cluster worker cannot update this process's board
         progress_board.update({"session_id": result["session_id"],
@@ -323,11 +360,10 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     results.sort(key=lambda r: order[r["session_id"]])
     stopped = release_run_breaker(run_id)
     if stopped is not None:
-        errors.insert(0, f"model calls stopped: {stopped}")
+        errors.insert(0, f"model calls stopped: {stopped}" if isinstance(stopped, ModelError) else str(stopped))
     failed = bool(errors) or any(r["error"] for r in results)
-    with ws.write() as con:
-        finish_run(con, run_id, "failed" if failed else "ok",
-                   {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
+    _finish(ws, run_id, "failed" if failed else "ok",
+            {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
     return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested,
             "stopped": None if stopped is None else str(stopped)}
 

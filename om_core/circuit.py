@@ -25,9 +25,9 @@ from om_core.model import ModelError, litellm_model_name
 class CircuitOpen(ModelError):
     """A call that was not sent: the run's breaker tripped on an earlier permanent error."""
 
-    def __init__(self, reason: ModelError) -> None:
-        super().__init__(f"not sent: model calls stopped after {reason}", "permanent", reason.status,
-                         reason.category, reason.variables)
+    def __init__(self, reason: OmError) -> None:
+        super().__init__(f"not sent: model calls stopped after {reason}", "permanent", getattr(reason, "status", None),
+                         getattr(reason, "category", "storage"), getattr(reason, "variables", ()))
         self.reason = reason
 
 
@@ -37,11 +37,11 @@ class CircuitBreaker:
     def __init__(self, unreachable_limit: int = 3) -> None:
         self.unreachable_limit = unreachable_limit
         self._lock = threading.Lock()
-        self._reason: ModelError | None = None
+        self._reason: OmError | None = None  # a ModelError, or a StorageError the run stopped on
         self._unreachable = 0  # connection failures in a row
 
     @property
-    def reason(self) -> ModelError | None:
+    def reason(self) -> OmError | None:
         return self._reason
 
     @property
@@ -70,7 +70,8 @@ class CircuitBreaker:
                     self._reason = ModelError(f"{error} ({self._unreachable} attempts in a row)", "permanent",
                                               error.status, "unreachable")
 
-    def trip(self, error: ModelError) -> None:
+    def trip(self, error: OmError) -> None:
+        """Stop the run's model calls for a reason found outside them (a full disk)."""
         with self._lock:
             if self._reason is None:
                 self._reason = error
@@ -88,7 +89,7 @@ def run_breaker(run_id: str | None) -> CircuitBreaker:
         return _RUNS.setdefault(run_id, CircuitBreaker())
 
 
-def release_run_breaker(run_id: str) -> ModelError | None:
+def release_run_breaker(run_id: str) -> OmError | None:
     """Forget a finished run's breaker; the reason it tripped, if it did."""
     with _RUNS_LOCK:
         breaker = _RUNS.pop(run_id, None)

@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 
-from om_core.errors import DatabaseBusy, DatabaseMissing, NotADatabase
+from om_core.errors import DatabaseBusy, DatabaseMissing, NotADatabase, storage_error
 from om_core.sqlfiles import migrations, query, view_scripts, views_fingerprint
 
 DEFAULT_DB = "om.duckdb"
@@ -41,6 +41,9 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
             return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
+                stored = storage_error(exc, path)
+                if stored is not None:  # a read-only filesystem, no permission, no space: not a bad file
+                    raise stored from None
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise NotADatabase(f"cannot open {path} as a DuckDB database: {reason}") from None
             if time.monotonic() >= deadline:

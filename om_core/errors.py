@@ -37,3 +37,32 @@ class EntryNotFound(OmError):
 
 class InvalidArgument(OmError):
     exit_code = 2
+
+
+class StorageError(OmError):
+    """The database could not be written: no space left, a read-only filesystem, no permission.
+    What was committed before stays; the command stops instead of trying file after file."""
+
+
+_STORAGE_CAUSES = ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded",
+                   "File too large")
+_STORAGE_ERRNOS = {28: "No space left on device", 30: "Read-only file system", 13: "Permission denied",
+                   1: "Operation not permitted", 122: "Disk quota exceeded", 27: "File too large"}
+
+
+def storage_error(exc: BaseException, path: object = None) -> StorageError | None:
+    """A ``StorageError`` naming the path and the cause when ``exc`` is a write failure of the
+    storage (DuckDB reports them as text: 'Could not write file "X": No space left on device')."""
+    if isinstance(exc, StorageError):
+        return exc
+    import re
+
+    text = str(exc)
+    cause = next((c for c in _STORAGE_CAUSES if c.lower() in text.lower()), None)
+    if cause is None and isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        cause = _STORAGE_ERRNOS[exc.errno]
+    if cause is None:
+        return None
+    named = re.search(r'(?:file|directory|open|create|write)\s+"([^"]+)"', text, re.IGNORECASE)
+    where = named.group(1) if named else (getattr(exc, "filename", None) or path)
+    return StorageError(f"cannot write {where}: {cause}" if where else f"cannot write the database: {cause}")

@@ -41,7 +41,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from om_core import db as dbmod
-from om_core.errors import OmError
+from om_core.errors import OmError, StorageError, storage_error
 from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger_candidates
 from om_core.session import ParsedEntry, ParserState, RejectedLine, SessionHeader, SessionParser
 from om_core.runs import finish_run, start_run
@@ -650,8 +650,10 @@ class _FileIngest:
             raise
         finally:
             for reader in (self.reader, self.prepared[1] if self.prepared else None):
-                if reader is not None and not reader.done:
-                    reader.abandon()  # the read-ahead thread stops reading it
+                if reader is not None and (not reader.done or reader.events):
+                    # the read-ahead thread stops reading it, and its queued batches no longer
+                    # count against the read-ahead budget (else the thread waits for ever)
+                    reader.abandon()
         self.con.execute("COMMIT")
         return report
 
@@ -937,8 +939,24 @@ def ingest(
     files, missing = discover(paths)
     run_id = dbmod.new_run_id()
     report = IngestReport(run_id=run_id, missing_paths=missing)
+    where = None if isinstance(db, duckdb.DuckDBPyConnection) else db
+    try:
+        return _ingest_files(db, files, report, started, progress, encoding, threads, command)
+    except Exception as exc:
+        # A write error of the storage ends the ingest: every later file would fail the same way.
+        stored = storage_error(exc, where)
+        if stored is None:
+            raise
+        kept = sum(1 for f in report.files if not f.error)
+        raise StorageError(f"{stored} (ingest stopped; {kept} file(s) before it are stored and readable)") from None
+
+
+def _ingest_files(db, files: list[Path], report: IngestReport, started: float, progress: ProgressFn | None,
+                  encoding: str, threads: int, command: str) -> IngestReport:
+    run_id = report.run_id
     holder = _Connection(db)
     ahead: _ReadAhead | None = None
+    failed = False
     try:
         start_run(holder.con, run_id, command, {"paths": [str(p) for p in files]})
         ahead = _ReadAhead(holder, files, progress, encoding, threads)
@@ -958,12 +976,21 @@ def ingest(
             except OmError:
                 raise
             except Exception as exc:  # a bad file is reported, never fatal to the rest
+                if storage_error(exc) is not None:
+                    raise  # but a full disk is fatal to all
                 report.files.append(FileReport(path=str(path), status="error", error=f"{type(exc).__name__}: {exc}"))
         report.seconds = time.monotonic() - started
         status = "failed" if any(f.error for f in report.files) else "ok"
         finish_run(holder.con, run_id, status, report.summary())
+    except BaseException:
+        failed = True
+        raise
     finally:
         if ahead is not None:
             ahead.close()
-        holder.close()
+        try:
+            holder.close()  # may checkpoint: a full disk can fail here too
+        except Exception:
+            if not failed:
+                raise
     return report

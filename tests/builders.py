@@ -154,3 +154,19 @@ class SessionBuilder:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.text(), encoding="utf-8")
         return path
+
+
+def incompressible_sessions(folder: Path, count: int = 20) -> list[Path]:
+    """About 4 MB of text that does not compress (DuckDB compresses repeated text)."""
+    import random
+
+    paths = []
+    for n in range(count):
+        rng = random.Random(n)
+        b = SessionBuilder(f"f{n:07x}-1111-2222-3333-444444444444")
+        for i in range(200):
+            words = " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9)))
+                             for _ in range(160))
+            (b.user if i % 2 == 0 else b.assistant)(f"file {n} line {i} {words}")
+        paths.append(b.write(folder / f"s{n:02d}.jsonl"))
+    return paths

@@ -83,3 +83,22 @@ def prefect_api():
 
 # The real-cluster harness (a Prefect server, a Dask scheduler and workers): tests/cluster.py.
 from cluster import dask_cluster, prefect_server  # noqa: E402,F401
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A tmpfs of a few MB (root only): the test gets its path and remounts it."""
+    import subprocess
+
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+
+    def remount(options: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{options}", str(mount)], check=True)
+
+    yield mount, remount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)

@@ -244,3 +244,23 @@ def test_om_run_on_a_real_session_with_the_offline_baseline(prefect_api, tmp_pat
     [row] = summary["sessions"]
     assert row["observations"] > 50 and row["reflections"] > 0 and row["compactions"] >= 2
     assert_ledger_sound(db)
+
+
+def test_om_run_on_a_full_disk_ends_with_one_line(prefect_api, tmp_path, small_fs):
+    from builders import incompressible_sessions
+
+    mount, _ = small_fs
+    incompressible_sessions(tmp_path / "in")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
+    done = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(mount / "om.duckdb"), "run",
+                           str(tmp_path / "in")], env={**env, "PREFECT_API_URL": prefect_api, "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=300)  # the timeout: nothing waits for ever
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "offline baseline" not in line]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert str(mount) in lines[0] and "No space left on device" in lines[0]
+    con = duckdb.connect(str(mount / "om.duckdb"), read_only=True)  # what was committed is readable
+    try:
+        assert con.execute("SELECT count(*) FROM sessions").fetchone()[0] > 0
+    finally:
+        con.close()

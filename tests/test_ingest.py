@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from builders import SessionBuilder
+from builders import SessionBuilder, incompressible_sessions
 from conftest import shared_session
 from om_core import db as dbmod
 from om_core.ingest import ingest
@@ -944,3 +944,110 @@ def test_real_sessions_are_lossless(real_db):
         stored = q(db, "SELECT line_no, raw FROM entries WHERE session_id = ? ORDER BY line_no", [sid])
         assert stored == [(n, file_lines[n - 1]) for n in range(2, len(stored) + 2)]
         assert file_lines[len(stored) + 1:] == [""]
+
+
+# ------------------------------------------------------------------ write errors (issue 12, item 5)
+
+
+def test_a_file_failing_with_batches_still_queued_does_not_stall_the_read_ahead(tmp_path, db_path, monkeypatch):
+    """The read-ahead thread waits while its queued batches exceed the budget; a file that fails after
+    the thread read it to the end must give its queued batches back, or both threads wait for ever."""
+    import threading
+    import time
+
+    import om_core.ingest as ingest_mod
+
+    monkeypatch.setattr(ingest_mod, "READ_AHEAD_BYTES", 1)
+    paths = []
+    for n in range(3):
+        b = SessionBuilder(f"0a0b0c0d-1111-2222-3333-44444444444{n}")
+        for i in range(20):
+            (b.user if i % 2 == 0 else b.assistant)(f"line {i} of file {n}")
+        paths.append(b.write(tmp_path / f"s{n}.jsonl"))
+    claim = ingest_mod._FileIngest._claim_session
+
+    def failing_claim(self, session_id):
+        if self.path.name == "s0.jsonl":
+            deadline = time.monotonic() + 5
+            while not self.reader.done and time.monotonic() < deadline:
+                time.sleep(0.01)  # the read-ahead thread has queued the rest of the file
+            raise ValueError("this file cannot be stored")
+        return claim(self, session_id)
+
+    monkeypatch.setattr(ingest_mod._FileIngest, "_claim_session", failing_claim)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(report=ingest(db_path, paths)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the ingest waits for ever"
+    statuses = [(Path(f.path).name, f.status) for f in result["report"].files]
+    assert statuses == [("s0.jsonl", "error"), ("s1.jsonl", "new"), ("s2.jsonl", "new")]
+
+
+def test_storage_errors_name_the_path_and_the_cause():
+    from om_core.errors import storage_error
+
+    wal = duckdb.TransactionException('TransactionContext Error: Failed to commit: Could not write file '
+                                      '"/data/om.duckdb.wal": No space left on device')
+    assert str(storage_error(wal)) == "cannot write /data/om.duckdb.wal: No space left on device"
+    ro = OSError(30, "Read-only file system", "/data/om.duckdb")
+    assert str(storage_error(ro)) == "cannot write /data/om.duckdb: Read-only file system"
+    assert storage_error(OSError("disk full")) is None  # not a storage error DuckDB or the OS reports
+    assert storage_error(ValueError("bad line")) is None
+
+
+def _om(args: list[str], cwd: Path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
+    return subprocess.run([sys.executable, "-m", "om_core.cli", *args], cwd=cwd, env={**env, "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=120)  # the timeout: nothing waits for ever
+
+
+def test_a_full_disk_ends_the_ingest_with_one_line_and_keeps_what_was_committed(tmp_path, small_fs):
+    mount, remount = small_fs
+    incompressible_sessions(tmp_path / "in")
+    db = mount / "om.duckdb"
+    for attempt in ("first", "retry on the still full disk"):
+        done = _om(["--db", str(db), "ingest", str(tmp_path / "in")], tmp_path)
+        assert done.returncode == 1, (attempt, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, (attempt, done.stderr)
+        assert str(mount) in lines[0] and "No space left on device" in lines[0], (attempt, lines)
+        assert "Traceback" not in done.stderr
+    # what was committed is readable and whole: every listed session has all its entries
+    reference = tmp_path / "reference.duckdb"
+    ingest(reference, [tmp_path / "in"])
+    listed = _om(["--db", str(db), "sessions", "--json"], tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    expected = {r[0]: r[1] for r in q(reference, "SELECT session_id, entry_count FROM sessions")}
+    got = {s["session_id"]: s["entry_count"] for s in json.loads(listed.stdout)}
+    assert got and len(got) < len(expected)  # some files fitted, not all
+    assert all(got[sid] == expected[sid] for sid in got)
+    # with space again, the same command completes and the result is as if the disk had never filled
+    remount("size=200m")
+    done = _om(["--db", str(db), "ingest", str(tmp_path / "in")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    shutil.copy(db, tmp_path / "copy.duckdb")
+    if (mount / "om.duckdb.wal").exists():
+        shutil.copy(mount / "om.duckdb.wal", tmp_path / "copy.duckdb.wal")
+    assert snapshot(tmp_path / "copy.duckdb", volatile=False) == snapshot(reference, volatile=False)
+
+
+def test_a_read_only_filesystem_is_one_line_and_reads_still_work(tmp_path, small_fs):
+    mount, remount = small_fs
+    first = SessionBuilder(SID)
+    first.user("hello")
+    db = mount / "om.duckdb"
+    assert _om(["--db", str(db), "ingest", str(first.write(tmp_path / "a.jsonl"))], tmp_path).returncode == 0
+    remount("ro")
+    second = SessionBuilder("0a0b0c0d-1111-2222-3333-555555555555")
+    second.user("more")
+    done = _om(["--db", str(db), "ingest", str(second.write(tmp_path / "b.jsonl"))], tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert str(mount) in line and "Read-only file system" in line
+    listed = _om(["--db", str(db), "sessions", "--json"], tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [s["session_id"] for s in json.loads(listed.stdout)] == [SID]
