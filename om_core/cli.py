@@ -16,14 +16,73 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from om_core.db import resolve_db_path
 from om_core.errors import InvalidArgument, OmError
 
-app = typer.Typer(
+# Placeholders in help and usage lines are the names users type (SESSION, --leaf ID, PATHS...), not
+# Typer's {session} and <str>; flags show none.
+_OPTION_METAVARS = {"leaf": "ID", "first_kept": "ID", "session": "SESSION", "model": "MODEL", "api_base": "URL",
+                    "dask_address": "URL", "db": "PATH", "config": "FILE", "out_file": "FILE", "out_dir": "DIR",
+                    "archive": "DIR", "live": "DIR", "every": "SECONDS", "runner": "NAME", "model_limit": "WHERE"}
+
+
+class _Argument(TyperArgument):
+    def display_type_rich(self, ctx) -> None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw + ("..." if self.nargs != 1 else "")
+        return name if self.required else f"[{name}]"
+
+
+def _name_placeholders(params) -> None:
+    for param in params:
+        if isinstance(param, TyperArgument):
+            if param.metavar is None:
+                param.metavar = param.name.upper()
+            param.__class__ = _Argument
+        elif isinstance(param, TyperOption) and param.metavar is None:
+            by_type = {"int": "N", "float": "N", "Path": "PATH"}.get(param.bare_type(), "TEXT")
+            param.metavar = "" if param.is_flag else _OPTION_METAVARS.get(param.name, by_type)
+
+
+class _Command(TyperCommand):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _name_placeholders(self.params)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        _name_placeholders([option] if option is not None else [])
+        return option
+
+
+class _Group(TyperGroup):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _name_placeholders(self.params)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        _name_placeholders([option] if option is not None else [])
+        return option
+
+
+class _Typer(typer.Typer):
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any):
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _Typer(
     name="om",
     help="Observational memory for Pi sessions: ingest session files into DuckDB, keep a memory "
     "ledger, fold it into compactions, and recall the evidence behind any memory id.",
+    epilog="Examples:\n  om ingest ~/.pi/agent/sessions\n  om run ~/.pi/agent/sessions --model openai/gpt-4o-mini\n"
+    "  om sessions\n  om view SESSION\n  om recall ID\n\nom COMMAND --help shows each command's options.",
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -48,12 +107,22 @@ def _global(
     config: Optional[Path] = typer.Option(
         None, "--config", help="Settings file (TOML; default ./om.toml when present).", show_default=False
     ),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=lambda on: _print_version(on),
+                                 help="Print om's version and exit."),
 ) -> None:
     state.db = resolve_db_path(db)
     state.config = config
     for console in (out, err):
         if not console.is_terminal:
             console.width = 100_000  # piped: whole values in tables and one-line messages, never folded at 80
+
+
+def _print_version(on: bool) -> None:
+    if on:
+        from om_core import __version__
+
+        sys.stdout.write(f"om {__version__}\n")
+        raise typer.Exit()
 
 
 def _examples(*lines: str) -> str:
@@ -75,7 +144,7 @@ def _print_json(data: Any) -> None:
 # ------------------------------------------------------------------ ingest
 
 
-@app.command()
+@app.command(epilog=_examples('om ingest ~/.pi/agent/sessions', 'om ingest session.jsonl other.jsonl --json'))
 def ingest(
     paths: list[Path] = typer.Argument(..., help="Session files, or directories searched recursively for *.jsonl."),
     as_json: bool = typer.Option(False, "--json", help="Print the ingest report as JSON."),
@@ -111,7 +180,7 @@ def ingest(
             for note in f.notes[:5]:
                 err.print(f"  [yellow]note[/] {escape(f'{f.path}: {note}')}")
             if f.error:
-                err.print(f"[red]error[/] {escape(f'{f.path}: {f.error}')}")
+                err.print(f"[red]error:[/] {escape(f'{f.path}: {f.error}')}", highlight=False)
         for missing in report.missing_paths:
             err.print(f"[red]not found[/] {escape(str(missing))}")
     if report.missing_paths or any(f.error for f in report.files):
@@ -121,7 +190,7 @@ def ingest(
 # ------------------------------------------------------------------ sessions, sql, cutpoint
 
 
-@app.command()
+@app.command(epilog=_examples('om sessions', 'om sessions --json'))
 def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions as JSON.")) -> None:
     """List ingested sessions."""
     from om_core.catalog import sessions as list_sessions
@@ -130,11 +199,10 @@ def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions 
     if as_json:
         _print_json([r.model_dump(mode="json") for r in rows])
         return
-    table = Table("session", "file", "version", "entries", "source", "leaves", "tokens (pi)", "current leaf")
-    for r in rows:
-        table.add_row(escape(r.session_id), escape(r.file_path), str(r.version), str(r.entry_count),
-                      str(r.source_count), str(r.leaf_count), str(r.tokens_pi or 0), r.leaf_id or "")
-    out.print(table)
+    _print_rows(["session", "file", "version", "entries", "source", "leaves", "tokens (pi)", "current leaf"],
+                [[r.session_id, r.file_path, str(r.version), str(r.entry_count), str(r.source_count),
+                  str(r.leaf_count), str(r.tokens_pi or 0), r.leaf_id or ""] for r in rows],
+                fold={"file"})
 
 
 @app.command(epilog=_examples(
@@ -153,8 +221,9 @@ def sql(
 ) -> None:
     """Run read-only SQL queries against the ledger (tables and views are listed in the README).
 
-    Only queries run: statements that write (COPY, EXPORT, ATTACH, INSERT, CREATE, ...), install or
-    load extensions, or change settings are refused before anything runs. BLOBs print as hex.
+    Only queries run: writes (COPY, EXPORT, ATTACH, INSERT, ...), INSTALL/LOAD and SET are refused.
+
+    BLOBs print as hex; on a narrow terminal, wide results print one block per row.
     """
     from om_core.catalog import run_sql
 
@@ -179,17 +248,28 @@ def sql(
             _print_rows(result.columns, result.text_rows())
 
 
-def _print_rows(columns: list[str], rows: list[list[str]]) -> None:
-    """A table; on a terminal too narrow for it, one block per row (column, value) so nothing is squeezed."""
-    from rich.measure import Measurement
-
-    table = Table(*columns)
+def _print_rows(columns: list[str], rows: list[list[str]], fold: set[str] = frozenset(),
+                title: str | None = None) -> None:
+    """A table of plain text whose values are never cut: only the columns in ``fold`` (paths) may fold.
+    On a terminal too narrow for that, one block per row (column, value) instead."""
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(escape(name), no_wrap=name not in fold, overflow="fold")
     for row in rows:
         table.add_row(*(escape(v) for v in row))
-    natural = Measurement.get(out, out.options.update(max_width=1_000_000), table).maximum
-    if not out.is_terminal or natural <= out.width:
+    if not out.is_terminal:
         out.print(table)
         return
+    with out.capture() as captured:
+        out.print(table)
+    text = captured.get()
+    whole = [i for i, name in enumerate(columns) if name not in fold]
+    if all(row[i] in text for row in rows for i in whole):
+        out.file.write(text)
+        out.file.flush()
+        return
+    if title:
+        out.print(escape(title))
     for n, row in enumerate(rows, 1):
         out.print(f"[bold]-- row {n}[/]")
         grid = Table.grid(padding=(0, 2))
@@ -202,7 +282,7 @@ def _print_rows(columns: list[str], rows: list[list[str]]) -> None:
         out.print("(no rows)")
 
 
-@app.command()
+@app.command(epilog=_examples('om cutpoint SESSION', 'om cutpoint SESSION --leaf ID --keep-recent 8000 --json'))
 def cutpoint(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as if the branch ended at this entry."),
@@ -240,7 +320,7 @@ def cutpoint(
 # ------------------------------------------------------------------ memory: view, compact, recall, status
 
 
-@app.command()
+@app.command(epilog=_examples('om view SESSION', 'om view SESSION --full', 'om view SESSION --leaf ID --json'))
 def view(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Any entry id: memory as of that point on its branch."),
@@ -279,23 +359,38 @@ def view(
     sys.stdout.write(summary + "\n")
 
 
-@app.command()
+@app.command(epilog=_examples(
+    'om compact SESSION', 'om compact SESSION --first-kept ID --gap-safe', 'om compact SESSION --json'))
 def compact(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
-    first_kept: str = typer.Option(..., "--first-kept", help="F: the first entry Pi keeps verbatim."),
+    first_kept: Optional[str] = typer.Option(None, "--first-kept", help="F: the first entry Pi keeps verbatim "
+                                             "(default: Pi's own cut point)."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
     pool_max: Optional[int] = typer.Option(None, "--pool-max", min=1, help="observationsPoolMaxTokens (default: the "
                                            "setting, 20000 unless configured)."),
     gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
-                                  "(SPEC §10); reports how much the kept tail grew."),
+                                  "(neither summarized nor kept); reports how much the kept tail grew."),
     as_json: bool = typer.Option(False, "--json", help="Print fullFold, ids, summary and the om.folded details."),
 ) -> None:
-    """The compaction the ledger gives at F: deterministic, model-free (SPEC §4-5)."""
+    """The compaction the ledger gives at F (the first entry Pi keeps): deterministic and model-free.
+
+    Without --first-kept, F is Pi's own cut point (as `om cutpoint` shows), and the command says so.
+    """
     from om_core.memory import compact as run_compact
 
     from om_core.settings import load_settings
 
     settings = load_settings(state.config).settings
+    cut = None
+    if first_kept is None:
+        from om_core.catalog import cut_point
+
+        cut = cut_point(state.db, session, leaf, settings.keepRecentTokens)
+        first_kept = cut.firstKeptEntryId
+        if not as_json:
+            err.print(f"no --first-kept: using Pi's cut point, first kept entry {cut.firstKeptEntryId} (position "
+                      f"{cut.firstKeptPosition} on the branch, keepRecentTokens {settings.keepRecentTokens})",
+                      highlight=False)
     boundary = None
     if gap_safe:
         from om_core.gaps import gap_safe_at
@@ -305,7 +400,8 @@ def compact(
     pool = pool_max if pool_max is not None else settings.observationsPoolMaxTokens
     result = run_compact(state.db, session, first_kept, leaf, pool)
     if as_json:
-        _print_json({**result.as_json(), **({"gapSafe": boundary.as_json()} if boundary else {})})
+        _print_json({**result.as_json(), **({"cutPoint": cut.model_dump()} if cut else {}),
+                     **({"gapSafe": boundary.as_json()} if boundary else {})})
         return
     if boundary is not None:
         err.print(f"gap-safe first kept entry: {boundary.first_kept} (plain {boundary.plain_first_kept}; the kept "
@@ -318,7 +414,7 @@ def compact(
               f"reflections={len(result.memory.reflections)}")
 
 
-@app.command()
+@app.command(epilog=_examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c1b2d4e --session SESSION --json'))
 def recall(
     memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id."),
     session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions)."),
@@ -337,11 +433,13 @@ def recall(
         _print_recall(result)
     if result.status == "invalid_id":
         raise typer.Exit(2)
+    if result.status != "found":
+        raise typer.Exit(1)
 
 
 def _print_recall(result) -> None:
     if result.status != "found":
-        err.print(escape(result.message or result.status), highlight=False)
+        err.print("error: " + escape(result.message or result.status), highlight=False)
         return
 
     def flagged(x) -> str:
@@ -379,7 +477,7 @@ def _print_recall(result) -> None:
             out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missingSupportingObservationIds)}")
 
 
-@app.command()
+@app.command(epilog=_examples('om status SESSION', 'om status SESSION --leaf ID --json'))
 def status(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Status as of this entry (default: current leaf)."),
@@ -423,13 +521,13 @@ def status(
 # ------------------------------------------------------------------ gaps, export, report
 
 
-@app.command()
+@app.command(epilog=_examples('om gaps', 'om gaps SESSION --gap-safe', 'om gaps --json'))
 def gaps(
     sessions: Optional[list[str]] = typer.Argument(None, help="Sessions (default: all)."),
     gap_safe: bool = typer.Option(False, "--gap-safe", help="Report the same for the gap-safe boundaries."),
     as_json: bool = typer.Option(False, "--json", help='Print {"compactions": [...], "totals": {class: count}}.'),
 ) -> None:
-    """Compaction gaps (SPEC §10): raw messages in neither the summary nor the kept tail, per compaction
+    """Compaction gaps: raw messages in neither the summary nor the kept tail, per compaction
     (Pi's own, the extension's, simulated) on every branch it appears on, with totals per class."""
     from om_core.gaps import gaps as run_gaps
     from om_core.settings import load_settings
@@ -438,16 +536,16 @@ def gaps(
     if as_json:
         _print_json(report.as_json())
         return
-    table = Table("session", "compaction", "origin", "F", "C", "gap msgs", "gap tokens", "class",
-                  title="compaction gaps" + (" (gap-safe boundaries)" if gap_safe else ""))
-    for c in report.compactions:
-        table.add_row(c.session_id[:8], c.compaction_id, c.origin + (f"/{c.trigger}" if c.trigger else ""),
-                      str(c.first_kept_position), str(c.c_position), str(c.gap_messages), str(c.gap_tokens), c.class_)
-    out.print(table)
+    _print_rows(["session", "compaction", "origin", "F", "C", "gap msgs", "gap tokens", "class"],
+                [[c.session_id, c.compaction_id, c.origin + (f"/{c.trigger}" if c.trigger else ""),
+                  str(c.first_kept_position), str(c.c_position), str(c.gap_messages), str(c.gap_tokens), c.class_]
+                 for c in report.compactions],
+                title="compaction gaps" + (" (gap-safe boundaries)" if gap_safe else ""))
     out.print("totals: " + ", ".join(f"{k} {v}" for k, v in report.totals().items()))
 
 
-@app.command()
+@app.command(epilog=_examples(
+    'om export SESSION --out continued.jsonl', 'om export SESSION --out continued.jsonl --force --json'))
 def export(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     out_file: Path = typer.Option(..., "--out", help="The new session file to write (never the input)."),
@@ -466,7 +564,7 @@ def export(
                   f"{report.relinked} entr(ies) re-linked after records")
 
 
-@app.command()
+@app.command(epilog=_examples('om report', 'om report SESSION --out report-dir'))
 def report(
     sessions: Optional[list[str]] = typer.Argument(None, help="Sessions (default: all)."),
     out_dir: Path = typer.Option(Path("report"), "--out", help="Directory for index.html."),
@@ -517,7 +615,7 @@ def _stage_setup(model: Optional[str], api_base: Optional[str], as_json: bool):
     return ws, config
 
 
-@app.command()
+@app.command(epilog=_examples('om observe SESSION', 'om observe SESSION --model openai/gpt-4o-mini'))
 def observe(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Observe the branch ending at this entry."),
@@ -538,7 +636,7 @@ def observe(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(epilog=_examples('om reflect SESSION', 'om reflect SESSION --model anthropic/claude-sonnet-4-5 --json'))
 def reflect(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Reflect on the branch ending at this entry."),
@@ -563,7 +661,9 @@ def reflect(
 # ------------------------------------------------------------------ the pipeline: run, serve
 
 
-@app.command()
+@app.command(epilog=_examples(
+    'om run ~/.pi/agent/sessions', 'om run session.jsonl --model openai/gpt-4o-mini --concurrency 2',
+    'om run SESSION --model offline --json'))
 def run(
     targets: list[str] = typer.Argument(..., help="Session files, directories, or ingested session ids."),
     model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=_model_options_help()),
@@ -682,7 +782,8 @@ def _print_run_table(summary, rows) -> None:
             err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    'om serve --live ~/.pi/agent/sessions --every 600', 'om --db /data/om.duckdb serve --archive ~/pi-archive'))
 def serve(
     archive: Optional[Path] = typer.Option(None, "--archive", help="Directory of archived sessions to process."),
     live: Optional[Path] = typer.Option(None, "--live", help="Live sessions directory to maintain on a schedule."),
@@ -731,7 +832,7 @@ def serve(
             server.stop()
 
 
-@app.command("config")
+@app.command("config", epilog=_examples('om config', 'om --config team.toml config --json'))
 def show_config(as_json: bool = typer.Option(False, "--json", help="Print settings and sources as JSON.")) -> None:
     """Print the resolved settings and where each value came from (defaults, Pi settings files,
     om.toml or --config, OM_* environment variables)."""
@@ -739,8 +840,10 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print settin
 
     resolved = load_settings(state.config)
     if as_json:
+        rows = resolved.rows()
         _print_json({"settings": resolved.settings.model_dump(mode="json"),
-                     "sources": {k: src for k, _, src in resolved.rows()}, "notes": resolved.notes})
+                     "effective": {k: value for k, value, _ in rows},
+                     "sources": {k: src for k, _, src in rows}, "notes": resolved.notes})
         return
     table = Table("setting", "value", "source")
     for key, value, source in resolved.rows():
@@ -760,13 +863,33 @@ app.add_typer(eval_app, name="eval")
 def main() -> None:
     """Console entry point: one error handler for every command."""
     try:
-        app()
+        code = app(prog_name="om", standalone_mode=False)
+    except typer.TyperException as exc:  # a usage error: unknown option, missing argument, bad value
+        _print_usage_error(exc)
+        sys.exit(exc.exit_code)
     except OmError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _print_usage_error(exc: typer.TyperException) -> None:
+    """Typer's boxed usage message on a terminal; one line (``error: …``) when stderr is not one."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `om` alone, or a command without its arguments
+        exc.show()
+        return
+    if err.is_terminal:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+        return
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    message = " ".join(exc.format_message().split())
+    err.print(f"error: {escape(message)}{hint}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

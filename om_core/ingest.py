@@ -195,6 +195,10 @@ class _Plan:
         return self.action not in ("unchanged", "touch")
 
 
+def _no_header_error(lines: int) -> str:
+    return f"not a Pi session file: no valid session header in {lines} line(s) (all kept in quarantine)"
+
+
 def _plan(con: duckdb.DuckDBPyConnection, path: Path) -> _Plan:
     """Decide what to do with ``path``. Only reads: ``con`` may be a cursor beside the writing connection
     (a file's row is changed by nothing but the ingest of that file)."""
@@ -670,7 +674,10 @@ class _FileIngest:
             plan = _plan(self.con, self.path)
         session_id = plan.row[1] if plan.row else None
         if plan.action == "unchanged":
-            return FileReport(path=self.key, session_id=session_id, status="unchanged")
+            report = FileReport(path=self.key, session_id=session_id, status="unchanged")
+            if plan.row[2] == "no_header" and plan.row[6]:  # still not a session: still an error
+                report.error = _no_header_error(plan.row[6])
+            return report
         if plan.action == "touch":
             self.con.execute(query("touch_session_file"), {"file_path": self.key, "size_bytes": plan.stat.st_size,
                                                            "mtime_ns": plan.stat.st_mtime_ns})
@@ -759,7 +766,10 @@ class _FileIngest:
             report.notes.append(f"same session id as {duplicate_of}; file skipped")
         elif state.header is None:
             report.status = "no_header"
-            report.notes.append("no valid session header: Pi would read this file as empty")
+            if line_no:  # lines, none of them a session header: not a Pi session (an empty file may become one)
+                report.error = _no_header_error(line_no)
+            else:
+                report.notes.append("empty file: no session header yet")
         else:
             self._finish_session(state, report)
         self.con.execute(query("upsert_session_file"), {

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from om_core.errors import OmError
 
@@ -75,6 +75,14 @@ class Settings(BaseModel):
     # unset: a folder next to the database
     resultStorage: str | None = None
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_string(cls, value: Any) -> Any:
+        """A litellm model string (``openai/gpt-4o-mini``) wherever a model is set: om.toml, Pi's settings."""
+        if isinstance(value, str):
+            return {"id": value.strip()} if value.strip() else None
+        return value
+
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:
         if self.observationsPoolTargetTokens is not None and self.observationsPoolTargetTokens >= self.observationsPoolMaxTokens:
@@ -101,6 +109,24 @@ class Settings(BaseModel):
             return math.floor(self.contextWindow * self.compactAfterTokensRatio)
         return self.compactAfterTokens
 
+    def derived(self) -> dict[str, tuple[Any, str]]:
+        """Settings whose effective value follows from others: key -> (value, the rule that gave it)."""
+        found: dict[str, tuple[Any, str]] = {}
+        if self.observerChunkMaxTokens is None:
+            rule = (f"20% of contextWindow {self.contextWindow}, at least {MIN_CHUNK_TOKENS}" if self.contextWindow
+                    else f"{DEFAULT_CHUNK_TOKENS}, as no contextWindow is set")
+            found["observerChunkMaxTokens"] = (self.chunk_max_tokens, rule)
+        if self.observationsPoolTargetTokens is None:
+            found["observationsPoolTargetTokens"] = (
+                self.pool_target_tokens, f"half of observationsPoolMaxTokens {self.observationsPoolMaxTokens}")
+        if self.compactAfterTokensMode == "ratio":
+            found["compactAfterTokens"] = (
+                self.compact_threshold,
+                f"ratio mode: contextWindow {self.contextWindow} x compactAfterTokensRatio "
+                f"{self.compactAfterTokensRatio}" if self.contextWindow else
+                f"ratio mode without a contextWindow: compactAfterTokens {self.compactAfterTokens} applies")
+        return found
+
 
 # ---------------------------------------------------------------- where settings come from
 
@@ -125,8 +151,19 @@ class ResolvedSettings(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
     def rows(self) -> list[tuple[str, Any, str]]:
+        """(key, effective value, source) per setting; a derived value's source is its rule."""
         data = self.settings.model_dump(mode="json")
-        return [(key, data[key], self.sources.get(key, "default")) for key in FIELDS]
+        derived = self.settings.derived()
+        rows = []
+        for key in FIELDS:
+            source = self.sources.get(key, "default")
+            if key in derived:
+                value, rule = derived[key]
+                rows.append((key, value, f"derived: {rule}" + (f" (value from {source} not used)"
+                                                               if key in self.sources else "")))
+            else:
+                rows.append((key, data[key], source))
+        return rows
 
 
 def _canonical(key: str) -> str | None:

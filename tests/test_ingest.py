@@ -642,7 +642,9 @@ def test_directory_with_good_and_bad_files(tmp_path, db_path):
     statuses = {Path(f.path).name: f.status for f in report.files}
     assert statuses == {"2026_g1.jsonl": "new", "2026_g2.jsonl": "new", "nohead.jsonl": "no_header",
                         "garbage.jsonl": "no_header", "empty.jsonl": "no_header"}
-    assert not any(f.error for f in report.files)
+    # lines but no header: an error for that file alone; an empty file may still become a session
+    assert sorted(Path(f.path).name for f in report.files if f.error) == ["garbage.jsonl", "nohead.jsonl"]
+    assert all("not a Pi session" in f.error and "\n" not in f.error for f in report.files if f.error)
     assert report.missing_paths == []
     assert report.entries_added == 3
     assert q(db_path, "SELECT session_id, entry_count FROM sessions ORDER BY 1") == [
@@ -653,6 +655,7 @@ def test_directory_with_good_and_bad_files(tmp_path, db_path):
     # and again: everything unchanged
     again = ingest(db_path, [root])
     assert {f.status for f in again.files} == {"unchanged"}
+    assert sorted(Path(f.path).name for f in again.files if f.error) == ["garbage.jsonl", "nohead.jsonl"]
 
 
 def test_missing_path_is_reported_and_others_ingested(tmp_path, db_path):

@@ -71,7 +71,7 @@ def test_defaults_match_spec_section_11(dirs):
     assert s.passive is False
     assert s.redactSecrets is True
     assert resolved.sources == {} and resolved.notes == []
-    assert all(src == "default" for _, _, src in resolved.rows())
+    assert all(src == "default" or src.startswith("derived: ") for _, _, src in resolved.rows())
 
 
 @pytest.mark.parametrize("window, chunk", [(200_000, 40_000), (128_000, 25_600), (1_290, 258), (1_000, 256),
@@ -325,3 +325,52 @@ def test_om_config_table_lists_every_setting(tmp_path):
     assert result.exit_code == 0, result.output
     for key in ("observeAfterTokens", "observerChunkMaxTokens", "observationsPoolTargetTokens", "agentMaxTurns"):
         assert key in result.output
+
+
+# ------------------------------------------------------------------ a litellm string as model, derived values
+
+
+def test_model_accepts_a_litellm_string_in_om_toml_and_pi_settings(dirs):
+    home, project = dirs
+    (project / "om.toml").write_text('model = "openai/gpt-4o-mini"\n')
+    s = load_settings(home=home, cwd=project, env={}).settings
+    assert s.model.litellm_name == "openai/gpt-4o-mini" and s.model.thinking == "off"
+    (project / "om.toml").unlink()
+    g = global_pi(home, {"observational-memory": {"model": "anthropic/claude-sonnet-4-5"}})
+    resolved = load_settings(home=home, cwd=project, env={})
+    assert resolved.settings.model.litellm_name == "anthropic/claude-sonnet-4-5"
+    assert resolved.sources["model"] == str(g)
+    assert ModelConfig.from_settings(resolved.settings).model == "anthropic/claude-sonnet-4-5"
+    project_pi(project, {"observational-memory": {"model": "offline"}})
+    assert ModelConfig.from_settings(load_settings(home=home, cwd=project, env={}).settings).offline
+
+
+def test_config_shows_derived_values_with_their_rule(dirs):
+    home, project = dirs
+    rows = {k: (v, src) for k, v, src in load_settings(home=home, cwd=project, env={}).rows()}
+    assert rows["observerChunkMaxTokens"] == (60_000, "derived: 60000, as no contextWindow is set")
+    assert rows["observationsPoolTargetTokens"] == (10_000, "derived: half of observationsPoolMaxTokens 20000")
+    assert rows["compactAfterTokens"] == (81_000, "default")
+    env = {"OM_CONTEXT_WINDOW": "128000", "OM_COMPACT_AFTER_TOKENS_MODE": "ratio",
+           "OM_OBSERVATIONS_POOL_MAX_TOKENS": "30000"}
+    rows = {k: (v, src) for k, v, src in load_settings(home=home, cwd=project, env=env).rows()}
+    assert rows["observerChunkMaxTokens"] == (25_600, "derived: 20% of contextWindow 128000, at least 256")
+    assert rows["observationsPoolTargetTokens"] == (15_000, "derived: half of observationsPoolMaxTokens 30000")
+    assert rows["compactAfterTokens"] == (
+        87_040, "derived: ratio mode: contextWindow 128000 x compactAfterTokensRatio 0.68")
+    assert None not in {v for k, (v, _) in rows.items() if k not in ("model", "apiBase")}
+    (project / "om.toml").write_text("observerChunkMaxTokens = 5000\n")
+    rows = {k: (v, src) for k, v, src in load_settings(home=home, cwd=project, env=env).rows()}
+    assert rows["observerChunkMaxTokens"] == (5_000, str(project / "om.toml"))  # set, so not derived
+
+
+def test_om_config_json_has_effective_values(tmp_path):
+    result = CliRunner().invoke(app, ["config", "--json"], env={"COLUMNS": "200", "OM_CONTEXT_WINDOW": "50000"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["settings"]["observerChunkMaxTokens"] is None  # as configured
+    assert data["effective"]["observerChunkMaxTokens"] == 10_000
+    assert data["sources"]["observerChunkMaxTokens"].startswith("derived: 20% of contextWindow 50000")
+    table = CliRunner().invoke(app, ["config"], env={"COLUMNS": "200", "OM_CONTEXT_WINDOW": "50000"})
+    line = next(x for x in table.stdout.splitlines() if "observationsPoolTargetTokens" in x)
+    assert "10000" in line and "half of observationsPoolMaxTokens" in line and "null" not in line
