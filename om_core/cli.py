@@ -867,6 +867,9 @@ def main() -> None:
     except typer.TyperException as exc:  # a usage error: unknown option, missing argument, bad value
         _print_usage_error(exc)
         sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("error: aborted")
+        sys.exit(1)
     except OmError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(exc.exit_code)

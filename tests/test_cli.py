@@ -522,3 +522,127 @@ def test_real_session_cutpoints(real_db, ref, session_id, first_kept, turn_start
                          "AND e.entry_id = b.entry_id WHERE b.position = ?",
                      [session_id, leaf, session_id, turn_start])[0]
     assert turn_role == "user"
+
+
+# ------------------------------------------------------------------ conventions (issue 15, item 5)
+
+
+def _commands() -> list[str]:
+    import typer.main
+
+    return sorted(typer.main.get_command(app).commands)
+
+
+def test_version_and_short_help(tmp_path):
+    from om_core import __version__
+
+    result = run_om(["--version"], cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (0, f"om {__version__}\n")
+    result = run_om(["-h"], cwd=tmp_path)
+    assert result.returncode == 0 and "Usage: om [OPTIONS] COMMAND" in result.stdout
+    result = run_om(["view", "-h"], cwd=tmp_path)
+    assert result.returncode == 0 and "Usage: om view [OPTIONS] SESSION" in result.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["view"], "Missing argument 'SESSION'"),
+    (["view", "abc", "--bogus"], "No such option: --bogus"),
+    (["cutpoint", "abc", "--keep-recent", "-1"], "--keep-recent"),
+    (["nosuchcommand"], "No such command"),
+    (["compact", "abc", "--pool-max", "many"], "--pool-max"),
+])
+def test_usage_errors_are_one_line_when_piped(tmp_path, args, expected):
+    result = run_om(args, cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert expected in result.stderr and "╭" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_help_has_examples_and_real_placeholders(command):
+    import re
+
+    result = invoke([command, "--help"])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "Examples:" in text and f"om {command}" in text.split("Examples:", 1)[1]
+    assert not re.search(r"\{[a-z_]+\}", text), text  # Typer's {session}
+    assert not re.search(r"<(str|bool|int|float|path|list\[\w+\]|int range)>", text, re.IGNORECASE), text
+    assert "SPEC" not in text and "§" not in text
+
+
+def test_top_level_help_has_examples_and_no_spec_references():
+    text = invoke(["--help"]).stdout
+    assert "Examples:" in text and "SPEC" not in text and "<bool>" not in text and "-h" in text
+
+
+def test_recall_of_an_unknown_id_is_an_error(two_sessions, tmp_path):
+    db = str(two_sessions["db"])
+    result = run_om(["--db", db, "recall", "0123456789ab"], cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    result = run_om(["--db", db, "recall", "0123456789ab", "--json"], cwd=tmp_path)
+    assert result.returncode == 1 and json.loads(result.stdout)["status"] == "not_found"
+    result = run_om(["--db", db, "recall", "not-an-id"], cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: ")
+
+
+def test_compact_without_first_kept_uses_pis_cut_point_and_says_so(two_sessions, tmp_path):
+    db, ids = str(two_sessions["db"]), two_sessions["ids"]
+    env = {"OM_KEEP_RECENT_TOKENS": "150"}
+    result = run_om(["--db", db, "compact", SID_A], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"using Pi's cut point, first kept entry {ids['u2']}" in result.stderr
+    derived = run_om(["--db", db, "compact", SID_A, "--json"], cwd=tmp_path, env=env)
+    explicit = run_om(["--db", db, "compact", SID_A, "--first-kept", ids["u2"], "--json"], cwd=tmp_path, env=env)
+    data = json.loads(derived.stdout)
+    assert data.pop("cutPoint")["firstKeptEntryId"] == ids["u2"]
+    assert data == json.loads(explicit.stdout)
+    result = run_om(["--db", db, "compact", SID_A, "--first-kept", ids["u2"]], cwd=tmp_path, env=env)
+    assert "cut point" not in result.stderr
+
+
+def test_ingest_of_a_file_that_is_not_a_session_is_an_error_for_that_file(tmp_path, db_path):
+    good = SessionBuilder(SID_A)
+    good.user("hi")
+    good_path = good.write(tmp_path / "good.jsonl")
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"note": "not a session"}\n{"another": 1}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    for _ in range(2):  # and again, unchanged
+        result = run_om(["--db", str(db_path), "ingest", str(good_path), str(notes), str(tmp_path / "empty.jsonl")],
+                        cwd=tmp_path)
+        assert result.returncode == 1, result
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "notes.jsonl" in errors[0] and "not a Pi session" in errors[0]
+    assert q(db_path, "SELECT session_id FROM sessions") == [(SID_A,)]
+    assert q(db_path, "SELECT count(*) FROM quarantine WHERE file_path LIKE '%notes.jsonl'") == [(2,)]
+
+
+def test_tables_show_whole_ids_on_a_narrow_terminal(two_sessions, monkeypatch):
+    from rich.console import Console
+
+    from om_core import cli
+
+    for width in (60, 120, 250):
+        buffer = io.StringIO()
+        monkeypatch.setattr(cli, "out", Console(file=buffer, force_terminal=True, width=width, color_system=None))
+        result = invoke(["--db", str(two_sessions["db"]), "sessions"])
+        assert result.exit_code == 0, result.output
+        text = buffer.getvalue()
+        assert SID_A in text and SID_B in text and two_sessions["ids"]["a2"] in text, (width, text)
+        assert "…" not in text
+        assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_gaps_table_shows_whole_session_ids(tmp_path, db_path):
+    b = SessionBuilder(SID_A)
+    u1 = b.user("x" * 400)
+    b.assistant("y" * 400)
+    u2 = b.user("z" * 400)
+    b.assistant("w" * 400)
+    b.compaction("summary", u2)
+    b.user("more")
+    ingest(db_path, [b.write(tmp_path / "s.jsonl")])
+    result = invoke(["--db", str(db_path), "gaps"])
+    assert result.exit_code == 0, result.output
+    assert SID_A in result.stdout

@@ -332,4 +332,5 @@ def test_recall_json_of_a_reflection(om):
     assert [(o["id"], o["status"], [s["entryId"] for s in o["sources"]]) for o in got["observations"]] == [
         (O3["id"], "active", [E[7]]), (O4["id"], "dropped", [E[10], E[11]])]
     # before the reflection was recorded
-    assert om.json("recall", R1["id"], "--session", SID, "--leaf", E[15])["status"] == "not_found"
+    before = om("recall", R1["id"], "--session", SID, "--leaf", E[15], "--json", code=1)  # an unknown id: exit 1
+    assert json.loads(before.stdout)["status"] == "not_found"
