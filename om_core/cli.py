@@ -25,7 +25,8 @@ from om_core.errors import InvalidArgument, OmError
 # Typer's {session} and <str>; flags show none.
 _OPTION_METAVARS = {"leaf": "ID", "first_kept": "ID", "session": "SESSION", "model": "MODEL", "api_base": "URL",
                     "dask_address": "URL", "db": "PATH", "config": "FILE", "out_file": "FILE", "out_dir": "DIR",
-                    "archive": "DIR", "live": "DIR", "every": "SECONDS", "runner": "NAME", "model_limit": "WHERE"}
+                    "archive": "DIR", "live": "DIR", "every": "SECONDS", "runner": "NAME", "model_limit": "WHERE",
+                    "reader": "MODEL", "judge": "MODEL"}
 
 
 class _Argument(TyperArgument):
@@ -63,11 +64,26 @@ class _Group(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _name_placeholders(self.params)
+        for command in self.commands.values():  # sub-apps (`om eval`) built by their own Typer
+            _adopt(command)
 
     def get_help_option(self, ctx):
         option = super().get_help_option(ctx)
         _name_placeholders([option] if option is not None else [])
         return option
+
+
+def _adopt(command: Any) -> None:
+    """Give a plain Typer command or group (and its commands) the same placeholders."""
+    if type(command) is TyperCommand:
+        command.__class__ = _Command
+    elif type(command) is TyperGroup:
+        command.__class__ = _Group
+        for sub in command.commands.values():
+            _adopt(sub)
+    else:
+        return
+    _name_placeholders(command.params)
 
 
 class _Typer(typer.Typer):

@@ -528,9 +528,16 @@ def test_real_session_cutpoints(real_db, ref, session_id, first_kept, turn_start
 
 
 def _commands() -> list[str]:
+    """Every command and sub-command (`eval longmemeval`), as typed after `om`."""
     import typer.main
 
-    return sorted(typer.main.get_command(app).commands)
+    def walk(group, prefix):
+        for name, command in group.commands.items():
+            yield f"{prefix}{name}"
+            if hasattr(command, "commands"):
+                yield from walk(command, f"{prefix}{name} ")
+
+    return sorted(walk(typer.main.get_command(app), ""))
 
 
 def test_version_and_short_help(tmp_path):
@@ -562,7 +569,7 @@ def test_usage_errors_are_one_line_when_piped(tmp_path, args, expected):
 def test_every_help_has_examples_and_real_placeholders(command):
     import re
 
-    result = invoke([command, "--help"])
+    result = invoke([*command.split(), "--help"])
     assert result.exit_code == 0, result.output
     text = result.stdout
     assert "Examples:" in text and f"om {command}" in text.split("Examples:", 1)[1]

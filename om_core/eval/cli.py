@@ -19,6 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 eval_app = typer.Typer(name="eval", help="Measure memory quality on public benchmarks.", no_args_is_help=True,
+                       epilog="Examples:\n  om eval longmemeval --data longmemeval_s.json --model offline --reader "
+                       "openai/gpt-4o-mini --limit 20",
                        add_completion=False, pretty_exceptions_enable=False)
 out = Console()
 err = Console(stderr=True)
@@ -30,7 +32,10 @@ def _split(value: Optional[str]) -> Optional[list[str]]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@eval_app.command("longmemeval")
+@eval_app.command("longmemeval", epilog="Examples:\n"
+                  "  om eval longmemeval --data longmemeval_s.json --model openai/gpt-4o-mini --reader openai/gpt-4o\n"
+                  "  om eval longmemeval --data longmemeval_s.json --model offline --reader openai/gpt-4o-mini "
+                  "--conditions om,full --limit 20 --json")
 def longmemeval(
     ctx: typer.Context,
     data: Path = typer.Option(..., "--data", help="The LongMemEval JSON you downloaded (e.g. longmemeval_s.json); "
