@@ -275,6 +275,9 @@ class _Run:
         o = self.o
         o.validate()
         self._preflight()
+        from om_core.model import _import_litellm
+
+        _import_litellm()  # seconds, once: not charged to the first questions' wall time
         wall = time.monotonic()
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         dataset = load_dataset(o.data)
