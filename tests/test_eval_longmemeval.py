@@ -242,12 +242,21 @@ def test_a_permanent_provider_error_stops_the_run_s_calls(tmp_path, server):
 def test_reader_recall_reads_the_ledger(tmp_path, server):
     write_dataset(tmp_path / "lme.json", [small_dataset()[0]], broken=False)
     server.responder = EvalModel(use_recall=True)
+    run_longmemeval(options(tmp_path, server, conditions=["om"]))
+    assert server_count(server, "observer") > 0
+    server.requests.clear()
+    # with recall: its own column (om-recall) in the same --out, on the same ledger: no worker runs again
     summary = run_longmemeval(options(tmp_path, server, conditions=["om"], reader_recall=True))
-    result = read_jsonl(tmp_path / "out" / "om" / "results.jsonl")[0]
+    assert server_count(server, "observer", "reflector", "dropper") == 0
+    assert set(summary.report["conditions"]) == {"om-recall"}
+    result = read_jsonl(tmp_path / "out" / "om-recall" / "results.jsonl")[0]
     assert result["recall_calls"] == 1
+    assert read_jsonl(tmp_path / "out" / "om" / "results.jsonl")[0]["recall_calls"] == 0
+    usage = summary.report["conditions"]["om-recall"]["usage"]
+    assert usage["reader"]["calls"] == 2 and usage["memory"]["calls"] > 0  # the memory's cost, from the first run
     tool_results = [m for b in server.requests if kind_of(b) == "reader" for m in b["messages"] if m["role"] == "tool"]
     assert tool_results and "Observation [" in tool_results[0]["content"] and "[User @ " in tool_results[0]["content"]
-    assert summary.report["conditions"]["om"]["scores"]["per_question_average"] == 1.0
+    assert summary.report["conditions"]["om-recall"]["scores"]["per_question_average"] == 1.0
     assert_no_labels(server)
 
 

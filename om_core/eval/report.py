@@ -82,8 +82,8 @@ def usage_by_condition(db: Any, instances: list[Instance], conditions: list[str]
         rows = rows_as_dicts(con.execute(query("eval_call_totals"), {"session_ids": ids}))
     for row in rows:
         stage = row["stage"] or ""
-        if stage in _WORKER_STAGES:
-            condition, part = "om", "memory"
+        if stage in _WORKER_STAGES:  # the om memory, whichever om column this report has
+            condition, part = next((c for c in ("om", "om-recall") if c in out), "om"), "memory"
         elif stage.count(":") == 1:
             part, condition = stage.split(":")
             part = "memory" if part == "native" else part

@@ -201,7 +201,7 @@ class _Run:
                 notes.append("the compaction keeps the whole history: nothing before the cut to summarize")
             else:
                 notes.append("the memory projection was empty: native fallback (a native-style summary, as Pi would)")
-                summary, _ = self.native(hay, memory.first_kept, log.recorder("native:om"))
+                summary, _ = self.native(hay, memory.first_kept, log.recorder(f"native:{self.label('om')}"))
         ctx = compacted("om", inst, hay, summary, memory.first_kept, notes)
         ctx.memory = memory.facts
         return ctx
@@ -213,8 +213,14 @@ class _Run:
 
     # ------------------------------------------------------------ one task
 
+    def label(self, condition: str) -> str:
+        """The name of a condition's folder and report column: ``om-recall`` for om with --reader-recall,
+        so one --out holds both and the second reuses the first's ledger (no worker calls again)."""
+        return "om-recall" if condition == "om" and self.o.reader_recall else condition
+
     def task(self, condition: str, inst: Instance, hay: Haystack, files: ConditionFiles) -> dict[str, Any]:
         qid = inst.question_id
+        label = files.condition
         log = R.CallLog()
         started = time.monotonic()
         status = "reused"
@@ -226,7 +232,7 @@ class _Run:
                 if ctx.skipped:
                     files.add_skip(qid, {"question_type": inst.question_type, "skipped": ctx.skipped,
                                          **ctx.facts()})
-                    return {"condition": condition, "question_id": qid, "status": "skipped", "reason": ctx.skipped}
+                    return {"condition": label, "question_id": qid, "status": "skipped", "reason": ctx.skipped}
                 self._check()
                 recall = None
                 if self.o.reader_recall and condition == "om":
@@ -234,7 +240,7 @@ class _Run:
                         tip = resolve_tip(con, hay.session_id, None)
                     recall = R.recall_tool(self.db, hay.session_id, tip)
                 reader_started = time.monotonic()
-                hypothesis, recalls = R.answer(self._model(self.o.reader, log.recorder(f"reader:{condition}")),
+                hypothesis, recalls = R.answer(self._model(self.o.reader, log.recorder(f"reader:{label}")),
                                                ctx, recall)
                 files.add_answer(qid, hypothesis, {
                     "question_type": inst.question_type, "abstention": inst.abstention,
@@ -245,23 +251,23 @@ class _Run:
             judge = self.o.judge_model
             if judge and files.verdict(qid, judge) is None:
                 self._check()
-                verdict = R.judge(self._model(judge, log.recorder(f"judge:{condition}")), inst, hypothesis)
+                verdict = R.judge(self._model(judge, log.recorder(f"judge:{label}")), inst, hypothesis)
                 files.add_judgement(qid, {"judge": judge, "verdict": verdict.verdict, "judge_reply": verdict.text,
                                           "hypothesis": hypothesis, "question_type": inst.question_type,
                                           "abstention": inst.abstention})
                 status = "judged" if status == "reused" else status
-            return {"condition": condition, "question_id": qid, "status": status}
+            return {"condition": label, "question_id": qid, "status": status}
         except Interrupted:
-            return {"condition": condition, "question_id": qid, "status": "interrupted"}
+            return {"condition": label, "question_id": qid, "status": "interrupted"}
         except (ModelError, OmError) as exc:
-            return self._failed(condition, qid, f"{type(exc).__name__}: {exc}")
+            return self._failed(label, qid, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # one bad instance never stops the run
-            return self._failed(condition, qid, f"{type(exc).__name__}: {exc}")
+            return self._failed(label, qid, f"{type(exc).__name__}: {exc}")
         finally:
             try:
                 log.write(self.db, hay.session_id, self.run_id)
             except Exception as exc:  # the answer is kept; only its cost record is lost
-                self._failed(condition, qid, f"could not record model calls: {exc}")
+                self._failed(label, qid, f"could not record model calls: {exc}")
 
     def _failed(self, condition: str, qid: str, error: str) -> dict[str, Any]:
         row = {"condition": condition, "question_id": qid, "status": "failed", "error": error[:1000]}
@@ -285,14 +291,15 @@ class _Run:
         _write_invalid(o.out, dataset)
         chosen = select(dataset.instances, o.types, o.limit)
         self.window, self.window_source = reader_window(o)
-        files = {c: ConditionFiles(o.out, c).open(self._config(c)) for c in o.conditions}
+        files = {c: ConditionFiles(o.out, self.label(c)).open(self._config(c)) for c in o.conditions}
         haystacks = {i.question_id: build_haystack(i) for i in chosen}
         self.db = open_database(o.out / "eval.duckdb", self.settings)
         bad_sessions = self._ingest(chosen, haystacks) if {"om", "native"} & set(o.conditions) else {}
         plan = self._plan(chosen, files)
         self.progress({"event": "start", "tasks": len(plan), "questions": len(chosen), "invalid": len(dataset.invalid),
-                       "conditions": list(o.conditions),
-                       "done": {c: sum(1 for i in chosen if i.question_id in f.hypotheses) for c, f in files.items()}})
+                       "conditions": [f.condition for f in files.values()],
+                       "done": {f.condition: sum(1 for i in chosen if i.question_id in f.hypotheses)
+                                for f in files.values()}})
         results: list[dict[str, Any]] = []
         interrupted = False
         pool = ThreadPoolExecutor(max_workers=o.concurrency or self.settings.modelConcurrency,
@@ -301,7 +308,7 @@ class _Run:
             futures: set[Future] = set()
             for condition, inst in plan:
                 if inst.question_id in bad_sessions and condition in ("om", "native"):
-                    results.append(self._failed(condition, inst.question_id, bad_sessions[inst.question_id]))
+                    results.append(self._failed(self.label(condition), inst.question_id, bad_sessions[inst.question_id]))
                     continue
                 futures.add(pool.submit(self.task, condition, inst, haystacks[inst.question_id], files[condition]))
             while futures:
@@ -317,7 +324,7 @@ class _Run:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         interrupted = interrupted or self.stop.is_set() or any(r["status"] == "interrupted" for r in results)
-        report = build_report(chosen, files, self.db, judge_model=o.judge_model, run={
+        report = build_report(chosen, {f.condition: f for f in files.values()}, self.db, judge_model=o.judge_model, run={
             "data": str(o.data), "model": o.model, "reader": o.reader, "reader_recall": o.reader_recall,
             "reader_window": self.window, "reader_window_source": self.window_source,
             "questions": len(chosen), "invalid_instances": len(dataset.invalid), "started_at": started_at,
