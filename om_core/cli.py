@@ -522,11 +522,10 @@ def status(
         out.print(f"replayed (the replay's simulated compactions, not what the agent saw): {x.observations} "
                   f"observations, {x.reflections} reflections from {x.compaction.origin} compaction "
                   f"{x.compaction.compactionId}; {x.drift.total} item(s) of drift: om view --replayed")
-    table = Table("clock", "tokens", "threshold", "due", "since")
-    for c in s.clocks.values():
-        table.add_row(c.name, str(c.tokens), "" if c.threshold is None else str(c.threshold),
-                      "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start")
-    out.print(table)
+    _print_rows(["clock", "tokens", "threshold", "due", "since"],
+                [[c.name, str(c.tokens), "" if c.threshold is None else str(c.threshold),
+                  "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start"]
+                 for c in s.clocks.values()])
     out.print(f"pools: active {p['activeTokens']} / target {p['targetTokens']} / max {p['maxTokens']} tokens "
               f"({p['activePressure']:.0%}); visible {p['visibleTokens']} ({p['visiblePressure']:.0%})")
     for e in s.lastErrors:
@@ -861,10 +860,8 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print settin
                      "effective": {k: value for k, value, _ in rows},
                      "sources": {k: src for k, _, src in rows}, "notes": resolved.notes})
         return
-    table = Table("setting", "value", "source")
-    for key, value, source in resolved.rows():
-        table.add_row(key, json.dumps(value), source)
-    out.print(table)
+    _print_rows(["setting", "value", "source"],
+                [[key, json.dumps(value), source] for key, value, source in resolved.rows()], fold={"source"})
     for note in resolved.notes:
         err.print(f"[yellow]note:[/] {escape(str(note))}")
 
@@ -897,8 +894,7 @@ def main() -> None:
 
 def _print_usage_error(exc: typer.TyperException) -> None:
     """Typer's boxed usage message on a terminal; one line (``error: …``) when stderr is not one."""
-    if type(exc).__name__ == "NoArgsIsHelpError":  # `om` alone, or a command without its arguments
-        exc.show()
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `om` or `om eval` alone: the help is already printed
         return
     if err.is_terminal:
         from typer import rich_utils

@@ -551,6 +551,12 @@ def test_version_and_short_help(tmp_path):
     assert result.returncode == 0 and "Usage: om view [OPTIONS] SESSION" in result.stdout
 
 
+def test_om_alone_prints_its_help_and_nothing_else(tmp_path):
+    for args in ([], ["eval"]):
+        result = run_om(args, cwd=tmp_path)
+        assert result.returncode == 2 and "Usage: om" in result.stdout and result.stderr == "", result
+
+
 @pytest.mark.parametrize("args, expected", [
     (["view"], "Missing argument 'SESSION'"),
     (["view", "abc", "--bogus"], "No such option: --bogus"),
