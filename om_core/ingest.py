@@ -988,7 +988,8 @@ def _ingest_files(db, files: list[Path], report: IngestReport, started: float, p
             except Exception as exc:  # a bad file is reported, never fatal to the rest
                 if storage_error(exc) is not None:
                     raise  # but a full disk is fatal to all
-                report.files.append(FileReport(path=str(path), status="error", error=f"{type(exc).__name__}: {exc}"))
+                report.files.append(FileReport(path=str(path), status="error",
+                                               error=f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
         report.seconds = time.monotonic() - started
         status = "failed" if any(f.error for f in report.files) else "ok"
         finish_run(holder.con, run_id, status, report.summary())

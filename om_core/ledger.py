@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from om_core.db import insert_arrow, scalar
 from om_core.render import observation_line, reflection_line
+from om_core.session import loads_line
 from om_core.sqlfiles import query
 
 OBSERVATIONS_RECORDED = "om.observations.recorded"
@@ -364,7 +365,7 @@ def ledger_candidates(con: duckdb.DuckDBPyConnection, session_id: str, run_id: s
     rows = con.execute(query("ledger_candidates"), {"session_id": session_id, "run_id": run_id}).fetchall()
     out = []
     for entry_id, entry_type, custom_type, first_kept, raw in rows:
-        obj = json.loads(raw)
+        obj = loads_line(raw)  # deep nesting and lone surrogates as the ingest read them
         ts = obj.get("timestamp")
         out.append(StoredEntry(entry_id, entry_type, custom_type, ts if isinstance(ts, str) else None, first_kept, obj))
     return out

@@ -17,8 +17,11 @@ import hashlib
 import json
 import math
 import re
+import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +32,89 @@ CURRENT_VERSION = 3
 # What JavaScript's String.prototype.trim() removes (Pi trims the whole file before splitting it).
 JS_WHITESPACE = ("\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
                  + "\u2028\u2029\u202f\u205f\u3000\ufeff")
+
+
+# ---------------------------------------------------------------- what JSON.parse reads and DuckDB cannot hold
+
+# A lone surrogate (a \uD800-\uDFFF escape without its pair) is valid JSON to JSON.parse, so Pi reads
+# the line; Python parses it too, but the string cannot be encoded as UTF-8, which DuckDB and Arrow
+# need. Such strings are kept in a lossless escaped form: each lone surrogate becomes the six
+# characters of its JSON escape (``\ud800``), as ES2019 JSON.stringify writes it; the line's raw
+# text is stored as written.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # in the JSON text: where a lone one may come from
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_match(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def escape_lone_surrogates(value: Any) -> Any:
+    """``value`` (parsed JSON) with every lone surrogate in its strings, keys included, written as
+    its ``\\uXXXX`` escape. Other values are returned as they are (the same objects)."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub(_escape_match, value) if _LONE_SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {escape_lone_surrogates(k): escape_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_lone_surrogates(v) for v in value]
+    return value
+
+
+def may_hold_lone_surrogates(text: str) -> bool:
+    return "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None
+
+
+# JSON.parse (V8) parses iteratively and reads nesting far deeper than Python's recursion limit
+# (Pi reads 10,000 levels). A line too deep for the normal path is parsed, and its entry built, on a
+# thread with a large stack and a raised recursion limit.
+DEEP_NESTING_LEVELS = 200_000
+_DEEP_STACK_BYTES = 1 << 30  # address space, touched only as deep as the line goes
+_deep_lock = threading.Lock()
+T = TypeVar("T")
+
+
+def run_deep(fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread whose stack and recursion limit allow DEEP_NESTING_LEVELS of nesting."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    with _deep_lock:  # one at a time: the recursion limit is the process's
+        old_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old_limit, DEEP_NESTING_LEVELS * 2 + 1_000))
+        try:
+            old_size = threading.stack_size(_DEEP_STACK_BYTES)
+            try:
+                worker = threading.Thread(target=target, name="om-deep-json", daemon=True)
+                worker.start()
+            finally:
+                threading.stack_size(old_size)
+            worker.join()
+        finally:
+            sys.setrecursionlimit(old_limit)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def loads_line(text: str) -> Any:
+    """A session line as JSON.parse reads it, made storable: deep nesting parsed, lone surrogates
+    escaped (``escape_lone_surrogates``). Raises ValueError for what JSON.parse rejects."""
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        obj = run_deep(lambda: _storable(json.loads(text, parse_constant=_reject_constant), text))
+        return obj
+    return _storable(obj, text)
+
+
+def _storable(obj: Any, text: str) -> Any:
+    return escape_lone_surrogates(obj) if may_hold_lone_surrogates(text) else obj
 
 
 class SessionHeader(BaseModel):
@@ -224,6 +310,7 @@ class SessionParser:
 
     def __init__(self, state: ParserState | None = None) -> None:
         self.state = state or ParserState()
+        self._as_parsed: Any = None  # the line's value before escaping, when escaping changed it
 
     @property
     def has_header(self) -> bool:
@@ -244,10 +331,27 @@ class SessionParser:
         try:
             obj = json.loads(parsed_text, parse_constant=_reject_constant)
         except ValueError as exc:
-            return RejectedLine(line_no, "invalid_json", str(exc)[:200], data)
+            return RejectedLine(line_no, "invalid_json", " ".join(str(exc).split())[:200], data)
         except RecursionError:
-            # JSON.parse would read it; Python cannot nest that deep. Kept aside, never fatal.
-            return RejectedLine(line_no, "invalid_json", "nested too deeply to parse", data)
+            # JSON.parse reads it: parse it, and build its entry, on a deep stack
+            try:
+                return run_deep(lambda: self._parsed(line_no, data, text,
+                                                     json.loads(parsed_text, parse_constant=_reject_constant)))
+            except ValueError as exc:
+                return RejectedLine(line_no, "invalid_json", " ".join(str(exc).split())[:200], data)
+            except RecursionError:
+                return RejectedLine(line_no, "too_deep", f"nested more than {DEEP_NESTING_LEVELS:,} levels deep", data)
+        try:
+            return self._parsed(line_no, data, text, obj)
+        except RecursionError:  # nested just below the parser's limit, too deep for what follows
+            return RejectedLine(line_no, "too_deep", "nested too deeply to measure", data)
+
+    def _parsed(self, line_no: int, data: bytes, text: str, parsed: Any) -> ParsedEntry | RejectedLine | SessionHeader:
+        """The rest of ``feed`` for one parsed line. Pi's estimate is measured on the value as
+        parsed; everything stored comes from its storable form."""
+        st = self.state
+        obj = _storable(parsed, text)
+        self._as_parsed = parsed if obj is not parsed else None
         if not isinstance(obj, dict):
             if st.header is None:
                 st.header_missing = True  # a parsed value that is not a header ends Pi's read too
@@ -336,7 +440,11 @@ class SessionParser:
             obj=obj,
         )
         if source:
-            message = entry_as_message(entry_type, obj) or {}
+            measured = self._as_parsed if self._as_parsed is not None else obj
+            inner = measured.get("message") if measured is not obj and entry_type == "message" else None
+            if isinstance(inner, dict) and role == "custom" and inner.get("role") != "custom":
+                measured = {**measured, "message": {**inner, "role": "custom"}}  # the same migration
+            message = entry_as_message(entry_type, measured) or {}
             entry.tokens_pi = estimate_message_tokens(message)
             entry.text_pieces = message_text_pieces(message)
         return entry

@@ -4,10 +4,12 @@ rewrite detection, bad input, duplicate sessions, and the real sample sessions."
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -1054,3 +1056,135 @@ def test_a_read_only_filesystem_is_one_line_and_reads_still_work(tmp_path, small
     listed = _om(["--db", str(db), "sessions", "--json"], tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert [s["session_id"] for s in json.loads(listed.stdout)] == [SID]
+
+
+# ------------------------------------------------------------------ lines JSON.parse reads (issue 15 item 3)
+
+
+def lone(text: str) -> str:
+    """``text`` with a lone surrogate: json.dumps writes it as the escape ``\\ud800`` (valid JSON)."""
+    return text + "\ud800"
+
+
+def test_lone_surrogates_in_ids_and_fields_keep_every_good_line(tmp_path, db_path):
+    """Node's JSON.parse reads a lone surrogate escape; DuckDB cannot store one. The entry is kept
+    with the surrogate written as its escape, the raw line as written, and every other line too."""
+    b = SessionBuilder(SID)
+    e1 = b.user("hello")
+    e2 = b.assistant("hi")
+    lines = b.lines()
+    base = b.entries[-1]
+    weird = [
+        {**base, "id": lone("id-")},  # an id
+        {**base, "id": "child", "parentId": lone("id-")},  # a parentId pointing at it
+        {"type": "custom", "id": "c1", "parentId": "child", "timestamp": TS.format(3), "customType": lone("ext."),
+         "data": {}},  # a customType
+        {**base, "id": "r1", "parentId": "c1", "message": {**base["message"], "role": lone("assistant")}},  # a role
+        {**base, "id": "t1", "parentId": "r1", "timestamp": lone("2026-")},  # a timestamp
+        {**base, "id": "u1", "parentId": "t1", "message": {"role": "user", "content": lone("text "),
+                                                           "timestamp": 1}},  # message text
+        {**base, "id": "g1", "parentId": "u1"},  # a good line after them
+    ]
+    path = tmp_path / "s.jsonl"
+    written = lines + [json.dumps(w) for w in weird]
+    assert all("\\ud800" in line for line in written[3:-1])
+    path.write_text("\n".join(written) + "\n", encoding="utf-8")
+    report = ingest(db_path, [path])
+    assert report.summary()["errors"] == []
+    assert report.entries_added == 2 + len(weird) and report.lines_quarantined == 0
+    rows = {r[0]: r[1:] for r in q(db_path, "SELECT entry_id, parent_id, custom_type, role, ts, raw, line_no "
+                                            "FROM entries WHERE session_id = ?", [SID])}
+    assert set(rows) == {e1, e2, "id-\\ud800", "child", "c1", "r1", "t1", "u1", "g1"}
+    assert rows["child"][0] == "id-\\ud800"  # the escaped forms still link
+    assert rows["c1"][1] == "ext.\\ud800" and rows["r1"][2] == "assistant\\ud800"
+    assert rows["t1"][3] is None  # not a timestamp, to Pi either
+    for line_no, line in enumerate(written, start=1):
+        if line_no > 1:
+            assert [r for r in rows.values() if r[5] == line_no][0][4] == line  # raw text as written
+    # the branch runs through every entry to the last one
+    leaf = q(db_path, "SELECT leaf_id FROM sessions WHERE session_id = ?", [SID])[0][0]
+    assert leaf == "g1"
+    branch = [r[0] for r in q(db_path, "SELECT entry_id FROM branch_detail(?, ?) ORDER BY position", [SID, leaf])]
+    assert branch == [e1, "id-\\ud800", "child", "c1", "r1", "t1", "u1", "g1"]
+    # Pi's estimate measures the text as parsed: "text " and one UTF-16 unit, not the 6-char escape
+    assert q(db_path, "SELECT tokens_pi FROM entries WHERE entry_id = 'u1'") == [(math.ceil(6 / 4),)]
+
+
+@pytest.mark.parametrize("field, value", [("id", lone("0a0b")), ("cwd", lone("/home/")), ("timestamp", lone("2026")),
+                                          ("parentSession", lone("/s/"))])
+def test_lone_surrogate_in_a_header_field_keeps_the_file(tmp_path, db_path, field, value):
+    b = SessionBuilder(SID)
+    b.user("hello")
+    b.assistant("hi")
+    lines = b.lines()
+    header_obj = {**json.loads(lines[0]), field: value}
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join([json.dumps(header_obj)] + lines[1:]) + "\n", encoding="utf-8")
+    report = ingest(db_path, [path])
+    assert report.summary()["errors"] == [] and report.entries_added == 2
+    sid = SID if field != "id" else value.replace("\ud800", "\\ud800")
+    expected = {"id": ("session_id", sid), "cwd": ("cwd", "/home/\\ud800"), "timestamp": ("started_at", None),
+                "parentSession": ("parent_session", "/s/\\ud800")}[field]
+    assert q(db_path, f"SELECT session_id, {expected[0]}, header FROM sessions") == [
+        (sid, expected[1], json.dumps(header_obj))]
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [1_000, 10_000])
+def test_deep_nesting_is_read_as_deep_as_pi(tmp_path, db_path, depth):
+    """JSON.parse reads 10,000 levels (Python's parser stops near 1,000): such an entry is kept, and
+    Pi's estimate counts its tool-call arguments' JSON (2 characters a level)."""
+    b = SessionBuilder(SID)
+    b.user("hello")
+    deep_call = b.assistant(None, tool_calls=[("c1", "f", {})])
+    b.tool_result("c1", "f", "done")
+    after = b.assistant("after")
+    lines = b.lines()
+    call_obj = json.loads(lines[2])
+    call_obj["message"]["content"][0]["arguments"] = "__DEEP__"
+    call_obj["details"] = "__DEEP__"
+    lines[2] = json.dumps(call_obj).replace('"__DEEP__"', "[" * depth + "]" * depth)
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = ingest(db_path, [path])
+    assert report.summary()["errors"] == [] and report.lines_quarantined == 0
+    assert report.entries_added == 4
+    assert q(db_path, "SELECT tokens_pi, raw FROM entries WHERE entry_id = ?", [deep_call]) == [
+        (math.ceil((len("f") + 2 * depth) / 4), lines[2])]
+    assert q(db_path, "SELECT leaf_id FROM sessions") == [(after,)]
+
+
+def test_nesting_deeper_than_the_limit_is_quarantined_in_one_line(tmp_path, db_path, monkeypatch):
+    from om_core import session as sessionmod
+
+    monkeypatch.setattr(sessionmod, "DEEP_NESTING_LEVELS", 2_000)
+    b = SessionBuilder(SID)
+    b.user("hello")
+    lines = b.lines()
+    lines.append('{"type": "custom", "id": "x", "parentId": null, "data": ' + "[" * 9_000 + "]" * 9_000 + "}")
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = ingest(db_path, [path])
+    assert report.entries_added == 1 and report.lines_quarantined == 1
+    ((reason, detail),) = q(db_path, "SELECT reason, detail FROM quarantine")
+    assert reason == "too_deep" and "\n" not in detail
+
+
+def test_an_ingest_error_is_one_line(tmp_path, db_path, monkeypatch):
+    import om_core.ingest as ingestmod
+
+    def broken(*args, **kwargs):
+        raise ValueError("first line\n  second line\n    third line")
+
+    monkeypatch.setattr(ingestmod, "_plan", broken)
+    b = SessionBuilder(SID)
+    b.user("hello")
+    report = ingest(db_path, [b.write(tmp_path / "s.jsonl")])
+    (error,) = [f.error for f in report.files]
+    assert error == "ValueError: first line second line third line"
