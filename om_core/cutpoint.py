@@ -22,7 +22,6 @@ Positions reported are branch positions (a projected entry keeps its position on
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from om_core.session import entry_context_messages
+from om_core.session import entry_context_messages, loads_line
 from om_core.tokens import estimate_message_tokens
 
 DEFAULT_KEEP_RECENT_TOKENS = 20_000
@@ -95,7 +94,7 @@ def branch_entries_from_rows(rows: Sequence[tuple[str, str, str | None, int | No
         obj = None
         if raw is not None:
             try:
-                obj = json.loads(raw)
+                obj = loads_line(raw)
             except ValueError:
                 obj = None
             if isinstance(obj, dict) and role == "custom" and isinstance(obj.get("message"), dict):

@@ -66,12 +66,13 @@ def _pi16_user_image_tokens(con: duckdb.DuckDBPyConnection) -> None:
     """Migration 007: user images count 1200 tokens each in Pi 1.6's estimate (tokens_pi)."""
     import json
 
+    from om_core.session import loads_line
     from om_core.tokens import estimate_message_tokens
 
     changed: set[str] = set()
     for session_id, entry_id, raw, old in con.execute(query("user_messages_with_images")).fetchall():
         try:
-            message = json.loads(raw).get("message")
+            message = loads_line(raw).get("message")
         except (ValueError, AttributeError):
             continue
         if not isinstance(message, dict):

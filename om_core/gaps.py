@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from om_core import db as dbmod
 from om_core.errors import EntryNotFound
+from om_core.session import loads_line
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 
@@ -72,7 +73,7 @@ def _call_position(rows: dict[int, _Row], result: _Row) -> int | None:
             break
         if row.entry_type == "message" and row.role == "assistant":
             nearest = position if nearest is None else nearest
-            content = json.loads(row.raw).get("message", {}).get("content") or []
+            content = loads_line(row.raw).get("message", {}).get("content") or []
             if any(isinstance(b, dict) and b.get("type") == "toolCall" and b.get("id") == call_id for b in content):
                 return position
     return nearest

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Literal
 
@@ -12,6 +11,7 @@ from pydantic import BaseModel, Field
 from om_core.catalog import resolve_session, resolve_tip
 from om_core.db import reading
 from om_core.ledger import is_memory_id
+from om_core.session import loads_line
 from om_core.source_text import entry_text, minute, role_label
 from om_core.sqlfiles import query
 
@@ -100,7 +100,7 @@ def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row:
         elif not info["is_source"]:
             item.nonSourceEntryIds.append(entry_id)
         else:
-            obj = json.loads(info["raw"])
+            obj = loads_line(info["raw"])
             role = role_label(info["entry_type"], obj, info.get("role"))
             item.sources.append(RecallSource(entryId=entry_id, role=role,
                                              timestamp=minute(obj.get("timestamp")),

@@ -23,6 +23,15 @@ ROLE_LABELS = {
 }
 
 
+def _arguments_json(arguments: Any) -> str:
+    try:
+        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:  # nested deeper than Python's limit (JSON.parse reads it)
+        from om_core.session import run_deep
+
+        return run_deep(lambda: json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
+
+
 def _blocks_text(content: Any, *, images: bool = True) -> list[str]:
     if isinstance(content, str):
         return [content]
@@ -52,7 +61,7 @@ def message_text(message: dict[str, Any]) -> str:
             elif kind == "text" and isinstance(block.get("text"), str):
                 parts.append(block["text"])
             elif kind == "toolCall":
-                args = json.dumps(block.get("arguments"), ensure_ascii=False, separators=(",", ":"))
+                args = _arguments_json(block.get("arguments"))
                 parts.append(f"(tool call {block.get('id', '')}) {block.get('name', '?')}({args})")
         if not parts and message.get("errorMessage"):
             parts.append(f"(no reply: {message.get('stopReason', 'error')}: {message['errorMessage']})")

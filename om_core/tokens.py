@@ -86,11 +86,8 @@ def js_number(value: float) -> str:
     return sign + out
 
 
-def js_json_length(value: Any) -> int:
-    """``JSON.stringify(value).length`` for a value parsed from JSON (compact, raw Unicode)."""
-    if value is None:
-        return 4
-    if value is True:
+def _js_scalar_json_length(value: Any) -> int:
+    if value is None or value is True:
         return 4
     if value is False:
         return 5
@@ -102,12 +99,25 @@ def js_json_length(value: Any) -> int:
         return len(js_number(float(value)))
     if isinstance(value, float):
         return len(js_number(value))
-    if isinstance(value, list):
-        return 2 + sum(js_json_length(v) for v in value) + max(0, len(value) - 1)
-    if isinstance(value, dict):
-        parts = [_js_string_json_len(str(k)) + 1 + js_json_length(v) for k, v in value.items()]
-        return 2 + sum(parts) + max(0, len(parts) - 1)
     return len(str(value))
+
+
+def js_json_length(value: Any) -> int:
+    """``JSON.stringify(value).length`` for a value parsed from JSON (compact, raw Unicode).
+    Iterative: JSON.parse reads nesting deeper than Python's recursion limit."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            total += 2 + max(0, len(item) - 1)
+            stack.extend(item)
+        elif isinstance(item, dict):
+            total += 2 + max(0, len(item) - 1) + sum(_js_string_json_len(str(k)) + 1 for k in item)
+            stack.extend(item.values())
+        else:
+            total += _js_scalar_json_length(item)
+    return total
 
 
 # ---------------------------------------------------------------- Pi's estimate

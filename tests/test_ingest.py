@@ -1160,6 +1160,43 @@ def test_deep_nesting_is_read_as_deep_as_pi(tmp_path, db_path, depth):
     assert q(db_path, "SELECT leaf_id FROM sessions") == [(after,)]
 
 
+def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path, db_path, server):
+    """What reads the stored entry again (observer input, offline baseline, cut points) reads it
+    as deep as the ingest did."""
+    from fake_openai import text
+    from om_core.model import RetryPolicy
+    from om_core.replay import replay_in_process
+    from om_core.settings import Settings
+    from om_core.workers.stages import ModelConfig, make_brain, observe_now
+    from om_core.workspace import Workspace
+
+    depth = 10_000
+    b = SessionBuilder(SID)
+    b.user("Please run the nested call.")
+    b.assistant(None, tool_calls=[("c1", "f", {})])
+    b.tool_result("c1", "f", "done")
+    b.assistant("Done: the call returned.")
+    lines = b.lines()
+    call_obj = json.loads(lines[2])
+    call_obj["message"]["content"][0]["arguments"] = "__DEEP__"
+    lines[2] = json.dumps(call_obj).replace('"__DEEP__"', "[" * depth + "]" * depth)
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ingest(db_path, [path])
+    server.add(text("nothing to record"))
+    config = ModelConfig(model="openai/fake-model", api_base=server.base_url, retry=RetryPolicy(attempts=1))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config)
+    assert outcome.error is None
+    assert "f(" + "[" * depth + "]" * depth + ")" in server.sent_text()
+    settings = Settings(observeAfterTokens=10, reflectAfterTokens=20, compactAfterTokens=30, keepRecentTokens=10)
+    con = dbmod.connect(db_path)
+    try:
+        replay_in_process(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
+    finally:
+        con.close()
+    assert q(db_path, "SELECT count(*) FROM ledger_records WHERE origin = 'pipeline'")[0][0] >= 1
+
+
 def test_nesting_deeper_than_the_limit_is_quarantined_in_one_line(tmp_path, db_path, monkeypatch):
     from om_core import session as sessionmod
 

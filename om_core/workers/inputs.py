@@ -19,6 +19,7 @@ from om_core.ledger import Observation, Reflection
 from om_core import db as dbmod
 from om_core.memory import CoveredObservation, ledger_rows, memory_with_coverage, split_rows
 from om_core.prompts import EXCERPT_MARKER
+from om_core.session import loads_line
 from om_core.settings import Settings
 from om_core.source_text import entry_text, minute, role_label
 from om_core.sqlfiles import query
@@ -156,7 +157,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
             if chunk and total + tokens > cap:
                 done = True
                 break
-            chunk.append(SourceEntry(entry_id, position, entry_type, role, minute(ts), tokens, json.loads(raw)))
+            chunk.append(SourceEntry(entry_id, position, entry_type, role, minute(ts), tokens, loads_line(raw)))
             total += tokens
             if total >= cap:
                 done = True

@@ -186,14 +186,27 @@ def drop_candidates(inp: DropperInput, check: DropCheck) -> list[str]:
 
 
 def redact_strings(value: Any) -> Any:
-    """``value`` (parsed JSON) with every string redacted."""
+    """``value`` (parsed JSON) with every string redacted; iterative, since entries can nest
+    deeper than Python's recursion limit."""
     if isinstance(value, str):
         return redact(value)
-    if isinstance(value, dict):
-        return {k: redact_strings(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact_strings(v) for v in value]
-    return value
+    if not isinstance(value, (dict, list)):
+        return value
+    out: dict | list = {} if isinstance(value, dict) else []
+    stack = [(value, out)]
+    while stack:
+        src, dst = stack.pop()
+        for key, item in (src.items() if isinstance(src, dict) else enumerate(src)):
+            if isinstance(item, (dict, list)):
+                child: Any = {} if isinstance(item, dict) else []
+                stack.append((item, child))
+            else:
+                child = redact(item) if isinstance(item, str) else item
+            if isinstance(dst, dict):
+                dst[key] = child
+            else:
+                dst.append(child)
+    return out
 
 
 class OfflineBrain:
