@@ -210,6 +210,7 @@ def test_resume_after_an_interruption_reuses_what_is_done(tmp_path, server):
     assert second.report["conditions"]["oracle"]["scores"]["judged"] == 7
 
     # a third run has nothing left to do and calls no model
+    assert_no_labels(server)
     server.requests.clear()
     third = run_longmemeval(options(tmp_path, server))
     assert not server.requests and third.report["conditions"]["om"]["scores"]["per_question_average"] == 1.0
@@ -340,3 +341,19 @@ def test_ctrl_c_stops_the_command_cleanly_and_a_rerun_finishes(tmp_path, server)
     rows = read_jsonl(hypotheses)
     assert sorted(r["question_id"] for r in rows) == sorted(QIDS)
     assert server_count(server, "reader") == 7 - len(first)
+
+
+def test_condition_files_drop_a_torn_line_and_keep_whole_ones(tmp_path):
+    from om_core.eval.results import ConditionFiles, read_jsonl as read_lines
+
+    folder = tmp_path / "out" / "oracle"
+    folder.mkdir(parents=True)
+    (folder / "hypotheses.jsonl").write_text('{"question_id": "a", "hypothesis": "x"}\nnot json\n'
+                                             '{"question_id": "b", "hypothesis": 3}\n{"question_id": "c", "hyp')
+    files = ConditionFiles(tmp_path / "out", "oracle").open({"reader": "r"})
+    assert files.hypotheses == {"a": "x"}
+    assert (folder / "hypotheses.jsonl").read_text().endswith('hypothesis": 3}\n')  # the torn line is cut off
+    files.add_answer("c", "y", {})
+    files.add_answer("c", "z", {})  # an answer is written once
+    assert read_lines(folder / "hypotheses.jsonl")[-1] == {"question_id": "c", "hypothesis": "y"}
+    assert ConditionFiles(tmp_path / "out", "oracle").open({"reader": "r"}).hypotheses == {"a": "x", "c": "y"}

@@ -20,7 +20,29 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from om_core.errors import OmError
+
+
+class HypothesisLine(BaseModel):
+    """One line of the official hypotheses file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question_id: str
+    hypothesis: str
+
+
+class JudgedLine(BaseModel):
+    """One verdict of the built-in judge, with the answer it graded."""
+
+    model_config = ConfigDict(extra="allow")
+
+    question_id: str
+    judge: str
+    verdict: bool | None
+    hypothesis: str
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -66,14 +88,19 @@ class ConditionFiles:
                               "use another --out, or remove that folder to start the condition again")
         self.config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for row in read_jsonl(self.hypotheses_path):
-            if isinstance(row.get("question_id"), str) and isinstance(row.get("hypothesis"), str):
-                self.hypotheses[row["question_id"]] = row["hypothesis"]
+            try:
+                line = HypothesisLine.model_validate(row)
+            except ValidationError:
+                continue  # not ours to fix; a rerun answers that question again
+            self.hypotheses.setdefault(line.question_id, line.hypothesis)  # the first line is the one kept
         for row in read_jsonl(self.results_path):
             if isinstance(row.get("question_id"), str):
                 self.results[row["question_id"]] = row
         for row in read_jsonl(self.judged_path):
-            if isinstance(row.get("question_id"), str):
-                self.judged[row["question_id"]] = row
+            try:
+                self.judged[row["question_id"]] = JudgedLine.model_validate(row).model_dump()
+            except (ValidationError, KeyError):
+                continue
         return self
 
     def _append(self, path: Path, row: dict[str, Any]) -> None:
@@ -85,7 +112,8 @@ class ConditionFiles:
     def add_answer(self, question_id: str, hypothesis: str, result: dict[str, Any]) -> None:
         with self._lock:
             if question_id not in self.hypotheses:
-                self._append(self.hypotheses_path, {"question_id": question_id, "hypothesis": hypothesis})
+                self._append(self.hypotheses_path, HypothesisLine(question_id=question_id,
+                                                                  hypothesis=hypothesis).model_dump())
                 self.hypotheses[question_id] = hypothesis
             row = {"question_id": question_id, "status": "answered", **result}
             self._append(self.results_path, row)
@@ -100,7 +128,7 @@ class ConditionFiles:
 
     def add_judgement(self, question_id: str, row: dict[str, Any]) -> None:
         with self._lock:
-            row = {"question_id": question_id, **row}
+            row = JudgedLine(question_id=question_id, **row).model_dump()
             self._append(self.judged_path, row)
             self.judged[question_id] = row
 
