@@ -522,8 +522,9 @@ def status(
         out.print(f"replayed (the replay's simulated compactions, not what the agent saw): {x.observations} "
                   f"observations, {x.reflections} reflections from {x.compaction.origin} compaction "
                   f"{x.compaction.compactionId}; {x.drift.total} item(s) of drift: om view --replayed")
-    _print_rows(["clock", "tokens", "threshold", "due", "since"],
-                [[c.name, str(c.tokens), "" if c.threshold is None else str(c.threshold),
+    _print_rows(["clock", "tokens", "basis", "threshold", "due", "since"],
+                [[c.name, str(c.tokens), c.basis + (f" (fallback: {c.fallback})" if c.fallback else ""),
+                  "" if c.threshold is None else str(c.threshold),
                   "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start"]
                  for c in s.clocks.values()])
     out.print(f"pools: active {p['activeTokens']} / target {p['targetTokens']} / max {p['maxTokens']} tokens "

@@ -58,6 +58,7 @@ class BranchEntry:
     first_kept_entry_id: str | None = None  # compaction entries
     edit_target_id: str | None = None  # context_edit entries
     edit_replacement: Any = field(default=None, repr=False, compare=False)  # None empties the target
+    context_tokens: int | None = field(default=None, compare=False)  # Pi 1.6 estimate of ``messages``, once
 
     def context_messages(self) -> tuple[dict, ...]:
         if self.messages is not None:
@@ -80,10 +81,12 @@ def branch_entry(entry_id: str, entry_type: str, role: str | None, tokens_pi: in
     if obj is None:
         return BranchEntry(entry_id, entry_type, role, tokens_pi, first_kept_entry_id=first_kept_entry_id)
     target = obj.get("targetId") if entry_type == "context_edit" else None
-    return BranchEntry(entry_id, entry_type, role, tokens_pi, messages=entry_context_messages(entry_type, obj),
+    messages = entry_context_messages(entry_type, obj)
+    return BranchEntry(entry_id, entry_type, role, tokens_pi, messages=messages,
                        first_kept_entry_id=first_kept_entry_id,
                        edit_target_id=target if isinstance(target, str) and target else None,
-                       edit_replacement=obj.get("replacement") if entry_type == "context_edit" else None)
+                       edit_replacement=obj.get("replacement") if entry_type == "context_edit" else None,
+                       context_tokens=sum(message_tokens(m) for m in messages))
 
 
 def branch_entries_from_rows(rows: Sequence[tuple[str, str, str | None, int | None, str | None, str | None]]
@@ -209,7 +212,7 @@ def _legacy_tokens_before(branch: Sequence[BranchEntry], start: int, summary_tok
     usage_at, usage_total = None, 0
     for entry in branch[max(start, 0):]:
         for message in entry.context_messages():
-            estimates.append(_message_tokens(message, "legacy"))
+            estimates.append(message_tokens(message, "legacy"))
             usage = message.get("usage")
             if (message.get("role") == "assistant" and message.get("stopReason") not in ("aborted", "error")
                     and isinstance(usage, dict)):
@@ -242,7 +245,7 @@ def _legacy_cut(branch: Sequence[BranchEntry], keep_recent_tokens: int, after: P
 # ====================================================================== Pi 1.6 rules (§7)
 
 
-def _message_tokens(message: dict, rules: str = "pi-1.6") -> int:
+def message_tokens(message: dict, rules: str = "pi-1.6") -> int:
     if "_tokens" in message:  # an entry written in code: its estimate is given
         return message["_tokens"] if rules != "legacy" or message.get("role") != "system" else 0
     return estimate_message_tokens(message, rules)  # type: ignore[arg-type]
@@ -283,11 +286,11 @@ class ProjectedEntry:
     @property
     def tokens(self) -> int:
         if self._tokens is None:
-            self._tokens = sum(_message_tokens(m) for m in self.messages)
+            self._tokens = sum(message_tokens(m) for m in self.messages)
         return self._tokens
 
     def system_tokens(self) -> int:
-        return sum(_message_tokens(m) for m in self.messages if m.get("role") == "system")
+        return sum(message_tokens(m) for m in self.messages if m.get("role") == "system")
 
     def is_candidate(self) -> bool:
         return self.entry_type != "compaction" and bool(self.roles & _CUT_ROLES)
@@ -324,7 +327,7 @@ def _projected(position: int, entry: BranchEntry, edits: dict[int, Any]) -> Proj
     natural = entry.context_messages() if entry.entry_type != "compaction" else ()
     replacement = edits.get(position, _NO_EDIT)
     if replacement is _NO_EDIT or not natural:
-        return ProjectedEntry(position, entry, natural, bool(natural))
+        return ProjectedEntry(position, entry, natural, bool(natural), _tokens=entry.context_tokens if natural else 0)
     if replacement is None:
         return ProjectedEntry(position, entry, (), True, emptied=True)
     return ProjectedEntry(position, entry, tuple(_replace_content(m, replacement) for m in natural), True)
@@ -355,7 +358,8 @@ def project_branch(branch: Sequence[BranchEntry], after: PreviousCompaction | No
     else:
         cut_at, first_kept = newest, branch[newest].first_kept_entry_id
         compaction = branch[newest]
-        summary = ProjectedEntry(newest, compaction, compaction.context_messages(), True, is_compaction_summary=True)
+        summary = ProjectedEntry(newest, compaction, compaction.context_messages(), True, is_compaction_summary=True,
+                                 _tokens=compaction.context_tokens)
     items = [summary]
     start = next((i for i in range(cut_at) if branch[i].entry_id == first_kept), None) if first_kept else None
     if start is not None:  # the kept range, without system prompt messages
@@ -439,9 +443,9 @@ def tokens_before(projection: Projection) -> int:
     for it in items:
         for message in it.messages:
             if message.get("role") == "system":
-                system = _message_tokens(message)  # the current (latest) system message
+                system = message_tokens(message)  # the current (latest) system message
             else:
-                other += _message_tokens(message)
+                other += message_tokens(message)
     return system + other
 
 

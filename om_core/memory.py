@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import duckdb
 from pydantic import BaseModel, Field, PrivateAttr
 
-from om_core.catalog import resolve_session, resolve_tip
+from om_core.catalog import branch_for_cut_point, resolve_session, resolve_tip
 from om_core.db import reading, scalar
 from om_core.errors import EntryNotFound, InvalidArgument
 from om_core.ledger import Observation, Reflection
@@ -227,27 +227,50 @@ def drift(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, replayed: b
 
 class Clock(BaseModel):
     name: str
-    tokens: int  # in the counter the settings choose
-    tokens_pi: int
-    tokens_tiktoken: int
+    tokens: int  # the clock's value on its basis (provider usage growth, or source tokens in the chosen counter)
+    tokens_pi: int  # the source-token clock in Pi's estimate
+    tokens_tiktoken: int  # the source-token clock in the real tokenizer
     threshold: int | None
     due: bool | None
     watermark_entry_id: str | None
     from_position: int
+    basis: Literal["usage", "source"] = "source"  # what ``tokens`` measures (SPEC §7)
+    context_tokens: int | None = None  # usage basis: U(t), Pi's context estimate at the tip
+    baseline_tokens: int | None = None  # usage basis: the context at the anchor
+    fallback: str | None = None  # clockBasis usage, but measured on source tokens: why
+
+
+USAGE_CLOCKS = ("observer", "reflector")  # the compaction and dropper clocks always count source tokens
 
 
 def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> dict[str, Clock]:
+    """The four progress clocks at ``tip`` (SPEC §7): observer and reflector on the provider's usage
+    when ``clockBasis`` is ``usage`` and it can be measured, else on source tokens."""
     settings = settings or Settings()
     thresholds = {"observer": settings.observeAfterTokens, "reflector": settings.reflectAfterTokens,
                   "dropper": None, "compaction": settings.compact_threshold}
     out: dict[str, Clock] = {}
+    usage = tip_position = None
+    if settings.clockBasis == "usage":
+        from om_core.usage_clock import ContextUsage
+
+        branch = branch_for_cut_point(con, session_id, tip)
+        usage, tip_position = ContextUsage(branch), len(branch) - 1
     for row in _rows(con, "progress_clocks", {"session_id": session_id, "tip": tip}):
         used = int(row["tokens"] if settings.tokenCounter == "tiktoken" else row["tokens_pi"])
+        extra: dict[str, Any] = {}
+        if usage is not None and row["clock"] in USAGE_CLOCKS and tip_position >= 0:
+            measured = usage.clock(tip_position, row["watermark_pos"])
+            extra = {"context_tokens": measured.context_tokens, "baseline_tokens": measured.baseline_tokens}
+            if measured.tokens is None:
+                extra["fallback"] = measured.reason
+            else:
+                used, extra["basis"] = measured.tokens, "usage"
         threshold = thresholds[row["clock"]]
         out[row["clock"]] = Clock(
             name=row["clock"], tokens=used, tokens_pi=int(row["tokens_pi"]), tokens_tiktoken=int(row["tokens"]),
             threshold=threshold, due=None if threshold is None else used >= threshold,
-            watermark_entry_id=row["watermark_entry_id"], from_position=row["from_pos"],
+            watermark_entry_id=row["watermark_entry_id"], from_position=row["from_pos"], **extra,
         )
     return out
 

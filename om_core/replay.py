@@ -8,6 +8,9 @@ folded. At each event the progress clocks (SQL) decide which stages are due.
 The clocks are read from SQL at the first event and again after anything changes the ledger or the
 compactions on the branch; between reads, a clock grows by the source tokens of the entries passed,
 taken from the same branch rows (prefix sums), so a 1,000-entry branch costs a handful of queries.
+With ``clockBasis`` usage (SPEC §7) the observer and reflector clocks are the provider's context
+growth since their watermark, from running sums over the branch (``ContextUsage``), falling back to
+the source-token clock where usage cannot measure it.
 Stages run through a ``StageRunner`` (the Prefect flow wraps them as tasks; tests call them
 directly), compactions through ``simulate_compaction``.
 """
@@ -22,7 +25,8 @@ from typing import Any, Literal
 from om_core.compaction import SimulatedCompaction, simulate_compaction
 from om_core.catalog import branch_for_cut_point
 from om_core.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
-from om_core.memory import clocks as sql_clocks
+from om_core.memory import USAGE_CLOCKS, clocks as sql_clocks
+from om_core.usage_clock import ContextUsage
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 from om_core.workers.stages import StageOutcome, StageRequest
@@ -126,6 +130,7 @@ class BranchReplayer:
             compactions = con.execute(query("compaction_anchor_positions"), params).fetchall()
             empty = con.execute(query("empty_runs"), params).fetchall()
             self.cut_branch = branch_for_cut_point(con, self.session_id, self.leaf)  # Pi's view of each entry
+        self.usage = ContextUsage(self.cut_branch) if self.settings.clockBasis == "usage" else None
         self.changes = sorted(changes | {position for position, _, _ in compactions})
         # simulated compactions (this run's and earlier runs'): each bounds the cut points after it
         self.simulated_at = sorted(position for position, simulated, _ in compactions if simulated)
@@ -157,12 +162,19 @@ class BranchReplayer:
             stale = k < len(self.changes) and self.changes[k] <= t
         if stale:
             with self.db.read() as con:
-                read = sql_clocks(con, self.session_id, self.branch[t].entry_id, self.settings)
+                read = sql_clocks(con, self.session_id, self.branch[t].entry_id, self.settings.model_copy(
+                    update={"clockBasis": "source"}))  # the usage clocks are measured here, incrementally
             self._clock_at = t
             self._clock_from = {name: c.from_position for name, c in read.items()}
             self._marks = {name: (None if c.watermark_entry_id is None else self.position.get(c.watermark_entry_id))
                            for name, c in read.items()}
-        return {name: self.tokens_between(start, t) for name, start in self._clock_from.items()}
+        values = {name: self.tokens_between(start, t) for name, start in self._clock_from.items()}
+        if self.usage is not None:  # observer and reflector on the provider's usage, where it can be measured
+            for name in USAGE_CLOCKS:
+                measured = self.usage.clock(t, self._marks.get(name))
+                if measured.tokens is not None:
+                    values[name] = measured.tokens
+        return values
 
     def backoff_holds(self, t: int) -> bool:
         """After the observer's deliberate empty run, wait for another observeAfterTokens of source
