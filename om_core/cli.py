@@ -566,18 +566,28 @@ def export(
     session: str = typer.Argument(..., help="Session id, unique id prefix, or ingested file path."),
     out_file: Path = typer.Option(..., "--out", help="The new session file to write (never the input)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    compact: bool = typer.Option(False, "--compact", help="Also append at the tip a compaction entry Pi reads: the "
+                                 "memory summary at Pi's cut point (so plain Pi resumes from it)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write a new Pi session file holding this project's ledger records as the extension's custom
     entries, so Pi with the extension continues with this memory."""
     from om_core.export import export_session
+    from om_core.settings import load_settings
 
-    report = export_session(state.db, session, out_file, overwrite=force)
+    settings = load_settings(state.config).settings if compact else None
+    report = export_session(state.db, session, out_file, overwrite=force, compact=compact, settings=settings)
     if as_json:
         _print_json(report.as_json())
     else:
         out.print(f"wrote {escape(str(report.out))}: {report.entries} entries and {report.records} ledger record(s); "
                   f"{report.relinked} entr(ies) re-linked after records")
+        if report.compaction is not None:
+            c = report.compaction
+            out.print(f"compaction {c['id']} at the tip: first kept entry {c['firstKeptEntryId']}, "
+                      f"tokensBefore {c['tokensBefore']}")
+        elif report.compaction_skipped:
+            err.print(f"[yellow]no compaction written[/]: {escape(report.compaction_skipped)}")
 
 
 @app.command(epilog=_examples('om report', 'om report SESSION --out report-dir'))

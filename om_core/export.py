@@ -8,10 +8,17 @@ written as they were; a v1 or v2 file is written migrated to v3 (ids, parentIds,
 ``hookMessage`` → ``custom``), exactly the entries ingest read. A record is stamped with the time it
 was made, as the extension stamps its appends, never earlier than its parent entry. Simulated
 compactions are not exported: they never happened in the session.
+
+With ``compact``, a compaction entry that Pi itself reads is appended at the tip (the current leaf):
+the model-free summary of SPEC §5 at Pi's cut point of the exported branch, with the ``om.folded``
+details, written as the extension writes its compactions (``fromHook: true``, the branch's system
+message, ``tokensBefore`` by Pi 1.6's estimate). Plain Pi resumes from that summary and the kept
+tail; with the extension, its visible memory is that fold.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import defaultdict
@@ -24,9 +31,12 @@ import duckdb
 
 from om_core import db as dbmod
 from om_core.catalog import resolve_session
+from om_core.cutpoint import NothingToCompact, branch_entry, compaction_cut_point
 from om_core.errors import InvalidArgument
 from om_core.ledger import RECORD_MODELS
+from om_core.memory import compaction_projection
 from om_core.session import JS_WHITESPACE
+from om_core.settings import Settings
 from om_core.sqlfiles import query
 
 
@@ -38,6 +48,8 @@ class ExportReport:
     records: int
     relinked: int
     quarantined_lines_left_out: int
+    compaction: dict[str, Any] | None = None  # --compact: the entry appended at the tip
+    compaction_skipped: str | None = None  # --compact, but none was written: why
 
     def as_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -105,8 +117,10 @@ def _migrated(raw: str, entry_id: str, parent_id: str | None, entry_type: str | 
     return obj
 
 
-def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathLike, overwrite: bool = False) -> ExportReport:
+def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathLike, overwrite: bool = False,
+                   compact: bool = False, settings: Settings | None = None) -> ExportReport:
     out_path = Path(out).resolve()
+    settings = settings or Settings()
     with dbmod.reading(db_path) as con:
         sid = resolve_session(con, session)
         header_raw, file_path, version = dbmod.one(con, "export_header", {"session_id": sid})
@@ -140,6 +154,12 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
             lines.append(_dumps({"type": "custom", "customType": record["kind"], "data": record["data"],
                                  "id": record["ledger_id"], "parentId": previous, "timestamp": ts}))
             previous = record["ledger_id"]
+    compaction, skipped = None, None
+    if compact:
+        with dbmod.reading(db_path) as con:
+            compaction, skipped = tip_compaction(con, sid, lines, records, settings)
+        if compaction is not None:
+            lines.append(_dumps(compaction))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".partial")
     try:
@@ -148,4 +168,77 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise InvalidArgument(f"cannot write {out_path}: {exc.strerror or exc}") from None
-    return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined))
+    summary = None if compaction is None else {k: compaction[k] for k in ("id", "parentId", "firstKeptEntryId",
+                                                                          "tokensBefore")}
+    return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined), summary, skipped)
+
+
+def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[str], records: list[dict[str, Any]],
+                   settings: Settings) -> tuple[dict[str, Any] | None, str | None]:
+    """The compaction entry to append at the tip of the exported file (None and why where Pi would
+    not compact there, or where the projection renders nothing: Pi's own summarizer would run)."""
+    objs = [json.loads(line) for line in lines[1:]]
+    by_id = {o["id"]: o for o in objs}
+    tip = objs[-1]
+    path, node, seen = [], tip, set()
+    while node is not None and node["id"] not in seen:  # the exported branch, root first
+        seen.add(node["id"])
+        path.append(node)
+        node = by_id.get(node.get("parentId"))
+    path.reverse()
+    branch = []
+    for o in path:
+        message = o.get("message") if o.get("type") == "message" else None
+        role = message.get("role") if isinstance(message, dict) and isinstance(message.get("role"), str) else None
+        first_kept = o.get("firstKeptEntryId") if o.get("type") == "compaction" else None
+        branch.append(branch_entry(o["id"], o.get("type") or "", role, None, o,
+                                   first_kept if isinstance(first_kept, str) else None))
+    try:
+        cut = compaction_cut_point(branch, settings.keepRecentTokens, rules=settings.cutPointRules)
+    except NothingToCompact as exc:
+        return None, f"Pi would not compact at the tip: {exc}"
+    # F may be one of the records written into the file (absorbed onto the record chain before the
+    # cut): the projection covered through it is the one covered through the entry it follows
+    anchors = {r["ledger_id"]: r["anchor"] for r in records}
+    first_kept_db = anchors.get(cut.firstKeptEntryId, cut.firstKeptEntryId)
+    leaf = dbmod.scalar(con, "session_leaf", {"session_id": session_id})
+    result = compaction_projection(con, session_id, leaf, first_kept_db, settings.observationsPoolMaxTokens)
+    if result.summary is None:
+        return None, "the compaction projection is empty: Pi's native summarizer would run (nothing written)"
+    entry: dict[str, Any] = {
+        "type": "compaction", "id": _fresh_id(session_id, tip["id"], by_id), "parentId": tip["id"],
+        "timestamp": _not_before(tip.get("timestamp")), "summary": result.summary,
+        "firstKeptEntryId": cut.firstKeptEntryId, "tokensBefore": cut.tokensBefore, "details": result.details(),
+        "fromHook": True,
+    }
+    system = next((e.messages[0] for e in reversed(branch)
+                   if e.entry_type == "message" and e.role == "system" and e.messages), None)
+    if system is None:  # the system message a compaction already carries
+        system = next((o.get("systemMessage") for o in reversed(path)
+                       if o.get("type") == "compaction" and o.get("systemMessage") is not None), None)
+    if system is not None:
+        entry["systemMessage"] = system
+    return entry, None
+
+
+def _fresh_id(session_id: str, parent: str, taken: dict[str, Any]) -> str:
+    """An 8-hex id like Pi's, the same for the same export (and never one the file already has)."""
+    salt = 0
+    while True:
+        candidate = hashlib.sha256(f"{session_id}\x00compaction\x00{parent}\x00{salt}".encode()).hexdigest()[:8]
+        if candidate not in taken:
+            return candidate
+        salt += 1
+
+
+def _not_before(parent_ts: Any) -> str:
+    """Now, as Pi stamps an append (ISO, milliseconds, Z), never earlier than the entry it follows."""
+    now = datetime.now(timezone.utc)
+    if isinstance(parent_ts, str):
+        try:
+            parent = datetime.fromisoformat(parent_ts.replace("Z", "+00:00"))
+            if parent.tzinfo is not None and parent > now:
+                now = parent
+        except ValueError:
+            pass
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"

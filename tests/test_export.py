@@ -381,3 +381,69 @@ def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before
     for e in lines.values():
         if e["type"] == "custom" and e["customType"].startswith("om."):
             assert e["timestamp"] >= lines[e["parentId"]]["timestamp"]
+
+# ------------------------------------------------------------------ om export --compact
+
+
+def test_export_compact_appends_a_compaction_pi_reads_and_it_is_the_visible_memory(tmp_path):
+    b, path = finished_sample(tmp_path)
+    db_path = tmp_path / "om.duckdb"
+    session_id = ingest(db_path, [path]).files[0].session_id
+    db = dbmod.shared_database(db_path)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
+        replay_session(db, session_id, DRAIN_SETTINGS, lambda req: execute_stage(db, req, brain, DRAIN_SETTINGS))
+    finally:
+        db.close()
+    out = tmp_path / "compacted.jsonl"
+    env = {"OM_KEEP_RECENT_TOKENS": "400"}
+    result = CliRunner().invoke(app, ["--db", str(db_path), "export", session_id, "--out", str(out), "--compact",
+                                      "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    written = report["compaction"]
+    assert written is not None and report["compaction_skipped"] is None
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    entry = lines[-1]
+    # Pi's compaction fields, as the extension writes them
+    assert entry["type"] == "compaction" and entry["fromHook"] is True
+    assert entry["parentId"] == lines[-2]["id"] and entry["id"] == written["id"]
+    assert set(entry) >= {"id", "parentId", "timestamp", "summary", "firstKeptEntryId", "tokensBefore", "details"}
+    assert entry["details"]["type"] == "om.folded" and entry["details"]["version"] == 1
+    assert entry["systemMessage"]["role"] == "system"  # the branch's system prompt
+    assert entry["timestamp"] >= lines[-2]["timestamp"]
+    # F is Pi's cut point of the exported branch, tokensBefore Pi 1.6's estimate there
+    without = tmp_path / "plain.jsonl"
+    run(["--db", str(db_path), "export", session_id, "--out", str(without)])
+    plain_db = tmp_path / "plain.duckdb"
+    ingest(plain_db, [without])
+    cut = json.loads(run(["--db", str(plain_db), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
+    assert (entry["firstKeptEntryId"], entry["tokensBefore"]) == (cut["firstKeptEntryId"], cut["tokensBefore"])
+    # re-ingested: its last compaction's summary and details equal om compact at that cut, and it is
+    # the visible memory
+    fresh = tmp_path / "fresh.duckdb"
+    imported = ingest(fresh, [out]).files[0]
+    assert imported.ledger["invalid"] == 0
+    compacted = json.loads(run(["--db", str(fresh), "compact", session_id, "--first-kept", entry["firstKeptEntryId"],
+                                "--leaf", entry["parentId"], "--json"]))
+    assert compacted["summary"] == entry["summary"]
+    assert compacted["details"] == entry["details"]
+    assert compacted["observations"], "nothing folded"
+    with dbmod.reading(fresh) as con:
+        (last_id, summary, details), = con.execute(
+            "SELECT entry_id, json_extract_string(raw, '$.summary'), json_extract(raw, '$.details') FROM entries "
+            "WHERE session_id = ? AND entry_type = 'compaction' ORDER BY line_no DESC LIMIT 1", [session_id]).fetchall()
+    assert last_id == entry["id"] and summary == entry["summary"] and json.loads(details) == entry["details"]
+    visible = json.loads(run(["--db", str(fresh), "view", session_id, "--json"]))
+    assert [o["id"] for o in visible["observations"]] == [o["id"] for o in entry["details"]["observations"]]
+    assert visible["observations"]
+
+
+def test_export_compact_where_pi_would_not_compact_writes_no_compaction(tmp_path):
+    path = branched_session(tmp_path)
+    db_path, session_id = replayed_db(tmp_path, path)
+    out = tmp_path / "exported.jsonl"
+    report = json.loads(run(["--db", str(db_path), "export", session_id, "--out", str(out), "--compact", "--json"]))
+    # the whole branch fits in the default keepRecentTokens (20000): nothing to summarize
+    assert report["compaction"] is None and "would not compact" in report["compaction_skipped"]
+    assert json.loads(out.read_text().splitlines()[-1])["type"] != "compaction"
