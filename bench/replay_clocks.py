@@ -25,36 +25,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.replay import replay_session  # noqa: E402
+from om_core.replay import replay_in_process, replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workers.stages import ModelConfig, StageOutcome, execute_stage, make_brain  # noqa: E402
+from om_core.workers.stages import ModelConfig, StageOutcome, make_brain  # noqa: E402
+from om_core.workspace import Workspace  # noqa: E402
 
 DEFAULT_SESSIONS = sorted((Path(__file__).resolve().parent.parent.parent / "shared" / "sessions").glob("*.jsonl"))
 
 
 def _walk(base: Path, work: Path, session_id: str, settings: Settings) -> float:
     shutil.copy(base, work)  # simulated compactions are written: every run starts from the same file
-    db = dbmod.shared_database(work)
+    con = dbmod.connect(work)
     try:
         start = time.perf_counter()
-        replay_session(db, session_id, settings,
+        replay_session(Workspace.on_connection(con, settings), session_id,
                        lambda req: StageOutcome(req.stage, "skipped", req.session_id, req.tip, "none"), drain=False)
         return time.perf_counter() - start
     finally:
-        db.close()
+        con.close()
         work.unlink(missing_ok=True)
 
 
 def _offline(base: Path, work: Path, session_id: str, settings: Settings) -> float:
     shutil.copy(base, work)
-    db = dbmod.shared_database(work)
+    con = dbmod.connect(work)
     try:
         brain = make_brain(ModelConfig(model="offline"), settings)
         start = time.perf_counter()
-        replay_session(db, session_id, settings, lambda req: execute_stage(db, req, brain, settings))
+        replay_in_process(Workspace.on_connection(con, settings), session_id, brain)
         return time.perf_counter() - start
     finally:
-        db.close()
+        con.close()
         work.unlink(missing_ok=True)
 
 

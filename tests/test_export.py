@@ -389,12 +389,12 @@ def test_export_compact_appends_a_compaction_pi_reads_and_it_is_the_visible_memo
     b, path = finished_sample(tmp_path)
     db_path = tmp_path / "om.duckdb"
     session_id = ingest(db_path, [path]).files[0].session_id
-    db = dbmod.shared_database(db_path)
+    con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
-        replay_session(db, session_id, DRAIN_SETTINGS, lambda req: execute_stage(db, req, brain, DRAIN_SETTINGS))
+        replay_in_process(Workspace.on_connection(con, DRAIN_SETTINGS), session_id, brain)
     finally:
-        db.close()
+        con.close()
     out = tmp_path / "compacted.jsonl"
     env = {"OM_KEEP_RECENT_TOKENS": "400"}
     result = CliRunner().invoke(app, ["--db", str(db_path), "export", session_id, "--out", str(out), "--compact",
