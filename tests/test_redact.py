@@ -182,8 +182,8 @@ def all_summaries(db_path, tmp_path) -> list[str]:
             result = compact(db_path, SID, first_kept, None, pool)
             if result.summary:
                 summaries.append(result.summary)
-    for full in (False, True):
-        summary = view(db_path, SID, None, full)[2].summary()
+    for kind in ({"full": False}, {"full": True}, {"replayed": True}):
+        summary = view(db_path, SID, None, **kind).memory.summary()
         if summary:
             summaries.append(summary)
     return summaries
