@@ -684,6 +684,80 @@ def reflect(
         raise typer.Exit(1)
 
 
+@app.command(epilog=_examples(
+    "om logs",
+    "om logs --session 0b5e --stage observer --limit 5",
+    "om logs --full --limit 1",
+    "om logs --json --full --limit 0 > calls.json",
+))
+def logs(
+    session: Optional[str] = typer.Option(None, "--session", help="Only this session (id, unique prefix, or "
+                                          "ingested file path)."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="Only this stage: observer, reflector or dropper."),
+    limit: int = typer.Option(20, "--limit", "-n", min=0, help="How many calls, newest first (0: all)."),
+    full: bool = typer.Option(False, "--full", help="Also each call's request as sent (after redaction) and its "
+                              "response."),
+    as_json: bool = typer.Option(False, "--json", help="Print an array of call objects."),
+) -> None:
+    """The model calls, newest first: time, session, stage, model, status, tokens (input, output,
+    cached), cost and latency. Request and response texts are kept unless storePrompts is off."""
+    from om_core.logs import model_call_log
+
+    calls = model_call_log(state.db, session=session, stage=stage, limit=limit, full=full)
+    if as_json:
+        _print_json([c.model_dump(mode="json", exclude=None if full else {"request", "response", "text_stored"})
+                     for c in calls])
+        return
+    if not calls:
+        err.print("no model calls recorded" + (" for these filters" if session or stage else ""))
+        return
+    if full:
+        for c in calls:
+            _print_call_text(c)
+        return
+    table = Table("time", "session", "stage", "model", "status", "in", "out", "cached", "cost", "ms")
+    for c in calls:
+        status = c.status if c.status == "ok" else f"{c.status} ({c.error_kind})"
+        table.add_row(c.started_at.strftime("%Y-%m-%d %H:%M:%S"), (c.session_id or "")[:8], c.stage or "",
+                      escape(c.model), status, *("" if v is None else str(v) for v in
+                                                 (c.input_tokens, c.output_tokens, c.cached_tokens)),
+                      "" if c.cost is None else f"${c.cost:.4f}", f"{c.latency_ms:.0f}")
+    out.print(table)
+
+
+def _print_call_text(c) -> None:
+    """One call as text: a header line, the messages sent, the reply (written as they are, not wrapped)."""
+    write = sys.stdout.write
+    tokens = "/".join("-" if v is None else str(v) for v in (c.input_tokens, c.output_tokens, c.cached_tokens))
+    write(f"## {c.started_at:%Y-%m-%d %H:%M:%S} {c.session_id or ''} {c.stage or ''} turn {c.turn} "
+          f"attempt {c.attempt} {c.status} {c.model} tokens {tokens} (in/out/cached) "
+          f"{'' if c.cost is None else f'${c.cost:.4f} '}{c.latency_ms:.0f} ms call {c.call_id}\n")
+    if c.error:
+        write(f"error: {c.error}\n")
+    if not c.text_stored:
+        write("(no text stored for this call)\n\n")
+        return
+    for m in c.request.get("messages", []):
+        write(f"--- {m.get('role')}{' ' + m['tool_call_id'] if m.get('tool_call_id') else ''}\n")
+        content = m.get("content")
+        if content:
+            write((content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)) + "\n")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {})
+            write(f"[tool call {fn.get('name')}] {fn.get('arguments')}\n")
+    names = [t.get("function", {}).get("name") for t in c.request.get("tools", [])]
+    if names:
+        write(f"--- tools: {', '.join(str(n) for n in names)}\n")
+    if c.response is not None:
+        write("--- response\n")
+        if c.response.get("content"):
+            write(c.response["content"] + "\n")
+        for call in c.response.get("tool_calls", []):
+            write(f"[tool call {call.get('name')}] {call.get('arguments')}\n")
+    write("\n")
+    sys.stdout.flush()
+
+
 # ------------------------------------------------------------------ the pipeline: run, serve
 
 

@@ -93,6 +93,8 @@ class CallRecord:
     error_kind: ErrorKind | None = None
     error: str | None = None
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    request: str | None = None  # JSON of what was sent (model, messages, tools), when texts are kept
+    response: str | None = None  # JSON of the reply (content, tool calls); None for a failed call
 
 
 class ChatModel(Protocol):
@@ -227,7 +229,7 @@ class LiteLLMModel:
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None,
                  thinking: str = "off", timeout: float = 120.0, stream: bool = False,
                  retry: RetryPolicy | None = None, record: Callable[[CallRecord], None] | None = None,
-                 gate: Callable[[], Any] | None = None, breaker: Any = None) -> None:
+                 gate: Callable[[], Any] | None = None, breaker: Any = None, keep_texts: bool = False) -> None:
         self.name = litellm_model_name(model, api_base)
         self.api_base = api_base
         self.api_key = api_key
@@ -238,6 +240,7 @@ class LiteLLMModel:
         self.record = record or (lambda _: None)
         self.gate = gate  # a context-manager factory around each call (the pipeline's global limit)
         self.breaker = breaker  # om_core.circuit.CircuitBreaker: the run stops on a permanent provider error
+        self.keep_texts = keep_texts  # each CallRecord carries the request and response text (om logs --full)
         self._litellm = None
 
     def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -291,6 +294,9 @@ class LiteLLMModel:
         if self._litellm is None:
             self._litellm = _import_litellm()
         attempt = 0
+        # serialised now: the tool loop goes on appending to ``messages`` after this call
+        request = json.dumps({"model": self.name, "messages": messages, "tools": tools}, ensure_ascii=False,
+                             default=str) if self.keep_texts else None
         while True:
             attempt += 1
             if self.breaker is not None:
@@ -309,7 +315,7 @@ class LiteLLMModel:
                     self.breaker.record(error)
                 self.record(CallRecord(model=self.name, turn=turn, attempt=attempt, started_at=started,
                                        latency_ms=(time.perf_counter() - t0) * 1000, status="error",
-                                       error_kind=error.kind, error=str(error)))
+                                       error_kind=error.kind, error=str(error), request=request))
                 if error.retryable and attempt < self.retry.attempts:
                     self.retry.sleep(self.retry.delay(attempt))
                     continue
@@ -319,8 +325,14 @@ class LiteLLMModel:
             self.record(CallRecord(model=self.name, turn=turn, attempt=attempt, started_at=started,
                                    latency_ms=(time.perf_counter() - t0) * 1000, status="ok",
                                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-                                   cached_tokens=reply.cached_tokens, cost=reply.cost))
+                                   cached_tokens=reply.cached_tokens, cost=reply.cost, request=request,
+                                   response=_reply_json(reply) if self.keep_texts else None))
             return reply
+
+
+def _reply_json(reply: ChatReply) -> str:
+    return json.dumps({"content": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                                                            for c in reply.tool_calls]}, ensure_ascii=False)
 
 
 def tool_schema(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:

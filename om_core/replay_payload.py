@@ -48,6 +48,7 @@ REPLAYED_TABLES = (
     ("compaction_fold_items", "replayed_compaction_fold_items", "commit_compaction_fold_items"),
     ("stage_runs", "replayed_stage_runs", "commit_stage_runs"),
     ("model_calls", "replayed_model_calls", "commit_model_calls"),
+    ("model_call_texts", "replayed_model_call_texts", "commit_model_call_texts"),
 )
 
 

@@ -68,6 +68,7 @@ class Settings(BaseModel):
     gapSafeCompaction: bool = True
     gapSafeMaxContextShare: float = Field(0.5, gt=0, le=1)  # budget guard for the kept tail
     redactSecrets: bool = True
+    storePrompts: bool = True  # keep each model call's request and response text (om logs --full)
     requestTimeoutSeconds: float = Field(120.0, gt=0)
     modelConcurrency: int = Field(8, ge=1)  # model calls in flight at once across a whole run
     apiBase: str | None = None

@@ -118,7 +118,7 @@ def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] 
     calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
-                         gate=gate, breaker=breaker)
+                         gate=gate, breaker=breaker, keep_texts=settings.storePrompts)
     brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets)
     brain.calls = calls
     return brain
@@ -155,6 +155,12 @@ def _write_calls(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, stage_ru
         "started_at": pa.array([c.started_at for c in rows], pa.timestamp("us", tz="UTC")),
     })
     dbmod.insert_arrow(con, "call_batch", table, "insert_model_calls")
+    texts = [c for c in rows if c.request is not None]
+    if texts:
+        dbmod.insert_arrow(con, "text_batch", pa.table({
+            "call_id": [c.call_id for c in texts], "run_id": pa.array([run_id] * len(texts), pa.string()),
+            "request": [c.request for c in texts], "response": pa.array([c.response for c in texts], pa.string()),
+        }), "insert_model_call_texts")
 
 
 def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payload: Any, kind: str | None,

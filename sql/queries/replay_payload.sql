@@ -110,6 +110,9 @@ SELECT * FROM stage_runs WHERE run_id = $run_id;
 -- name: replayed_model_calls
 SELECT * FROM model_calls WHERE run_id = $run_id;
 
+-- name: replayed_model_call_texts
+SELECT * FROM model_call_texts WHERE run_id = $run_id;
+
 -- name: take_append_seqs
 -- Fresh positions in the database's record order for a replay's new records and compactions.
 SELECT nextval('ledger_append_seq') AS seq FROM range($n);
@@ -143,3 +146,6 @@ INSERT OR IGNORE INTO stage_runs BY NAME SELECT * FROM replay_batch;
 
 -- name: commit_model_calls
 INSERT OR IGNORE INTO model_calls BY NAME SELECT * FROM replay_batch;
+
+-- name: commit_model_call_texts
+INSERT OR IGNORE INTO model_call_texts BY NAME SELECT * FROM replay_batch;

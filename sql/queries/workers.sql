@@ -123,3 +123,7 @@ ORDER BY session_id, compaction_pos, origin, compaction_id, leaf_id;
 SELECT g.c_pos, g.reach, g.gap_messages, g.gap_tokens,
        gap_class($empty, g.gap_messages, g.reach, $f_pos) AS class
 FROM compaction_gap($session_id, $leaf, $compaction_pos, $seq, $simulated, $f_pos) g;
+
+-- name: insert_model_call_texts
+INSERT OR IGNORE INTO model_call_texts (call_id, run_id, request, response)
+SELECT call_id, run_id, request, response FROM text_batch;

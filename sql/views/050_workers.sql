@@ -9,3 +9,7 @@ CREATE OR REPLACE VIEW stages AS
     SELECT stage_run_id, run_id, session_id, stage, outcome, model, tip_entry_id, chunk_first_id,
            chunk_last_id, records, items, rejected, error_kind, error, started_at, finished_at, stage_key
     FROM stage_runs;
+
+-- The request and response of each model call (join llm_calls on call_id).
+CREATE OR REPLACE VIEW llm_call_texts AS
+    SELECT call_id, request, response FROM model_call_texts;
