@@ -7,6 +7,7 @@ command, so `om --help` stays fast.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -65,8 +66,6 @@ def longmemeval(
     hypotheses JSONL per condition, an approximate built-in grade, report.json and report.html.
     A rerun with the same --out finishes what is missing and reuses what is done; Ctrl-C stops
     cleanly."""
-    import os
-
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from om_core.eval.run import EvalOptions, run_longmemeval
     from om_core.settings import load_settings
@@ -119,13 +118,14 @@ def _run_with_progress(options, stop: threading.Event, quiet: bool):
         elif event["event"] == "stopping":
             err.print("[yellow]stopping: running tasks end at their next step…[/]")
 
-    # Ctrl-C: the first asks the run to stop (running tasks end cleanly), a second one exits at once.
+    # Ctrl-C: the first asks the run to stop (running tasks end at their next step); a second one
+    # quits at once, like a kill: every line and ledger record written so far is whole and kept.
     previous = signal.getsignal(signal.SIGINT)
 
     def on_sigint(signum, frame):  # noqa: ANN001
         if stop.is_set():
-            signal.signal(signal.SIGINT, previous)
-            raise KeyboardInterrupt
+            err.print("[yellow]quit[/]: run the same command again to finish")
+            os._exit(130)
         stop.set()
         err.print("[yellow]stopping: running tasks end at their next step (Ctrl-C again to quit now)…[/]")
 

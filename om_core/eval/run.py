@@ -294,6 +294,14 @@ class _Run:
         files = {c: ConditionFiles(o.out, self.label(c)).open(self._config(c)) for c in o.conditions}
         haystacks = {i.question_id: build_haystack(i) for i in chosen}
         self.db = open_database(o.out / "eval.duckdb", self.settings)
+        try:
+            return self._run_tasks(dataset, chosen, files, haystacks, wall, started_at)
+        finally:
+            self.db.close()
+
+    def _run_tasks(self, dataset: Dataset, chosen: list[Instance], files: dict[str, ConditionFiles],
+                   haystacks: dict[str, Haystack], wall: float, started_at: str) -> EvalSummary:
+        o = self.o
         bad_sessions = self._ingest(chosen, haystacks) if {"om", "native"} & set(o.conditions) else {}
         plan = self._plan(chosen, files)
         self.progress({"event": "start", "tasks": len(plan), "questions": len(chosen), "invalid": len(dataset.invalid),
@@ -330,9 +338,9 @@ class _Run:
             "questions": len(chosen), "invalid_instances": len(dataset.invalid), "started_at": started_at,
             "wall_seconds": round(time.monotonic() - wall, 3), "interrupted": interrupted,
             "failures": self.failures[:50],
-            "model_calls_stopped": str(self.breaker.reason) if self.breaker.reason else None, "settings": self.settings.model_dump(mode="json")})
+            "model_calls_stopped": str(self.breaker.reason) if self.breaker.reason else None,
+            "settings": self.settings.model_dump(mode="json")})
         paths = write_report(o.out, report)
-        self.db.close()
         return EvalSummary(report, paths, dataset, list(self.failures), interrupted)
 
     def _preflight(self) -> None:
