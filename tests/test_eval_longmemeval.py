@@ -253,6 +253,12 @@ def test_reader_recall_reads_the_ledger(tmp_path, server):
     result = read_jsonl(tmp_path / "out" / "om-recall" / "results.jsonl")[0]
     assert result["recall_calls"] == 1
     assert read_jsonl(tmp_path / "out" / "om" / "results.jsonl")[0]["recall_calls"] == 0
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "out" / "eval.duckdb"), read_only=True) as con:  # om logs --full reads these
+        kept = dict(con.execute("SELECT c.stage, count(*) FROM llm_call_texts t JOIN llm_calls c USING (call_id) "
+                                "GROUP BY c.stage").fetchall())
+    assert kept.get("reader:om-recall") == 2 and kept.get("judge:om-recall") == 1 and kept.get("observer")
     usage = summary.report["conditions"]["om-recall"]["usage"]
     assert usage["reader"]["calls"] == 2 and usage["memory"]["calls"] > 0  # the memory's cost, from the first run
     tool_results = [m for b in server.requests if kind_of(b) == "reader" for m in b["messages"] if m["role"] == "tool"]

@@ -176,8 +176,14 @@ class CallLog:
             "attempt": pa.array([r.attempt for r in rows], pa.int32()),
             "started_at": pa.array([r.started_at for r in rows], pa.timestamp("us", tz="UTC")),
         })
+        texts = [r for r in rows if r.request is not None]  # kept when storePrompts is on (om logs --full)
         with db.write() as con:
             dbmod.insert_arrow(con, "call_batch", table, "insert_model_calls")
+            if texts:
+                dbmod.insert_arrow(con, "text_batch", pa.table({
+                    "call_id": [r.call_id for r in texts], "run_id": pa.array([run_id] * len(texts), pa.string()),
+                    "request": [r.request for r in texts],
+                    "response": pa.array([r.response for r in texts], pa.string())}), "insert_model_call_texts")
         self.records.clear()
 
 

@@ -155,7 +155,7 @@ class _Run:
     def _model(self, name: str, record) -> LiteLLMModel:
         return LiteLLMModel(name, api_base=self.o.api_base, api_key=self.o.api_key,
                             timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry, record=record,
-                            gate=self.gate, breaker=self.breaker)
+                            gate=self.gate, breaker=self.breaker, keep_texts=self.settings.storePrompts)
 
     def _check(self) -> None:
         if self.stop.is_set():
