@@ -23,6 +23,7 @@ fail the stage at once. One failing session never stops the others.
 
 from __future__ import annotations
 
+import logging
 import traceback
 import uuid
 from dataclasses import asdict
@@ -140,6 +141,9 @@ class SessionReplayer:
         self.staged = stage_task.with_options(result_storage=result_storage, **stage_options)
 
     def __call__(self, req: StageRequest) -> StageOutcome:
+        breaker = run_breaker(self.run_id)
+        if breaker.tripped:  # stop here rather than in a stage task (Prefect would log its failure)
+            raise RunStopped(str(breaker.reason))
         with self.ws.read() as con:
             prepared, outcome = prepare_stage(con, req, self.ws.settings, self.model_name)
         if prepared is None:
@@ -292,8 +296,27 @@ def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict
     return {"run_id": run_id, "sessions": [], "errors": [message], "ingest": ingested, "stopped": message}
 
 
+class _ExpectedStageFailures(logging.Filter):
+    """Prefect logs every failed task run at ERROR. A failed stage (``StageFailed``) or a stopped run
+    (``RunStopped``) is expected: it is recorded in ``stage_runs`` and summed up by the run's closing
+    lines, so Prefect's own line is left out (unless Prefect's logs were asked for: ``--verbose``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Finished in state Failed") and ("StageFailed" in message
+                                                                        or "RunStopped" in message))
+
+
+def _quiet_expected_stage_failures() -> None:
+    logger = logging.getLogger("prefect.task_runs")
+    if logger.getEffectiveLevel() > logging.INFO and not any(isinstance(f, _ExpectedStageFailures)
+                                                             for f in logger.filters):
+        logger.addFilter(_ExpectedStageFailures())
+
+
 def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
              stage_options: dict[str, Any], command: str, window: int) -> dict[str, Any]:
+    _quiet_expected_stage_failures()
     ws = Workspace.from_spec(spec)
     settings = ws.settings
     run_id = run_id or dbmod.new_run_id()

@@ -154,7 +154,9 @@ def classify(exc: BaseException) -> ModelError:
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
     text = str(exc).strip()
-    message = f"{name}: {text[:500]}"
+    # litellm repeats the class name ("litellm.AuthenticationError: AuthenticationError: ..."): once is enough
+    bare = re.sub(rf"^(?:(?:litellm\.)?{re.escape(name)}:\s*)+", "", text)
+    message = f"{name}: {bare[:500]}"
     permanent_names = {"AuthenticationError", "PermissionDeniedError", "BadRequestError", "NotFoundError",
                        "ContextWindowExceededError", "UnprocessableEntityError", "UnsupportedParamsError",
                        "ContentPolicyViolationError", "InvalidRequestError", "BudgetExceededError"}

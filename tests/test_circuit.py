@@ -312,8 +312,9 @@ def test_om_run_stops_every_stage_on_a_rejected_key(prefect_api, tmp_path):
         calls = len(server.requests)
     assert done.returncode == 1, done.stderr[-2000:]
     assert 1 <= calls <= 4, calls  # at most one in flight per session when the breaker trips
-    errors = [line for line in error_lines(done.stderr) if line.startswith("error")]
-    assert len(errors) == 1 and "AuthenticationError" in errors[0] and "Incorrect API key" in errors[0], done.stderr
+    [line] = error_lines(done.stderr)  # one line: no Prefect task-failure lines beside it
+    assert line.startswith("error: model calls stopped: AuthenticationError"), done.stderr
+    assert "Incorrect API key" in line
     assert "Traceback" not in done.stderr
     con = duckdb.connect(str(db), read_only=True)
     try:
