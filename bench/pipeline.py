@@ -9,7 +9,7 @@ What it does:
 2. Starts Prefect's API once (``prefect_test_harness``, a temporary SQLite database) and runs one
    small warm-up flow (imports litellm, opens the first connections); none of that is timed.
 3. Serves the fake model (tests/fake_openai.py with ``ScriptedWorkers(delay=0.2)``: every call
-   answered after 200 ms; each stage is a tool call and then a closing "done" turn) and runs
+   answered after 200 ms; each stage is one tool call, whose clean receipt ends it) and runs
    ``flows.runner.run_pipeline`` over all sessions at ``--concurrency`` 16 (thread runner) with
    ``modelConcurrency`` 16, into a fresh DuckDB, ``--runs`` times (default 3).
 4. Reports for each run and the median:

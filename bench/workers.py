@@ -13,8 +13,16 @@ through ``execute_stage``; no Prefect):
   tool call), i.e. one first-turn request per stage. The baseline's own result is what is stored.
 * ``fake``: the model workers through litellm against the fake OpenAI-compatible server
   (tests/fake_openai.py) answering with ``ScriptedWorkers`` (tests/fake_brains.py): each stage gets a
-  valid tool call built from its prompt, then a closing "done" turn. The figures come from the request
-  bodies the server received.
+  valid tool call built from its prompt (and a "done" if the worker asks again with the receipt). The
+  figures come from the request bodies the server received and the usage it reported, which is what
+  a provider with automatic prefix caching would report: prompt tokens at 4 characters a token, and
+  cached tokens = the longest prefix shared with an earlier request.
+
+Cost (fake run): the server's usage priced at litellm's listed prices (local cost map) for
+openai/gpt-4o-mini and anthropic/claude-haiku-4-5, per 1M source tokens (Pi's estimate). Cached
+tokens at the cache-read price; for Anthropic, whose cache needs explicit breakpoints, the part of
+each request's marked prefix (system prompt and memory) not yet cached is priced as a cache write.
+Providers' minimum cacheable lengths (1,024 tokens for OpenAI) are not applied.
 
 Reported per session and run:
 
@@ -128,10 +136,14 @@ def common_prefix(a: str, b: str) -> int:
 
 def _where(prompt: str, n: int) -> str:
     """Which part of an observer prompt the common prefix ends in."""
-    marks = [("system prompt", prompt.find("## Current reflections")),
-             ("reflections", prompt.find("## Active observations")),
-             ("observations", prompt.find("## Current time")),
-             ("time/chunk", len(prompt) + 1)]
+    if "## Memory\n" in prompt:  # one memory list in ledger order
+        marks = [("system prompt", prompt.find("## Memory\n")), ("memory", prompt.find("## Current time")),
+                 ("time/chunk", len(prompt) + 1)]
+    else:
+        marks = [("system prompt", prompt.find("## Current reflections")),
+                 ("reflections", prompt.find("## Active observations")),
+                 ("observations", prompt.find("## Current time")),
+                 ("time/chunk", len(prompt) + 1)]
     for name, end in marks:
         if end >= 0 and n < end:
             return name
@@ -191,11 +203,19 @@ class _RecordingModel:
         self.sink = sink
 
     def complete(self, messages, tools, turn):  # noqa: ANN001 - ChatModel protocol
+        try:  # as LiteLLMModel sends them to an OpenAI-compatible provider
+            from om_core.model import prepare_messages
+
+            messages = prepare_messages(messages, False)
+        except ImportError:  # the code before issue 14 sent plain strings already
+            pass
         self.sink.append({"messages": [dict(m) for m in messages], "tools": tools})
         return ChatReply(text="", tool_calls=[])
 
 
 class _NoCheck:
+    problems = 0
+
     def submit(self, args):  # noqa: ANN001 - never called: the stub model calls no tool
         return "n/a"
 
@@ -280,7 +300,8 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
         branch_pi, branch_tt = con.execute(
             "SELECT sum(tokens_pi), sum(tokens) FROM branch_detail(?, ?) WHERE is_source", [sid, leaf]).fetchone()
         calls = con.execute(
-            "SELECT stage, count(*), sum(input_tokens), sum(output_tokens) FROM llm_calls WHERE session_id = ? "
+            "SELECT stage, count(*), sum(input_tokens), sum(output_tokens), sum(cached_tokens), "
+            "count(DISTINCT stage_run_id) FROM llm_calls WHERE session_id = ? "
             "AND status = 'ok' GROUP BY stage ORDER BY stage", [sid]).fetchall()
         stages = con.execute("SELECT stage, outcome, count(*) FROM stages WHERE session_id = ? GROUP BY ALL "
                              "ORDER BY ALL", [sid]).fetchall()
@@ -313,6 +334,20 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
 
     memory_tokens = memory.observation_tokens() + sum(r.tokenCount for r in memory.reflections)
     server_input = sum(c[2] or 0 for c in calls)
+    server_output = sum(c[3] or 0 for c in calls)
+    server_cached = sum(c[4] or 0 for c in calls)
+    model_calls, called_stages = sum(c[1] for c in calls), sum(c[5] for c in calls)
+    fake = mode == "fake"
+    per_1k_pi = (lambda n: 1000 * n / src_pi if src_pi else None)
+    written = cache_write_tokens(requests, server_cached_by_request(db_path, sid)) if fake else 0
+    costs = {}
+    for model, price in PRICES.items():
+        if fake and price is not None and src_pi:
+            auto = price.call(server_input, server_output, server_cached)
+            explicit = price.call(server_input, server_output, server_cached, written)
+            if model.startswith("anthropic/"):  # caches only at explicit breakpoints: none before issue 14
+                auto = explicit if MARKS_BREAKPOINTS else price.call(server_input, server_output)
+            costs[model] = 1_000_000 * auto / src_pi
     return {
         "session": db_path.stem.rsplit("-", 1)[0],
         "mode": mode,
@@ -326,9 +361,17 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
         "requests_by_stage": by_stage,
         "prompt_tokens_o200k": prompt_tokens,
         "prompt_per_1k_source": 1000 * prompt_tokens / src_tt if src_tt else None,
-        "server_input_tokens": server_input if mode == "fake" else None,
-        "server_input_per_1k_source": (1000 * server_input / src_tt if src_tt else None) if mode == "fake" else None,
-        "llm_calls": {stage: {"calls": n, "input_tokens": inp, "output_tokens": out} for stage, n, inp, out in calls},
+        "server_input_tokens": server_input if fake else None,
+        "server_input_per_1k_source": (1000 * server_input / src_tt if src_tt else None) if fake else None,
+        "server_prompt_per_1k_source_pi": per_1k_pi(server_input) if fake else None,
+        "server_uncached_per_1k_source_pi": per_1k_pi(server_input - server_cached) if fake else None,
+        "cacheable_share": server_cached / server_input if fake and server_input else None,
+        "model_calls": model_calls if fake else None,
+        "model_calls_per_stage": model_calls / called_stages if fake and called_stages else None,
+        "cache_write_tokens_anthropic": written if fake else None,
+        "usd_per_1m_source_tokens": costs,
+        "llm_calls": {stage: {"calls": n, "input_tokens": inp, "output_tokens": out, "cached_tokens": cached,
+                              "stages": st} for stage, n, inp, out, cached, st in calls},
         "stages": {f"{stage}:{outcome}": n for stage, outcome, n in stages},
         "replay": [{"leaf": r.leaf, "events": r.events, "stages": r.stages, "compactions": r.compactions,
                     "drained": r.drained, "failures": r.failures} for r in reports],
@@ -342,6 +385,48 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
         "source_per_memory_token": branch_pi / memory_tokens if memory_tokens else None,
         "simulated_compactions": simulated,
     }
+
+
+def _price(model: str):
+    try:
+        from om_core.cost import price_of
+    except ImportError:
+        return None
+    return price_of(model)
+
+
+try:
+    from om_core.model import takes_cache_breakpoints  # noqa: F401 - marks Anthropic cache breakpoints
+    MARKS_BREAKPOINTS = True
+except ImportError:
+    MARKS_BREAKPOINTS = False
+PRICED_MODELS = ("openai/gpt-4o-mini", "anthropic/claude-haiku-4-5")
+PRICES: dict[str, Any] = {}
+
+
+def server_cached_by_request(db_path: Path, sid: str) -> list[int]:
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        return [r[0] or 0 for r in con.execute("SELECT cached_tokens FROM llm_calls WHERE session_id = ? AND "
+                                               "status = 'ok' ORDER BY started_at", [sid]).fetchall()]
+    finally:
+        con.close()
+
+
+def cache_write_tokens(requests: list[dict[str, Any]], cached: list[int]) -> int:
+    """Tokens an explicit-breakpoint cache (Anthropic) would write: per request, the marked prefix
+    (tools, system prompt, and the user message up to where the new part starts) minus what was
+    already cached. Requests and usage are paired in order (the replay runs one stage at a time)."""
+    from fake_openai import CHARS_PER_TOKEN
+
+    total = 0
+    for body, hit in zip(requests, cached):
+        messages = body["messages"]
+        user = messages[1]["content"] if isinstance(messages[1]["content"], str) else ""
+        cut = min([i for i in (user.find("## Current time"), user.find("## Coverage")) if i >= 0], default=len(user))
+        marked = len(json.dumps(body.get("tools") or [])) + len(messages[0]["content"]) + cut
+        total += max(0, marked // CHARS_PER_TOKEN - hit)
+    return total
 
 
 # ------------------------------------------------------------------ output
@@ -388,6 +473,19 @@ def print_table(results: list[dict[str, Any]]) -> None:
         for h, v, w in zip(headers, row, widths):
             print(f"  {h:<{max(map(len, headers))}}  {v}")
     print()
+    fake = [r for r in results if r["sent"]]
+    if fake:
+        print("Cost figures (fake run; server usage = prompt text at 4 chars/token, cached = longest prefix shared "
+              "with an earlier request; per 1,000 source tokens by Pi's estimate):")
+        names = list(PRICES)
+        print(f"  {'session':<20} {'prompt/1k':>10} {'uncached/1k':>12} {'cacheable':>10} {'calls/stage':>12} "
+              + " ".join(f"{'$/1M src ' + n.split('/')[-1]:>26}" for n in names))
+        for r in fake:
+            print(f"  {r['session']:<20} {fmt(r['server_prompt_per_1k_source_pi']):>10} "
+                  f"{fmt(r['server_uncached_per_1k_source_pi']):>12} {fmt(r['cacheable_share'], '.1%'):>10} "
+                  f"{fmt(r['model_calls_per_stage'], '.2f'):>12} "
+                  + " ".join(f"{fmt(r['usd_per_1m_source_tokens'].get(n), '.3f'):>26}" for n in names))
+        print()
     print("Summary (prompt tokens per 1,000 source tokens | stable prefix share of consecutive observer stages, "
           "token-weighted | source tokens per active-memory token):")
     print(f"  {'session':<20} {'run':<18} {'prompt/1k src':>14} {'stable prefix':>14} {'src/memory':>11}")
@@ -415,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     if not sessions:
         print("no session to benchmark", file=sys.stderr)
         return 0
+    for model in PRICED_MODELS:
+        PRICES[model] = _price(model)
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="om-bench-workers-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results = []

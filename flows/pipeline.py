@@ -43,6 +43,7 @@ from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_g
 from flows.storage import stage_result_storage
 from om_core import db as dbmod
 from om_core.circuit import release_run_breaker, run_breaker
+from om_core.cost import run_budget
 from om_core.errors import OmError, StorageError, storage_error
 from om_core.ingest import ingest
 from om_core.memory import clocks as read_clocks
@@ -75,6 +76,11 @@ class StageFailed(RuntimeError):
         return self.outcome.error_kind == "transient"
 
 
+class BudgetReached(Exception):
+    """The run's --max-cost stopped a stage before its model call: the session's replay ends there,
+    cleanly (no error), and a rerun resumes it (om_core.cost)."""
+
+
 def _retry_transient(task, task_run, state) -> bool:  # noqa: ANN001 - Prefect's hook signature
     try:
         state.result()
@@ -92,12 +98,12 @@ def _config(model: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
 
 
-def _brain(model: dict[str, Any], settings: Settings, breaker=None):
+def _brain(model: dict[str, Any], settings: Settings, breaker=None, budget=None):
     """A brain for one stage (it records that stage's model calls; litellm is imported only once)."""
     config = _config(model)
     config.retry = RetryPolicy(attempts=1)  # Prefect retries the whole stage instead
     gate = None if config.offline else model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
-    return make_brain(config, settings, gate=gate, breaker=breaker)
+    return make_brain(config, settings, gate=gate, breaker=breaker, budget=budget)
 
 
 def _stage_key(context, parameters: dict[str, Any]) -> str:  # noqa: ANN001 - Prefect's cache-key hook
@@ -111,11 +117,18 @@ def stage_task(prepared: PreparedStage, model: dict[str, Any], settings: Setting
     """One observer, reflector or dropper model run on a prepared input; touches no database.
 
     Its result is kept in Prefect's result storage under the stage key (exactly-once). ``attempts``
-    collects failed attempts, so each one's model calls are recorded."""
+    collects failed attempts, so each one's model calls are recorded. With ``model["max_cost"]`` the
+    run's stages share one cost budget (per process): a stage it stops before its first call
+    raises ``BudgetReached``, and nothing is persisted for it."""
     breaker = run_breaker(run_id)  # fail fast: a permanent provider error stops every stage of the run
     if breaker.tripped:
         raise RunStopped(str(breaker.reason))
-    computed = compute_stage(prepared, _brain(model, settings, breaker), settings)
+    budget = None if _config(model).offline else run_budget(run_id, model.get("max_cost"), model.get("model"))
+    if budget is not None and budget.exhausted:
+        raise BudgetReached("the run's cost budget (--max-cost) is reached")
+    computed = compute_stage(prepared, _brain(model, settings, breaker, budget), settings)
+    if computed.outcome.budget_stop and not computed.outcome.calls:
+        raise BudgetReached(computed.outcome.reason or "the run's cost budget (--max-cost) is reached")
     if computed.outcome.outcome == "failed":
         if attempts is not None:
             attempts.append(computed.outcome)
@@ -155,7 +168,7 @@ class SessionReplayer:
             # flow or of the worker mid-session (Prefect defers a nested task's commit otherwise).
             with transaction(commit_mode=CommitMode.EAGER):
                 computed = self.staged(prepared, self.model, self.ws.settings, self.run_id, attempts)
-        except RunStopped:
+        except (RunStopped, BudgetReached):
             raise
         except StageFailed as exc:
             computed = ComputedStage(exc.outcome)
@@ -184,7 +197,7 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
     rows it appended; errors are returned, never raised."""
     session_id = payload.session_id
     ws = payload_workspace(payload, settings)
-    error, stopped = None, False
+    error, stopped, budget_stop = None, False, None
     reports: list = []
     try:
         due = _due_source_tokens(ws, session_id)
@@ -195,6 +208,8 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
                      f"({len(reports)} branch(es) found)")
     except RunStopped as exc:  # the reason is the run's one error line
         error, stopped = f"stopped: {exc}", True
+    except BudgetReached as exc:  # --max-cost: what was appended is kept; a rerun resumes here
+        budget_stop = str(exc)
     except Exception as exc:  # one failing session never stops the others
         error = f"{type(exc).__name__}: {exc}"
         try:
@@ -207,8 +222,8 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
     finally:
         ws.close()
     progress_board.update({"session_id": session_id, **({"error": error} if error else {"done": True})})
-    return {"session_id": session_id, "error": error, "stopped": stopped, "branches": [asdict(r) for r in reports],
-            "rows": rows}
+    return {"session_id": session_id, "error": error, "stopped": stopped, "budget_stop": budget_stop,
+            "branches": [asdict(r) for r in reports], "rows": rows}
 
 
 @task(name="ingest-sessions", persist_result=False, cache_policy=NO_CACHE)

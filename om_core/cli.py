@@ -778,10 +778,19 @@ def run(
         "--dask-address)."),
     dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Scheduler of a running Dask cluster."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Prefect's own logs."),
+    max_cost: Optional[float] = typer.Option(
+        None, "--max-cost", min=0, metavar="USD",
+        help="Stop before a model call could take this run's cost past USD (litellm's price of the model; each "
+        "call's worst case is reserved first). Nothing half-done is kept: rerun to resume. Exit code 4 when it "
+        "stopped the run."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Process sessions with the Prefect pipeline on a local ephemeral API: ingest, replay every
-    branch with the memory workers when their clocks are due, simulate compactions, drain."""
+    branch with the memory workers when their clocks are due, simulate compactions, drain.
+
+    With a model litellm has a price for, the estimated cost is printed before the run (source
+    tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
+    the provider's usage) after it."""
     from flows.runner import prepare_environment
 
     if runner not in ("threads", "dask"):
@@ -809,16 +818,78 @@ def run(
     if limit not in ("process", "prefect"):
         raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
     model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
-                  "timeout": config.timeout, "limit": limit}
+                  "timeout": config.timeout, "limit": limit, "max_cost": max_cost}
+    estimate = _cost_estimate(targets, config, max_cost, as_json)
     summary = _run_with_display(targets, model_dict, settings.model_dump(), concurrency, not no_drain, runner,
                                 dask_address, as_json)
     rows = _run_rows(summary)
+    cost = _run_cost(summary, max_cost, estimate)
     if as_json:
-        _print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"]})
+        _print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"], "cost": cost})
     else:
         _print_run_table(summary, rows)
+        _print_cost(cost)
     if summary["errors"] or any(r["error"] for r in summary["sessions"]):
         raise typer.Exit(1)
+    if cost.get("stopped_by_max_cost"):
+        raise typer.Exit(4)
+
+
+def _cost_estimate(targets, config, max_cost, as_json: bool):
+    """Print (and return) the run's estimated cost; --max-cost needs a model litellm can price."""
+    if config.offline:
+        if max_cost is not None:
+            raise InvalidArgument("--max-cost needs a model (the offline baseline costs nothing)")
+        return None
+    from om_core.cost import estimate_for_targets
+
+    estimate, backlog = estimate_for_targets(state.db, targets, config.model)
+    if estimate.usd is None:
+        if max_cost is not None:
+            raise InvalidArgument(f"--max-cost needs the model's price, and litellm has none for {config.model!r}")
+        if not as_json:
+            err.print(f"estimate: litellm has no price for {escape(config.model)}; "
+                      f"{backlog.source_tokens:,} source tokens to observe", highlight=False)
+        return estimate
+    if not as_json:
+        basis = " (partly from file sizes)" if backlog.from_file_size else ""
+        err.print(f"estimate: {backlog.source_tokens:,} source tokens to observe{basis} → about "
+                  f"{estimate.prompt_tokens:,} prompt tokens ({estimate.uncached_tokens:,} uncached) and "
+                  f"${estimate.usd:.4f} with {escape(config.model)}"
+                  + (f"; stops before ${max_cost:.4f} (--max-cost)" if max_cost is not None else ""), highlight=False)
+    return estimate
+
+
+def _run_cost(summary: dict, max_cost, estimate) -> dict:
+    """The run's real cost from the provider's usage, and whether --max-cost stopped it."""
+    from om_core.cost import finished_budget
+    from om_core.db import reading, rows_as_dicts
+    from om_core.sqlfiles import query
+
+    run_id = summary["run_id"]
+    budget = finished_budget(run_id)  # this process's budget (the threads runner)
+    stopped = (budget is not None and budget.exhausted) or any(s.get("budget_stop") for s in summary["sessions"])
+    try:
+        with reading(state.db) as con:
+            [row] = rows_as_dicts(con.execute(query("run_cost"), {"run_id": run_id}))
+    except Exception:  # no database (nothing ingested)
+        row = {"model_calls": 0, "cost_usd": None}
+    return {**row, "estimated_usd": None if estimate is None else estimate.usd, "max_cost": max_cost,
+            "stopped_by_max_cost": bool(stopped)}
+
+
+def _print_cost(cost: dict) -> None:
+    if not cost.get("model_calls") and cost.get("estimated_usd") is None:
+        return
+    real = "unknown (litellm has no price)" if cost.get("cost_usd") is None else f"${cost['cost_usd']:.4f}"
+    cached = f", {cost['cached_tokens']:,} of them cached" if cost.get("cached_tokens") else ""
+    err.print(f"cost: {real} for {cost.get('model_calls') or 0} model calls "
+              f"({cost.get('input_tokens') or 0:,} prompt tokens{cached}, {cost.get('output_tokens') or 0:,} output)"
+              + ("" if cost.get("estimated_usd") is None else f"; estimated ${cost['estimated_usd']:.4f}"),
+              highlight=False)
+    if cost.get("stopped_by_max_cost"):
+        err.print(f"[yellow]stopped by --max-cost ${cost['max_cost']:.4f}: nothing half-done was kept; "
+                  "rerun to resume where it stopped[/]")
 
 
 def _run_with_display(targets, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet):

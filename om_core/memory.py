@@ -281,17 +281,6 @@ class CoveredObservation(BaseModel):
     coverage: str  # none | partial | strong
 
 
-def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str,
-                         tip: str) -> tuple[list[Reflection], list[CoveredObservation]]:
-    """Current reflections and active observations with their coverage tiers, in one query."""
-    rows = _rows(con, "ledger_coverage", {"session_id": session_id, "tip": tip})
-    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
-    covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
-                                  coverage=r["coverage"])
-               for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered
-
-
 def coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[CoveredObservation]:
     rows = _rows(con, "coverage_tiers", {"session_id": session_id, "tip": tip})
     rows.sort(key=lambda r: r["fold_order"])

@@ -231,7 +231,8 @@ class LiteLLMModel:
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None,
                  thinking: str = "off", timeout: float = 120.0, stream: bool = False,
                  retry: RetryPolicy | None = None, record: Callable[[CallRecord], None] | None = None,
-                 gate: Callable[[], Any] | None = None, breaker: Any = None, keep_texts: bool = False) -> None:
+                 gate: Callable[[], Any] | None = None, breaker: Any = None, keep_texts: bool = False,
+                 budget: Any = None) -> None:
         self.name = litellm_model_name(model, api_base)
         self.api_base = api_base
         self.api_key = api_key
@@ -243,10 +244,15 @@ class LiteLLMModel:
         self.gate = gate  # a context-manager factory around each call (the pipeline's global limit)
         self.breaker = breaker  # om_core.circuit.CircuitBreaker: the run stops on a permanent provider error
         self.keep_texts = keep_texts  # each CallRecord carries the request and response text (om logs --full)
+        self.budget = budget  # om_core.cost.CostBudget: consulted before every call (--max-cost)
         self._litellm = None
+        self._explicit_cache: bool | None = None
 
     def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.name, "messages": messages, "timeout": self.timeout,
+        if self._explicit_cache is None:
+            self._explicit_cache = takes_cache_breakpoints(self.name, self.api_base)
+        kwargs: dict[str, Any] = {"model": self.name, "messages": prepare_messages(messages, self._explicit_cache),
+                                  "timeout": self.timeout,
                                   "num_retries": 0, "max_retries": 0, "drop_params": True}
         if tools:
             kwargs["tools"] = tools
@@ -303,6 +309,8 @@ class LiteLLMModel:
             attempt += 1
             if self.breaker is not None:
                 self.breaker.check()  # tripped: fail at once with the original reason, send nothing
+            # raises BudgetExceeded before anything is sent when this call could pass --max-cost
+            held = self.budget.reserve(self.budget.worst_case(messages, tools)) if self.budget is not None else 0.0
             started = datetime.now(timezone.utc)
             t0 = time.perf_counter()
             try:
@@ -312,6 +320,8 @@ class LiteLLMModel:
                     with self.gate():
                         reply = self._once(messages, tools)
             except Exception as exc:  # classified below; nothing escapes unclassified
+                if self.budget is not None:
+                    self.budget.settle(held, None)  # a failed call is not billed
                 error = classify(exc)
                 if self.breaker is not None:
                     self.breaker.record(error)
@@ -324,6 +334,10 @@ class LiteLLMModel:
                 raise error from None
             if self.breaker is not None:
                 self.breaker.record(None)
+            if self.budget is not None:
+                if reply.cost is None:  # litellm priced the response under another name: use the budget's price
+                    reply.cost = self.budget.cost_of(reply.input_tokens, reply.output_tokens, reply.cached_tokens)
+                self.budget.settle(held, reply.cost)
             self.record(CallRecord(model=self.name, turn=turn, attempt=attempt, started_at=started,
                                    latency_ms=(time.perf_counter() - t0) * 1000, status="ok",
                                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
@@ -335,6 +349,38 @@ class LiteLLMModel:
 def _reply_json(reply: ChatReply) -> str:
     return json.dumps({"content": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
                                                             for c in reply.tool_calls]}, ensure_ascii=False)
+
+
+CACHE_BREAKPOINT = {"type": "ephemeral"}
+
+
+def prepare_messages(messages: list[dict[str, Any]], explicit_cache: bool) -> list[dict[str, Any]]:
+    """Messages for the provider. Workers send the system prompt as text and the user message as text
+    parts, the stable ones marked with ``cache_control``. Where the provider takes explicit cache
+    breakpoints (Anthropic's models), the system prompt is marked too and the marks stay; elsewhere
+    the parts are joined into plain text (OpenAI and others cache matching prefixes on their own)."""
+    prepared = []
+    for m in messages:
+        content = m.get("content")
+        if explicit_cache and m.get("role") == "system" and isinstance(content, str):
+            m = {**m, "content": [{"type": "text", "text": content, "cache_control": CACHE_BREAKPOINT}]}
+        elif not explicit_cache and isinstance(content, list) and all(p.get("type") == "text" for p in content):
+            m = {**m, "content": "".join(p["text"] for p in content)}
+        prepared.append(m)
+    return prepared
+
+
+def takes_cache_breakpoints(model: str, api_base: str | None) -> bool:
+    """Whether litellm passes Anthropic-style ``cache_control`` breakpoints to this model's provider."""
+    if api_base:  # an OpenAI-compatible server
+        return False
+    try:
+        from litellm.llms.anthropic.common_utils import supports_anthropic_cache_control
+
+        return bool(supports_anthropic_cache_control(model, None))
+    except Exception:  # an older or newer litellm without this helper: the plain rule
+        provider = model.split("/", 1)[0] if "/" in model else ""
+        return provider in ("anthropic", "bedrock", "vertex_ai") and "claude" in model.lower()
 
 
 def tool_schema(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,9 @@
 """Every text this project puts in front of a model, in one place and in our own words.
 
-Stable text comes first in every prompt so that provider prompt caches hit across calls.
+Prompts are laid out for provider prompt caches (a request is billed less for the part that repeats
+an earlier request's beginning): the fixed instructions and tool schemas come first, then the memory
+in ledger order (between two stages of a branch it only grows at its end), and only then what is new
+each call (the current time, the new entries, coverage, budgets). Nothing volatile precedes the memory.
 """
 
 from __future__ import annotations
@@ -21,8 +24,13 @@ with that id to read the original messages."""
 
 
 # ---------------------------------------------------------------- workers (SPEC §8)
-# Each worker gets a fixed system prompt and a user message whose stable parts (memory) come
-# before the part that changes every call (the new conversation chunk).
+# Each worker gets a fixed system prompt and a user message in two parts: the memory (stable between
+# calls but for its growing end), then the part that changes every call.
+
+MEMORY_FORMAT = """\
+The memory lists current reflections and active observations together, oldest first, one per line: \
+an observation as `[id] YYYY-MM-DD HH:MM [relevance] content`, a reflection as \
+`[id] reflection: content`."""
 
 RELEVANCE_GUIDE = """\
 Relevance tiers:
@@ -53,16 +61,22 @@ messages, URLs, numbers. Copy them exactly; never paraphrase an identifier.
 
 {RELEVANCE_GUIDE}
 
+{MEMORY_FORMAT} The new entries follow it. Each entry starts with `[entry-id Role HH:MM]`; a line \
+`=== YYYY-MM-DD ===` gives the date of the entries after it. Tool calls appear as `(tool call) \
+name(arguments)` and their results start with the tool's name in parentheses. An entry too long to \
+send whole is cut in the middle, and the cut is marked.
+
 Rules:
 - One observation per fact; each one line of plain prose, self-contained, at most a few sentences.
 - Cite in sourceEntryIds the ids of the entries in this chunk that support the observation. Only ids \
 shown in this chunk are accepted.
-- timestamp is when it happened, as YYYY-MM-DD HH:MM, taken from the entries.
+- timestamp is when it happened, as YYYY-MM-DD HH:MM: the entry's date line and time.
 - Do not repeat what the existing memory already says unless it changed.
 - Recording nothing is a valid answer when the chunk holds nothing worth keeping.
 
-Call record_observations (once, or several times if a receipt asks you to fix something), then \
-answer with a short plain-text message and no tool call to finish."""
+Call record_observations once, with everything this chunk deserves. A receipt that rejects an item \
+gives you another turn: send only the corrected items. To record nothing, answer in a few words \
+without calling the tool."""
 
 REFLECTOR_SYSTEM = f"""\
 You keep the long-term memory of a coding session. From the active observations you distill \
@@ -75,15 +89,17 @@ reflection; one-off events stay observations. Each reflection is a single line a
 supportingObservationIds all and only the active observations whose lasting meaning it preserves \
 with the same fidelity: inflated support makes later pruning look safer than it is.
 
-Each active observation is shown with its coverage: none (no reflection cites it), partial (one \
-does), strong (two or more do). Coverage tells you what is not yet preserved; it is not a quota.
+{MEMORY_FORMAT} After it, the coverage of each active observation: none (no reflection cites it), \
+partial (one does), strong (two or more do). Coverage tells you what is not yet preserved; it is not \
+a quota.
 
 {RELEVANCE_GUIDE}
 
-Call record_reflections with new reflections only (an existing reflection need not be repeated), \
-then answer with a short plain-text message and no tool call. Recording nothing is valid."""
+Call record_reflections once, with new reflections only (an existing one need not be repeated). A \
+receipt that rejects an item gives you another turn to correct it. Recording nothing is valid: then \
+answer in a few words without calling the tool."""
 
-DROPPER_SYSTEM = """\
+DROPPER_SYSTEM = f"""\
 You prune the active memory of a coding session. The active observations take more tokens than \
 their target, so some may leave active memory. Dropping only retires an observation from what the \
 agent sees; it stays in the ledger and can still be recalled by id.
@@ -94,8 +110,11 @@ it is routine and easy to find again. Keep user assertions, exact decisions, uni
 dated events, errors and their resolution, and reasons, unless they are safely represented. \
 Relevance is resistance, not a lock: critical observations need the strongest case.
 
-Call drop_observations with the ids to drop (at most the maximum given) and a short reason, then \
-answer with a short plain-text message and no tool call. Dropping fewer, or none, is valid."""
+{MEMORY_FORMAT} After it come each active observation's coverage (how many reflections cite it) and \
+the pool's budget.
+
+Call drop_observations once, with the ids to drop (at most the maximum given) and a short reason. \
+Dropping fewer, or none, is valid: to drop none, answer in a few words without calling the tool."""
 
 OBSERVATION_ITEM_SCHEMA = {
     "type": "object",
@@ -136,28 +155,39 @@ DROP_OBSERVATIONS_TOOL = (
 )
 
 
-def memory_block(reflection_lines: list[str], observation_lines: list[str]) -> str:
-    reflections = "\n".join(reflection_lines) or "(none yet)"
-    observations = "\n".join(observation_lines) or "(none yet)"
-    return f"## Current reflections\n{reflections}\n\n## Active observations\n{observations}"
+DAY_LINE = "=== {day} ==="
 
 
-def observer_message(memory: str, now: str, chunk: str, first_id: str, last_id: str) -> str:
-    return (f"{memory}\n\n## Current time\n{now}\n\n"
-            f"## New conversation entries ({first_id} to {last_id})\n{chunk}\n\n"
-            "Record the observations this chunk deserves.")
+def reflection_memory_line(reflection_id: str, content: str) -> str:
+    return f"[{reflection_id}] reflection: {content}"
 
 
-def reflector_message(reflection_lines: list[str], covered_observation_lines: list[str]) -> str:
-    return (memory_block(reflection_lines, covered_observation_lines)
-            + "\n\nEach observation line ends with its coverage. Record the reflections that are due.")
+def memory_block(lines: list[str]) -> str:
+    """The stable first part of a worker's message: the memory in ledger order."""
+    return "## Memory\n" + ("\n".join(lines) if lines else "(empty)") + "\n\n"
 
 
-def dropper_message(reflection_lines: list[str], covered_observation_lines: list[str], pool_tokens: float,
-                    target_tokens: int, max_drops: int) -> str:
-    return (memory_block(reflection_lines, covered_observation_lines)
-            + f"\n\n## Budget\nActive observations: {len(covered_observation_lines)} using {pool_tokens:g} "
-              f"tokens; target {target_tokens} tokens. Drop at most {max_drops}.")
+def observer_message(memory: str, now: str, chunk: str, first_id: str, last_id: str) -> tuple[str, str]:
+    """(memory part, new part)."""
+    return memory, f"## Current time\n{now}\n\n## New entries ({first_id} to {last_id})\n{chunk}"
+
+
+def coverage_block(coverage: dict[str, list[str]]) -> str:
+    """Ids by tier; the ``none`` tier (usually the largest) is named, not listed."""
+    rows = [f"{tier}: {', '.join(coverage[tier])}" for tier in ("strong", "partial") if coverage.get(tier)]
+    if coverage.get("none"):
+        rows.append("none: every other active observation" if rows else "none: every active observation")
+    return "## Coverage\n" + ("\n".join(rows) if rows else "(no active observations)")
+
+
+def reflector_message(memory: str, coverage: dict[str, list[str]]) -> tuple[str, str]:
+    return memory, coverage_block(coverage)
+
+
+def dropper_message(memory: str, coverage: dict[str, list[str]], active: int, pool_tokens: float,
+                    target_tokens: int, max_drops: int) -> tuple[str, str]:
+    return memory, (coverage_block(coverage) + f"\n\n## Budget\nActive observations: {active} using "
+                    f"{pool_tokens:g} tokens; target {target_tokens} tokens. Drop at most {max_drops}.")
 
 
 EXCERPT_MARKER = "\n[… {omitted} characters omitted from the middle of this entry; the stored entry is complete …]\n"

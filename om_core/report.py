@@ -247,6 +247,13 @@ def fmt_cost(cost: float | None, unpriced: int = 0) -> str:
     return f"{text} (+{unpriced} unpriced)" if unpriced else text
 
 
+def fmt_cost_per_million(cost: float | None, source_tokens: int | None) -> str:
+    """Cost per 1M source tokens (Pi's estimate): what memory costs per unit of conversation."""
+    if cost is None or not source_tokens:
+        return "n/a"
+    return fmt_cost(cost * 1_000_000 / source_tokens)
+
+
 def _cost_label(calls: CallStats) -> str:
     if not calls.unpriced:
         return "cost"
@@ -769,6 +776,7 @@ def _session_html(index: int, report: SessionReport, settings: Settings) -> str:
         ("model calls", fmt_int(calls.calls)),
         ("model tokens", fmt_int(calls.input_tokens + calls.output_tokens)),
         (_cost_label(calls), fmt_cost(calls.cost)),
+        ("cost per 1M source tokens", fmt_cost_per_million(calls.cost, info.tokens_pi)),
     ]))
     parts.append(f'<p class="meta">Observations shown as active / recorded. Visible memory is what the session '
                  f'file shows the agent (its latest om.folded compaction): {report.visible[0]} observations, '
@@ -815,7 +823,9 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
                      ("replayed compactions", fmt_int(replayed)), ("model calls", fmt_int(calls.calls)),
                      ("input tokens", fmt_int(calls.input_tokens)), ("output tokens", fmt_int(calls.output_tokens)),
                      ("cached tokens", fmt_int(calls.cached_tokens)),
-                     (_cost_label(calls), fmt_cost(calls.cost))])]
+                     (_cost_label(calls), fmt_cost(calls.cost)),
+                     ("cost per 1M source tokens",
+                      fmt_cost_per_million(calls.cost, sum(r.info.tokens_pi or 0 for r in reports)))])]
     class_rows = [[_badge(c), fmt_int(n), CLASS_NOTES[c]] for c, n in classes.items()]
     parts.append('<h3>Compactions by gap class</h3>')
     parts.append(_table(["class", "compactions", "meaning"], class_rows, numeric={1}, raw={0}))
@@ -840,12 +850,13 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
                      fmt_int(final.recorded if final else 0), fmt_int(final.reflections if final else 0),
                      fmt_int(final.dropped if final else 0), fmt_int(final.pool_tokens if final else 0),
                      fmt_int(r.file_compactions), fmt_int(r.replayed_compactions), fmt_int(r.calls.calls),
-                     fmt_int(r.calls.input_tokens + r.calls.output_tokens), fmt_cost(r.calls.cost, r.calls.unpriced)])
+                     fmt_int(r.calls.input_tokens + r.calls.output_tokens), fmt_cost(r.calls.cost, r.calls.unpriced),
+                     fmt_cost_per_million(r.calls.cost, r.info.tokens_pi)])
     parts.append('<h3>Sessions</h3>')
     parts.append(_table(["session", "file", "branch entries", "source tokens", "observations", "reflections",
                          "dropped", "pool tokens", "compactions in the file", "replayed compactions", "model calls",
-                         "model tokens", "cost"],
-                        rows, numeric=set(range(2, 13)), raw={0}))
+                         "model tokens", "cost", "cost / 1M source tokens"],
+                        rows, numeric=set(range(2, 14)), raw={0}))
     parts.append(f'<p class="meta">Pool budget {fmt_int(settings.observationsPoolMaxTokens)} tokens, target '
                  f'{fmt_int(settings.pool_target_tokens)} (observationsPoolMaxTokens, observationsPoolTargetTokens).'
                  '</p></section>')

@@ -83,6 +83,9 @@ class Settings(BaseModel):
         if isinstance(value, str):
             return {"id": value.strip()} if value.strip() else None
         return value
+    # after a tool call accepted in full, ask the model once more (the extension's loop); off: the
+    # clean receipt ends the stage in one call
+    agentClosingTurn: bool = False
 
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:

@@ -47,8 +47,10 @@ def _blocks_text(content: Any, *, images: bool = True) -> list[str]:
     return parts
 
 
-def message_text(message: dict[str, Any]) -> str:
-    """The readable text of one AgentMessage."""
+def message_text(message: dict[str, Any], *, tool_call_ids: bool = True) -> str:
+    """The readable text of one AgentMessage. ``tool_call_ids=False`` leaves out the ids of tool
+    calls (the observer's view: results follow their calls and name the tool, so the ids only cost
+    tokens); recall keeps them."""
     role = message.get("role")
     if role == "assistant":
         parts: list[str] = []
@@ -62,7 +64,8 @@ def message_text(message: dict[str, Any]) -> str:
                 parts.append(block["text"])
             elif kind == "toolCall":
                 args = _arguments_json(block.get("arguments"))
-                parts.append(f"(tool call {block.get('id', '')}) {block.get('name', '?')}({args})")
+                call = f"(tool call {block.get('id', '')})" if tool_call_ids else "(tool call)"
+                parts.append(f"{call} {block.get('name', '?')}({args})")
         if not parts and message.get("errorMessage"):
             parts.append(f"(no reply: {message.get('stopReason', 'error')}: {message['errorMessage']})")
         return "\n".join(parts)
@@ -84,9 +87,9 @@ def message_text(message: dict[str, Any]) -> str:
     return "\n".join(_blocks_text(message.get("content")))
 
 
-def entry_text(entry_type: str | None, obj: dict[str, Any]) -> str:
+def entry_text(entry_type: str | None, obj: dict[str, Any], *, tool_call_ids: bool = True) -> str:
     message = entry_as_message(entry_type or "", obj)
-    return message_text(message) if message else ""
+    return message_text(message, tool_call_ids=tool_call_ids) if message else ""
 
 
 def minute(ts: Any) -> str:

@@ -1,5 +1,6 @@
 """A scripted model for pipeline tests and benchmarks: answers each worker's prompt with a valid tool
-call built from the prompt itself, then a plain-text "done" once it has the receipt."""
+call built from the prompt itself (its clean receipt ends the stage), and a plain-text "done" when it
+is asked again with the receipt (the ``agentClosingTurn`` loop)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from fake_openai import Reply, text, tool_call
 
 from om_core import prompts
 
-_ENTRY = re.compile(r"--- entry (\S+) ---")
-_LINE = re.compile(r"^\[([0-9a-f]{12})\] .*?\(coverage: (none|partial|strong)\)$", re.MULTILINE)
+_CHUNK = re.compile(r"^## New entries \((\S+) to (\S+)\)$", re.MULTILINE)
+_FIRST_STAMP = re.compile(r"^=== (\d{4}-\d{2}-\d{2}) ===\n\n\[\S+ [^\]\n]*?(\d{2}:\d{2})\]", re.MULTILINE)
+_OBSERVATION = re.compile(r"^\[([0-9a-f]{12})\] \d{4}-\d{2}-\d{2} \d{2}:\d{2} \[", re.MULTILINE)
+_COVERED = re.compile(r"^(?:strong|partial): (.+)$", re.MULTILINE)
 
 
 def stage_key(body: dict) -> str:
@@ -42,7 +45,7 @@ class ScriptedWorkers:
         self.delay = delay
         self.count = 0
         self.lock = threading.Lock()
-        self.completed: set[str] = set()  # stage keys answered to the end (computed)
+        self.completed: set[str] = set()  # stage keys answered (computed: every answer is accepted in full)
         self.answered: list[str] = []  # stage key of every successful answer, in order
         self.asked_after_completion: list[str] = []  # stage keys asked again once computed
         self.failed = 0
@@ -61,15 +64,15 @@ class ScriptedWorkers:
             return Reply(status=429, delay=self.delay,
                          error_body={"error": {"message": "rate limited", "type": "rate_limit_error"}})
         messages = body["messages"]
-        with self.lock:
-            if key in self.completed:
-                self.asked_after_completion.append(key)
-        if messages[-1]["role"] == "tool":
+        if messages[-1]["role"] == "tool":  # the closing turn, only asked with agentClosingTurn
             reply = text("done")
+        else:
+            with self.lock:
+                if key in self.completed:
+                    self.asked_after_completion.append(key)
+            reply = self._first_turn(body)
             with self.lock:
                 self.completed.add(key)
-        else:
-            reply = self._first_turn(body)
         reply.delay = self.delay
         with self.lock:
             self.answered.append(key)
@@ -79,18 +82,19 @@ class ScriptedWorkers:
         stage = stage_of(body)
         user = body["messages"][1]["content"]
         if stage == "observer":
-            ids = _ENTRY.findall(user)
-            stamp = re.search(r"\[[^\]@]+ @ (\d{4}-\d{2}-\d{2} \d{2}:\d{2})\]", user)
+            first, last = _CHUNK.search(user).groups()
+            stamp = _FIRST_STAMP.search(user)
             return tool_call("record_observations", {"observations": [
-                {"timestamp": stamp.group(1) if stamp else "2026-01-15 14:00",
-                 "content": f"Work happened between {ids[0]} and {ids[-1]}.", "relevance": "medium",
-                 "sourceEntryIds": [ids[0], ids[-1]]}]})
-        lines = _LINE.findall(user)
+                {"timestamp": f"{stamp.group(1)} {stamp.group(2)}" if stamp else "2026-01-15 14:00",
+                 "content": f"Work happened between {first} and {last}.", "relevance": "medium",
+                 "sourceEntryIds": list(dict.fromkeys([first, last]))}]})
+        active = _OBSERVATION.findall(user)
+        covered = {i.strip() for line in _COVERED.findall(user) for i in line.split(",")}
         if stage == "reflector":
-            uncovered = [obs_id for obs_id, coverage in lines if coverage == "none"][:2]
+            uncovered = [obs_id for obs_id in active if obs_id not in covered][:2]
             if not uncovered:
                 return text("nothing durable to add")
             return tool_call("record_reflections", {"reflections": [
                 {"content": f"A durable point drawn from {' and '.join(uncovered)}.",
                  "supportingObservationIds": uncovered}]})
-        return tool_call("drop_observations", {"ids": [obs_id for obs_id, _ in lines[:2]], "reason": "oldest"})
+        return tool_call("drop_observations", {"ids": active[:2], "reason": "oldest"})

@@ -3,11 +3,20 @@
 It speaks the real wire protocol (JSON and server-sent-event streaming), so litellm's own HTTP
 path is exercised: the provider is faked, never the code under test. Each request is answered by
 the next scripted ``Reply`` (or by a ``responder`` function), and every request body is recorded.
+
+Usage is reported as a provider with automatic prompt caching would: ``prompt_tokens`` is the
+request's prompt text (tool definitions first, then the messages in order, as providers lay them
+out) at 4 characters a token, and ``cached_tokens`` is the longest prefix of that text shared with
+any earlier request this server answered (in whole tokens, and only when at least
+``cache_min_tokens`` long: OpenAI, for one, caches nothing under 1,024). A ``Reply`` may fix
+either figure instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import threading
 import time
 import uuid
@@ -27,9 +36,9 @@ class Reply:
     error_body: dict | str | None = None
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
-    prompt_tokens: int | None = None  # default: a rough count of the request
+    prompt_tokens: int | None = None  # default: the prompt text at 4 characters a token
     completion_tokens: int = 20
-    cached_tokens: int = 0
+    cached_tokens: int | None = None  # default: the prefix shared with an earlier request
 
 
 def tool_call(name: str, arguments: Any) -> Reply:
@@ -47,12 +56,76 @@ def http_error(status: int, message: str = "error", delay: float = 0.0) -> Reply
                  error_body={"error": {"message": message, "type": kinds.get(status, "error"), "code": None}})
 
 
+CHARS_PER_TOKEN = 4
+_BLOCK = 16  # characters per hashed block of the prefix index
+
+
+def prompt_text(body: dict) -> str:
+    """The request's prompt as a provider lays it out: tool definitions, then each message in order."""
+    parts = [json.dumps(body.get("tools") or [], sort_keys=True, ensure_ascii=False)]
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if isinstance(content, list):  # content parts (text blocks; cache_control marks are not text)
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(f"<{m.get('role')}>{content or ''}")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            parts.append(f"<call {call.get('id')}>{fn.get('name')}({fn.get('arguments')})")
+        if m.get("tool_call_id"):
+            parts.append(f"<for {m['tool_call_id']}>")
+    return "\n".join(parts)
+
+
+class PrefixCache:
+    """The longest prefix a new prompt shares with any earlier one (what an automatic provider cache
+    could serve). Prompts are indexed by the hash of every block-aligned prefix, so a lookup is one
+    pass over the new prompt, then a character comparison within the block after the shared ones."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[bytes, list[int]] = {}  # hash of a block-aligned prefix -> prompts that have it
+        self._texts: list[str] = []
+
+    def clear(self) -> None:
+        self._prefixes.clear()
+        self._texts.clear()
+
+    def add(self, text: str) -> int:
+        """The shared prefix's length in characters; then remember ``text``."""
+        h = hashlib.blake2b(digest_size=16)
+        keys: list[bytes] = []
+        aligned, holders, matching = 0, range(len(self._texts)), True
+        for end in range(_BLOCK, len(text) + 1, _BLOCK):
+            h.update(text[end - _BLOCK:end].encode())
+            keys.append(h.copy().digest())
+            if matching:
+                found = self._prefixes.get(keys[-1])
+                if found:
+                    aligned, holders = end, found
+                else:
+                    matching = False
+        shared = aligned
+        for i in holders:
+            earlier = self._texts[i]
+            n, limit = aligned, min(len(text), len(earlier), aligned + _BLOCK)
+            while n < limit and text[n] == earlier[n]:
+                n += 1
+            shared = max(shared, n)
+        index = len(self._texts)
+        self._texts.append(text)
+        for key in keys:
+            self._prefixes.setdefault(key, []).append(index)
+        return shared
+
+
 class FakeOpenAI:
     """``with FakeOpenAI() as server:`` then point litellm at ``server.base_url``."""
 
     def __init__(self, replies: list[Reply] | None = None,
-                 responder: Callable[[dict], Reply] | None = None, default: Reply | None = None) -> None:
+                 responder: Callable[[dict], Reply] | None = None, default: Reply | None = None,
+                 cache_min_tokens: int = 0) -> None:
         self.replies: list[Reply] = list(replies or [])
+        self.cache = PrefixCache()
+        self.cache_min_tokens = cache_min_tokens
         self.responder = responder
         self.default = default
         self.requests: list[dict] = []
@@ -67,6 +140,7 @@ class FakeOpenAI:
             self.requests.clear()
             self.responder = None
             self.default = None
+            self.cache.clear()
 
     # ---------------------------------------------------------- lifecycle
 
@@ -126,7 +200,16 @@ class FakeOpenAI:
         with self.lock:
             self.replies.extend(replies)
 
-    def _next(self, body: dict) -> Reply:
+    def _next(self, body: dict) -> tuple[Reply, int, int]:
+        """The reply, the prompt's tokens, and how many of them an earlier request's prefix covers."""
+        text_value = prompt_text(body)
+        with self.lock:
+            shared = self.cache.add(text_value)
+        prompt_tokens = max(1, math.ceil(len(text_value) / CHARS_PER_TOKEN))
+        cached = shared // CHARS_PER_TOKEN
+        return self._scripted(body), prompt_tokens, cached if cached >= self.cache_min_tokens else 0
+
+    def _scripted(self, body: dict) -> Reply:
         with self.lock:
             self.requests.append(body)
             if self.responder is not None:
@@ -144,7 +227,7 @@ class FakeOpenAI:
     # ---------------------------------------------------------- answering
 
     def _handle(self, handler: BaseHTTPRequestHandler, body: dict) -> None:
-        reply = self._next(body)
+        reply, prompt_tokens, cached_tokens = self._next(body)
         if reply.delay:
             time.sleep(reply.delay)
         if reply.status != 200:
@@ -158,10 +241,14 @@ class FakeOpenAI:
             handler.end_headers()
             handler.wfile.write(data)
             return
-        prompt_tokens = reply.prompt_tokens if reply.prompt_tokens is not None else max(1, len(json.dumps(body)) // 4)
+        if reply.prompt_tokens is not None:
+            prompt_tokens = reply.prompt_tokens
+        if reply.cached_tokens is not None:
+            cached_tokens = reply.cached_tokens
+        cached_tokens = min(cached_tokens, prompt_tokens)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": reply.completion_tokens,
                  "total_tokens": prompt_tokens + reply.completion_tokens,
-                 "prompt_tokens_details": {"cached_tokens": reply.cached_tokens}}
+                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}
         calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                   "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
                  for name, args in reply.tool_calls]

@@ -187,6 +187,46 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
     assert resumed_state["observations"] == clean_state["observations"]
 
 
+def test_max_cost_stops_om_run_and_a_rerun_resumes_it(prefect_api, tmp_path):
+    """`om run --max-cost` prints the estimate, stops before a call could pass the limit (exit 4),
+    keeps nothing half-done, and a plain rerun ends where an unlimited run does."""
+    make_sessions(tmp_path / "sessions", count=2)
+    db, clean_db = tmp_path / "om.duckdb", tmp_path / "clean.duckdb"
+    env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api}
+    base = [sys.executable, "-m", "om_core.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1"]
+
+    def om_run(target: Path, server: FakeOpenAI, *extra: str):
+        # a model litellm has a price for, served by the fake server
+        model = ["--model", "openai/gpt-4o-mini", "--api-base", server.base_url]
+        return subprocess.run(base + model + list(extra), env={**env, "OM_DB": str(target)}, capture_output=True,
+                              text=True, timeout=300)
+
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        clean = om_run(clean_db, server, "--json")
+        assert clean.returncode == 0, clean.stderr[-2000:]
+        clean_requests = len(server.requests)
+        clean_cost = json.loads(clean.stdout)["cost"]
+    assert clean_cost["cost_usd"] > 0 and clean_cost["stopped_by_max_cost"] is False
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        # one call's worst case at gpt-4o-mini's price is about $0.0015: this allows a few calls only
+        stopped = om_run(db, server, "--max-cost", "0.0025")
+        assert stopped.returncode == 4, stopped.stderr[-2000:]
+        assert "estimate:" in stopped.stderr and "stops before $0.0025" in stopped.stderr
+        assert "stopped by --max-cost" in stopped.stderr and "rerun to resume" in stopped.stderr
+        first_requests = len(server.requests)
+        assert 0 < first_requests < clean_requests
+        con = duckdb.connect(str(db), read_only=True)
+        spent = con.execute("SELECT sum(cost) FROM llm_calls").fetchone()[0]
+        con.close()
+        assert 0 < spent <= 0.0025
+        assert 0 < len(snapshot(db)["records"]) < len(snapshot(clean_db)["records"])
+        resumed = om_run(db, server, "--json")
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert len(server.requests) == clean_requests  # no stage was asked twice
+    assert_ledger_sound(db)
+    assert [r[:5] for r in snapshot(db)["records"]] == [r[:5] for r in snapshot(clean_db)["records"]]
+
+
 def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     make_sessions(tmp_path / "sessions", count=3)
     (tmp_path / "sessions" / "broken.jsonl").write_text('{"type": "message"}\nnot json\n')

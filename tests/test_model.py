@@ -294,3 +294,37 @@ def test_a_missing_api_key_is_permanent_even_when_reported_as_a_500():
                                   "`OPENAI_API_KEY` environment variable.")
     assert classify(missing).kind == "permanent"
     assert classify(InternalServerError("upstream overloaded")).kind == "transient"
+
+
+# ------------------------------------------------------------------ prompt-cache breakpoints (issue 14)
+
+
+def test_cache_breakpoints_are_kept_only_for_providers_that_take_them():
+    from om_core.model import prepare_messages, takes_cache_breakpoints
+    from om_core.workers.llm import user_parts
+
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": user_parts("memory\n\n", "chunk")}]
+    marked = prepare_messages(messages, explicit_cache=True)
+    assert marked[0]["content"] == [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}]
+    assert marked[1]["content"][0]["cache_control"] == {"type": "ephemeral"}  # the end of the stable prefix
+    assert "cache_control" not in marked[1]["content"][1]  # the new part is not cached
+    plain = prepare_messages(messages, explicit_cache=False)
+    assert plain == [{"role": "system", "content": "rules"}, {"role": "user", "content": "memory\n\nchunk"}]
+    assert takes_cache_breakpoints("anthropic/claude-haiku-4-5", None)
+    assert not takes_cache_breakpoints("openai/gpt-4o-mini", None)  # OpenAI caches prefixes by itself
+    assert not takes_cache_breakpoints("anthropic/claude-haiku-4-5", "http://127.0.0.1:9/v1")  # a compatible server
+
+
+def test_the_fake_server_reports_the_prefix_shared_with_an_earlier_request(server):
+    records: list[CallRecord] = []
+    model = make_model(server, records=records)
+    stable = "You keep the memory of a session. " * 40  # 1,360 characters
+    server.add(text("a"), text("b"), text("c"))
+    model.complete([{"role": "system", "content": stable}, {"role": "user", "content": "first chunk"}], TOOLS, turn=1)
+    model.complete([{"role": "system", "content": stable}, {"role": "user", "content": "second chunk"}], TOOLS, turn=1)
+    model.complete([{"role": "system", "content": "other rules"}, {"role": "user", "content": "x"}], TOOLS, turn=1)
+    first, second, third = records
+    assert first.cached_tokens == 0
+    assert second.cached_tokens > len(stable) // 4  # tools, system prompt and "<user>" are shared
+    assert second.cached_tokens < second.input_tokens
+    assert 0 < third.cached_tokens < 100  # only the tool definitions and the "<system>" mark are shared

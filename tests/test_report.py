@@ -185,6 +185,14 @@ def test_overview_totals(built):
     assert int(cards["compactions in the files"]) >= 1 and int(cards["replayed compactions"]) >= 1
     assert (cards["model calls"], cards["input tokens"], cards["output tokens"]) == ("3", "4,000", "1,000")
     assert cards["cost (1 call unpriced)"] == "$0.0425"
+    with dbmod.reading(built[0]) as con:
+        source = con.execute("SELECT sum(tokens_pi) FROM entries WHERE is_source").fetchone()[0]
+        [(per_million,)] = con.execute("SELECT usd_per_1m_source_tokens FROM session_costs WHERE session_id = ?",
+                                       [WORKED]).fetchall()
+        worked = con.execute("SELECT sum(tokens_pi) FROM entries WHERE is_source AND session_id = ?",
+                             [WORKED]).fetchone()[0]
+    assert cards["cost per 1M source tokens"] == f"${0.0425 * 1e6 / source:,.4f}"
+    assert per_million == pytest.approx(0.0425 * 1e6 / worked)  # the analyst's view agrees with the report
     assert "Compactions per session by gap class" in [c.findtext(f"{SVG}title") for c in overview.iter(f"{SVG}svg")]
     links = {a.get("href") for a in overview.iter("a")}
     assert all(any(a.startswith("#s") and sid in a for a in links) for sid in (WORKED, QUIET))

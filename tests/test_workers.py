@@ -173,23 +173,26 @@ def test_observer_input_labels_every_source_entry_with_id_role_and_time(server, 
     assert body["messages"][0]["role"] == "system"  # the stable prompt comes first
     assert [t["function"]["name"] for t in body["tools"]] == ["record_observations"]
     sent = prompt(server)
-    assert f"--- entry {E[2]} ---\n[User @ 2026-01-15 14:02]: Please use PostgreSQL 16 for the orders service." in sent
-    assert (f"--- entry {E[3]} ---\n[Assistant @ 2026-01-15 14:03]: (thinking) The user wants Postgres; read the "
-            "config first.\nLet me look at the config.\n(tool call call_1) read({\"path\":\"config/db.yaml\"})") in sent
-    assert (f"--- entry {E[4]} ---\n[Tool result @ 2026-01-15 14:04]: (read) engine: mysql\nversion: 8\n"
-            "[image: image/png]") in sent
-    assert f"--- entry {E[5]} ---\n[User ran a command @ 2026-01-15 14:05]: $ make test\n3 passed" in sent
-    assert (f"--- entry {E[7]} ---\n[User @ 2026-01-15 14:07]: Here is the screenshot of the error.\n"
-            "[image: image/jpeg]") in sent
-    assert f"--- entry {E[8]} ---\n[Assistant @ 2026-01-15 14:08]: Switched config/db.yaml to PostgreSQL 16." in sent
+    # the date once, then each entry labelled with its id, role and time
+    assert f"=== 2026-01-15 ===\n\n[{E[2]} User 14:02] Please use PostgreSQL 16 for the orders service." in sent
+    assert sent.count("=== 2026-01-15 ===") == 1
+    assert (f"[{E[3]} Assistant 14:03] (thinking) The user wants Postgres; read the "
+            "config first.\nLet me look at the config.\n(tool call) read({\"path\":\"config/db.yaml\"})") in sent
+    assert "call_1" not in sent  # tool-call ids cost tokens and tell the observer nothing
+    assert f"[{E[4]} Tool result 14:04] (read) engine: mysql\nversion: 8\n[image: image/png]" in sent
+    assert f"[{E[5]} User ran a command 14:05] $ make test\n3 passed" in sent
+    assert f"[{E[7]} User 14:07] Here is the screenshot of the error.\n[image: image/jpeg]" in sent
+    assert f"[{E[8]} Assistant 14:08] Switched config/db.yaml to PostgreSQL 16." in sent
     # not source entries: the system prompt and the model change
     assert E[1] not in sent and "You are Pi, a coding agent." not in sent
     assert E[6] not in sent
     # images are placeholders, never their data
     assert "QUJDREVGR0g=" not in server.sent_text() and "iVBORw0KGgo=" not in server.sent_text()
-    assert f"({E[2]} to {E[8]})" in sent
+    assert f"## New entries ({E[2]} to {E[8]})" in sent
     assert "## Current time\n2026-01-15 14:08" in sent
-    assert "## Current reflections\n(none yet)" in sent and "## Active observations\n(none yet)" in sent
+    # layout for prefix caches: memory first, then the volatile time, then the chunk last
+    assert sent.startswith("## Memory\n(empty)\n\n## Current time")
+    assert sent.index("## Current time") < sent.index("## New entries")
 
 
 def test_observer_input_labels_extension_messages_and_branch_summaries(server, tmp_path, db_path):
@@ -202,11 +205,9 @@ def test_observer_input_labels_extension_messages_and_branch_summaries(server, t
     server.add(text("nothing"))
     observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     sent = prompt(server)
-    assert (f"--- entry {E[2]} ---\n[Extension message (plan-reminder) @ 2026-01-15 14:02]: "
-            "Remember: tests before merge.") in sent
-    assert (f"--- entry {E[3]} ---\n[Branch summary @ 2026-01-15 14:03]: "
-            "Explored a Redis cache on another branch; rejected for latency.") in sent
-    assert f"--- entry {E[4]} ---" not in sent and f"({E[1]} to {E[3]})" in sent
+    assert f"[{E[2]} Extension message (plan-reminder) 14:02] Remember: tests before merge." in sent
+    assert f"[{E[3]} Branch summary 14:03] Explored a Redis cache on another branch; rejected for latency." in sent
+    assert f"[{E[4]} " not in sent and f"({E[1]} to {E[3]})" in sent
 
 
 def test_observer_input_shows_current_reflections_and_active_observations(server, tmp_path, db_path):
@@ -221,14 +222,16 @@ def test_observer_input_shows_current_reflections_and_active_observations(server
     server.add(text("nothing"))
     observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     sent = prompt(server)
-    assert (f"## Current reflections\n[{mid('The project standardizes on PostgreSQL 16.')}] "
-            "The project standardizes on PostgreSQL 16.") in sent
-    assert (f"## Active observations\n[{o1['id']}] 2026-01-15 14:01 [critical] User wants PostgreSQL 16.\n"
-            f"[{o2['id']}] 2026-01-15 14:02 [low] Assistant read config/db.yaml.") in sent
+    # one memory list in ledger order (the order items were recorded): it only grows at its end
+    assert sent.startswith(
+        f"## Memory\n[{o1['id']}] 2026-01-15 14:01 [critical] User wants PostgreSQL 16.\n"
+        f"[{o2['id']}] 2026-01-15 14:02 [low] Assistant read config/db.yaml.\n"
+        f"[{mid('The project standardizes on PostgreSQL 16.')}] reflection: The project standardizes on PostgreSQL 16."
+        "\n\n## Current time")
     assert "A note that was dropped later." not in sent
     # the chunk starts after the observation watermark E2
     assert f"({E[3]} to {E[6]})" in sent
-    assert f"--- entry {E[2]} ---" not in sent
+    assert f"[{E[2]} " not in sent
 
 
 @pytest.mark.parametrize("cap, last", [(256, 3), (299, 3), (300, 4), (301, 4)])
@@ -243,12 +246,11 @@ def test_chunk_cap_boundary(server, tmp_path, db_path, cap, last):
 
 def test_chunk_cap_limits_the_chunk_to_whole_entries(server, tmp_path, db_path):
     load(blocks(5), tmp_path, db_path)
-    server.add(tool_call("record_observations", {"observations": [item("First two blocks seen.", [E[1], E[2]])]}),
-               text("done"))
+    server.add(tool_call("record_observations", {"observations": [item("First two blocks seen.", [E[1], E[2]])]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     sent = prompt(server)
-    assert f"--- entry {E[1]} ---" in sent and f"--- entry {E[2]} ---" in sent
-    assert f"--- entry {E[3]} ---" not in sent  # 100 + 100 + 100 > 256
+    assert f"[{E[1]} User 14:01]" in sent and f"[{E[2]} Assistant 14:02]" in sent
+    assert f"[{E[3]} " not in sent  # 100 + 100 + 100 > 256
     assert outcome.chunk == (E[1], E[2])
     [(kind, covers, anchor, origin, _)] = records(db_path)
     assert (kind, covers, anchor, origin) == (OBS, E[2], E[5], "pipeline")  # watermark = chunk end; anchor = tip
@@ -257,7 +259,7 @@ def test_chunk_cap_limits_the_chunk_to_whole_entries(server, tmp_path, db_path):
     # the next stage reads the next chunk
     server.add(text("nothing here"))
     observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
-    assert f"({E[3]} to {E[4]})" in prompt(server, 2)
+    assert f"({E[3]} to {E[4]})" in prompt(server, 1)
 
 
 def test_an_entry_alone_over_the_cap_is_sent_as_a_marked_head_tail_excerpt(server, tmp_path, db_path):
@@ -267,8 +269,7 @@ def test_an_entry_alone_over_the_cap_is_sent_as_a_marked_head_tail_excerpt(serve
     b.assistant("ok")  # E2
     load(b, tmp_path, db_path)
     raw_before = rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?", [SID, E[1]])[0][0]
-    server.add(tool_call("record_observations", {"observations": [item("User pasted a long log.", [E[1]])]}),
-               text("done"))
+    server.add(tool_call("record_observations", {"observations": [item("User pasted a long log.", [E[1]])]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     sent = prompt(server)
     assert outcome.chunk == (E[1], E[1])  # at least the first entry, and nothing after it
@@ -276,7 +277,7 @@ def test_an_entry_alone_over_the_cap_is_sent_as_a_marked_head_tail_excerpt(serve
     assert "MIDDLE-SECRET-WORD" not in sent
     # 256 tokens ~ 1,024 characters kept: the marker names how many were left out
     assert f"[… {len(big) - 1024} characters omitted from the middle of this entry" in sent
-    assert f"--- entry {E[2]} ---" not in sent
+    assert f"[{E[2]} " not in sent
     assert records(db_path)[0][1] == E[1]
     # the stored entry is unchanged, and recall shows it whole
     assert rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?",
@@ -294,10 +295,10 @@ def test_valid_observations_are_recorded_with_code_made_ids_and_token_counts(ser
     first = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
     second = item("Assistant switched config/db.yaml from MySQL 8 to PostgreSQL 16.", [E[4], E[8], E[4]],
                   ts="2026-01-15 14:08")
-    server.add(tool_call("record_observations", {"observations": [first, second]}), text("Recorded two."))
+    server.add(tool_call("record_observations", {"observations": [first, second]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert (outcome.outcome, outcome.items, outcome.rejected, outcome.duplicates) == ("recorded", 2, 0, 0)
-    assert len(server.requests) == 2
+    assert len(server.requests) == 1  # a clean receipt ends the stage: no closing turn
     [(kind, covers, anchor, origin, ledger_id)] = records(db_path)
     assert (kind, covers, anchor, origin) == (OBS, E[8], E[8], "pipeline")
     stored = observations_of(db_path, ledger_id)
@@ -311,14 +312,14 @@ def test_valid_observations_are_recorded_with_code_made_ids_and_token_counts(ser
         assert o["id"] == mid(o["content"])
         assert o["tokenCount"] == pi_tokens(f"[{o['id']}] {o['timestamp']} [{o['relevance']}] {o['content']}")
     assert observer_watermark(db_path) == E[8]
-    receipt = tool_messages(server, 1)[0]
+    [receipt] = outcome.receipts  # kept in stage_runs; no request carries it back to the model
     assert "1. recorded [24878c7131e3]" in receipt and "2. recorded [901ca7ddd8b1]" in receipt
     [stage] = stages(db_path)
     assert (stage["stage"], stage["outcome"], stage["records"], stage["items"], stage["rejected"]) == (
         "observer", "recorded", 1, 2, 0)
     calls = llm_calls(db_path)
     assert [(c["stage"], c["turn"], c["attempt"], c["status"]) for c in calls] == [
-        ("observer", 1, 1, "ok"), ("observer", 2, 1, "ok")]
+        ("observer", 1, 1, "ok")]
     assert all(c["input_tokens"] > 0 and c["output_tokens"] == 20 and c["latency_ms"] > 0 for c in calls)
 
 
@@ -378,17 +379,16 @@ def test_malformed_json_and_wrong_shapes_get_receipts_and_the_loop_continues(ser
     good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
     server.add(Reply(tool_calls=[("record_observations", '{"observations": [{"content": "cut off')]),
                tool_call("record_observations", {"items": [good]}),
-               tool_call("record_observations", {"observations": [good]}),
-               text("Done."))
+               tool_call("record_observations", {"observations": [good]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
-    assert len(server.requests) == 4
+    assert len(server.requests) == 3  # two rejected calls got receipts; the clean third ends the stage
     assert tool_messages(server, 1)[0].startswith("rejected: the arguments were not valid JSON")
     assert tool_messages(server, 2)[1] == 'rejected: expected {"observations": [...]}'
-    assert tool_messages(server, 3)[2] == f"record_observations receipt:\n1. recorded [{mid(good['content'])}]"
+    assert outcome.receipts[2] == f"record_observations receipt:\n1. recorded [{mid(good['content'])}]"
     # each receipt answers its own call
     msgs = server.requests[1]["messages"]
     assert msgs[-1]["tool_call_id"] == msgs[-2]["tool_calls"][0]["id"]
-    assert (outcome.outcome, outcome.items, outcome.turns) == ("recorded", 1, 4)
+    assert (outcome.outcome, outcome.items, outcome.turns) == ("recorded", 1, 3)
     assert [o.id for o in memory(db_path).observations] == [mid(good["content"])]
 
 
@@ -447,7 +447,8 @@ def test_a_failure_appends_nothing_and_moves_no_watermark(server, tmp_path, db_p
 def test_a_failure_on_the_second_turn_still_appends_nothing(server, tmp_path, db_path):
     load(story(), tmp_path, db_path)
     good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
-    server.add(tool_call("record_observations", {"observations": [good]}), http_error(401, "key revoked"))
+    outside = item("Cites an entry outside the chunk.", ["ffffffff"])
+    server.add(tool_call("record_observations", {"observations": [good, outside]}), http_error(401, "key revoked"))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "failed" and "key revoked" in outcome.error
     assert records(db_path) == []
@@ -460,7 +461,9 @@ def test_a_failure_on_the_second_turn_still_appends_nothing(server, tmp_path, db
 @pytest.mark.parametrize("cap", [1, 3])
 def test_the_turn_cap_stops_the_loop_after_exactly_n_model_calls(server, tmp_path, db_path, cap):
     load(story(), tmp_path, db_path)
-    server.default = tool_call("record_observations", {"observations": [item("User wants PostgreSQL 16.", [E[2]])]})
+    # every answer has a rejected item, so every receipt asks for another turn
+    server.default = tool_call("record_observations", {"observations": [item("User wants PostgreSQL 16.", [E[2]]),
+                                                                        item("Outside the chunk.", ["ffffffff"])]})
     outcome = observe_now(Workspace.open(db_path, settings=Settings(agentMaxTurns=cap)), SID, None, config(server))
     assert len(server.requests) == cap
     assert outcome.turns == cap and outcome.turn_cap_reached is True
@@ -475,7 +478,7 @@ def test_observer_through_a_streaming_model(server, tmp_path, db_path):
                Reply(text="done", prompt_tokens=950, completion_tokens=3, cached_tokens=896))
     cfg = config(server)
     cfg.stream = True
-    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, cfg)
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(agentClosingTurn=True)), SID, None, cfg)
     assert all(body.get("stream") is True for body in server.requests)
     assert (outcome.outcome, outcome.items) == ("recorded", 1)
     assert [o.id for o in memory(db_path).observations] == [mid(good["content"])]
@@ -493,11 +496,10 @@ def test_observe_a_chosen_leaf_is_branch_local(server, tmp_path, db_path):
     b.user("Now add a health check.")  # E4
     b.assistant("Added /healthz.")  # E5: the current leaf
     load(b, tmp_path, db_path)
-    server.add(tool_call("record_observations", {"observations": [item("User asked a side question.", [E[3]])]}),
-               text("done"))
+    server.add(tool_call("record_observations", {"observations": [item("User asked a side question.", [E[3]])]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, E[3], config(server))
     assert outcome.chunk == (E[1], E[3]) and outcome.outcome == "recorded"
-    assert f"--- entry {E[4]} ---" not in prompt(server)
+    assert f"[{E[4]} " not in prompt(server)
     [(_, covers, anchor, _, _)] = records(db_path)
     assert (covers, anchor) == (E[3], E[3])
     # the record is on the side branch only: the current branch is still wholly uncovered
@@ -505,8 +507,8 @@ def test_observe_a_chosen_leaf_is_branch_local(server, tmp_path, db_path):
     server.add(text("nothing"))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.chunk == (E[1], E[5])
-    sent = prompt(server, 2)
-    assert f"--- entry {E[3]} ---" not in sent and "User asked a side question." not in sent
+    sent = prompt(server, 1)
+    assert f"[{E[3]} " not in sent and "User asked a side question." not in sent
 
 
 # ------------------------------------------------------------------ observer through the CLI
@@ -515,7 +517,7 @@ def test_observe_a_chosen_leaf_is_branch_local(server, tmp_path, db_path):
 def test_cli_observe_and_reflect_happy_path(server, tmp_path, db_path):
     load(story(), tmp_path, db_path)
     good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
-    server.add(tool_call("record_observations", {"observations": [good]}), text("done"))
+    server.add(tool_call("record_observations", {"observations": [good]}))
     base = ["--db", str(db_path)]
     model = ["--model", "openai/fake-model", "--api-base", server.base_url]
     result = invoke([*base, "observe", SID, *model])
@@ -526,7 +528,7 @@ def test_cli_observe_and_reflect_happy_path(server, tmp_path, db_path):
 
     reflection = "The orders service runs on PostgreSQL 16."
     server.add(tool_call("record_reflections", {"reflections": [
-        {"content": reflection, "supportingObservationIds": [mid(good["content"])]}]}), text("done"))
+        {"content": reflection, "supportingObservationIds": [mid(good["content"])]}]}))
     result = invoke([*base, "reflect", SID, *model, "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -591,12 +593,14 @@ def test_reflector_input_shows_coverage_tiers(server, tmp_path, db_path):
     assert outcome.outcome == "empty"
     sent = prompt(server)
     line = lambda key: f"[{o[key]['id']}] {o[key]['timestamp']} [{o[key]['relevance']}] {o[key]['content']}"  # noqa: E731
-    assert f"{line('O1')} (coverage: strong)" in sent
-    assert f"{line('O2')} (coverage: partial)" in sent
-    assert f"{line('O3')} (coverage: none)" in sent
-    assert f"{line('O4')} (coverage: none)" in sent
+    reflection = lambda c: f"[{mid(c)}] reflection: {c}"  # noqa: E731
+    # the memory in ledger order, exactly as the observer reads it; coverage after it
+    assert sent.startswith("## Memory\n" + "\n".join([
+        line("O1"), line("O2"), line("O3"), reflection("Orders run on PostgreSQL 16."),
+        reflection("The user is exacting about the database."), line("O4")]) + "\n\n## Coverage\n")
+    assert sent.endswith(f"## Coverage\nstrong: {o['O1']['id']}\npartial: {o['O2']['id']}\n"
+                         "none: every other active observation")
     assert o["O5"]["content"] not in sent  # dropped: not active
-    assert f"[{mid('Orders run on PostgreSQL 16.')}] Orders run on PostgreSQL 16." in sent
     assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["record_reflections"]
     assert len(records(db_path)) == 4  # an empty reflector run appends nothing
 
@@ -684,19 +688,19 @@ def test_dropper_input_and_maximum(server, tmp_path, db_path):
     made = pool_session(tmp_path, db_path, [("Alpha note.", "low", 10), ("Beta note.", "medium", 20),
                                             ("Gamma note.", "high", 30), ("Delta note.", "critical", 45)],
                         [[0]])
-    server.add(new_reflection(made[1]["id"]), text("ok"),
-               tool_call("drop_observations", {"ids": [m["id"] for m in made], "reason": "pool too big"}),
-               text("ok"))
+    server.add(new_reflection(made[1]["id"]),
+               tool_call("drop_observations", {"ids": [m["id"] for m in made], "reason": "pool too big"}))
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=50)
     reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert (reflector.outcome, dropper.outcome) == ("recorded", "recorded")
-    sent = prompt(server, 2)
+    sent = prompt(server, 1)
     assert "Active observations: 4 using 105 tokens; target 50 tokens. Drop at most 3." in sent
-    assert f"[{made[0]['id']}] 2026-01-15 14:10 [low] Alpha note. (coverage: partial)" in sent
-    assert f"[{made[1]['id']}] 2026-01-15 14:11 [medium] Beta note. (coverage: partial)" in sent  # same run's reflection
-    assert f"[{made[2]['id']}] 2026-01-15 14:12 [high] Gamma note. (coverage: none)" in sent
-    assert f"[{mid('A fresh durable conclusion.')}] A fresh durable conclusion." in sent
-    assert [t["function"]["name"] for t in server.requests[2]["tools"]] == ["drop_observations"]
+    assert f"[{made[0]['id']}] 2026-01-15 14:10 [low] Alpha note." in sent
+    assert f"[{made[2]['id']}] 2026-01-15 14:12 [high] Gamma note." in sent
+    # Alpha by the older reflection, Beta by the same run's one
+    assert f"partial: {made[0]['id']}, {made[1]['id']}\nnone: every other active observation" in sent
+    assert f"[{mid('A fresh durable conclusion.')}] reflection: A fresh durable conclusion." in sent
+    assert [t["function"]["name"] for t in server.requests[1]["tools"]] == ["drop_observations"]
     assert len(dropped_ids(db_path)) == 3
     kind, covers, anchor, _, _ = records(db_path)[-1]
     assert (kind, covers, anchor) == (DROP, E[2], E[6])
@@ -719,12 +723,12 @@ def test_dropper_keeps_the_safest_when_too_many_are_proposed(server, tmp_path, d
     made = pool_session(tmp_path, db_path, specs, [[2, 3, 4, 5, 1], [2, 3, 4, 5, 6]])
     by_name = {n: m["id"] for n, m in zip(names, made)}
     # the same run's reflection cites C, already strong: coverage stays as designed
-    server.add(new_reflection(by_name["C"]), text("ok"),
-               tool_call("drop_observations", {"ids": [by_name[n] for n in reversed(names)]}), text("ok"))
+    server.add(new_reflection(by_name["C"]),
+               tool_call("drop_observations", {"ids": [by_name[n] for n in reversed(names)]}))
     target = 70 - 10 * limit  # over = 10·limit, average 10: max drops = limit
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=target)
     _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
-    assert f"Drop at most {limit}." in prompt(server, 2)
+    assert f"Drop at most {limit}." in prompt(server, 1)
     assert dropper.outcome == "recorded"
     assert sorted(dropped_ids(db_path)) == sorted(by_name[n] for n in expected)
     active = {o.id for o in memory(db_path).observations}
@@ -735,12 +739,13 @@ def test_dropper_ignores_ids_that_are_not_active(server, tmp_path, db_path):
     made = pool_session(tmp_path, db_path, [("One.", "low", 30), ("Two.", "low", 30), ("Three.", "low", 30)],
                         [[0]])
     append(db_path, DROP, {"observationIds": [made[2]["id"]], "coversUpToId": E[2]}, E[2])
-    server.add(new_reflection(made[0]["id"]), text("ok"),
+    server.add(new_reflection(made[0]["id"]),
                tool_call("drop_observations", {"ids": [made[2]["id"], "ffffffffffff", 7, made[1]["id"]]}),
-               text("ok"))
+               text("ok"))  # ignored ids make the receipt unclean: the model gets another turn
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=40)
     _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
-    [receipt] = tool_messages(server, 3)
+    assert len(server.requests) == 3
+    [receipt] = tool_messages(server, 2)
     lines = receipt.splitlines()
     assert lines[1].startswith("ignored") and made[2]["id"] in lines[1]
     assert lines[2].startswith("ignored") and "ffffffffffff" in lines[2]
@@ -761,11 +766,11 @@ def test_dropper_does_not_run_when_the_reflector_appended_nothing(server, tmp_pa
 
 def test_dropper_does_not_run_when_the_pool_is_within_target(server, tmp_path, db_path):
     made = pool_session(tmp_path, db_path, [("One.", "low", 35), ("Two.", "low", 35)], [])
-    server.add(new_reflection(made[0]["id"]), text("ok"))
+    server.add(new_reflection(made[0]["id"]))
     # pool 70 == target 70: not over target
     outcomes = reflect_now(Workspace.open(db_path, settings=Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=70)), SID, None, config(server))
     assert [(o.stage, o.outcome) for o in outcomes] == [("reflector", "recorded"), ("dropper", "skipped")]
-    assert len(server.requests) == 2
+    assert len(server.requests) == 1
 
 
 def test_dropper_watermark_is_the_earlier_of_the_two(tmp_path, db_path):
@@ -779,7 +784,7 @@ def test_dropper_watermark_is_the_earlier_of_the_two(tmp_path, db_path):
 
 def test_a_dropper_failure_does_not_undo_the_reflections(server, tmp_path, db_path):
     made = pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
-    server.add(new_reflection(made[0]["id"]), text("ok"), http_error(401, "key revoked mid-run"))
+    server.add(new_reflection(made[0]["id"]), http_error(401, "key revoked mid-run"))
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10)
     reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert (reflector.outcome, dropper.outcome, dropper.error_kind) == ("recorded", "failed", "permanent")
@@ -791,7 +796,7 @@ def test_a_dropper_failure_does_not_undo_the_reflections(server, tmp_path, db_pa
 
 def test_cli_reflect_exits_non_zero_when_the_dropper_fails(server, tmp_path, db_path):
     made = pool_session(tmp_path, db_path, [("One.", "low", 12000), ("Two.", "low", 12000)], [])
-    server.add(new_reflection(made[0]["id"]), text("ok"), http_error(400, "bad request from dropper"))
+    server.add(new_reflection(made[0]["id"]), http_error(400, "bad request from dropper"))
     result = invoke(["--db", str(db_path), "reflect", SID, "--model", "openai/fake-model",
                      "--api-base", server.base_url])
     assert result.exit_code != 0
@@ -807,8 +812,7 @@ def test_a_result_computed_but_not_appended_is_appended_later_without_asking_aga
     import om_core.workers.stages as stages_module
 
     load(story(), tmp_path, db_path)
-    server.add(tool_call("record_observations", {"observations": [item("User requires PostgreSQL 16.", [E[2]])]}),
-               text("Recorded."))
+    server.add(tool_call("record_observations", {"observations": [item("User requires PostgreSQL 16.", [E[2]])]}))
 
     def failing_append(*args, **kwargs):
         raise RuntimeError("the disk filled up during the append")
@@ -816,14 +820,102 @@ def test_a_result_computed_but_not_appended_is_appended_later_without_asking_aga
     monkeypatch.setattr(stages_module, "append_record", failing_append)
     with pytest.raises(RuntimeError):
         observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
-    assert records(db_path) == [] and len(server.requests) == 2
+    assert records(db_path) == [] and len(server.requests) == 1
     assert rows(db_path, "SELECT stage FROM stage_results WHERE session_id = ?", [SID]) == [("observer",)]
 
     monkeypatch.setattr(stages_module, "append_record", append_record)
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert (outcome.outcome, outcome.items) == ("recorded", 1)
     assert "without calling the model again" in outcome.reason
-    assert len(server.requests) == 2  # no new model call
+    assert len(server.requests) == 1  # no new model call
     [(kind, covers, _, _, _)] = records(db_path)
     assert (kind, covers) == (OBS, E[8])
     assert rows(db_path, "SELECT count(*) FROM stage_results") == [(0,)]
+
+
+# ------------------------------------------------------------------ one call per stage; cached tokens (issue 14)
+
+
+@pytest.mark.parametrize("closing_turn, calls", [(False, 1), (True, 2)])
+def test_a_clean_receipt_ends_the_stage_in_one_call_unless_the_closing_turn_is_set(server, tmp_path, db_path,
+                                                                                  closing_turn, calls):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    server.add(tool_call("record_observations", {"observations": [good]}), text("Recorded."))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(agentClosingTurn=closing_turn)), SID, None, config(server))
+    assert (outcome.outcome, outcome.items, outcome.turns, outcome.turn_cap_reached) == ("recorded", 1, calls, False)
+    assert len(server.requests) == calls
+    assert [c["turn"] for c in llm_calls(db_path)] == list(range(1, calls + 1))
+    if closing_turn:  # the extension's loop: the receipt goes back and the model answers in plain text
+        assert tool_messages(server, 1) == [f"record_observations receipt:\n1. recorded [{mid(good['content'])}]"]
+
+
+def test_a_duplicate_is_not_a_rejection_so_the_receipt_is_clean(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    existing = obs("User wants PostgreSQL 16.", [E[1]])
+    append(db_path, OBS, {"observations": [existing], "coversUpToId": E[1]}, E[1])
+    server.add(tool_call("record_observations", {"observations": [item("User wants PostgreSQL 16.", [E[2]])]}))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    assert (outcome.outcome, outcome.duplicates, outcome.turns) == ("empty", 1, 1)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("closing_turn", [False, True])
+def test_a_rejection_still_gets_its_receipt_and_another_turn(server, tmp_path, db_path, closing_turn):
+    load(story(), tmp_path, db_path)
+    good = item("User requires PostgreSQL 16 for the orders service.", [E[2]], rel="critical")
+    bad = item("Cites an entry outside the chunk.", ["ffffffff"])
+    fixed = item("Assistant switched config/db.yaml to PostgreSQL 16.", [E[4]])
+    server.add(tool_call("record_observations", {"observations": [good, bad]}),
+               tool_call("record_observations", {"observations": [fixed]}), text("Recorded."))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(agentClosingTurn=closing_turn)), SID, None, config(server))
+    [receipt] = tool_messages(server, 1)
+    assert "1. recorded" in receipt and "2. rejected: sourceEntryIds ffffffff are not entries of this chunk" in receipt
+    assert len(server.requests) == (3 if closing_turn else 2)  # the corrected call is clean: no closing turn
+    assert (outcome.outcome, outcome.items, outcome.rejected) == ("recorded", 2, 1)
+    assert {o.id for o in memory(db_path).observations} == {mid(good["content"]), mid(fixed["content"])}
+
+
+def test_reflector_and_dropper_end_on_a_clean_receipt_too(server, tmp_path, db_path):
+    made = pool_session(tmp_path, db_path, [("One.", "low", 60), ("Two.", "low", 60)], [])
+    server.add(new_reflection(made[0]["id"]), tool_call("drop_observations", {"ids": [made[0]["id"]]}),
+               text("unused"))
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=10)
+    reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    assert [(o.outcome, o.turns) for o in (reflector, dropper)] == [("recorded", 1), ("recorded", 1)]
+    assert len(server.requests) == 2
+    assert dropped_ids(db_path) == [made[0]["id"]]
+
+
+def test_cached_tokens_reported_by_the_provider_are_recorded(server, tmp_path, db_path):
+    """The fake server reports the prefix a request shares with an earlier one, as a provider cache
+    would; llm_calls keeps each call's figure, and a second stage reuses the first one's prefix."""
+    load(blocks(6), tmp_path, db_path)
+    server.add(tool_call("record_observations", {"observations": [item("First blocks seen.", [E[1]])]}),
+               tool_call("record_observations", {"observations": [item("Later blocks seen.", [E[4]])]}))
+    settings = Settings(observerChunkMaxTokens=300)
+    observe_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    observe_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    first, second = llm_calls(db_path)
+    assert first["cached_tokens"] == 0  # nothing was asked before it
+    # the second stage repeats the system prompt, tools and the memory's start verbatim
+    system_and_tools = len(json.dumps(server.requests[1]["tools"])) + len(server.requests[1]["messages"][0]["content"])
+    assert second["cached_tokens"] >= system_and_tools // 4
+    assert second["cached_tokens"] < second["input_tokens"]  # the new chunk is not cached
+
+
+def test_consecutive_observer_prompts_share_their_memory_as_a_prefix(server, tmp_path, db_path):
+    """Between two stages of a branch the memory only grows at its end, so the earlier request's
+    system prompt and memory are a prefix of the next request (what a provider cache reuses)."""
+    load(blocks(6), tmp_path, db_path)
+    append(db_path, OBS, {"observations": [obs("User wants PostgreSQL 16.", [E[1]])], "coversUpToId": E[1]}, E[1])
+    server.add(tool_call("record_observations", {"observations": [item("Blocks two and three.", [E[2]])]}),
+               text("nothing"))
+    settings = Settings(observerChunkMaxTokens=256)
+    observe_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    observe_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    first, second = prompt(server, 0), prompt(server, 1)
+    memory = first[: first.index("\n\n## Current time")]
+    assert second.startswith(memory + "\n")  # the second memory is the first plus a line at its end
+    assert second[len(memory) + 1:].startswith(f"[{mid('Blocks two and three.')}] 2026-01-15 14:02 [high] ")
+    assert server.requests[0]["messages"][0] == server.requests[1]["messages"][0]

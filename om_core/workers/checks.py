@@ -83,6 +83,11 @@ class _ItemCheck:
     key: ClassVar[str]
     rejected: int
 
+    @property
+    def problems(self) -> int:
+        """Rejections so far; a submit that adds none is a clean receipt."""
+        return self.rejected
+
     def submit(self, args: Any) -> str:
         items, problem = _items(args, self.key)
         if problem:
@@ -175,10 +180,17 @@ class DropCheck:
     order: dict[str, int]  # obs id -> age order (smaller = older)
     proposed: list[str] = field(default_factory=list)
     ignored: int = 0
+    malformed: int = 0
     reason: str | None = None
+
+    @property
+    def problems(self) -> int:
+        """Ignored ids and malformed calls so far; a submit that adds none is a clean receipt."""
+        return self.ignored + self.malformed
 
     def submit(self, args: Any) -> str:
         if not isinstance(args, dict) or not isinstance(args.get("ids"), list):
+            self.malformed += 1
             return 'rejected: expected {"ids": [...], "reason": "..."}'
         if isinstance(args.get("reason"), str):
             self.reason = args["reason"]

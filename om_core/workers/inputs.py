@@ -17,8 +17,9 @@ import duckdb
 
 from om_core.ledger import Observation, Reflection
 from om_core import db as dbmod
-from om_core.memory import CoveredObservation, ledger_rows, memory_with_coverage, split_rows
-from om_core.prompts import EXCERPT_MARKER
+from om_core.memory import CoveredObservation, ledger_rows, observation_from_row, reflection_from_row, split_rows
+from om_core.prompts import DAY_LINE, EXCERPT_MARKER, reflection_memory_line
+from om_core.render import observation_line
 from om_core.session import loads_line
 from om_core.settings import Settings
 from om_core.source_text import entry_text, minute, role_label
@@ -43,6 +44,11 @@ class SourceEntry:
     def text(self) -> str:
         return entry_text(self.entry_type, self.obj)
 
+    @property
+    def observed_text(self) -> str:
+        """The text the observer reads: exact, without tool-call ids."""
+        return entry_text(self.entry_type, self.obj, tool_call_ids=False)
+
     def message(self) -> dict:
         message = self.obj.get("message")
         return message if isinstance(message, dict) else {}
@@ -50,11 +56,13 @@ class SourceEntry:
 
 def render_entry(entry: SourceEntry, max_chars: int | None = None,
                  clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
-    """``--- entry <id> ---`` then ``[Role @ time]: text``; an over-long entry as a head…tail excerpt.
+    """``[<id> <Role> HH:MM] text`` (the date is on a line of its own, see ``ObserverInput.render``);
+    an over-long entry as a head…tail excerpt.
 
     ``clean`` (secret redaction) runs on the whole text before any excerpt is cut, so a secret that
     straddles the cut cannot leak half of itself."""
-    text = entry.text if clean is None else clean(entry.text)
+    text = entry.observed_text
+    text = text if clean is None else clean(text)
     excerpted = False
     if max_chars is not None and len(text) > max_chars:
         head = int(max_chars * 0.6)
@@ -62,17 +70,34 @@ def render_entry(entry: SourceEntry, max_chars: int | None = None,
         omitted = len(text) - head - tail
         text = text[:head] + EXCERPT_MARKER.format(omitted=omitted) + (text[-tail:] if tail else "")
         excerpted = True
-    return f"--- entry {entry.entry_id} ---\n[{entry.label} @ {entry.timestamp}]: {text}", excerpted
+    clock = f" {entry.timestamp[11:]}" if entry.timestamp else ""
+    return f"[{entry.entry_id} {entry.label}{clock}] {text}", excerpted
 
 
 def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:24]
 
 
+def memory_line(row: dict[str, Any]) -> str:
+    """One memory item as workers read it: an observation's rendered line, or ``[id] reflection: …``."""
+    if row["item_kind"] == "observation":
+        return observation_line(row["id"], row["ts"], row["relevance"], row["content"])
+    return reflection_memory_line(row["id"], row["content"])
+
+
+def ordered_memory(rows: list[dict[str, Any]]) -> list[str]:
+    """Current reflections and active observations in ledger order (the order they were first
+    recorded): between two stages the memory then only grows at its end (a drop aside), so the
+    earlier prompt stays a prefix a provider cache can serve."""
+    current = (r for r in rows if not (r["item_kind"] == "observation" and r["dropped"]))
+    return [memory_line(r) for r in sorted(current, key=lambda r: r["fold_order"])]
+
+
 @dataclass
 class MemoryLines:
     reflections: list[Reflection]
     observations: list[Observation]
+    ordered: list[str] = field(default_factory=list)  # both kinds, in ledger order
 
     @property
     def reflection_lines(self) -> list[str]:
@@ -107,8 +132,11 @@ class ObserverInput:
 
     def render(self, clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
         """The chunk as the observer reads it, and whether an entry had to be excerpted."""
-        parts, excerpted = [], False
+        parts, excerpted, day = [], False, None
         for entry in self.chunk:
+            if entry.timestamp and entry.timestamp[:10] != day:
+                day = entry.timestamp[:10]
+                parts.append(DAY_LINE.format(day=day))  # the date once per day, not on every entry
             # an entry alone over the cap is sent as a head…tail excerpt (about 4 characters a token)
             text, cut = render_entry(entry, self.cap_tokens * 4 if entry.tokens > self.cap_tokens else None, clean)
             parts.append(text)
@@ -173,9 +201,32 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     tip_ts = con.execute(query("entry_timestamp"), {"session_id": session_id, "entry_id": tip}).fetchall()
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts[0][0] if tip_ts else None),
-        memory=MemoryLines(memory.reflections, memory.observations), chunk=chunk, cap_tokens=cap,
+        memory=MemoryLines(memory.reflections, memory.observations, ordered_memory(state)), chunk=chunk,
+        cap_tokens=cap,
         known_observation_ids=known,
     )
+
+
+def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
+    """Active observation ids by coverage tier (strong, partial, none), in ledger order."""
+    tiers: dict[str, list[str]] = {"strong": [], "partial": [], "none": []}
+    for c in covered:
+        tiers[c.coverage].append(c.observation.id)
+    return tiers
+
+
+def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str,
+                         tip: str) -> tuple[list[Reflection], list[CoveredObservation], list[str]]:
+    """Current reflections, active observations with their coverage tiers, and both as memory lines
+    in ledger order, from one query."""
+    cursor = con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip})
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, r)) for r in cursor.fetchall()]
+    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
+    covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
+                                  coverage=r["coverage"])
+               for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
+    return reflections, covered, ordered_memory(rows)
 
 
 @dataclass
@@ -185,6 +236,7 @@ class ReflectorInput:
     reflections: list[Reflection]
     covered: list[CoveredObservation]
     observation_watermark: str  # the record's coversUpToId
+    memory: list[str] = field(default_factory=list)  # reflections and active observations, ledger order
 
     @property
     def active_ids(self) -> set[str]:
@@ -192,6 +244,10 @@ class ReflectorInput:
 
     def covered_lines(self) -> list[str]:
         return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
+
+    @property
+    def coverage(self) -> dict[str, list[str]]:
+        return coverage_tiers(self.covered)
 
     def stage_key(self, model: str) -> str:
         return _digest(["reflector", model, self.session_id, [r.line() for r in self.reflections],
@@ -208,8 +264,8 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered = memory_with_coverage(con, session_id, tip)
-    return ReflectorInput(session_id, tip, reflections, covered, watermark)
+    reflections, covered, memory = memory_with_coverage(con, session_id, tip)
+    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory)
 
 
 @dataclass
@@ -222,6 +278,7 @@ class DropperInput:
     target_tokens: int
     max_drops: int
     watermark: str
+    memory: list[str] = field(default_factory=list)  # reflections and active observations, ledger order
 
     @property
     def active(self) -> dict[str, CoveredObservation]:
@@ -229,6 +286,10 @@ class DropperInput:
 
     def covered_lines(self) -> list[str]:
         return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
+
+    @property
+    def coverage(self) -> dict[str, list[str]]:
+        return coverage_tiers(self.covered)
 
     def stage_key(self, model: str) -> str:
         return _digest(["dropper", model, self.session_id, [r.line() for r in self.reflections],
@@ -248,7 +309,7 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered = memory_with_coverage(con, session_id, tip)
+    reflections, covered, memory = memory_with_coverage(con, session_id, tip)
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:
@@ -262,4 +323,4 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
                                                                                "ids": marks}).fetchall()}
     watermark = min(marks, key=lambda m: positions.get(m, math.inf))
     return DropperInput(session_id, tip, reflections, covered, pool, target,
-                        max_drops(pool, target, len(covered)), watermark)
+                        max_drops(pool, target, len(covered)), watermark, memory)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from om_core import prompts
-from om_core.model import ChatModel, parse_arguments, tool_schema
+from om_core.model import CACHE_BREAKPOINT, ChatModel, parse_arguments, tool_schema
 from om_core.redact import redact
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput
 
-Handler = Callable[[Any], str]
+
+class ToolCheck(Protocol):
+    """What a tool call is checked by: ``submit`` returns the receipt; ``problems`` counts rejections so
+    far, so a submit that leaves it unchanged was accepted in full (a clean receipt)."""
+
+    problems: int
+
+    def submit(self, args: Any) -> str: ...
 
 
 @dataclass
@@ -22,10 +28,20 @@ class LoopResult:
     receipts: list[str] = field(default_factory=list)
 
 
-def tool_loop(model: ChatModel, system: str, user: str, tools: dict[str, tuple[tuple, Handler]],
-              max_turns: int) -> LoopResult:
-    """Ask, run the tool calls through their handlers, send the receipts back, until the model stops
-    calling tools or ``max_turns`` model calls were made."""
+def user_parts(stable: str, new: str) -> list[dict[str, Any]]:
+    """A worker's message as two text parts: the memory, marked as a cache breakpoint (the end of the
+    prefix that repeats between calls), then what is new this call."""
+    return [{"type": "text", "text": stable, "cache_control": CACHE_BREAKPOINT}, {"type": "text", "text": new}]
+
+
+def tool_loop(model: ChatModel, system: str, user: str | list[dict[str, Any]],
+              tools: dict[str, tuple[tuple, ToolCheck]], max_turns: int, closing_turn: bool = False) -> LoopResult:
+    """Ask, check the tool calls, send the receipts back, until the model stops calling tools, a
+    reply's tool calls were all accepted in full (unless ``closing_turn``: then the model gets the
+    extension's extra turn to answer in plain text), or ``max_turns`` model calls were made.
+
+    A clean receipt needs no answer: another turn would resend the whole prompt for nothing. A
+    rejection gets its receipt and another turn, so the model can correct itself."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     schemas = [tool_schema(*spec) for spec, _ in tools.values()]
     result = LoopResult(turns=0, finished=False)
@@ -39,14 +55,24 @@ def tool_loop(model: ChatModel, system: str, user: str, tools: dict[str, tuple[t
                          "tool_calls": [{"id": c.id, "type": "function",
                                          "function": {"name": c.name, "arguments": c.arguments}}
                                         for c in reply.tool_calls]})
+        clean = True
         for call in reply.tool_calls:
             if call.name not in tools:
-                receipt = f"unknown tool {call.name!r}; use {', '.join(tools)}"
+                receipt, clean = f"unknown tool {call.name!r}; use {', '.join(tools)}", False
             else:
                 args, problem = parse_arguments(call.arguments)
-                receipt = f"rejected: {problem}" if problem else tools[call.name][1](args)
+                if problem:
+                    receipt, clean = f"rejected: {problem}", False
+                else:
+                    check = tools[call.name][1]
+                    before = check.problems
+                    receipt = check.submit(args)
+                    clean = clean and check.problems == before
             result.receipts.append(receipt)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": receipt})
+        if clean and not closing_turn:
+            result.finished = True
+            return result
     return result
 
 
@@ -55,33 +81,43 @@ class ModelBrain:
 
     offline = False
 
-    def __init__(self, model: ChatModel, max_turns: int = 16, redact_secrets: bool = True) -> None:
+    def __init__(self, model: ChatModel, max_turns: int = 16, redact_secrets: bool = True,
+                 closing_turn: bool = False) -> None:
         self.model = model
         self.name = model.name
         self.max_turns = max_turns
         self.redact_secrets = redact_secrets
+        self.closing_turn = closing_turn  # the extension's extra plain-text turn after a clean receipt
 
     def _clean(self, text: str) -> str:
         return redact(text) if self.redact_secrets else text
 
-    def observer_prompt(self, inp: ObserverInput) -> tuple[str, str]:
-        memory = prompts.memory_block(inp.memory.reflection_lines, inp.memory.observation_lines)
+    def observer_prompt(self, inp: ObserverInput) -> tuple[str, list[dict[str, Any]]]:
+        memory = prompts.memory_block(inp.memory.ordered)
         chunk, _ = inp.render(self._clean)  # entries are redacted whole, before any excerpt is cut
-        user = prompts.observer_message(self._clean(memory), inp.now, chunk, inp.first_id, inp.last_id)
-        return prompts.OBSERVER_SYSTEM, user
+        stable, new = prompts.observer_message(self._clean(memory), inp.now, chunk, inp.first_id, inp.last_id)
+        return prompts.OBSERVER_SYSTEM, user_parts(stable, new)
+
+    def reflector_prompt(self, inp: ReflectorInput) -> tuple[str, list[dict[str, Any]]]:
+        stable, new = prompts.reflector_message(prompts.memory_block(inp.memory), inp.coverage)
+        return prompts.REFLECTOR_SYSTEM, user_parts(self._clean(stable), new)
+
+    def dropper_prompt(self, inp: DropperInput) -> tuple[str, list[dict[str, Any]]]:
+        stable, new = prompts.dropper_message(prompts.memory_block(inp.memory), inp.coverage, len(inp.covered),
+                                              inp.pool_tokens, inp.target_tokens, inp.max_drops)
+        return prompts.DROPPER_SYSTEM, user_parts(self._clean(stable), new)
 
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
         system, user = self.observer_prompt(inp)
-        return tool_loop(self.model, system, user, {"record_observations": (prompts.RECORD_OBSERVATIONS_TOOL, check.submit)},
-                         self.max_turns)
+        return tool_loop(self.model, system, user, {"record_observations": (prompts.RECORD_OBSERVATIONS_TOOL, check)},
+                         self.max_turns, self.closing_turn)
 
     def reflect(self, inp: ReflectorInput, check: ReflectionCheck) -> LoopResult:
-        user = prompts.reflector_message([r.line() for r in inp.reflections], inp.covered_lines())
-        return tool_loop(self.model, prompts.REFLECTOR_SYSTEM, self._clean(user),
-                         {"record_reflections": (prompts.RECORD_REFLECTIONS_TOOL, check.submit)}, self.max_turns)
+        system, user = self.reflector_prompt(inp)
+        return tool_loop(self.model, system, user, {"record_reflections": (prompts.RECORD_REFLECTIONS_TOOL, check)},
+                         self.max_turns, self.closing_turn)
 
     def drop(self, inp: DropperInput, check: DropCheck) -> LoopResult:
-        user = prompts.dropper_message([r.line() for r in inp.reflections], inp.covered_lines(), inp.pool_tokens,
-                                       inp.target_tokens, inp.max_drops)
-        return tool_loop(self.model, prompts.DROPPER_SYSTEM, self._clean(user),
-                         {"drop_observations": (prompts.DROP_OBSERVATIONS_TOOL, check.submit)}, self.max_turns)
+        system, user = self.dropper_prompt(inp)
+        return tool_loop(self.model, system, user, {"drop_observations": (prompts.DROP_OBSERVATIONS_TOOL, check)},
+                         self.max_turns, self.closing_turn)

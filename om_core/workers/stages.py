@@ -27,6 +27,7 @@ from om_core.ledger import (
     ReflectionsRecorded,
     append_record,
 )
+from om_core.cost import BudgetExceeded, CostBudget
 from om_core.model import OFFLINE, CallRecord, LiteLLMModel, ModelError, RetryPolicy
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -71,6 +72,7 @@ class StageOutcome:
     calls: list[CallRecord] = field(default_factory=list)
     stage_key: str | None = None
     chunk: tuple[str, str] | None = None
+    budget_stop: bool = False  # the run's --max-cost stopped this stage before it could pass it
 
     def as_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "calls"}
@@ -110,17 +112,20 @@ class ModelConfig:
 
 
 def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] | None = None,
-               gate: Any = None, breaker: Any = None) -> Brain:
+               gate: Any = None, breaker: Any = None, budget: CostBudget | None = None) -> Brain:
     """The offline baseline or a model brain; a model brain keeps its call records in ``brain.calls``
-    and consults ``breaker`` (om_core.circuit) before every call."""
+    and consults ``breaker`` (om_core.circuit) and ``budget`` (a run's --max-cost, om_core.cost)
+    before every call."""
     if config.offline:
         return OfflineBrain(redact_secrets=settings.redactSecrets)
     calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
-                         gate=gate, breaker=breaker, keep_texts=settings.storePrompts)
-    brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets)
+                         gate=gate, breaker=breaker, keep_texts=settings.storePrompts, budget=budget)
+    brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
+                       closing_turn=settings.agentClosingTurn)
     brain.calls = calls
+    brain.budget = budget
     return brain
 
 
@@ -201,10 +206,17 @@ def _fail(outcome: StageOutcome, error: ModelError) -> StageOutcome:
     return outcome
 
 
+def _stop(outcome: StageOutcome, exc: BudgetExceeded) -> StageOutcome:
+    outcome.outcome, outcome.reason, outcome.budget_stop = "skipped", str(exc), True
+    return outcome
+
+
 def _run_check(outcome: StageOutcome, run: Any, check: Any, make_payload: Any) -> tuple[StageOutcome, Any]:
     """Run a worker against its check; the payload holds what the check accepted (None: nothing)."""
     try:
         loop = run(check)
+    except BudgetExceeded as exc:
+        return _stop(outcome, exc), None
     except ModelError as exc:
         return _fail(outcome, exc), None
     outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
@@ -242,6 +254,8 @@ def run_dropper(inp, brain: Brain, outcome: StageOutcome) -> tuple[StageOutcome,
     check = DropCheck(active=inp.active, max_drops=inp.max_drops, order=order)
     try:
         loop = brain.drop(inp, check)
+    except BudgetExceeded as exc:
+        return _stop(outcome, exc), None
     except ModelError as exc:
         return _fail(outcome, exc), None
     outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
@@ -337,7 +351,16 @@ def compute_stage(prepared: PreparedStage, brain: Brain, settings: Settings) -> 
     else:
         outcome, payload = run_dropper(prepared.input, brain, outcome)
     outcome.calls = calls[calls_before:]
+    if outcome.budget_stop and outcome.calls:
+        # --max-cost stopped it after a rejected turn: the calls made are kept; nothing is appended
+        outcome.outcome, outcome.error, outcome.error_kind = "failed", outcome.reason, "permanent"
     return ComputedStage(outcome, payload)
+
+
+def budget_stopped(req: StageRequest, model: str) -> StageOutcome:
+    """A stage not run because the run's --max-cost is reached (nothing is recorded for it)."""
+    return StageOutcome(req.stage, "skipped", req.session_id, req.tip, model, budget_stop=True,
+                        reason="the run's cost budget (--max-cost) is reached; rerun to resume")
 
 
 def _from_cached(prepared: PreparedStage) -> ComputedStage:
@@ -366,11 +389,16 @@ def execute_stage(ws: Any, req: StageRequest, brain: Brain, run_id: str | None =
     again. The pipeline has its own form of this (Prefect's result storage, flows/pipeline.py).
     """
     started = datetime.now(timezone.utc)
+    budget = getattr(brain, "budget", None)
+    if budget is not None and budget.exhausted:  # the run reached --max-cost: stop here, resumable
+        return budget_stopped(req, brain.name)
     with ws.read() as con:
         prepared, outcome = prepare_stage(con, req, ws.settings, brain.name)
     if prepared is None:
         return outcome
     computed = _from_cached(prepared) if prepared.cached_result is not None else compute_stage(prepared, brain, ws.settings)
+    if computed.outcome.budget_stop and not computed.outcome.calls:
+        return computed.outcome  # stopped before its first call: nothing to record, a rerun starts here
     with ws.write() as con:
         if computed.payload is not None and prepared.cached_result is None:
             # persisted first, in its own transaction: a crash before the append does not pay twice
