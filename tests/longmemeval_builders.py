@@ -102,7 +102,8 @@ def large_instance(qid: str = "bench-1", sessions: int = 48, target_tokens: int 
 
 # ------------------------------------------------------------------ the scripted model
 
-_ENTRY = re.compile(r"--- entry (\S+) ---\n\[([^\]@]+?) @ ([0-9: -]+)\]: (.*?)(?=\n\n--- entry |\n\n## |\Z)", re.S)
+_DAY = re.compile(r"^=== (\d{4}-\d{2}-\d{2}) ===$", re.M)
+_LABEL = re.compile(r"^\[(\S+) ([^\]\n]+?)(?: (\d{2}:\d{2}))?\] ", re.M)
 _MEMORY_ID = re.compile(r"^\[([0-9a-f]{12})\]", re.M)
 _ENTRY_ID = re.compile(r"\b(00[0-9a-f]{6})\b")  # the haystack's entry ids (a counter)
 _MINUTE = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}")
@@ -111,9 +112,20 @@ _MINUTE = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}")
 def chunk_entries(user: str) -> list[tuple[str, str, str, str]]:
     """(entry id, role, minute, text) of each entry in an observer prompt. The prompt's own layout
     first; failing that, any text between two entry ids (so a new prompt layout still parses)."""
-    found = _ENTRY.findall(user)
-    if found:
-        return found
+    start = user.find("## New entries")
+    if start >= 0:  # `=== date ===` lines, then `[id Role HH:MM] text` per entry
+        body = user[start:]
+        marks = sorted([(m.start(), m) for m in _DAY.finditer(body)] + [(m.start(), m) for m in _LABEL.finditer(body)],
+                       key=lambda pair: pair[0])
+        found, day = [], "2023-01-01"
+        for i, (_, m) in enumerate(marks):
+            if m.re is _DAY:
+                day = m.group(1)
+                continue
+            end = marks[i + 1][0] if i + 1 < len(marks) else len(body)
+            found.append((m.group(1), m.group(2), f"{day} {m.group(3) or '00:00'}", body[m.end():end].rstrip("\n")))
+        if found:
+            return found
     marks = list(_ENTRY_ID.finditer(user))
     out = []
     for mark, following in zip(marks, marks[1:] + [None]):

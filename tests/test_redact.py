@@ -196,16 +196,16 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
     content = "User shared credentials for the orders database."
     server.add(tool_call("record_observations", {"observations": [
         {"timestamp": "2026-01-15 14:01", "content": content, "relevance": "high",
-         "sourceEntryIds": [ids["user"], ids["tool"]]}]}), text("done"))
+         "sourceEntryIds": [ids["user"], ids["tool"]]}]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert outcome.outcome == "recorded"
     server.add(text("nothing durable"))
     reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
-    assert len(server.requests) >= 3
+    assert len(server.requests) >= 2
 
     sent = server.sent_text()
     for where in ("user", "assistant", "tool", "bash", "custom", "branch"):
-        assert f"--- entry {ids[where]} ---" in sent  # every place was in the observer's chunk
+        assert f"[{ids[where]} " in sent  # every place was in the observer's chunk
     assert "User shared: " in sent  # the imported observations were in the reflector's input
     assert_no_secret(sent, "the model")
     assert sent.count("[REDACTED:") >= len(SECRETS) - 2
