@@ -844,12 +844,9 @@ def _cost_estimate(targets, config, max_cost, as_json: bool):
     from om_core.cost import estimate_for_targets
 
     estimate, backlog = estimate_for_targets(state.db, targets, config.model)
-    if estimate.usd is None:
+    if estimate.usd is None:  # a model litellm has no price for: no estimate to print
         if max_cost is not None:
             raise InvalidArgument(f"--max-cost needs the model's price, and litellm has none for {config.model!r}")
-        if not as_json:
-            err.print(f"estimate: litellm has no price for {escape(config.model)}; "
-                      f"{backlog.source_tokens:,} source tokens to observe", highlight=False)
         return estimate
     if not as_json:
         basis = " (partly from file sizes)" if backlog.from_file_size else ""
