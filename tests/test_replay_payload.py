@@ -1,0 +1,179 @@
+"""One writer, many workers (om_core.replay_payload): a session's replay on an in-memory copy of its
+rows appends exactly what a replay on the database file appends, and the flow's commit of those rows
+is idempotent and keeps the ledger's order."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import duckdb
+import pytest
+from builders import SessionBuilder
+
+from om_core import db as dbmod
+from om_core.ingest import ingest
+from om_core.replay import replay_in_process
+from om_core.replay_payload import commit_replayed_rows, payload_workspace, read_session_payload, replayed_rows
+from om_core.runs import mark_abandoned_runs, start_run
+from om_core.settings import Settings
+from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workspace import Workspace
+
+SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,
+                    observerChunkMaxTokens=400, observationsPoolMaxTokens=40, observationsPoolTargetTokens=20)
+SID = "0000000a-aaaa-bbbb-cccc-dddddddddddd"
+
+LEDGER = ("SELECT kind, covers_up_to_id, anchor_entry_id, stage_key, ledger_id FROM ledger_records "
+          "WHERE origin = 'pipeline' ORDER BY append_seq")
+ITEMS = "SELECT ledger_id, item_index, obs_id, content FROM ledger_observations ORDER BY ALL"
+FOLDS = ("SELECT compaction_id, anchor_entry_id, first_kept_entry_id, folded, full_fold, summary FROM compaction_folds "
+         "WHERE origin = 'simulated' ORDER BY append_seq")
+
+
+def session(tmp_path, with_extension_record: bool = False):
+    b = SessionBuilder(session_id=SID, start="2026-03-01T09:00:00")
+    b.work_turns(5, "alpha")
+    if with_extension_record:  # a record the extension itself wrote, in the middle of the branch
+        b.custom("om.observations.recorded", {"observations": [{
+            "id": "0123456789ab", "content": "User wants alpha first.", "timestamp": "2026-03-01 09:00",
+            "relevance": "high", "sourceEntryIds": [b.entries[1]["id"]], "tokenCount": 9}],
+            "coversUpToId": b.entries[2]["id"]})
+    b.work_turns(5, "beta")
+    path = b.write(tmp_path / "s.jsonl")
+    db = tmp_path / "om.duckdb"
+    ingest(db, [path])
+    return db
+
+
+def rows(db, sql):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def replay_on_file(db, run_id):
+    con = dbmod.connect(db)
+    try:
+        brain = make_brain(ModelConfig(model="offline"), SETTINGS)
+        replay_in_process(Workspace.on_connection(con, SETTINGS), SID, brain, run_id=run_id)
+    finally:
+        con.close()
+
+
+def replay_on_payload(db, run_id):
+    """What the flow and a replay task do: read the payload, replay in memory, commit the rows."""
+    with Workspace.open(db, settings=SETTINGS).read() as con:
+        payload = read_session_payload(con, SID)
+    payload = pickle.loads(pickle.dumps(payload))  # it crosses a process boundary on a cluster
+    ws = payload_workspace(payload, SETTINGS)
+    try:
+        replay_in_process(ws, SID, make_brain(ModelConfig(model="offline"), SETTINGS), run_id=run_id)
+        with ws.read() as con:
+            result = replayed_rows(con, SID, run_id)
+    finally:
+        ws.close()
+    with Workspace.open(db, settings=SETTINGS).write() as con:
+        commit_replayed_rows(con, result)
+    return result
+
+
+@pytest.mark.parametrize("with_extension_record", [False, True])
+def test_a_replay_on_the_payload_appends_what_a_replay_on_the_file_appends(tmp_path, with_extension_record):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    direct = session(tmp_path / "a", with_extension_record)
+    via_payload = session(tmp_path / "b", with_extension_record)
+    replay_on_file(direct, "run-direct")
+    result = replay_on_payload(via_payload, "run-payload")
+    assert result.rows["ledger_records"] > 3 and result.rows["compaction_folds"] >= 1
+    assert rows(via_payload, LEDGER) == rows(direct, LEDGER)  # record for record, in ledger order
+    assert rows(via_payload, ITEMS) == rows(direct, ITEMS)
+    assert rows(via_payload, FOLDS) == rows(direct, FOLDS)
+    # the full memory the views fold from both databases is the same
+    leaf = rows(direct, f"SELECT leaf_id FROM sessions WHERE session_id = '{SID}'")[0][0]
+    fold = f"SELECT * FROM full_projection('{SID}', '{leaf}', '{leaf}') ORDER BY ALL"
+    assert rows(via_payload, fold) == rows(direct, fold)
+    # every appended row carries the run id, and stage runs come along
+    assert rows(via_payload, "SELECT DISTINCT run_id FROM ledger_records WHERE origin = 'pipeline'") == [("run-payload",)]
+    assert rows(via_payload, "SELECT count(*) FROM stage_runs WHERE run_id = 'run-payload'")[0][0] > 0
+
+
+def test_a_result_committed_twice_changes_nothing(tmp_path):
+    db = session(tmp_path)
+    result = replay_on_payload(db, "run-1")
+    before = (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stage_runs"))
+    with Workspace.open(db, settings=SETTINGS).write() as con:
+        written = commit_replayed_rows(con, result)
+    assert "ledger_records" not in written and "compaction_folds" not in written
+    assert (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stage_runs")) == before
+
+
+def test_a_second_replay_of_a_replayed_session_appends_nothing(tmp_path):
+    db = session(tmp_path)
+    replay_on_payload(db, "run-1")
+    before = rows(db, LEDGER)
+    again = replay_on_payload(db, "run-2")
+    assert again.rows["ledger_records"] == 0 and again.rows["compaction_folds"] == 0
+    assert rows(db, LEDGER) == before
+
+
+def test_new_records_come_after_everything_already_in_the_ledger(tmp_path):
+    """append_seq is renumbered inside the task and taken fresh from the database's sequence on commit."""
+    db = session(tmp_path, with_extension_record=True)
+    # another session's records push the database's sequence far ahead of this session's
+    other = SessionBuilder(session_id="0000000b-aaaa-bbbb-cccc-dddddddddddd", start="2026-03-02T09:00:00")
+    other.work_turns(4, "gamma")
+    ingest(db, [other.write(tmp_path / "other.jsonl")])
+    imported = rows(db, f"SELECT max(append_seq) FROM ledger_records WHERE session_id = '{SID}'")[0][0]
+    replay_on_payload(db, "run-1")
+    seqs = [r[0] for r in rows(db, f"SELECT append_seq FROM ledger_records WHERE session_id = '{SID}' "
+                                   "AND origin = 'pipeline' ORDER BY append_seq")]
+    assert seqs and min(seqs) > imported and len(set(seqs)) == len(seqs)
+    fold_seqs = [r[0] for r in rows(db, "SELECT append_seq FROM compaction_folds WHERE origin = 'simulated'")]
+    assert not set(fold_seqs) & set(seqs)
+
+
+def test_the_payload_holds_only_the_sessions_rows(tmp_path):
+    db = session(tmp_path, with_extension_record=True)
+    other = SessionBuilder(session_id="0000000b-aaaa-bbbb-cccc-dddddddddddd", start="2026-03-02T09:00:00")
+    other.work_turns(4, "gamma")
+    ingest(db, [other.write(tmp_path / "other.jsonl")])
+    with Workspace.open(db, settings=SETTINGS).read() as con:
+        payload = read_session_payload(con, SID)
+    assert payload.rows["sessions"] == 1 and payload.rows["ledger_records"] == 1
+    assert payload.rows["entries"] == rows(db, f"SELECT count(*) FROM entries WHERE session_id = '{SID}'")[0][0]
+    ws = payload_workspace(payload, SETTINGS)
+    try:
+        with ws.read() as con:
+            assert con.execute("SELECT DISTINCT session_id FROM entries").fetchall() == [(SID,)]
+    finally:
+        ws.close()
+
+
+def test_a_run_whose_process_is_gone_is_marked_abandoned(tmp_path):
+    db = session(tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    with Workspace.open(db, settings=SETTINGS).write() as con:
+        start_run(con, "run-dead", "run", {})
+        con.execute("UPDATE runs SET pid = ? WHERE run_id = 'run-dead'", [dead_pid])
+        assert mark_abandoned_runs(con) == ["run-dead"]
+        con.execute("UPDATE runs SET status = 'running' WHERE run_id = 'run-dead'")
+        start_run(con, "run-alive", "run", {})  # a run start marks what is gone; this process is alive
+        assert mark_abandoned_runs(con) == []
+    status = dict(rows(db, "SELECT run_id, status FROM runs WHERE run_id LIKE 'run-%'"))
+    assert status == {"run-dead": "abandoned", "run-alive": "running"}
+    assert os.getpid() == rows(db, "SELECT pid FROM runs WHERE run_id = 'run-alive'")[0][0]
+
+
+def test_a_workspace_resolves_settings_from_every_source(tmp_path, isolated_home, monkeypatch):
+    (tmp_path / "om.toml").write_text("observeAfterTokens = 1234\n")
+    monkeypatch.setenv("OM_REFLECT_AFTER_TOKENS", "4321")
+    ws = Workspace.open(tmp_path / "om.duckdb")
+    assert (ws.settings.observeAfterTokens, ws.settings.reflectAfterTokens) == (1234, 4321)
+    spec = ws.spec()
+    assert Workspace.from_spec(spec.model_dump()).settings == ws.settings  # what flows and deployments carry
