@@ -41,12 +41,17 @@ def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
 
 def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], settings: dict[str, Any],
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
-                 stage_options: dict[str, Any] | None = None,
+                 stage_options: dict[str, Any] | None = None, window: int | None = None,
+                 task_runner_override: Any = None,
                  on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs."""
+    """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
+
+    ``window``: sessions in flight at once (their payloads are read just before they start;
+    default twice the concurrency)."""
     from flows.pipeline import process_sessions
 
-    flow = process_sessions.with_options(task_runner=task_runner(runner, concurrency, dask_address))
+    flow = process_sessions.with_options(task_runner=task_runner_override or task_runner(runner, concurrency,
+                                                                                         dask_address))
     done = threading.Event()
 
     def ticker() -> None:
@@ -58,7 +63,7 @@ def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], set
         thread.start()
     try:
         return flow(targets, db_path=db_path, model=model, settings=settings, drain=drain,
-                    stage_options=stage_options or {})
+                    stage_options=stage_options or {}, window=window or 2 * concurrency)
     finally:
         done.set()
         if thread:
