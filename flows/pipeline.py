@@ -24,6 +24,7 @@ fail the stage at once. One failing session never stops the others.
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 import uuid
 from dataclasses import asdict
@@ -44,13 +45,13 @@ from flows.storage import stage_result_storage
 from om_core import db as dbmod
 from om_core.circuit import release_run_breaker, run_breaker
 from om_core.cost import run_budget
-from om_core.errors import OmError, StorageError, storage_error
-from om_core.ingest import ingest
+from om_core.errors import StorageError, storage_error
 from om_core.memory import clocks as read_clocks
 from om_core.model import ModelError, RetryPolicy
 from om_core.replay import replay_session
 from om_core.replay_payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
     replayed_rows
+from om_core.run_plan import fingerprints, plan_run, record_replay
 from om_core.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -226,49 +227,6 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
             "branches": [asdict(r) for r in reports], "rows": rows}
 
 
-@task(name="ingest-sessions", persist_result=False, cache_policy=NO_CACHE)
-def ingest_task(spec: WorkspaceSpec, paths: list[str], run_id: str) -> dict[str, Any]:
-    ws = Workspace.from_spec(spec)
-    try:
-        with ws.write() as con:
-            report = ingest(con, paths, command=f"run {run_id}")
-    except Exception as exc:  # a full disk ends the run with one line, not a task traceback
-        stored = storage_error(exc, spec.db_path)
-        if stored is None:
-            raise
-        return {"files": [], "missing": [], "storage_error": str(stored)}
-    return {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
-
-
-def _split_targets(targets: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Paths (files, directories) to ingest, session ids (or prefixes) already ingested, and paths
-    that do not exist (a target with a path separator or a .jsonl name is meant as a path)."""
-    paths, sessions, missing = [], [], []
-    for target in targets:
-        if Path(target).exists():
-            paths.append(target)
-        elif "/" in target or "\\" in target or target.endswith(".jsonl"):
-            missing.append(target)
-        else:
-            sessions.append(target)
-    return paths, sessions, missing
-
-
-def _resolve_sessions(ws: Workspace, refs: list[str]) -> tuple[list[str], list[str]]:
-    from om_core.catalog import resolve_session
-
-    found, errors = [], []
-    if not refs:
-        return found, errors
-    with ws.read() as con:
-        for ref in refs:
-            try:
-                found.append(resolve_session(con, ref))
-            except OmError as exc:
-                errors.append(str(exc))
-    return found, errors
-
-
 def _record_session_error(con, session_id: str, run_id: str, message: str) -> None:
     con.execute(query("insert_stage_run"), {
         "stage_run_id": uuid.uuid4().hex[:16], "run_id": run_id, "session_id": session_id, "stage": "session",
@@ -277,24 +235,22 @@ def _record_session_error(con, session_id: str, run_id: str, message: str) -> No
         "error": message[:2000], "receipts": None, "started_at": datetime.now(timezone.utc)})
 
 
-def commit_session_result(ws: Workspace, result: dict[str, Any]) -> dict[str, int]:
-    """The flow's one write per session: the replay's rows (and its error, if any) in one transaction."""
+# Commits are serialised, and an interrupted run takes this lock for good before it exits, so the
+# database never sees half a commit (flows.interrupt).
+COMMIT_LOCK = threading.Lock()
+
+
+def commit_session_result(ws: Workspace, result: dict[str, Any], fingerprint: str | None = None) -> dict[str, int]:
+    """The flow's one write per session: the replay's rows, and its error or (when it completed)
+    the fingerprint it started from (om_core.run_plan), in one transaction."""
     rows: ReplayedRows = result["rows"]
-    with ws.write() as con:
+    with COMMIT_LOCK, ws.write() as con, dbmod.transaction(con):
         written = commit_replayed_rows(con, rows)
         if result["error"]:
             _record_session_error(con, result["session_id"], rows.run_id, result["error"])
+        elif fingerprint is not None:
+            record_replay(con, result["session_id"], fingerprint, rows.run_id)
     return written
-
-
-def _ingest_errors(ingested: dict[str, Any]) -> tuple[list[str], list[str]]:
-    session_ids, errors = [], []
-    for f in ingested["files"]:
-        if f["status"] in ("new", "appended", "rewritten", "unchanged") and f["session_id"]:
-            session_ids.append(f["session_id"])
-        elif f["error"] or f["status"] in ("no_header", "duplicate_session"):
-            errors.append(f"{f['path']}: {f['error'] or f['status']}")
-    return session_ids, errors + [f"{p}: no such file or directory" for p in ingested["missing"]]
 
 
 def _finish(ws: Workspace, run_id: str, status: str, detail: dict[str, Any]) -> None:
@@ -338,41 +294,37 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     try:
         with ws.write() as con:
             start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
-    except Exception as exc:
+        model_name = model.get("model") or "offline"
+        plan = plan_run(ws, targets, model=model_name, drain=drain, command=f"{command} {run_id}", strict=False)
+    except Exception as exc:  # a full disk ends the run with one line
         stored = storage_error(exc, spec.db_path)
         if stored is None:
             raise
         return _stopped_by_storage(ws, run_id, str(stored), {"files": [], "missing": []})
-    paths, refs, not_found = _split_targets(targets)
-    ingested = ingest_task(spec, paths, run_id) if paths else {"files": [], "missing": []}
-    if ingested.get("storage_error"):
-        return _stopped_by_storage(ws, run_id, ingested["storage_error"], ingested)
-    session_ids, errors = _resolve_sessions(ws, refs)
-    found, ingest_errors = _ingest_errors(ingested)
-    session_ids += found
-    errors += ingest_errors + [f"{p}: no such file or directory" for p in not_found]
-    session_ids = list(dict.fromkeys(session_ids))
-    if session_ids:
-        with ws.read() as con:
-            session_ids = [r[0] for r in con.execute(query("sessions_largest_first"),
-                                                     {"session_ids": session_ids}).fetchall()]
+    errors, ingested = plan.errors, plan.ingest
+    session_ids = plan.due  # sessions unchanged since their last complete replay have nothing to do
+    skipped = [sid for sid in plan.session_ids if sid not in set(plan.due)]
     if settings.passive:  # the extension's "no background work": ingest only
         with ws.write() as con:
             finish_run(con, run_id, "ok", {"sessions": 0, "passive": True})
-        return {"run_id": run_id, "sessions": [], "errors": errors, "ingest": ingested, "passive": True}
+        return {"run_id": run_id, "sessions": [], "errors": errors, "ingest": ingested, "passive": True,
+                "skipped": plan.session_ids}
     if not _config(model).offline and model.get("limit") == "prefect":
         ensure_model_call_limit(settings.modelConcurrency)
     storage = stage_result_storage(settings, spec.db_path)
     progress_board.start(session_ids)
     results: list[dict[str, Any]] = []
 
+    prints: dict[str, str] = {}
     breaker = run_breaker(run_id)
 
     def collect(future) -> None:  # noqa: ANN001 - a Prefect future
         result = future.result()
+        # a replay with a failed stage is not complete: the session stays due, so a rerun retries it
+        complete = not result["error"] and not any(b["failures"] for b in result["branches"])
         if not isinstance(breaker.reason, StorageError):  # after a full disk nothing more is written
             try:
-                commit_session_result(ws, result)
+                commit_session_result(ws, result, prints.get(result["session_id"]) if complete else None)
             except Exception as exc:
                 stored = storage_error(exc, spec.db_path)
                 if stored is None:
@@ -391,6 +343,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
             collect(done)
         with ws.read() as con:
             payload = read_session_payload(con, sid)
+            prints[sid] = fingerprints(con, [sid], settings, model_name, drain)[sid][0]
         pending.append(replay_session_task.submit(payload, model, settings, drain, run_id, stage_options, storage))
     for future in as_completed(pending):
         collect(future)
@@ -402,7 +355,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     failed = bool(errors) or any(r["error"] for r in results)
     _finish(ws, run_id, "failed" if failed else "ok",
             {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
-    return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested,
+    return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested, "skipped": skipped,
             "stopped": None if stopped is None else str(stopped)}
 
 

@@ -158,19 +158,18 @@ def _without_committed(tables: dict[str, pa.Table], committed: set[str]) -> dict
 
 
 def commit_replayed_rows(con: duckdb.DuckDBPyConnection, result: ReplayedRows) -> dict[str, int]:
-    """Write a replay's rows in one transaction; a result committed twice changes nothing."""
+    """Write a replay's rows (inside the caller's transaction); a result committed twice changes nothing."""
     tables = {name: _from_ipc(data) for name, data in result.tables.items()}
     written: dict[str, int] = {}
-    with dbmod.transaction(con):
-        committed = {row[0] for row in con.execute(query("committed_ledger_ids"),
-                                                   {"session_id": result.session_id}).fetchall()}
-        tables = _without_committed(tables, committed)
-        ordered = sum(tables[n].num_rows for n in ("ledger_records", "compaction_folds") if n in tables)
-        if ordered:
-            seqs = [row[0] for row in con.execute(query("take_append_seqs"), {"n": ordered}).fetchall()]
-            tables = _renumber(tables, seqs)
-        for table, _, commit_name in REPLAYED_TABLES:
-            if table in tables and tables[table].num_rows:
-                dbmod.insert_arrow(con, "replay_batch", tables[table], commit_name)
-                written[table] = tables[table].num_rows
+    committed = {row[0] for row in con.execute(query("committed_ledger_ids"),
+                                               {"session_id": result.session_id}).fetchall()}
+    tables = _without_committed(tables, committed)
+    ordered = sum(tables[n].num_rows for n in ("ledger_records", "compaction_folds") if n in tables)
+    if ordered:
+        seqs = [row[0] for row in con.execute(query("take_append_seqs"), {"n": ordered}).fetchall()]
+        tables = _renumber(tables, seqs)
+    for table, _, commit_name in REPLAYED_TABLES:
+        if table in tables and tables[table].num_rows:
+            dbmod.insert_arrow(con, "replay_batch", tables[table], commit_name)
+            written[table] = tables[table].num_rows
     return written

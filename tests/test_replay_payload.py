@@ -77,7 +77,7 @@ def replay_on_payload(db, run_id):
             result = replayed_rows(con, SID, run_id)
     finally:
         ws.close()
-    with Workspace.open(db, settings=SETTINGS).write() as con:
+    with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
         commit_replayed_rows(con, result)
     return result
 
@@ -106,7 +106,7 @@ def test_a_result_committed_twice_changes_nothing(tmp_path):
     db = session(tmp_path)
     result = replay_on_payload(db, "run-1")
     before = (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stage_runs"))
-    with Workspace.open(db, settings=SETTINGS).write() as con:
+    with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
         written = commit_replayed_rows(con, result)
     assert "ledger_records" not in written and "compaction_folds" not in written
     assert (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stage_runs")) == before

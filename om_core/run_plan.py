@@ -1,0 +1,141 @@
+"""What a run will do, decided before any orchestrator starts (``om run``'s first second).
+
+* the targets are checked offline: paths exist, session ids resolve;
+* new lines of the given files are ingested;
+* a session is **due** unless its last complete replay started from exactly what it would start
+  from now: the same session rows (entries, leaf, the ledger records and compactions the file
+  holds), the same settings, the same model and the same drain. Its fingerprint is kept in
+  ``session_replays`` when a replay commits without an error; anything else (a failure, an
+  interruption, a stop) leaves it due.
+
+So a rerun of a finished archive starts no Prefect server and returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from om_core.errors import InvalidArgument, OmError
+from om_core.settings import Settings
+from om_core.sqlfiles import query
+
+
+class TargetsMissing(InvalidArgument):
+    """Paths that do not exist, or session ids that resolve to no ingested session."""
+
+    exit_code = 1
+
+
+def split_targets(targets: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Paths (files, directories) to ingest, session ids (or prefixes) already ingested, and paths
+    that do not exist (a target with a path separator or a .jsonl name is meant as a path)."""
+    paths, sessions, missing = [], [], []
+    for target in targets:
+        if Path(target).exists():
+            paths.append(target)
+        elif "/" in target or "\\" in target or target.endswith(".jsonl"):
+            missing.append(target)
+        else:
+            sessions.append(target)
+    return paths, sessions, missing
+
+
+def fingerprints(con: duckdb.DuckDBPyConnection, session_ids: list[str], settings: Settings, model: str,
+                 drain: bool) -> dict[str, tuple[str, str | None]]:
+    """session id -> (fingerprint now, fingerprint of its last complete replay or None)."""
+    if not session_ids:
+        return {}
+    basis = json.dumps({"settings": settings.model_dump(mode="json"), "model": model, "drain": drain},
+                       sort_keys=True)
+    cursor = con.execute(query("session_fingerprint_parts"), {"session_ids": session_ids})
+    names = [d[0] for d in cursor.description]
+    out = {}
+    for row in cursor.fetchall():
+        parts = dict(zip(names, row))
+        replayed = parts.pop("replayed_fingerprint")
+        digest = hashlib.sha256((basis + json.dumps(parts, sort_keys=True, default=str)).encode()).hexdigest()[:24]
+        out[parts["session_id"]] = (digest, replayed)
+    return out
+
+
+def due_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str], settings: Settings, model: str,
+                 drain: bool) -> tuple[list[str], dict[str, str]]:
+    """The sessions a run has to replay (in the given order), and every session's fingerprint."""
+    prints = fingerprints(con, session_ids, settings, model, drain)
+    due = [sid for sid in session_ids if sid in prints and prints[sid][0] != prints[sid][1]]
+    return due, {sid: now for sid, (now, _) in prints.items()}
+
+
+def record_replay(con: duckdb.DuckDBPyConnection, session_id: str, fingerprint: str, run_id: str) -> None:
+    con.execute(query("put_session_replay"), {"session_id": session_id, "fingerprint": fingerprint, "run_id": run_id})
+
+
+@dataclass
+class RunPlan:
+    session_ids: list[str] = field(default_factory=list)  # every session the run covers, largest first
+    due: list[str] = field(default_factory=list)  # the ones to replay
+    errors: list[str] = field(default_factory=list)  # files that could not be ingested
+    ingest: dict[str, Any] = field(default_factory=lambda: {"files": [], "missing": []})
+
+    @property
+    def nothing_due(self) -> bool:
+        return not self.due
+
+
+def check_targets(ws: Any, targets: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Paths to ingest, resolved session ids, and a problem for every missing path or unknown id."""
+    from om_core.catalog import resolve_session
+
+    paths, refs, missing = split_targets(targets)
+    problems = [f"{p}: no such file or directory" for p in missing]
+    session_ids: list[str] = []
+    if refs:
+        if ws.path is not None and not ws.path.exists():
+            problems += [f"{r}: no such file, directory or ingested session (no database yet)" for r in refs]
+        else:
+            with ws.read() as con:
+                for ref in refs:
+                    try:
+                        session_ids.append(resolve_session(con, ref))
+                    except OmError as exc:
+                        problems.append(f"{ref}: {exc}")
+    return paths, session_ids, problems
+
+
+def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: str = "run",
+             strict: bool = True, progress: Callable[..., None] | None = None) -> RunPlan:
+    """Check the targets, ingest the paths' new lines, and find the sessions that are due.
+
+    ``strict`` (a command): a missing path or unknown session id stops everything, in one line,
+    before anything is done; otherwise (a scheduled flow) it is one of the run's errors."""
+    from om_core.ingest import ingest
+
+    paths, session_ids, problems = check_targets(ws, targets)
+    if problems and strict:
+        raise TargetsMissing("; ".join(problems))
+    plan = RunPlan(errors=list(problems))
+    if paths:
+        with ws.write() as con:
+            report = ingest(con, paths, command=command, progress=progress)
+        plan.ingest = {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
+        for f in report.files:
+            if f.status in ("new", "appended", "rewritten", "unchanged") and f.session_id:
+                session_ids.append(f.session_id)
+            elif f.error or f.status in ("no_header", "duplicate_session"):
+                plan.errors.append(f"{f.path}: {f.error or f.status}")
+        plan.errors += [f"{p}: no such file or directory" for p in report.missing_paths]
+    session_ids = list(dict.fromkeys(session_ids))
+    if not session_ids:
+        return plan
+    with ws.read() as con:
+        plan.session_ids = [r[0] for r in con.execute(query("sessions_largest_first"),
+                                                      {"session_ids": session_ids}).fetchall()]
+        plan.due, _ = due_sessions(con, plan.session_ids, ws.settings, model, drain)
+    return plan
