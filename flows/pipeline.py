@@ -321,7 +321,8 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     def collect(future) -> None:  # noqa: ANN001 - a Prefect future
         result = future.result()
         # a replay with a failed stage is not complete: the session stays due, so a rerun retries it
-        complete = not result["error"] and not any(b["failures"] for b in result["branches"])
+        complete = (not result["error"] and not result.get("budget_stop")
+                    and not any(b["failures"] for b in result["branches"]))
         if not isinstance(breaker.reason, StorageError):  # after a full disk nothing more is written
             try:
                 commit_session_result(ws, result, prints.get(result["session_id"]) if complete else None)

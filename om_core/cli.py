@@ -791,22 +791,22 @@ def run(
     With a model litellm has a price for, the estimated cost is printed before the run (source
     tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
     the provider's usage) after it."""
-    from flows.runner import prepare_environment
 
+    Sessions unchanged since their last complete replay (same settings and model) are skipped, so a
+    rerun of a finished archive starts nothing. Ctrl-C (or SIGTERM) stops the run within seconds;
+    rerunning the same command resumes it without repeating a model call already made."""
     if runner not in ("threads", "dask"):
         raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
     if dask_address:
         runner = "dask"  # an address names a Dask cluster: no other runner can use it
-    from om_core.settings import load_settings
-
-    settings = load_settings(state.config).settings
+    ws = workspace()
+    settings = ws.settings
     if dask_address:  # before any work: workers elsewhere need a server they reach and shared results
         import os
 
         from flows.preflight import check_cluster_run
 
         check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"), getattr(settings, "resultStorage", None))
-    prepare_environment(verbose)
     from om_core.workers.stages import ModelConfig
 
     config = ModelConfig.from_settings(settings, model, api_base)
@@ -819,17 +819,36 @@ def run(
         raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
     model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
                   "timeout": config.timeout, "limit": limit, "max_cost": max_cost}
-    estimate = _cost_estimate(targets, config, max_cost, as_json)
-    summary = _run_with_display(targets, model_dict, settings.model_dump(), concurrency, not no_drain, runner,
-                                dask_address, as_json)
-    rows = _run_rows(summary)
+    say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
+    say("checking the targets and ingesting new lines…")
+    from om_core.run_plan import plan_run
+
+    plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain)
+    estimate = None
+    if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
+        summary = {"run_id": None, "sessions": [], "errors": plan.errors}
+    else:
+        estimate = _cost_estimate(plan.due, config, max_cost, as_json)
+        say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator (Prefect)…")
+        summary = _run_with_display(ws, plan.due, model_dict, settings.model_dump(), concurrency, not no_drain,
+                                    runner, dask_address, as_json, verbose)
+        summary["errors"] = plan.errors + summary["errors"]
+    due = set(plan.due) if not settings.passive else set()
+    skipped = [sid for sid in plan.session_ids if sid not in due]
+    rows, failures = _run_rows(summary), _run_failures(summary)
     cost = _run_cost(summary, max_cost, estimate)
     if as_json:
-        _print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"], "cost": cost})
+        _print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
+                     "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost})
     else:
-        _print_run_table(summary, rows)
+        if summary["run_id"] is None:
+            why = "passive is set: ingest only" if settings.passive else "nothing changed since the last replay"
+            out.print(f"{len(plan.session_ids)} session(s), none to replay ({why})", highlight=False)
+        else:
+            _print_run_table(summary, rows, skipped)
+        _print_failures(summary, failures)
         _print_cost(cost)
-    if summary["errors"] or any(r["error"] for r in summary["sessions"]):
+    if summary["errors"] or failures or any(r["error"] for r in summary["sessions"]):
         raise typer.Exit(1)
     if cost.get("stopped_by_max_cost"):
         raise typer.Exit(4)
@@ -889,26 +908,69 @@ def _print_cost(cost: dict) -> None:
                   "rerun to resume where it stopped[/]")
 
 
-def _run_with_display(targets, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet):
+def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet,
+                      verbose):
+    import os
+
+    from flows.runner import prepare_environment
+
+    prepare_environment(verbose)  # before Prefect is imported
     from rich.live import Live
 
     from flows import progress
+    from flows.interrupt import RunInterrupted, run_interruptibly
     from flows.runner import run_pipeline
+    from om_core.db import new_run_id
+
+    run_id = new_run_id()
 
     def board() -> Table:
         table = Table("session", "state", "entry", "stages", "compactions", "failures", "last", title="om run")
         for row in progress.snapshot():
-            table.add_row(row["session_id"][:13], row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
+            table.add_row(row["session_id"], row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
                           str(row["compactions"]), str(row["failures"]), row["last"])
         return table
 
-    if quiet or not err.is_terminal:
-        return run_pipeline(targets, db_path=str(state.db), model=model_dict, settings=settings_dict,
-                            concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address)
-    with Live(board(), console=err, refresh_per_second=4, transient=True) as live:
-        return run_pipeline(targets, db_path=str(state.db), model=model_dict, settings=settings_dict,
+    def work():
+        return run_pipeline(session_ids, db_path=str(state.db), model=model_dict, settings=settings_dict,
                             concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
-                            on_tick=lambda: live.update(board()))
+                            run_id=run_id)
+
+    try:
+        if quiet or not err.is_terminal:
+            return run_interruptibly(ws, run_id, work)
+        with Live(board(), console=err, refresh_per_second=4, transient=True) as live:
+            return run_interruptibly(ws, run_id, work, on_tick=lambda: live.update(board()))
+    except RunInterrupted as exc:
+        err.print(escape(exc.interruption.line), highlight=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exc.interruption.exit_code)  # not Prefect's shutdown: the flow's thread is abandoned
+
+
+def _run_failures(summary) -> list[dict]:
+    """The run's failed stages, grouped by stage, session and error."""
+    from om_core.db import reading, rows_as_dicts
+    from om_core.sqlfiles import query
+
+    if summary["run_id"] is None:
+        return []
+    with reading(state.db) as con:
+        return rows_as_dicts(con.execute(query("run_failures"), {"run_id": summary["run_id"]}))
+
+
+def _print_failures(summary, failures) -> None:
+    """Under the closing table: the failed stages, then the run's errors, one line each."""
+    if failures:
+        table = Table("stage", "session", "error", "count", title="failed stages")
+        for f in failures:
+            table.add_row(f["stage"], f["session_id"], escape(f["error"]), str(f["count"]))
+        err.print(table)
+    for e in summary["errors"]:
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
+    for s in summary["sessions"]:
+        if s["error"] and not s.get("stopped"):  # stopped: the run's one error line says why
+            err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
 
 
 def _run_rows(summary) -> list[dict]:
@@ -916,7 +978,7 @@ def _run_rows(summary) -> list[dict]:
     from om_core.sqlfiles import query
 
     ids = [s["session_id"] for s in summary["sessions"]]
-    if not ids:
+    if not ids or summary["run_id"] is None:
         return []
     with reading(state.db) as con:
         rows = rows_as_dicts(con.execute(query("run_summary"), {"run_id": summary["run_id"], "session_ids": ids}))
@@ -926,7 +988,7 @@ def _run_rows(summary) -> list[dict]:
     return rows
 
 
-def _print_run_table(summary, rows) -> None:
+def _print_run_table(summary, rows, skipped=()) -> None:
     table = Table("session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
                   "errors", title=f"run {summary['run_id']}")
     totals = {k: 0 for k in ("observations", "reflections", "drops", "compactions", "model_calls", "tokens", "errors")}
@@ -943,11 +1005,8 @@ def _print_run_table(summary, rows) -> None:
                                                       "model_calls", "tokens")), f"${cost:.4f}", str(totals["errors"]),
                   style="bold")
     out.print(table)
-    for e in summary["errors"]:
-        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
-    for s in summary["sessions"]:
-        if s["error"] and not s.get("stopped"):  # stopped: the run's one error line says why
-            err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
+    if skipped:
+        out.print(f"{len(skipped)} more session(s) unchanged since their last replay: skipped", highlight=False)
 
 
 @app.command(epilog=_examples(

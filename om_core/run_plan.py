@@ -109,7 +109,7 @@ def check_targets(ws: Any, targets: list[str]) -> tuple[list[str], list[str], li
     return paths, session_ids, problems
 
 
-def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: str = "run",
+def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: str = "ingest",
              strict: bool = True, progress: Callable[..., None] | None = None) -> RunPlan:
     """Check the targets, ingest the paths' new lines, and find the sessions that are due.
 

@@ -26,13 +26,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_HELPERS = ("prefect", "uvicorn", "distributed", "dask")
+
+
+def _end_left_behind(pids: list[int] | None) -> None:
+    """End the helper processes (Prefect's API server, Dask) a killed run left running."""
+    if not pids:
+        return
+    import psutil
+
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            command = " ".join(proc.cmdline())
+            if any(name in command for name in _HELPERS):  # never someone else's process on a reused pid
+                proc.terminate()
+        except psutil.Error:
+            pass
+
+
 def mark_abandoned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
     host = socket.gethostname()
-    gone = [run_id for run_id, pid, run_host in con.execute(query("running_runs")).fetchall()
+    gone = [(run_id, children) for run_id, pid, run_host, children in con.execute(query("running_runs")).fetchall()
             if run_host == host and (pid is None or not _alive(pid))]
-    for run_id in gone:
+    for run_id, children in gone:
         con.execute(query("mark_run_abandoned"), {"run_id": run_id})
-    return gone
+        _end_left_behind(children)
+    return [run_id for run_id, _ in gone]
 
 
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ INSERT INTO runs (run_id, command, status, detail, pid, host)
 VALUES ($run_id, $command, 'running', $detail, $pid, $host);
 
 -- name: running_runs
-SELECT run_id, pid, host FROM runs WHERE status = 'running';
+SELECT run_id, pid, host, child_pids FROM runs WHERE status = 'running';
 
 -- name: mark_run_abandoned
 -- A run whose process is gone: it stopped without finishing (what it committed stays).

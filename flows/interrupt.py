@@ -1,0 +1,153 @@
+"""Stopping a run cleanly on Ctrl-C (SIGINT) or SIGTERM, and leaving no process behind.
+
+The flow runs in a thread; the main thread waits for it and handles the signal. On a signal:
+no new model call starts (the run's circuit breaker is tripped with the reason "interrupted"), the
+flow's commit lock is taken for good (a commit in progress finishes; none starts), the run row is
+marked ``interrupted``, the processes the run started (Prefect's local API server, a local Dask
+cluster) are ended, and the caller exits at once with 130 (SIGINT) or 143 (SIGTERM), without
+Prefect's own shutdown. In-flight replays are abandoned: their rows were never committed, and the
+stage results they computed are in the result storage, so rerunning the same command resumes.
+
+The helper processes' pids are kept in the run row, so that after a kill -9 of ``om`` the next
+run's start ends those still alive (om_core.runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@dataclass
+class Interruption:
+    signum: int
+    run_id: str
+    sessions: int  # committed by this run
+    observations: int
+    compactions: int
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.signum, 128 + self.signum)
+
+    @property
+    def line(self) -> str:
+        name = signal.Signals(self.signum).name
+        return (f"interrupted ({name}): run {self.run_id} committed {self.sessions} session(s), "
+                f"{self.observations} observation(s), {self.compactions} compaction(s); "
+                "rerun the same command to resume")
+
+
+class RunInterrupted(Exception):
+    def __init__(self, interruption: Interruption) -> None:
+        super().__init__(interruption.line)
+        self.interruption = interruption
+
+
+def child_pids() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True)]
+
+
+def end_processes(pids: list[int], timeout: float = 3.0) -> None:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
+    import json
+
+    from flows.pipeline import COMMIT_LOCK
+    from om_core.circuit import run_breaker
+    from om_core.model import ModelError
+    from om_core.sqlfiles import query
+
+    logging.disable(logging.CRITICAL)  # the abandoned flow's errors and Prefect's shutdown are not news
+    run_breaker(run_id).trip(ModelError("the run was interrupted", "permanent"))
+    COMMIT_LOCK.acquire(timeout=30)  # held until exit: no commit starts, none is cut in half
+    numbers = {"sessions": 0, "observations": 0, "compactions": 0}
+    try:
+        with ws.write() as con:
+            con.execute(query("interrupt_run"), {"run_id": run_id, "detail": json.dumps(
+                {"signal": signal.Signals(signum).name})})
+            row = con.execute(query("run_outcome"), {"run_id": run_id}).fetchall()[0]
+            numbers = {"sessions": row[3], "observations": row[1], "compactions": row[2]}
+    except Exception:  # the database is busy or gone: the next run's start marks the row
+        pass
+    end_processes(child_pids())
+    return Interruption(signum, run_id, **numbers)
+
+
+def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
+                      on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
+    from om_core.sqlfiles import query
+
+    got: dict[str, int] = {}
+
+    def handler(signum, frame) -> None:  # noqa: ANN001 - the signal module's signature
+        if "signum" in got:  # a second signal while stopping: stop now
+            os._exit(EXIT_CODES.get(signum, 128 + signum))
+        got["signum"] = signum
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="om-flow", daemon=True)
+    thread.start()
+    recorded: set[int] = set()
+    ticks = 0
+    try:
+        while thread.is_alive():
+            thread.join(0.25)
+            if "signum" in got:
+                raise RunInterrupted(_interrupt(ws, run_id, got["signum"]))
+            if on_tick is not None:
+                on_tick()
+            ticks += 1
+            if ticks % 8 == 0:  # every 2 s: remember the helper processes, for after a kill -9
+                pids = set(child_pids())
+                if pids - recorded:
+                    try:
+                        with ws.write() as con:
+                            con.execute(query("set_run_children"), {"run_id": run_id, "child_pids": sorted(pids)})
+                        recorded = pids
+                    except Exception:  # busy: next time
+                        pass
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -1,0 +1,182 @@
+"""`om run` under interruption and in its first seconds (a real process, real signals, the fake model):
+Ctrl-C stops it cleanly and a rerun resumes; a missing path and a rerun with nothing to do start no
+orchestrator; failed stages are listed under the closing table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from builders import SessionBuilder
+from fake_brains import ScriptedWorkers
+from fake_openai import FakeOpenAI, http_error
+
+pytestmark = pytest.mark.prefect
+
+REPO = Path(__file__).resolve().parent.parent
+SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
+                "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
+                "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20"}
+# no Prefect API to reach: a command that starts no orchestrator must not need one
+NO_API = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}
+
+
+def sessions(folder: Path, count: int = 3) -> Path:
+    for n in range(count):
+        b = SessionBuilder(session_id=f"0000000{n}-cccc-bbbb-cccc-dddddddddddd", start=f"2026-04-0{n + 1}T09:00:00")
+        b.work_turns(8 + n, f"topic{n}")
+        b.write(folder / f"s{n}.jsonl")
+    return folder
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
+    (tmp_path / "home").mkdir(exist_ok=True)  # Prefect keeps its local API's database under HOME
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_API_URL"))}
+    return {**env, **SETTINGS_ENV, "HOME": str(tmp_path / "home"), "OPENAI_API_KEY": "not-needed",
+            "PYTHONPATH": str(REPO), **extra}
+
+
+def om(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(tmp_path / "om.duckdb"), *args],
+                          cwd=tmp_path, env=env or env_for(tmp_path), capture_output=True, text=True, timeout=timeout)
+
+
+def db_rows(db: Path, sql: str):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path):
+    folder = sessions(tmp_path / "sessions")
+    script = ScriptedWorkers(delay=0.3)
+    sent: dict = {}
+
+    def responder(body):
+        if "at" in sent:
+            sent.setdefault("after", []).append(time.monotonic())
+        return script(body)
+
+    with FakeOpenAI(responder=responder) as server:
+        model = ["--model", "openai/fake-model", "--api-base", server.base_url]
+        command = [sys.executable, "-m", "om_core.cli", "--db", str(tmp_path / "om.duckdb"), "run", str(folder),
+                   "--concurrency", "2", *model]
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while len(server.requests) < 6 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before the interruption"
+        import psutil
+
+        helpers = psutil.Process(proc.pid).children(recursive=True)  # Prefect's API server among them
+        assert helpers
+        sent["at"] = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent["at"]
+        assert proc.returncode == 130, err[-2000:]
+        assert took < 15, f"Ctrl-C took {took:.1f} s"
+        assert "Traceback" not in err and "EventsWorker" not in err
+        assert "interrupted (SIGINT)" in err and "rerun the same command to resume" in err
+        # a call already in flight may still land; none starts once the signal is handled
+        late = [t for t in sent.get("after", []) if t > sent["at"] + 1.0]
+        assert late == [], f"{len(late)} model call(s) started after the interruption"
+        db = tmp_path / "om.duckdb"
+        assert db_rows(db, "SELECT status FROM runs WHERE command = 'run'") == [("interrupted",)]
+        # nothing the run started is left running (Prefect's API server, helpers)
+        _, alive = psutil.wait_procs(helpers, timeout=5)
+        assert alive == []
+        # the rerun resumes: it completes, and no stage is appended twice
+        before = len(server.requests)
+        resumed = subprocess.run(command + ["--json"], cwd=tmp_path, env=env_for(tmp_path), capture_output=True,
+                                 text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert len(server.requests) > before
+    dup = db_rows(db, "SELECT stage_key, count(*) FROM ledger WHERE origin = 'pipeline' GROUP BY ALL HAVING count(*) > 1")
+    assert dup == []
+    assert script.asked_after_completion == []  # no stage computed before the interruption was asked again
+
+
+def test_a_missing_path_fails_in_one_line_before_anything_starts(tmp_path):
+    (tmp_path / "home").mkdir()
+    sessions(tmp_path / "sessions", count=1)
+    result = om(tmp_path, "run", str(tmp_path / "sessions"), str(tmp_path / "nope" / "gone.jsonl"),
+                env=env_for(tmp_path, **NO_API), timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error:") and "gone.jsonl: no such file or directory" in lines[-1]
+    assert "orchestrator" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "om.duckdb").exists()  # nothing was ingested either
+
+
+def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path):
+    folder = sessions(tmp_path / "sessions", count=2)
+    first = om(tmp_path, "run", str(folder), "--json")  # the offline baseline
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = om(tmp_path, "run", str(folder), "--json", env=env_for(tmp_path, **NO_API), timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    body = json.loads(again.stdout)
+    assert body["run_id"] is None and body["sessions"] == [] and len(body["skipped"]) == 2
+    # a new line makes that session due again (and only that one)
+    path = folder / "s0.jsonl"
+    lines = path.read_text().splitlines()
+    last = json.loads(lines[-1])
+    path.write_text("\n".join(lines + [json.dumps({"type": "message", "id": "feedbeef", "parentId": last["id"],
+                                                    "timestamp": "2026-04-01T12:00:00.000Z",
+                                                    "message": {"role": "user", "content": "One more thing.",
+                                                                "timestamp": 1775044800000}})]) + "\n")
+    third = om(tmp_path, "run", str(folder), "--json")
+    assert third.returncode == 0, third.stderr[-2000:]
+    body = json.loads(third.stdout)
+    assert [s["session_id"] for s in body["sessions"]] == ["00000000-cccc-bbbb-cccc-dddddddddddd"]
+
+
+def test_failed_stages_are_listed_and_the_exit_code_is_1(tmp_path):
+    folder = sessions(tmp_path / "sessions", count=2)
+    script = ScriptedWorkers()
+
+    def responder(body):
+        if "topic1" in json.dumps(body["messages"]):
+            return http_error(400, "messages[1].content is malformed")  # this session's stages fail
+        return script(body)
+
+    with FakeOpenAI(responder=responder) as server:
+        result = om(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
+                    "--api-base", server.base_url)
+        assert result.returncode == 1, result.stderr[-2000:]
+        body = json.loads(result.stdout)
+        assert body["failures"] and {f["session_id"] for f in body["failures"]} == {"00000001-cccc-bbbb-cccc-dddddddddddd"}
+        assert all("BadRequestError" in f["error"] for f in body["failures"])
+        table = om(tmp_path, "run", str(folder), "--model", "openai/fake-model", "--api-base", server.base_url)
+    assert "failed stages" in table.stderr  # the failed session is still due: it runs (and fails) again
+
+
+def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path):
+    from om_core.runs import start_run
+    from om_core.settings import Settings
+    from om_core.workspace import Workspace
+
+    folder = sessions(tmp_path / "sessions", count=1)
+    assert om(tmp_path, "ingest", str(folder)).returncode == 0
+    ws = Workspace.open(tmp_path / "om.duckdb", settings=Settings())
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # prefect stand-in"])
+    try:
+        with ws.write() as con:
+            start_run(con, "killed-run", "run", {})
+            con.execute("UPDATE runs SET pid = 999999, child_pids = [?] WHERE run_id = 'killed-run'", [helper.pid])
+        assert om(tmp_path, "run", str(folder), "--json").returncode == 0
+        helper.wait(timeout=10)  # ended: its command line names what the run started (prefect)
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+    assert db_rows(tmp_path / "om.duckdb", "SELECT status FROM runs WHERE run_id = 'killed-run'") == [("abandoned",)]
