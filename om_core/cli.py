@@ -790,7 +790,7 @@ def run(
 
     With a model litellm has a price for, the estimated cost is printed before the run (source
     tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
-    the provider's usage) after it."""
+    the provider's usage) after it.
 
     Sessions unchanged since their last complete replay (same settings and model) are skipped, so a
     rerun of a finished archive starts nothing. Ctrl-C (or SIGTERM) stops the run within seconds;
