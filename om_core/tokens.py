@@ -362,20 +362,22 @@ def _make_counter(enc: Any) -> Callable[[Sequence[str]], list[int]]:
     return joined
 
 
-# Bounded run count (a fallback, named as one). tiktoken's pre-tokenizer makes a run of letters or
-# of punctuation one piece, and BPE on one piece grows faster than linearly with its length: 20 MB
-# of one repeated character (base64, minified output) took many times as long as 20 MB of words.
-# A run of more than LONG_RUN_CHARS characters without whitespace is therefore counted in pieces of
-# RUN_PIECE_CHARS, identical pieces once. The count can differ from the exact one by about a token
-# per cut (a token straddling a cut is counted as two); text without such runs is counted exactly.
+# Bounded run count (a fallback, named as one). tiktoken's pre-tokenizer makes a run of letters, of
+# punctuation or of whitespace one piece, and BPE on one piece grows faster than linearly with its
+# length: 20 MB of one repeated character took many times as long as 20 MB of words. Such a run
+# longer than LONG_RUN_CHARS is therefore counted in pieces of RUN_PIECE_CHARS, identical pieces
+# once. The count can differ from the exact one by about a token per cut (a token straddling a cut
+# counts as two); everything else is counted exactly. Base64, hex or minified code are not one
+# piece (digits and case changes split them), so they keep the exact, fast path.
 LONG_RUN_CHARS = 1024
 RUN_PIECE_CHARS = 256
-_LONG_RUN = re.compile(r"\S{%d,}" % LONG_RUN_CHARS)
+_LONG_RUN = re.compile(r"[^\W\d_]{%d,}|(?:[^\w\s]|_){%d,}|\s{%d,}" % ((LONG_RUN_CHARS,) * 3))
 
 
 def bounded_pieces(text: str) -> list[str] | None:
-    """``text`` cut so that no piece holds more than RUN_PIECE_CHARS of a long run, or None when
-    it has no run longer than LONG_RUN_CHARS (then it is counted whole, exactly)."""
+    """``text`` cut so that no piece holds more than RUN_PIECE_CHARS of a long run (letters,
+    punctuation or whitespace), or None when it has none longer than LONG_RUN_CHARS (then it is
+    counted whole, exactly)."""
     if len(text) <= LONG_RUN_CHARS:
         return None
     pieces: list[str] = []
