@@ -16,12 +16,12 @@ from typing import Any
 from om_core.model import ModelError
 
 # Prompt tokens per source token (Pi's estimate), as bench/workers.py measured them on the two
-# sample sessions with one call per stage, rounded up from the larger figure (prompt 1.19 and 1.22;
-# uncached, what an automatic prefix cache would not serve, 1.04 and 1.09). They were measured with
+# sample sessions with one call per stage, rounded up from the larger figure (prompt 1.32 and 1.33;
+# uncached, what an automatic prefix cache would not serve, 1.05 and 1.10). They were measured with
 # the scripted fake model, whose memory stays small: a real model's memory (up to
 # observationsPoolMaxTokens) adds prompt tokens, most of them cached. The output ratio is an
 # allowance, not a measurement (the fake model's answers are short).
-PROMPT_PER_SOURCE = 1.25
+PROMPT_PER_SOURCE = 1.35
 UNCACHED_PER_SOURCE = 1.10
 OUTPUT_PER_SOURCE = 0.05
 # Output tokens reserved for one call before it is made (the answer's length is unknown until then).
