@@ -157,3 +157,17 @@ def test_proactive_compactions_never_cut_before_the_previous_compaction(tmp_path
             assert first_kept > previous_anchor, rows
         else:  # Pi 1.6 cuts the projection: the previous compaction's kept range is in its window
             assert first_kept >= previous_kept, rows
+
+
+@pytest.mark.parametrize("rules", ["pi-1.6", "legacy"])
+def test_no_proactive_compaction_where_pi_declines(tmp_path, rules):
+    sb = SessionBuilder("7e91c0de-0000-4000-8000-000000000009")
+    sb.work_turns(6, "epsilon")
+    # the compaction clock is due early (600), but the whole branch fits in keepRecentTokens: Pi 1.6
+    # has nothing to summarize before the cut and does not compact; the earlier Pi compacted anyway
+    settings = SETTINGS.model_copy(update={"keepRecentTokens": 1_000_000, "cutPointRules": rules})
+    rows = [r for r in simulated(replayed(tmp_path, sb, settings), sb.session_id) if r[0] == "proactive"]
+    if rules == "pi-1.6":
+        assert rows == []
+    else:
+        assert rows and all(first_kept == 0 for _, _, first_kept in rows[:1])
