@@ -9,7 +9,7 @@ What it does:
    call answered after 1 s), not timed.
 2. For each worker count N: starts `dask scheduler` and `dask worker --nworkers N --nthreads T`
    (default T = 2: N × T sessions in flight), generates ``--sessions`` small sessions (one or two
-   stages each), and runs `om run --dask-address …` on them into a fresh database, with
+   observer stages each), and runs `om run --dask-address … --no-drain` on them into a fresh database, with
    ``modelConcurrency`` high enough never to bind. Then stops the cluster.
 3. Reports per N: model calls, calls per second over the span of model traffic (first request to
    last answer, so process start-up is left out), the wall time of `om run`, and the ideal (N × T
@@ -55,7 +55,7 @@ def make_sessions(folder: Path, count: int) -> Path:
 
     for n in range(count):
         b = SessionBuilder(session_id=f"5ca1e{n:03d}-aaaa-bbbb-cccc-dddddddddddd", start=f"2026-06-{1 + n % 28:02d}T09:00:00")
-        b.work_turns(1 + n % 2, f"topic{n}")  # one or two observer stages each: the calls, not chains, dominate
+        b.work_turns(1 + n % 2, f"topic{n}")  # one observer stage or two: the calls, not chains, dominate
         b.write(folder / f"s{n:03d}.jsonl")
     return folder
 
@@ -102,7 +102,7 @@ def _cluster(workers: int, nthreads: int, env: dict[str, str], root: Path):
 
 
 def measure(worker_counts: list[int], sessions: int = 16, nthreads: int = 2, latency: float = LATENCY,
-            log=lambda *a: None, work: Path | None = None) -> dict[str, Any]:
+            log=lambda *a: None, work: Path | None = None, model_limit: str = "prefect") -> dict[str, Any]:
     """Calls per second of `om run --dask-address` at each worker count, and the scaling ratios."""
     from fake_brains import ScriptedWorkers
     from fake_openai import FakeOpenAI
@@ -132,7 +132,7 @@ def measure(worker_counts: list[int], sessions: int = 16, nthreads: int = 2, lat
                     result = subprocess.run(
                         [sys.executable, "-m", "om_core.cli", "--db", str(root / "om.duckdb"), "run",
                          str(make_sessions(root / "sessions", sessions)), "--dask-address", address,
-                         "--concurrency", str(2 * n * nthreads), "--json"],
+                         "--concurrency", str(2 * n * nthreads), "--no-drain", "--model-limit", model_limit, "--json"],
                         cwd=root, env=run_env, capture_output=True, text=True, timeout=600)
                     wall = time.perf_counter() - t0
             finally:
@@ -154,12 +154,12 @@ def measure(worker_counts: list[int], sessions: int = 16, nthreads: int = 2, lat
     base = rows[0]["calls_per_second"] if rows and rows[0]["calls_per_second"] else None
     for row in rows:
         row["scaling_ratio"] = row["calls_per_second"] / base if base and row["calls_per_second"] else None
-    return {"latency_seconds": latency, "sessions": sessions, "rows": rows}
+    return {"latency_seconds": latency, "sessions": sessions, "model_limit": model_limit, "rows": rows}
 
 
 def print_scaling(out: dict[str, Any]) -> None:
-    print(f"\nScaling out: om run --dask-address, {out['sessions']} sessions, model latency "
-          f"{out['latency_seconds']:.1f} s")
+    print(f"\nScaling out: om run --dask-address --no-drain, {out['sessions']} sessions, model latency "
+          f"{out['latency_seconds']:.1f} s, model-call limit {out['model_limit']}")
     print(f"  {'workers':>7}  {'calls':>5}  {'calls/s':>7}  {'ideal':>5}  {'ratio':>5}  {'om run s':>8}")
     for r in out["rows"]:
         rate = "n/a" if r["calls_per_second"] is None else f"{r['calls_per_second']:.2f}"
@@ -175,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="threads per worker process")
     parser.add_argument("--latency", type=float, default=LATENCY)
+    parser.add_argument("--model-limit", choices=["prefect", "process"], default="prefect",
+                        help="the model-call limit: Prefect's global one on the server (om run's default on a "
+                             "cluster), or a semaphore per process")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    out = measure(args.workers, args.sessions, args.threads, args.latency, log)
+    out = measure(args.workers, args.sessions, args.threads, args.latency, log, model_limit=args.model_limit)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
