@@ -799,14 +799,16 @@ def run(
         raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
     if dask_address:
         runner = "dask"  # an address names a Dask cluster: no other runner can use it
-    ws = workspace()
-    settings = ws.settings
-    if dask_address:  # before any work: workers elsewhere need a server they reach and shared results
+    if dask_address:  # before any work (no database opened): workers elsewhere need a server and shared results
         import os
 
         from flows.preflight import check_cluster_run
+        from om_core.settings import load_settings
 
-        check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"), getattr(settings, "resultStorage", None))
+        check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"),
+                          load_settings(state.config).settings.resultStorage)
+    ws = workspace()
+    settings = ws.settings
     from om_core.workers.stages import ModelConfig
 
     config = ModelConfig.from_settings(settings, model, api_base)

@@ -29,10 +29,7 @@ pytestmark = pytest.mark.cluster
 SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
                 "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
                 "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20"}
-# The one-writer design (workers get payloads and return rows; stage results in shared Prefect result
-# storage) is the lead's part of issue 11; until it is on this branch, workers open database files.
-ONE_WRITER = pytest.mark.xfail(strict=False, reason="needs issue 11's one-writer design (workers return rows; "
-                               "shared result storage): on main each worker opens its own DuckDB file")
+
 
 
 def make_sessions(folder: Path, count: int = 8) -> Path:
@@ -86,7 +83,7 @@ def threads_ledger(tmp_path_factory, prefect_server) -> dict:
     db = root / "om.duckdb"
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         env = run_env(prefect_server.api_url, server, root / "results", root)
-        result = om_run(["--db", str(db), "run", str(sessions), "--json", "--concurrency", "4"], env, root)
+        result = om_run(["--db", str(db), "run", str(sessions), "--json", "--concurrency", "4", "--no-drain"], env, root)
     assert result.returncode == 0, result.stderr[-3000:]
     ledger = ledger_snapshot(db)
     assert ledger["records"] and ledger["compactions"]
@@ -155,22 +152,20 @@ def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(dask_cluster
 # ---------------------------------------------------------------- om run on the cluster
 
 
-@ONE_WRITER
 def test_a_cluster_run_gives_the_ledger_of_a_threads_run(dask_cluster, prefect_server, client_side, tmp_path,
                                                          threads_ledger):
     cluster = dask_cluster(hidden=[client_side["client"]])
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
         db = client_side["client"] / "om.duckdb"
-        result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--task-runner", "dask",
-                         "--dask-address", cluster.address], env, client_side["client"])
+        result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--no-drain",
+                         "--task-runner", "dask", "--dask-address", cluster.address], env, client_side["client"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert ledger_snapshot(db) == threads_ledger
     assert_no_duplicate_record(db)
     assert_workers_wrote_nothing_hidden(cluster, client_side["client"])
 
 
-@ONE_WRITER
 def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, client_side, tmp_path, threads_ledger):
     cluster = dask_cluster(hidden=[client_side["client"]])
     script = ScriptedWorkers(delay=0.05)
@@ -185,8 +180,8 @@ def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, clie
     with FakeOpenAI(responder=responder) as server:
         env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
         db = client_side["client"] / "om.duckdb"
-        result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--task-runner", "dask",
-                         "--dask-address", cluster.address], env, client_side["client"])
+        result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--no-drain",
+                         "--task-runner", "dask", "--dask-address", cluster.address], env, client_side["client"])
     assert lost.is_set(), "the run ended before a worker was lost"
     assert cluster.workers[0].process.returncode == -signal.SIGKILL
     assert result.returncode == 0, result.stderr[-3000:]

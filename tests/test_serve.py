@@ -58,7 +58,8 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
     work, live, home = tmp_path / "work", tmp_path / "live", tmp_path / "home"
     for d in (work, live, home):
         d.mkdir()
-    (work / "om.toml").write_text("observeAfterTokens = 300\n")  # the default (10,000) would run no stage
+    # the default (10,000) would run no stage; the builder's assistant usage never grows: clocks on source
+    (work / "om.toml").write_text('observeAfterTokens = 300\nclockBasis = "source"\n')
     session = SessionBuilder(SESSION)
     session.work_turns(1, "alpha")  # about 200 tokens: below the threshold
     path = session.write(live / "s.jsonl")
@@ -134,7 +135,8 @@ def test_a_deployment_run_honours_a_setting_from_every_source(tmp_path, prefect_
         b.work_turns(6 + n, f"topic{n}")
         b.write(archive / f"s{n}.jsonl")
     project, home = tmp_path / "project", tmp_path / "home"
-    _pi_settings(home / ".pi" / "agent" / "settings.json", {"keepRecentTokens": 200, "reflectAfterTokens": 9999})
+    _pi_settings(home / ".pi" / "agent" / "settings.json", {"keepRecentTokens": 200, "reflectAfterTokens": 9999,
+                                                               "clockBasis": "source"})
     _pi_settings(project / ".pi" / "settings.json", {"reflectAfterTokens": 300})  # the project's file wins
     (tmp_path / "chosen.toml").write_text("observeAfterTokens = 150\nobserverChunkMaxTokens = 400\n")
     (project / "om.toml").write_text("observeAfterTokens = 5000\n")  # --config wins over ./om.toml
@@ -152,6 +154,7 @@ def test_a_deployment_run_honours_a_setting_from_every_source(tmp_path, prefect_
     carried = deployment["parameters"]["settings"]
     assert (carried["observeAfterTokens"], carried["observerChunkMaxTokens"]) == (150, 400)  # --config
     assert carried["reflectAfterTokens"] == 300 and carried["keepRecentTokens"] == 200  # Pi's files
+    assert carried["clockBasis"] == "source"
     assert carried["compactAfterTokens"] == 700  # OM_*
     assert carried["observationsPoolMaxTokens"] == 20_000  # a default
     assert deployment["entrypoint"] == "flows.pipeline.process_sessions"
@@ -169,7 +172,7 @@ def test_a_deployment_run_honours_a_setting_from_every_source(tmp_path, prefect_
     direct_db = tmp_path / "direct.duckdb"
     direct_env = cluster_env(api, HOME=str(empty_home), OM_OBSERVE_AFTER_TOKENS="150",
                              OM_OBSERVER_CHUNK_MAX_TOKENS="400", OM_REFLECT_AFTER_TOKENS="300",
-                             OM_KEEP_RECENT_TOKENS="200", OM_COMPACT_AFTER_TOKENS="700")
+                             OM_KEEP_RECENT_TOKENS="200", OM_COMPACT_AFTER_TOKENS="700", OM_CLOCK_BASIS="source")
     direct = run("-m", "om_core.cli", "--db", str(direct_db), "run", str(archive), "--json", cwd=elsewhere,
                  env=direct_env)
     assert direct.returncode == 0, direct.stderr[-3000:]
