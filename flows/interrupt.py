@@ -103,19 +103,7 @@ def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
     return Interruption(signum, run_id, **numbers)
 
 
-def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
-                      on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
-    from om_core.sqlfiles import query
-
-    got: dict[str, int] = {}
-
-    def handler(signum, frame) -> None:  # noqa: ANN001 - the signal module's signature
-        if "signum" in got:  # a second signal while stopping: stop now
-            os._exit(EXIT_CODES.get(signum, 128 + signum))
-        got["signum"] = signum
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+def _in_a_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -126,13 +114,42 @@ def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
 
     thread = threading.Thread(target=target, name="om-flow", daemon=True)
     thread.start()
-    recorded: set[int] = set()
-    ticks = 0
-    try:
+    return thread, outcome
+
+
+class _Signals:
+    """SIGINT and SIGTERM noted for the main thread's loop; a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def handler(self, signum, frame) -> None:  # noqa: ANN001 - the signal module's signature
+        if self.signum is not None:
+            os._exit(EXIT_CODES.get(signum, 128 + signum))
+        self.signum = signum
+
+    def __enter__(self) -> _Signals:
+        self.previous = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+
+
+def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
+                      on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
+    from om_core.sqlfiles import query
+
+    with _Signals() as got:
+        thread, outcome = _in_a_thread(work)
+        recorded: set[int] = set()
+        ticks = 0
         while thread.is_alive():
             thread.join(0.25)
-            if "signum" in got:
-                raise RunInterrupted(_interrupt(ws, run_id, got["signum"]))
+            if got.signum is not None:
+                raise RunInterrupted(_interrupt(ws, run_id, got.signum))
             if on_tick is not None:
                 on_tick()
             ticks += 1
@@ -145,9 +162,26 @@ def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
                         recorded = pids
                     except Exception:  # busy: next time
                         pass
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def serve_until_signal(work: Callable[[], Any], cleanup: Callable[[], None]) -> int:
+    """`om serve`: serve in a thread until SIGINT/SIGTERM (or until serving ends); then ``cleanup``
+    (the local Prefect server it started), end every process it started (flow runs in progress
+    included: their database work is one transaction, so nothing is half-written) and return the
+    exit code (130 or 143; 0 when serving ended by itself)."""
+    with _Signals() as got:
+        thread, outcome = _in_a_thread(work)
+        while thread.is_alive() and got.signum is None:
+            thread.join(0.25)
+        if got.signum is None:
+            cleanup()
+            if "error" in outcome:
+                raise outcome["error"]
+            return 0
+        logging.disable(logging.CRITICAL)  # Prefect's shutdown of the abandoned runner is not news
+        end_processes(child_pids())
+        cleanup()
+        return EXIT_CODES.get(got.signum, 128 + got.signum)

@@ -1053,12 +1053,18 @@ def serve(
 
     what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
     err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
-    try:
-        serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, model=model_dict,
-                      settings=settings_dict, every_seconds=every)
-    finally:
-        if server is not None:
-            server.stop()
+    from flows.interrupt import serve_until_signal
+
+    code = serve_until_signal(
+        lambda: serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, model=model_dict,
+                              settings=settings_dict, every_seconds=every),
+        cleanup=lambda: server.stop() if server is not None else None)
+    if code:
+        err.print(f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in progress was ended "
+                  "and its next tick redoes it", highlight=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # not Prefect's own shutdown, which pauses schedules and waits for runs
 
 
 @app.command("config", epilog=_examples('om config', 'om --config team.toml config --json'))

@@ -100,8 +100,11 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
         assert ("observer", "recorded") in stages
         assert _query(db, "SELECT count(*) FROM observations WHERE session_id = ?", [SESSION])[0][0] > 0
         # stopping om serve (Ctrl-C) stops the server it started
+        stopping = time.monotonic()
         serve.send_signal(signal.SIGINT)
         serve.wait(60)
+        assert serve.returncode == 130 and time.monotonic() - stopping < 15, log.read_text()[-2000:]
+        assert "Traceback" not in log.read_text()
         deadline = time.monotonic() + 20
         while api_healthy(api, timeout=0.5) and time.monotonic() < deadline:
             time.sleep(0.5)
