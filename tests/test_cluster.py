@@ -172,7 +172,7 @@ def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, clie
     lost = threading.Event()
 
     def responder(body):
-        if len(script.answered) == 12 and not lost.is_set():
+        if len(script.answered) >= 4 and not lost.is_set():  # a few stages in: more are in flight
             lost.set()
             cluster.workers[0].kill()  # kill -9 of a worker while stages are in flight
         return script(body)
