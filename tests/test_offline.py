@@ -44,7 +44,8 @@ def state(db, sid: str):
         covered = coverage(con, sid, tip)
         branch = {r[0]: r[1] for r in con.execute("SELECT entry_id, is_source FROM branch_detail(?, ?)",
                                                   [sid, tip]).fetchall()}
-        clock = clocks(con, sid, tip)["observer"]
+        # coverage, not the usage clock: the source tokens after the observation watermark (SPEC §7)
+        clock = clocks(con, sid, tip, Settings(clockBasis="source"))["observer"]
         return tip, memory, covered, branch, clock
 
 
