@@ -962,8 +962,9 @@ def _run_failures(summary) -> list[dict]:
 
 
 def _print_failures(summary, failures) -> None:
-    """Under the closing table: the failed stages, then the run's errors, one line each."""
-    if failures:
+    """Under the closing table: the failed stages, then the run's errors, one line each. A run the
+    circuit breaker stopped gets its one line only: every failure then has that one cause."""
+    if failures and not summary.get("stopped"):
         table = Table("stage", "session", "error", "count", title="failed stages")
         for f in failures:
             table.add_row(f["stage"], f["session_id"], escape(f["error"]), str(f["count"]))

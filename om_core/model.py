@@ -302,9 +302,14 @@ class LiteLLMModel:
         if self._litellm is None:
             self._litellm = _import_litellm()
         attempt = 0
-        # serialised now: the tool loop goes on appending to ``messages`` after this call
-        request = json.dumps({"model": self.name, "messages": messages, "tools": tools}, ensure_ascii=False,
-                             default=str) if self.keep_texts else None
+        # serialised now (the tool loop goes on appending to ``messages``), and as sent: the text
+        # parts flattened or kept with their cache marks, as this provider gets them
+        request = None
+        if self.keep_texts:
+            if self._explicit_cache is None:
+                self._explicit_cache = takes_cache_breakpoints(self.name, self.api_base)
+            request = json.dumps({"model": self.name, "messages": prepare_messages(messages, self._explicit_cache),
+                                  "tools": tools}, ensure_ascii=False, default=str)
         while True:
             attempt += 1
             if self.breaker is not None:

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.cluster
 
 SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
                 "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
-                "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20"}
+                "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20",
+                "OM_CLOCK_BASIS": "source"}  # the builder's assistant usage never grows (SPEC §7 clocks would not move)
 
 
 
