@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class Interruption:
     sessions: int  # committed by this run
     observations: int
     compactions: int
+    stderr: int = 2  # where the one line goes (the real stderr, kept aside while the rest is silenced)
 
     @property
     def exit_code(self) -> int:
@@ -49,6 +51,23 @@ class RunInterrupted(Exception):
     def __init__(self, interruption: Interruption) -> None:
         super().__init__(interruption.line)
         self.interruption = interruption
+
+
+def silence_stderr() -> int:
+    """From now on what the abandoned threads print (Prefect's websockets closing as its server ends)
+    goes nowhere; returns a descriptor of the real stderr for the one line that is ours."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    return saved
+
+
+def say_and_exit(fd: int, line: str, code: int) -> None:
+    sys.stdout.flush()
+    os.write(fd, (line + "\n").encode())
+    os._exit(code)
 
 
 def child_pids() -> list[int]:
@@ -88,6 +107,7 @@ def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
     from om_core.sqlfiles import query
 
     logging.disable(logging.CRITICAL)  # the abandoned flow's errors and Prefect's shutdown are not news
+    stderr = silence_stderr()
     run_breaker(run_id).trip(ModelError("the run was interrupted", "permanent"))
     COMMIT_LOCK.acquire(timeout=30)  # held until exit: no commit starts, none is cut in half
     numbers = {"sessions": 0, "observations": 0, "compactions": 0}
@@ -100,7 +120,7 @@ def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
     except Exception:  # the database is busy or gone: the next run's start marks the row
         pass
     end_processes(child_pids())
-    return Interruption(signum, run_id, **numbers)
+    return Interruption(signum, run_id, stderr=stderr, **numbers)
 
 
 def _in_a_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -167,11 +187,12 @@ def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
     return outcome["value"]
 
 
-def serve_until_signal(work: Callable[[], Any], cleanup: Callable[[], None]) -> int:
+def serve_until_signal(work: Callable[[], Any], cleanup: Callable[[], None],
+                       farewell: Callable[[int], str]) -> None:
     """`om serve`: serve in a thread until SIGINT/SIGTERM (or until serving ends); then ``cleanup``
     (the local Prefect server it started), end every process it started (flow runs in progress
-    included: their database work is one transaction, so nothing is half-written) and return the
-    exit code (130 or 143; 0 when serving ended by itself)."""
+    included: their database work is one transaction, so nothing is half-written), print
+    ``farewell(code)`` and exit with 130 or 143."""
     with _Signals() as got:
         thread, outcome = _in_a_thread(work)
         while thread.is_alive() and got.signum is None:
@@ -180,8 +201,10 @@ def serve_until_signal(work: Callable[[], Any], cleanup: Callable[[], None]) -> 
             cleanup()
             if "error" in outcome:
                 raise outcome["error"]
-            return 0
+            return
         logging.disable(logging.CRITICAL)  # Prefect's shutdown of the abandoned runner is not news
+        stderr = silence_stderr()
         end_processes(child_pids())
         cleanup()
-        return EXIT_CODES.get(got.signum, 128 + got.signum)
+        code = EXIT_CODES.get(got.signum, 128 + got.signum)
+        say_and_exit(stderr, farewell(code), code)

@@ -912,8 +912,6 @@ def _print_cost(cost: dict) -> None:
 
 def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet,
                       verbose):
-    import os
-
     from flows.runner import prepare_environment
 
     prepare_environment(verbose)  # before Prefect is imported
@@ -943,11 +941,10 @@ def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, d
             return run_interruptibly(ws, run_id, work)
         with Live(board(), console=err, refresh_per_second=4, transient=True) as live:
             return run_interruptibly(ws, run_id, work, on_tick=lambda: live.update(board()))
-    except RunInterrupted as exc:
-        err.print(escape(exc.interruption.line), highlight=False)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exc.interruption.exit_code)  # not Prefect's shutdown: the flow's thread is abandoned
+    except RunInterrupted as exc:  # not Prefect's shutdown: the flow's thread is abandoned
+        from flows.interrupt import say_and_exit
+
+        say_and_exit(exc.interruption.stderr, exc.interruption.line, exc.interruption.exit_code)
 
 
 def _run_failures(summary) -> list[dict]:
@@ -1056,16 +1053,13 @@ def serve(
     err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
     from flows.interrupt import serve_until_signal
 
-    code = serve_until_signal(
+    # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
+    serve_until_signal(
         lambda: serve_locally(db_path=str(state.db.resolve()), archive=archive, live=live, model=model_dict,
                               settings=settings_dict, every_seconds=every),
-        cleanup=lambda: server.stop() if server is not None else None)
-    if code:
-        err.print(f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in progress was ended "
-                  "and its next tick redoes it", highlight=False)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # not Prefect's own shutdown, which pauses schedules and waits for runs
+        cleanup=lambda: server.stop() if server is not None else None,
+        farewell=lambda code: (f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in "
+                               "progress was ended and its next tick redoes it"))
 
 
 @app.command("config", epilog=_examples('om config', 'om --config team.toml config --json'))
