@@ -49,13 +49,14 @@ def run(cli_args: list[str]) -> str:
     return result.stdout
 
 
-def replayed_db(tmp_path, path):
+def replayed_db(tmp_path, path, settings=SETTINGS):
+    """The file ingested and replayed in this process with the offline baseline."""
     db_path = tmp_path / "om.duckdb"
     session_id = ingest(db_path, [path]).files[0].session_id
     con = dbmod.connect(db_path)
     try:
-        brain = make_brain(ModelConfig(model="offline"), SETTINGS)
-        replay_in_process(Workspace.on_connection(con, SETTINGS), session_id, brain)
+        replay_in_process(Workspace.on_connection(con, settings), session_id,
+                          make_brain(ModelConfig(model="offline"), settings))
     finally:
         con.close()
     return db_path, session_id
@@ -387,14 +388,7 @@ def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before
 
 def test_export_compact_appends_a_compaction_pi_reads_and_it_is_the_visible_memory(tmp_path):
     b, path = finished_sample(tmp_path)
-    db_path = tmp_path / "om.duckdb"
-    session_id = ingest(db_path, [path]).files[0].session_id
-    con = dbmod.connect(db_path)
-    try:
-        brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
-        replay_in_process(Workspace.on_connection(con, DRAIN_SETTINGS), session_id, brain)
-    finally:
-        con.close()
+    db_path, session_id = replayed_db(tmp_path, path, DRAIN_SETTINGS)
     out = tmp_path / "compacted.jsonl"
     env = {"OM_KEEP_RECENT_TOKENS": "400"}
     result = CliRunner().invoke(app, ["--db", str(db_path), "export", session_id, "--out", str(out), "--compact",
