@@ -7,10 +7,19 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_SESSIONS = (REPO.parent / "shared" / "sessions").resolve()
 EXAMPLES = REPO / "examples" / "sessions"
+
+# Property tests: about 50 examples a test for the inner loop, 300 in CI (.ci/run sets CI=true).
+# HYPOTHESIS_PROFILE=ci (or dev) picks one explicitly; a test's own @settings still narrows it.
+settings.register_profile("dev", max_examples=50, deadline=None, database=None,
+                          suppress_health_check=list(HealthCheck))
+settings.register_profile("ci", settings.get_profile("dev"), max_examples=300)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 # Nothing in the tests may reach the network or a real model.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from om_core import db as dbmod
@@ -35,7 +35,6 @@ from om_core.ledger import (
 from om_core.recall import recall_in_session
 from oracle import DROP, OBS, REFL, OCompaction, OEntry, ORecord, World, valid_folded, valid_record
 
-EXAMPLES = int(os.environ.get("OM_PROPERTY_EXAMPLES", "300"))
 # Shrinking a failure here can take many minutes; set OM_PROPERTY_SHRINK=1 when debugging one.
 PHASES = [p for p in Phase if p is not Phase.shrink or os.environ.get("OM_PROPERTY_SHRINK")]
 CONTENTS = ["user wants duckdb", "tests run offline", "fold view added", "ci is green", "retry on 429",
@@ -310,8 +309,8 @@ def prop_db(tmp_path_factory):
     con.close()
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
-          phases=PHASES)
+# Example count from the profile in conftest.py (50 by default, 300 in CI).
+@settings(phases=PHASES)
 @given(sc=scenario())
 def test_sql_matches_oracle(prop_db, sc):
     con, tmp = prop_db

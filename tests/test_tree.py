@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from om_core.tree import Forest, TreeNote, build_forest
@@ -191,7 +191,6 @@ def test_intervals_of_a_small_tree():
                    "d": (1, 3, 4, False), "e": (2, 4, 4, True), "x": (0, 5, 5, True)}
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=-1, max_value=40), min_size=1, max_size=40))
 def test_intervals_answer_every_branch_question_like_the_paths(parents):
     """X is on the branch ending at T exactly when X.pre <= T.pre <= X.last, at position X.depth:
