@@ -598,9 +598,8 @@ def report(
     """A static HTML report that opens offline: memory over each session's timeline, compaction
     points with their gap class, token and cost totals."""
     from om_core.report import build_report
-    from om_core.settings import load_settings
 
-    page = build_report(state.db, sessions or None, out_dir, settings=load_settings(state.config).settings)
+    page = build_report(workspace(), sessions or None, out_dir)
     out.print(f"wrote {escape(str(page))}", highlight=False)
 
 

@@ -86,7 +86,7 @@ def built(tmp_path_factory) -> tuple[Path, Path, str]:
     finally:
         con.close()
     add_model_calls(path)
-    index = build_report(path, None, root / "out", settings=SETTINGS)
+    index = build_report(Workspace.open(path, settings=SETTINGS), None, root / "out")
     return path, index, index.read_text(encoding="utf-8")
 
 
@@ -200,13 +200,13 @@ def test_overview_totals(built):
 
 def test_report_for_chosen_sessions_and_errors(built, tmp_path):
     path, _, _ = built
-    html = build_report(path, [QUIET[:8]], tmp_path / "one").read_text(encoding="utf-8")
+    html = build_report(Workspace.open(path, settings=Settings()), [QUIET[:8]], tmp_path / "one").read_text(encoding="utf-8")
     assert set(sections(ET.fromstring(html.split("\n", 1)[1]))) == {QUIET}
     with pytest.raises(SessionNotFound):
-        build_report(path, ["no-such-session"], tmp_path / "none")
+        build_report(Workspace.open(path, settings=Settings()), ["no-such-session"], tmp_path / "none")
     empty_db = tmp_path / "empty.duckdb"
     dbmod.connect(empty_db).close()
-    html = build_report(empty_db, None, tmp_path / "empty").read_text(encoding="utf-8")
+    html = build_report(Workspace.open(empty_db, settings=Settings()), None, tmp_path / "empty").read_text(encoding="utf-8")
     ET.fromstring(html.split("\n", 1)[1])
     assert "No sessions in this database" in html
 
