@@ -175,7 +175,7 @@ def _model_calls(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
 
 def _gap_leaf(con: duckdb.DuckDBPyConnection, report: SessionReport) -> str | None:
     """The leaf by which the gap report names the tip's branch."""
-    rows = _rows(con, "report_gap_leaf", {"session_id": report.sid, "tip": report.tip})
+    rows = _rows(con, "leaf_of", {"session_id": report.sid, "entry_id": report.tip})
     return rows[0]["leaf_id"] if rows else None
 
 

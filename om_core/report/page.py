@@ -370,10 +370,9 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
     return "".join(parts)
 
 
-def render_page(reports: list[SessionReport], settings: Settings, database: str | Path,
-                generated: datetime | None = None) -> str:
-    """The whole page; ``database`` names the database in the heading, ``generated`` defaults to now."""
-    stamp = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+def render_page(reports: list[SessionReport], settings: Settings, database: str | Path) -> str:
+    """The whole page; ``database`` names the database in the heading."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = ["<h1>Observational memory report</h1>",
             f'<p class="meta">Database <code>{esc(Path(database))}</code> · generated {esc(stamp)} · '
             f'{len(reports)} session{"s" if len(reports) != 1 else ""}</p>']

@@ -41,10 +41,3 @@ SELECT (SELECT count(*) FILTER (WHERE item_kind = 'observation') FROM visible_pr
            AS replayed_observations,
        (SELECT count(*) FILTER (WHERE item_kind = 'reflection') FROM replayed_projection($session_id, $tip))
            AS replayed_reflections;
-
--- name: report_gap_leaf
--- The leaf by which compaction_gaps names the tip's branch: the smallest leaf id below the tip.
-SELECT min(l.entry_id) AS leaf_id
-FROM entry_tree n
-JOIN entry_tree l ON l.session_id = n.session_id AND l.is_leaf AND n.pre <= l.pre AND l.pre <= n.last
-WHERE n.session_id = $session_id AND n.entry_id = $tip;

@@ -109,7 +109,7 @@ WHERE b.position BETWEEN $from_pos AND $to_pos AND e.is_source;
 
 -- name: leaf_of
 -- A leaf below an entry (the smallest id) and the entry's position.
-SELECT min(l.entry_id), min(n.depth)
+SELECT min(l.entry_id) AS leaf_id, min(n.depth) AS position
 FROM entry_tree n
 JOIN entry_tree l ON l.session_id = n.session_id AND l.is_leaf AND n.pre <= l.pre AND l.pre <= n.last
 WHERE n.session_id = $session_id AND n.entry_id = $entry_id;
