@@ -272,3 +272,13 @@ def test_om_report_honours_settings_from_every_source(built, tmp_path, isolated_
     html = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
     assert f"Pool budget {budget:,} tokens" in html, source
     assert f"target {budget // 2:,}" in html
+
+
+def test_stylesheet_is_a_package_file(built):
+    """The CSS ships as om_core/report/report.css (the wheel takes every file of the package) and is
+    inlined whole."""
+    from importlib import resources
+
+    css = resources.files("om_core.report").joinpath("report.css")
+    assert css.is_file()
+    assert f"<style>\n{css.read_text(encoding='utf-8')}</style>" in built[2]
