@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 
 from om_core.errors import DatabaseBusy, DatabaseMissing, NotADatabase, storage_error
+from om_core.migrations import DATA_STEPS
 from om_core.sqlfiles import migrations, query, view_scripts, views_fingerprint
 
 DEFAULT_DB = "om.duckdb"
@@ -56,41 +57,6 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
             delay = min(delay * 2, 0.05)  # poll often: a long run releases the file only briefly
 
 
-def _derive_entry_tree(con: duckdb.DuckDBPyConnection) -> None:
-    from om_core.ingest import rebuild_trees  # derived rows need the tree code; imported only here
-
-    rebuild_trees(con)
-
-
-def _pi16_user_image_tokens(con: duckdb.DuckDBPyConnection) -> None:
-    """Migration 007: user images count 1200 tokens each in Pi 1.6's estimate (tokens_pi)."""
-    import json
-
-    from om_core.session import loads_line
-    from om_core.tokens import estimate_message_tokens
-
-    changed: set[str] = set()
-    for session_id, entry_id, raw, old in con.execute(query("user_messages_with_images")).fetchall():
-        try:
-            message = loads_line(raw).get("message")
-        except (ValueError, AttributeError):
-            continue
-        if not isinstance(message, dict):
-            continue
-        tokens = estimate_message_tokens(message)
-        if tokens != old:
-            con.execute(query("set_entry_tokens_pi"), {"tokens_pi": tokens, "session_id": session_id,
-                                                       "entry_id": entry_id})
-            changed.add(session_id)
-    for session_id in sorted(changed):
-        con.execute(query("resum_session_tokens_pi"), {"session_id": session_id})
-
-
-# Migrations whose new tables hold rows derived from stored data: the rows are derived in the
-# migration's own transaction, so the migration is recorded only together with them.
-_DERIVE_AFTER = {4: _derive_entry_tree, 7: _pi16_user_image_tokens}
-
-
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
     """Apply every pending migration, each in its own transaction with its record."""
     con.execute(query("create_schema_migrations"))
@@ -103,8 +69,10 @@ def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute(script)
-            if version in _DERIVE_AFTER:
-                _DERIVE_AFTER[version](con)
+            if version in DATA_STEPS:
+                # rows derived from stored data, in the migration's transaction: the migration is
+                # recorded only together with them
+                DATA_STEPS[version](con)
             con.execute(query("record_migration"), {"version": version, "name": name})
             con.execute("COMMIT")
         except Exception:

@@ -755,19 +755,19 @@ def _long_session() -> SessionBuilder:
 def tiny_chunks(monkeypatch):
     """Batches of 5 entries, an INSERT and a COMMIT after every batch; returns the commits made
     inside files, as they grow."""
-    import om_core.ingest as ingest_mod
+    from om_core.ingest import reader as reader_mod, writer as writer_mod
 
-    monkeypatch.setattr(ingest_mod, "BATCH_ENTRIES", 5)
-    monkeypatch.setattr(ingest_mod, "INSERT_BYTES", 1)
-    monkeypatch.setattr(ingest_mod, "COMMIT_BYTES", 1)
+    monkeypatch.setattr(reader_mod, "BATCH_ENTRIES", 5)
+    monkeypatch.setattr(writer_mod, "INSERT_BYTES", 1)
+    monkeypatch.setattr(writer_mod, "COMMIT_BYTES", 1)
     commits: list[int] = []
-    flush = ingest_mod._BatchWriter.flush
+    flush = writer_mod.BatchWriter.flush
 
     def counting_flush(self):
         flush(self)
         commits.append(self.commits)
 
-    monkeypatch.setattr(ingest_mod._BatchWriter, "flush", counting_flush)
+    monkeypatch.setattr(writer_mod.BatchWriter, "flush", counting_flush)
     return commits
 
 
@@ -960,16 +960,16 @@ def test_a_file_failing_with_batches_still_queued_does_not_stall_the_read_ahead(
     import threading
     import time
 
-    import om_core.ingest as ingest_mod
+    from om_core.ingest import file_ingest, read_ahead
 
-    monkeypatch.setattr(ingest_mod, "READ_AHEAD_BYTES", 1)
+    monkeypatch.setattr(read_ahead, "READ_AHEAD_BYTES", 1)
     paths = []
     for n in range(3):
         b = SessionBuilder(f"0a0b0c0d-1111-2222-3333-44444444444{n}")
         for i in range(20):
             (b.user if i % 2 == 0 else b.assistant)(f"line {i} of file {n}")
         paths.append(b.write(tmp_path / f"s{n}.jsonl"))
-    claim = ingest_mod._FileIngest._claim_session
+    claim = file_ingest.FileIngest._claim_session
 
     def failing_claim(self, session_id):
         if self.path.name == "s0.jsonl":
@@ -979,7 +979,7 @@ def test_a_file_failing_with_batches_still_queued_does_not_stall_the_read_ahead(
             raise ValueError("this file cannot be stored")
         return claim(self, session_id)
 
-    monkeypatch.setattr(ingest_mod._FileIngest, "_claim_session", failing_claim)
+    monkeypatch.setattr(file_ingest.FileIngest, "_claim_session", failing_claim)
     result: dict = {}
     worker = threading.Thread(target=lambda: result.update(report=ingest(db_path, paths)), daemon=True)
     worker.start()
@@ -1214,12 +1214,12 @@ def test_nesting_deeper_than_the_limit_is_quarantined_in_one_line(tmp_path, db_p
 
 
 def test_an_ingest_error_is_one_line(tmp_path, db_path, monkeypatch):
-    import om_core.ingest as ingestmod
+    from om_core.ingest import plan as planmod
 
     def broken(*args, **kwargs):
         raise ValueError("first line\n  second line\n    third line")
 
-    monkeypatch.setattr(ingestmod, "_plan", broken)
+    monkeypatch.setattr(planmod, "plan_file", broken)
     b = SessionBuilder(SID)
     b.user("hello")
     report = ingest(db_path, [b.write(tmp_path / "s.jsonl")])

@@ -43,3 +43,17 @@ WHERE run_id = $run_id AND status = 'running';
 
 -- name: finish_run
 UPDATE runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;
+
+-- Migration 004's data step (om_core/migrations.py), frozen: the schema as it was at 004.
+
+-- name: m004_sessions_without_tree
+SELECT session_id FROM sessions WHERE session_id NOT IN (SELECT session_id FROM entry_tree) ORDER BY session_id;
+
+-- name: m004_session_entries
+SELECT entry_id, parent_id, line_no FROM entries WHERE session_id = $session_id ORDER BY line_no;
+
+-- name: m004_insert_entry_tree
+-- One row per entry from parallel lists (unnest in one SELECT zips them).
+INSERT INTO entry_tree (session_id, entry_id, depth, pre, last, is_leaf)
+SELECT $session_id, unnest($entry_id::VARCHAR[]), unnest($depth::INTEGER[]), unnest($pre::INTEGER[]),
+       unnest($last::INTEGER[]), unnest($is_leaf::BOOLEAN[]);

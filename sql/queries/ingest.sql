@@ -41,6 +41,8 @@ DELETE FROM quarantine WHERE file_path = $file_path AND reason = 'truncated_last
 
 -- name: insert_entries
 INSERT INTO entries
+    (session_id, entry_id, parent_id, line_no, entry_index, entry_type, role, ts, is_source, tokens_pi,
+     tokens, first_kept_entry_id, custom_type, raw, run_id)
 SELECT $session_id, entry_id, parent_id, line_no, entry_index, NULLIF(entry_type, ''), role,
        TRY_CAST(ts AS TIMESTAMPTZ), is_source, tokens_pi, tokens, first_kept_entry_id, custom_type,
        raw, $run_id
@@ -83,11 +85,9 @@ WHERE session_id = $session_id
 -- name: tree_rows
 SELECT entry_id, parent_id, line_no FROM entries WHERE session_id = $session_id ORDER BY line_no;
 
--- name: sessions_without_tree
-SELECT session_id FROM sessions WHERE session_id NOT IN (SELECT session_id FROM entry_tree) ORDER BY 1;
-
 -- name: insert_entry_tree
-INSERT INTO entry_tree SELECT $session_id, entry_id, depth, pre, last, is_leaf FROM tree_batch;
+INSERT INTO entry_tree (session_id, entry_id, depth, pre, last, is_leaf)
+SELECT $session_id, entry_id, depth, pre, last, is_leaf FROM tree_batch;
 
 -- name: upsert_session
 INSERT OR REPLACE INTO sessions

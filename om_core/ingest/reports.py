@@ -1,0 +1,65 @@
+"""What an ingest tells its caller: one ``FileReport`` per file, and the ``IngestReport`` of the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class FileReport(BaseModel):
+    path: str
+    session_id: str | None = None
+    status: str  # new | appended | rewritten | unchanged | no_header | duplicate_session | error
+    entries_added: int = 0
+    lines_quarantined: int = 0
+    bytes_read: int = 0
+    ledger: dict[str, int] = Field(default_factory=dict)  # imported records, folded compactions, ignored
+    notes: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class IngestReport(BaseModel):
+    run_id: str
+    files: list[FileReport] = Field(default_factory=list)
+    missing_paths: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def entries_added(self) -> int:
+        return sum(f.entries_added for f in self.files)
+
+    @property
+    def lines_quarantined(self) -> int:
+        return sum(f.lines_quarantined for f in self.files)
+
+    def ledger_counts(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for f in self.files:
+            for key, value in f.ledger.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.files:
+            out[f.status] = out.get(f.status, 0) + 1
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "files": len(self.files),
+            "by_status": self.counts(),
+            "entries_added": self.entries_added,
+            "lines_quarantined": self.lines_quarantined,
+            "ledger": self.ledger_counts(),
+            "bytes_read": sum(f.bytes_read for f in self.files),
+            "missing_paths": self.missing_paths,
+            "errors": [{"path": f.path, "error": f.error} for f in self.files if f.error],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def no_header_error(lines: int) -> str:
+    return f"not a Pi session file: no valid session header in {lines} line(s) (all kept in quarantine)"

@@ -1,0 +1,103 @@
+"""``ingest()``: many files in one run, the reader thread parsing ahead of the writer.
+
+A reader thread (``read_ahead``) plans the files and parses them into batches, up to
+``READ_AHEAD_BYTES`` ahead, their token counts already started. The calling thread does all the
+database work: it inserts batches as their counts come in, commits every ``COMMIT_BYTES`` and
+finishes each session (``file_ingest``), while the reader and the tokenizer threads are already on
+the next files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+
+from om_core import db as dbmod
+from om_core.errors import OmError, StorageError, storage_error
+from om_core.ingest.connection import WriteConnection
+from om_core.ingest.file_ingest import FileIngest
+from om_core.ingest.files import discover
+from om_core.ingest.read_ahead import ReadAhead
+from om_core.ingest.reader import ProgressFn
+from om_core.ingest.reports import FileReport, IngestReport
+from om_core.runs import finish_run, start_run
+from om_core.tokens import DEFAULT_ENCODING
+
+
+def ingest(
+    db: str | os.PathLike | duckdb.DuckDBPyConnection,
+    paths: Iterable[str | os.PathLike],
+    *,
+    progress: ProgressFn | None = None,
+    encoding: str = DEFAULT_ENCODING,
+    threads: int = 2,
+    command: str = "ingest",
+) -> IngestReport:
+    """Ingest files and directories into ``db`` (a path, or an open write connection).
+
+    One bad file never stops the others; its error is in the report.
+    """
+    started = time.monotonic()
+    files, missing = discover(paths)
+    run_id = dbmod.new_run_id()
+    report = IngestReport(run_id=run_id, missing_paths=missing)
+    where = None if isinstance(db, duckdb.DuckDBPyConnection) else db
+    try:
+        return _ingest_files(db, files, report, started, progress, encoding, threads, command)
+    except Exception as exc:
+        # A write error of the storage ends the ingest: every later file would fail the same way.
+        stored = storage_error(exc, where)
+        if stored is None:
+            raise
+        kept = sum(1 for f in report.files if not f.error)
+        raise StorageError(f"{stored} (ingest stopped; {kept} file(s) before it are stored and readable)") from None
+
+
+def _ingest_files(db, files: list[Path], report: IngestReport, started: float, progress: ProgressFn | None,
+                  encoding: str, threads: int, command: str) -> IngestReport:
+    run_id = report.run_id
+    holder = WriteConnection(db)
+    ahead: ReadAhead | None = None
+    failed = False
+    try:
+        start_run(holder.con, run_id, command, {"paths": [str(p) for p in files]})
+        ahead = ReadAhead(holder, files, progress, encoding, threads)
+        for index, path in enumerate(files):
+            con = holder.breathe()
+            make_room = holder.make_room if holder.memory_limit is not None else None
+            prepared = ahead.take(index)
+            try:
+                try:
+                    result = FileIngest(con, path, run_id, progress, encoding, threads, make_room,
+                                        prepared).run()
+                except duckdb.OutOfMemoryException:
+                    if not holder.after_out_of_memory():
+                        raise
+                    result = FileIngest(con, path, run_id, progress, encoding, threads, make_room).run()
+                report.files.append(result)
+            except OmError:
+                raise
+            except Exception as exc:  # a bad file is reported, never fatal to the rest
+                if storage_error(exc) is not None:
+                    raise  # but a full disk is fatal to all
+                report.files.append(FileReport(path=str(path), status="error",
+                                               error=f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+        report.seconds = time.monotonic() - started
+        status = "failed" if any(f.error for f in report.files) else "ok"
+        finish_run(holder.con, run_id, status, report.summary())
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if ahead is not None:
+            ahead.close()
+        try:
+            holder.close()  # may checkpoint: a full disk can fail here too
+        except Exception:
+            if not failed:
+                raise
+    return report
