@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from builders import SessionBuilder, incompressible_sessions
-from conftest import shared_session
+from conftest import SHARED_SESSIONS, shared_session
 from om_core import db as dbmod
 from om_core.ingest import ingest
 
@@ -1225,3 +1225,51 @@ def test_an_ingest_error_is_one_line(tmp_path, db_path, monkeypatch):
     report = ingest(db_path, [b.write(tmp_path / "s.jsonl")])
     (error,) = [f.error for f in report.files]
     assert error == "ValueError: first line second line third line"
+
+
+# ------------------------------------------------------------------ migration 004 (issue 17)
+
+
+def test_a_database_migrated_from_003_has_the_tree_of_a_fresh_ingest(tmp_path, db_path):
+    """A database built at migration 003 (branch_entries was a table, there was no entry_tree) with
+    stored entries gets, when migrated forward, the entry_tree a fresh ingest of the same files stores:
+    branches, a dangling parent, cycles, a duplicate id."""
+    from om_core.sqlfiles import migrations, query
+
+    b = sample_session(SID)
+    b.go(b.entries[1]["id"])
+    b.user("a second branch")
+    b.assistant("on it")
+    branched = b.write(tmp_path / "branched.jsonl")
+    odd_sid = "0a0b0c0d-1111-2222-3333-555555555555"
+    odd = write_lines(tmp_path / "odd.jsonl", [
+        header(odd_sid), msg("a", None), msg("b", "c", "forward"), msg("c", "b", "back"), msg("s", "s", "self"),
+        msg("o", "missing"), msg("d", "a", "old"), msg("p", "o", role="assistant"), msg("d", "a", "new"),
+        msg("x", "y", "three"), msg("y", "z", "in a"), msg("z", "x", "ring")])
+    paths = [branched, odd]
+    if (SHARED_SESSIONS / "large-session.jsonl").exists():
+        paths.append(shared_session("large-session.jsonl"))
+    ingest(db_path, paths)
+
+    old = tmp_path / "at003.duckdb"
+    con = duckdb.connect(str(old))
+    try:
+        con.execute(query("create_schema_migrations"))
+        con.execute(query("create_om_meta"))
+        for version, name, script in migrations():
+            if version <= 3:
+                con.execute(script)
+                con.execute(query("record_migration"), {"version": version, "name": name})
+        con.execute("ATTACH ? AS fresh (READ_ONLY)", [str(db_path)])
+        for table in ("sessions", "entries", "session_files"):
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM fresh.{table}")
+        con.execute("DETACH fresh")
+    finally:
+        con.close()
+    assert q(old, "SELECT max(version) FROM schema_migrations") == [(3,)]
+    dbmod.connect(old).close()  # a writer migrates it forward
+
+    tree = "SELECT * FROM entry_tree ORDER BY ALL"
+    assert len(q(old, tree)) == len(q(db_path, "SELECT * FROM entries")) > 20
+    assert q(old, tree) == q(db_path, tree)
+    assert q(old, "SELECT * FROM branch_entries ORDER BY ALL") == q(db_path, "SELECT * FROM branch_entries ORDER BY ALL")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from om_core.tree import Forest, TreeNote, build_forest
@@ -206,3 +206,20 @@ def test_intervals_answer_every_branch_question_like_the_paths(parents):
         on_branch = [x for x in t.entry_id if t.pre[at[x]] <= t.pre[at[tip]] <= t.last[at[x]]]
         assert sorted(on_branch) == sorted(path)
         assert all(t.depth[at[x]] == position for position, x in enumerate(path))
+
+
+# ------------------------------------------------------------------ migration 004's frozen copy
+
+
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=25), st.integers(min_value=-1, max_value=30)),
+                min_size=0, max_size=40))
+@example([(0, 1), (1, 2), (2, 0), (3, 0), (4, 4), (5, 9)])  # a ring with two forward edges, a self-parent, an orphan
+def test_migration_004_derives_the_intervals_the_ingest_stores(pairs):
+    """Migration 004 derives entry_tree with its own frozen code (om_core.migrations); for any rows
+    (duplicate ids, dangling parents, cycles) it gives what the ingest stores for them today."""
+    from om_core.migrations import entry_tree_004
+
+    rows = [(f"e{i}", None if p < 0 else f"e{p}", n + 2) for n, (i, p) in enumerate(pairs)]
+    t = build_forest(rows).intervals()
+    frozen = entry_tree_004([{"entry_id": e, "parent_id": p, "line_no": n} for e, p, n in rows])
+    assert frozen == {"entry_id": t.entry_id, "depth": t.depth, "pre": t.pre, "last": t.last, "is_leaf": t.is_leaf}
