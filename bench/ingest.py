@@ -521,8 +521,7 @@ def measure_ingest(db_path: Path, archive: Path, threads: int = 2) -> dict:
 
 def measure_tokenizer(archive: Path, threads: int = 2) -> dict:
     """Parse like the ingest (untimed), then time count_tokens over the ingest's batches (timed)."""
-    from om_core import ingest as ingest_mod
-    from om_core.ingest import discover
+    from om_core.ingest import discover, reader as ingest_reader
     from om_core.session import ParsedEntry, RejectedLine, SessionHeader, SessionParser
     from om_core.tokens import DEFAULT_ENCODING, count_tokens
 
@@ -549,7 +548,7 @@ def measure_tokenizer(archive: Path, threads: int = 2) -> dict:
                     size += len(result.raw)
                 elif isinstance(result, RejectedLine):
                     size += len(result.raw)
-                if n_entries >= ingest_mod.BATCH_ENTRIES or size >= ingest_mod.BATCH_BYTES:
+                if n_entries >= ingest_reader.BATCH_ENTRIES or size >= ingest_reader.BATCH_BYTES:
                     file_batches.append(pieces)
                     pieces, n_entries, size = [], 0, 0
         if pieces or n_entries:
@@ -649,8 +648,10 @@ def child_breakdown(archive: str, db: str) -> None:
     import threading
     from collections import defaultdict
 
+    import om_core.db as dbmod
     import om_core.ingest as ing
     import om_core.tokens as tok
+    from om_core.ingest import file_ingest, files as ing_files, read_ahead, reader as ing_reader, writer as ing_writer
     from om_core.tokens import get_encoding
 
     get_encoding()
@@ -695,20 +696,16 @@ def child_breakdown(archive: str, db: str) -> None:
 
         tok._make_counter = make_timed
     else:
-        timed(ing, "count_tokens", "count_tokens (tiktoken)")
-    timed(ing.SessionParser, "feed", "reader thread: SessionParser.feed (json + Pi estimate)")
-    if hasattr(ing, "_Reader"):
-        timed(ing._Reader, "parse_some", "reader thread: read + parse + hash + count_tokens calls")
-    if hasattr(ing, "_ReadAhead"):
-        timed(ing._ReadAhead, "take", "main: wait for the reader thread to plan the next file")
-        timed(ing._ReadAhead, "next_event", "main: wait for the reader thread's next batch")
-    if hasattr(ing, "_BatchWriter"):
-        timed(ing._BatchWriter, "flush", "main: insert batches (wait for counts, arrow, INSERT, chunk COMMIT)")
+        timed(ing_reader, "count_tokens", "count_tokens (tiktoken)")
+    timed(ing_reader.SessionParser, "feed", "reader thread: SessionParser.feed (json + Pi estimate)")
+    timed(ing_reader.FileReader, "parse_some", "reader thread: read + parse + hash + count_tokens calls")
+    timed(read_ahead.ReadAhead, "take", "main: wait for the reader thread to plan the next file")
+    timed(read_ahead.ReadAhead, "next_event", "main: wait for the reader thread's next batch")
+    timed(ing_writer.BatchWriter, "flush", "main: insert batches (wait for counts, arrow, INSERT, chunk COMMIT)")
     if hasattr(tok, "TokenCounts"):
         timed(tok.TokenCounts, "result", "main: wait for token counts")
-    timed(ing.pa, "table", "pyarrow.table")
-    if hasattr(ing, "_FileIngest"):
-        timed(ing._FileIngest, "_finish_session", "main: _finish_session (tree, branches, ledger, session row)")
+    timed(ing_writer.pa, "table", "pyarrow.table")
+    timed(file_ingest.FileIngest, "_finish_session", "main: _finish_session (tree, branches, ledger, session row)")
 
     class _Hash:
         def __init__(self) -> None:
@@ -727,7 +724,7 @@ def child_breakdown(archive: str, db: str) -> None:
             twin.h = self.h.copy()
             return twin
 
-    ing.hashlib = type("hashlib_timed", (), {"sha256": staticmethod(_Hash)})
+    ing_reader.hashlib = ing_files.hashlib = type("hashlib_timed", (), {"sha256": staticmethod(_Hash)})
 
     class _Con:
         """The ingest's connection, with its COMMITs timed."""
@@ -747,8 +744,8 @@ def child_breakdown(archive: str, db: str) -> None:
         def __getattr__(self, name):
             return getattr(self._con, name)
 
-    connect = ing.dbmod.connect
-    ing.dbmod.connect = lambda *a, **k: _Con(connect(*a, **k))
+    connect = dbmod.connect
+    dbmod.connect = lambda *a, **k: _Con(connect(*a, **k))
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     report = ing.ingest(db, [archive])

@@ -57,11 +57,15 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
             delay = min(delay * 2, 0.05)  # poll often: a long run releases the file only briefly
 
 
+def _applied_migrations(con: duckdb.DuckDBPyConnection) -> set[int]:
+    return {row["version"] for row in rows_as_dicts(con.execute(query("applied_migrations")))}
+
+
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
     """Apply every pending migration, each in its own transaction with its record."""
     con.execute(query("create_schema_migrations"))
     con.execute(query("create_om_meta"))
-    done = {row[0] for row in con.execute(query("applied_migrations")).fetchall()}
+    done = _applied_migrations(con)
     applied = []
     for version, name, script in migrations():
         if version in done:
@@ -102,7 +106,7 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
 def _schema_current(con: duckdb.DuckDBPyConnection) -> bool:
     if not scalar(con, "table_exists", {"name": "schema_migrations"}):
         return False
-    done = {row[0] for row in con.execute(query("applied_migrations")).fetchall()}
+    done = _applied_migrations(con)
     if not {v for v, _, _ in migrations()} <= done:
         return False
     return scalar(con, "get_meta", {"key": "views_fingerprint"}) == views_fingerprint()
