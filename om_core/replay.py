@@ -24,12 +24,14 @@ from typing import Any, Literal
 
 from om_core.compaction import SimulatedCompaction, simulate_compaction
 from om_core.catalog import branch_for_cut_point
+from om_core.db import rows_as_dicts
 from om_core.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.memory import USAGE_CLOCKS, clocks as sql_clocks
 from om_core.usage_clock import ContextUsage
 from om_core.settings import Settings
 from om_core.sqlfiles import query
-from om_core.workers.stages import StageOutcome, StageRequest
+from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
+from om_core.workers.stages import execute_stage
 
 EventKind = Literal["archive_compaction", "turn_end", "settled"]
 _KIND_ORDER = {"archive_compaction": 0, "turn_end": 1, "settled": 2}
@@ -122,21 +124,21 @@ class BranchReplayer:
     # ---------------------------------------------------------------- branch facts
 
     def _load(self) -> None:
+        params = {"session_id": self.session_id, "tip": self.leaf}
         with self.db.read() as con:
-            rows = con.execute(query("replay_branch"), {"session_id": self.session_id, "tip": self.leaf}).fetchall()
-            self.branch = [ReplayEntry(*row) for row in rows]
-            params = {"session_id": self.session_id, "tip": self.leaf}
-            changes = {r[0] for r in con.execute(query("ledger_anchor_positions"), params).fetchall()}
-            compactions = con.execute(query("compaction_anchor_positions"), params).fetchall()
-            empty = con.execute(query("empty_runs"), params).fetchall()
+            self.branch = [ReplayEntry(**row) for row in rows_as_dicts(con.execute(query("replay_branch"), params))]
+            changes = {r["position"] for r in rows_as_dicts(con.execute(query("ledger_anchor_positions"), params))}
+            compactions = rows_as_dicts(con.execute(query("compaction_anchor_positions"), params))
+            empty = rows_as_dicts(con.execute(query("empty_runs"), params))
             self.cut_branch = branch_for_cut_point(con, self.session_id, self.leaf)  # Pi's view of each entry
         self.usage = ContextUsage(self.cut_branch) if self.settings.clockBasis == "usage" else None
-        self.changes = sorted(changes | {position for position, _, _ in compactions})
+        self.changes = sorted(changes | {c["position"] for c in compactions})
         # simulated compactions (this run's and earlier runs'): each bounds the cut points after it
-        self.simulated_at = sorted(position for position, simulated, _ in compactions if simulated)
-        self.simulated_kept = {position: kept for position, simulated, kept in compactions if simulated}
+        simulated = [c for c in compactions if c["simulated"]]
+        self.simulated_at = sorted(c["position"] for c in simulated)
+        self.simulated_kept = {c["position"]: c["simulated_first_kept"] for c in simulated}
         self.position = {e.entry_id: e.position for e in self.branch}
-        self.empty_runs: list[int] = [position for (position,) in empty]  # the observer's
+        self.empty_runs: list[int] = [r["position"] for r in empty]  # where a stage that backs off gave nothing
         use_tiktoken = self.settings.tokenCounter == "tiktoken"
         self.prefix = [0]
         for e in self.branch:
@@ -176,48 +178,52 @@ class BranchReplayer:
                     values[name] = measured.tokens
         return values
 
-    def backoff_holds(self, t: int) -> bool:
-        """After the observer's deliberate empty run, wait for another observeAfterTokens of source
-        (SPEC §9; the reflector has no such backoff: it is asked again while its clock is due)."""
+    def backoff_holds(self, t: int, stage: Stage = STAGES["observer"]) -> bool:
+        """After a deliberate empty run of a stage that backs off (the observer), wait for another
+        threshold of source (SPEC §9; the reflector has no such backoff: it is asked again while its
+        clock is due)."""
         k = bisect.bisect_right(self.empty_runs, t)
-        if k == 0:
+        if not stage.backs_off or k == 0:
             return False
         empty_at = self.empty_runs[k - 1]  # the latest empty run at or before t
-        watermark = self._marks.get("observer")
+        watermark = self._marks.get(stage.kind)
         if watermark is not None and watermark >= empty_at:
             return False
-        return self.tokens_between(empty_at + 1, t) < self.settings.observeAfterTokens
+        return self.tokens_between(empty_at + 1, t) < stage.threshold(self.settings)
+
+    def due(self, stage: Stage, t: int) -> bool:
+        """A stage with a clock is due at a turn end once its clock reaches its threshold, unless its
+        backoff holds (SPEC §9)."""
+        return self.clocks(t)[stage.kind] >= stage.threshold(self.settings) and not self.backoff_holds(t, stage)
 
     # ---------------------------------------------------------------- running
 
-    def _stage(self, report: BranchReport, t: int, stage: str, reflection_watermark: str | None = None,
-               chunk_until: int | None = None) -> StageOutcome:
-        outcome = self.run_stage(StageRequest(self.session_id, self.branch[t].entry_id, stage, reflection_watermark,
-                                              chunk_until))
+    def _stage(self, report: BranchReport, t: int, req: StageRequest) -> StageOutcome:
+        outcome = self.run_stage(req)
         report.count(outcome)
         if outcome.ledger_id:
             self._changed(t)
-        if outcome.outcome == "empty" and stage == "observer":
+        if outcome.outcome == "empty" and STAGES[req.stage].backs_off:
             bisect.insort(self.empty_runs, t)
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
-                       "stage": stage, "outcome": outcome.outcome})
+                       "stage": req.stage, "outcome": outcome.outcome})
         return outcome
 
-    def _observe_reflect_drop(self, report: BranchReport, t: int) -> None:
-        clock = self.clocks(t)
-        if clock["observer"] >= self.settings.observeAfterTokens and not self.backoff_holds(t):
-            if self._stage(report, t, "observer").outcome == "failed":
-                return  # a failure skips the later stages of this turn
-            clock = self.clocks(t)
-        if clock["reflector"] >= self.settings.reflectAfterTokens:
-            self._reflect_then_drop(report, t)
+    def _request(self, t: int, stage: Stage, chunk_until: int | None = None) -> StageRequest:
+        return StageRequest(self.session_id, self.branch[t].entry_id, stage.kind, chunk_until=chunk_until)
 
-    def _reflect_then_drop(self, report: BranchReport, t: int) -> None:
-        if self._marks.get("observer") is None:
-            return  # the reflector needs an observation watermark
-        reflected = self._stage(report, t, "reflector")
-        if reflected.outcome == "recorded" and reflected.ledger_id:
-            self._stage(report, t, "dropper", reflected.covers_up_to_id)
+    def _run(self, report: BranchReport, t: int, stage: Stage) -> list[StageOutcome]:
+        """The stage and its follow-ups (the dropper after a recording reflector); nothing while the
+        watermark it needs is missing (the reflector needs an observation watermark)."""
+        if stage.needs is not None and self._marks.get(stage.needs) is None:
+            return []
+        return run_in_order(lambda req: self._stage(report, t, req), self._request(t, stage))
+
+    def _turn_end(self, report: BranchReport, t: int) -> None:
+        """Each stage with a clock, in order, when due (SPEC §9)."""
+        for stage in CLOCKED_STAGES:
+            if self.due(stage, t) and any(o.outcome == "failed" for o in self._run(report, t, stage)):
+                return  # a failure skips the later stages of this turn
 
     def _compact(self, report: BranchReport, t: int, tip: int, first_kept: str, trigger: str) -> None:
         result = self.compactor(self.db, self.session_id, tip=self.branch[tip].entry_id,
@@ -261,7 +267,7 @@ class BranchReplayer:
                         and not self.branch[t].extension_folded):
                     self._compact(report, t, t - 1, first_kept, "archive")
             elif event.kind == "turn_end":
-                self._observe_reflect_drop(report, t)
+                self._turn_end(report, t)
             elif self.clocks(t)["compaction"] >= self.settings.compact_threshold:
                 try:
                     cut = self.cut_point(t)
@@ -287,25 +293,27 @@ class BranchReplayer:
         observed as a chunk of its own: the next compaction at or after F then includes every
         observation of the history before it (no batch crosses the boundary, SPEC §9, §10)."""
         end = len(self.branch) - 1
+        observer, reflector = STAGES["observer"], STAGES["reflector"]
         first_kept = self.drain_cut()
         for until in ([first_kept - 1] if first_kept else []) + [None]:
             while True:  # each chunk moves the watermark, so this ends
-                outcome = self._stage(report, end, "observer", chunk_until=until)
+                outcome = self._stage(report, end, self._request(end, observer, chunk_until=until))
                 if outcome.outcome == "failed":
                     return
                 if outcome.outcome != "recorded" or not outcome.ledger_id:
                     break  # nothing left uncovered (up to the bound), or a deliberate empty chunk
             if outcome.outcome == "empty":
                 break  # a deliberate empty chunk: its span stays uncovered, the drain goes no further
-        if self.clocks(end)["reflector"] > 0:
-            self._reflect_then_drop(report, end)
+        if self.clocks(end)[reflector.kind] > 0:
+            self._run(report, end, reflector)
         report.drained = True
 
 
 def session_leaves(ws: Any, session_id: str) -> list[str]:
     """Every leaf of a session, in file order (branches sharing a prefix share its records)."""
     with ws.read() as con:
-        return [row[0] for row in con.execute(query("session_leaves"), {"session_id": session_id}).fetchall()]
+        return [row["entry_id"] for row in rows_as_dicts(con.execute(query("session_leaves"),
+                                                                     {"session_id": session_id}))]
 
 
 def replay_session(ws: Any, session_id: str, run_stage: StageRunner, *, drain: bool = True,
@@ -319,7 +327,5 @@ def replay_in_process(ws: Any, session_id: str, brain: Any, *, drain: bool = Tru
                       progress: Progress | None = None) -> list[BranchReport]:
     """Replay a session in this process, each stage run at once against the workspace (commands,
     tests, benchmarks; the pipeline runs stages as Prefect tasks instead)."""
-    from om_core.workers.stages import execute_stage
-
     return replay_session(ws, session_id, lambda req: execute_stage(ws, req, brain, run_id), drain=drain,
                           run_id=run_id, progress=progress)

@@ -76,12 +76,16 @@ def _content(item: Any, single_line: bool = False) -> str:
     return content
 
 
+@dataclass(kw_only=True)
 class _ItemCheck:
     """One receipt line per proposed item; ``_one`` accepts an item or raises ``_Rejected``."""
 
     tool: ClassVar[str]
     key: ClassVar[str]
-    rejected: int
+    count_tokens: TokenCounter = pi_token_counter
+    accepted: list[Any] = field(default_factory=list)
+    duplicates: int = 0
+    rejected: int = 0
 
     @property
     def problems(self) -> int:
@@ -106,17 +110,20 @@ class _ItemCheck:
     def _one(self, item: Any) -> str:
         raise NotImplementedError
 
+    def _seen(self, item_id: str, before: set[str]) -> bool:
+        """Whether the id was recorded before or accepted already in this run (a duplicate, skipped)."""
+        if item_id in before or any(a.id == item_id for a in self.accepted):
+            self.duplicates += 1
+            return True
+        return False
+
 
 @dataclass
 class ObservationCheck(_ItemCheck):
     tool: ClassVar[str] = "record_observations"
     key: ClassVar[str] = "observations"
     chunk_ids: set[str]
-    known_ids: set[str]
-    count_tokens: TokenCounter = pi_token_counter
-    accepted: list[Observation] = field(default_factory=list)
-    duplicates: int = 0
-    rejected: int = 0
+    known_ids: set[str]  # recorded before (dropped ones too)
 
     def _one(self, item: Any) -> str:
         content = _content(item)
@@ -134,8 +141,7 @@ class ObservationCheck(_ItemCheck):
         if outside:
             raise _Rejected(f"sourceEntryIds {', '.join(outside)} are not entries of this chunk")
         obs_id = memory_id(content)
-        if obs_id in self.known_ids or any(o.id == obs_id for o in self.accepted):
-            self.duplicates += 1
+        if self._seen(obs_id, self.known_ids):
             return f"duplicate [{obs_id}]: already recorded, skipped"
         line = observation_line(obs_id, timestamp, relevance, content)
         self.accepted.append(Observation(id=obs_id, content=content, timestamp=timestamp, relevance=relevance,
@@ -149,10 +155,6 @@ class ReflectionCheck(_ItemCheck):
     key: ClassVar[str] = "reflections"
     active_ids: set[str]
     existing_ids: set[str]
-    count_tokens: TokenCounter = pi_token_counter
-    accepted: list[Reflection] = field(default_factory=list)
-    duplicates: int = 0
-    rejected: int = 0
 
     def _one(self, item: Any) -> str:
         content = _content(item, single_line=True)
@@ -163,8 +165,7 @@ class ReflectionCheck(_ItemCheck):
         if inactive:
             raise _Rejected(f"{', '.join(inactive)} are not active observations")
         refl_id = memory_id(content)
-        if refl_id in self.existing_ids or any(r.id == refl_id for r in self.accepted):
-            self.duplicates += 1
+        if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
         self.accepted.append(Reflection(id=refl_id, content=content, supportingObservationIds=support,
                                         tokenCount=self.count_tokens(content)))
@@ -175,6 +176,8 @@ class ReflectionCheck(_ItemCheck):
 class DropCheck:
     """Collects proposed ids; the final choice keeps at most ``max_drops``, safest first."""
 
+    tool: ClassVar[str] = "drop_observations"
+    duplicates: ClassVar[int] = 0  # an id proposed again is no new proposal, nor a rejection
     active: dict[str, Any]  # obs id -> CoveredObservation (with .coverage and .observation)
     max_drops: int
     order: dict[str, int]  # obs id -> age order (smaller = older)
@@ -206,6 +209,15 @@ class DropCheck:
                 lines.append(f"proposed [{value}]")
         lines.append(f"{len(self.proposed)} proposed so far; at most {self.max_drops} will be dropped")
         return "drop_observations receipt:\n" + "\n".join(lines)
+
+    @property
+    def rejected(self) -> int:
+        """Proposed ids that are not active observations (a malformed call counts in ``problems`` only)."""
+        return self.ignored
+
+    @property
+    def accepted(self) -> list[str]:
+        return self.selected()
 
     def safety_key(self, obs_id: str) -> tuple[int, int, int]:
         covered = self.active[obs_id]

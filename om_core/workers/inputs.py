@@ -173,6 +173,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     until = 2**62 if until_position is None else until_position
     cursor = con.execute(query("observer_backlog"), {"session_id": session_id, "tip": tip, "after": start,
                                                      "until": until})
+    names = [d[0] for d in cursor.description]
     chunk: list[SourceEntry] = []
     total = 0
     while True:
@@ -180,12 +181,14 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
         if not rows:
             break
         done = False
-        for position, entry_id, entry_type, role, ts, tokens_pi, tokens_tt, raw in rows:
-            tokens = int((tokens_tt if use_tiktoken else tokens_pi) or 0)
+        for row in (dict(zip(names, r)) for r in rows):
+            tokens = int((row["tokens"] if use_tiktoken else row["tokens_pi"]) or 0)
             if chunk and total + tokens > cap:
                 done = True
                 break
-            chunk.append(SourceEntry(entry_id, position, entry_type, role, minute(ts), tokens, loads_line(raw)))
+            chunk.append(SourceEntry(entry_id=row["entry_id"], position=row["position"], entry_type=row["entry_type"],
+                                     role=row["role"], timestamp=minute(row["ts"]), tokens=tokens,
+                                     obj=loads_line(row["raw"])))
             total += tokens
             if total >= cap:
                 done = True
@@ -198,9 +201,9 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     state = ledger_rows(con, session_id, tip)
     memory = split_rows(r for r in state if not r["dropped"])
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
-    tip_ts = con.execute(query("entry_timestamp"), {"session_id": session_id, "entry_id": tip}).fetchall()
+    tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
     return ObserverInput(
-        session_id=session_id, tip=tip, now=_now_at(tip_ts[0][0] if tip_ts else None),
+        session_id=session_id, tip=tip, now=_now_at(tip_ts),
         memory=MemoryLines(memory.reflections, memory.observations, ordered_memory(state)), chunk=chunk,
         cap_tokens=cap,
         known_observation_ids=known,
@@ -219,9 +222,7 @@ def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str,
                          tip: str) -> tuple[list[Reflection], list[CoveredObservation], list[str]]:
     """Current reflections, active observations with their coverage tiers, and both as memory lines
     in ledger order, from one query."""
-    cursor = con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip})
-    names = [d[0] for d in cursor.description]
-    rows = [dict(zip(names, r)) for r in cursor.fetchall()]
+    rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
     reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
                                   coverage=r["coverage"])
@@ -229,8 +230,21 @@ def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str,
     return reflections, covered, ordered_memory(rows)
 
 
+class _CoveredPool:
+    """What the reflector and the dropper both read: active observations with their coverage tiers."""
+
+    covered: list[CoveredObservation]
+
+    def covered_lines(self) -> list[str]:
+        return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
+
+    @property
+    def coverage(self) -> dict[str, list[str]]:
+        return coverage_tiers(self.covered)
+
+
 @dataclass
-class ReflectorInput:
+class ReflectorInput(_CoveredPool):
     session_id: str
     tip: str
     reflections: list[Reflection]
@@ -241,13 +255,6 @@ class ReflectorInput:
     @property
     def active_ids(self) -> set[str]:
         return {c.observation.id for c in self.covered}
-
-    def covered_lines(self) -> list[str]:
-        return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
-
-    @property
-    def coverage(self) -> dict[str, list[str]]:
-        return coverage_tiers(self.covered)
 
     def stage_key(self, model: str) -> str:
         return _digest(["reflector", model, self.session_id, [r.line() for r in self.reflections],
@@ -269,7 +276,7 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -
 
 
 @dataclass
-class DropperInput:
+class DropperInput(_CoveredPool):
     session_id: str
     tip: str
     reflections: list[Reflection]
@@ -283,13 +290,6 @@ class DropperInput:
     @property
     def active(self) -> dict[str, CoveredObservation]:
         return {c.observation.id: c for c in self.covered}
-
-    def covered_lines(self) -> list[str]:
-        return [f"{c.observation.line()} (coverage: {c.coverage})" for c in self.covered]
-
-    @property
-    def coverage(self) -> dict[str, list[str]]:
-        return coverage_tiers(self.covered)
 
     def stage_key(self, model: str) -> str:
         return _digest(["dropper", model, self.session_id, [r.line() for r in self.reflections],
@@ -319,8 +319,8 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     if not marks:
         return None
     # the earlier of the two watermarks, by branch position
-    positions = {row[0]: row[1] for row in con.execute(query("positions_of"), {"session_id": session_id, "tip": tip,
-                                                                               "ids": marks}).fetchall()}
+    found = dbmod.rows_as_dicts(con.execute(query("positions_of"), {"session_id": session_id, "tip": tip, "ids": marks}))
+    positions = {row["entry_id"]: row["position"] for row in found}
     watermark = min(marks, key=lambda m: positions.get(m, math.inf))
     return DropperInput(session_id, tip, reflections, covered, pool, target,
                         max_drops(pool, target, len(covered)), watermark, memory)

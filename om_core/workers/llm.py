@@ -107,17 +107,16 @@ class ModelBrain:
                                               inp.pool_tokens, inp.target_tokens, inp.max_drops)
         return prompts.DROPPER_SYSTEM, user_parts(self._clean(stable), new)
 
+    def _ask(self, prompt: tuple[str, list[dict[str, Any]]], tool: tuple, check: ToolCheck) -> LoopResult:
+        """The tool loop with one tool (its spec's name is the tool's name) and its check."""
+        system, user = prompt
+        return tool_loop(self.model, system, user, {tool[0]: (tool, check)}, self.max_turns, self.closing_turn)
+
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
-        system, user = self.observer_prompt(inp)
-        return tool_loop(self.model, system, user, {"record_observations": (prompts.RECORD_OBSERVATIONS_TOOL, check)},
-                         self.max_turns, self.closing_turn)
+        return self._ask(self.observer_prompt(inp), prompts.RECORD_OBSERVATIONS_TOOL, check)
 
     def reflect(self, inp: ReflectorInput, check: ReflectionCheck) -> LoopResult:
-        system, user = self.reflector_prompt(inp)
-        return tool_loop(self.model, system, user, {"record_reflections": (prompts.RECORD_REFLECTIONS_TOOL, check)},
-                         self.max_turns, self.closing_turn)
+        return self._ask(self.reflector_prompt(inp), prompts.RECORD_REFLECTIONS_TOOL, check)
 
     def drop(self, inp: DropperInput, check: DropCheck) -> LoopResult:
-        system, user = self.dropper_prompt(inp)
-        return tool_loop(self.model, system, user, {"drop_observations": (prompts.DROP_OBSERVATIONS_TOOL, check)},
-                         self.max_turns, self.closing_turn)
+        return self._ask(self.dropper_prompt(inp), prompts.DROP_OBSERVATIONS_TOOL, check)

@@ -8,12 +8,12 @@ WHERE e.is_source AND b.position > $after AND b.position <= $until
 ORDER BY b.position;
 
 -- name: observation_watermark_entry
-SELECT arg_max(covers_up_to_id, wm_pos) FROM branch_records($session_id, $tip)
+SELECT arg_max(covers_up_to_id, wm_pos) AS watermark_entry_id FROM branch_records($session_id, $tip)
 WHERE kind = 'om.observations.recorded' AND wm_pos IS NOT NULL;
 
 -- name: observation_watermark_position
 -- The observer's progress: the greatest observation watermark on the branch (NULL: none yet).
-SELECT max(wm_pos) FROM branch_records($session_id, $tip) WHERE kind = 'om.observations.recorded';
+SELECT max(wm_pos) AS watermark_position FROM branch_records($session_id, $tip) WHERE kind = 'om.observations.recorded';
 
 -- name: entry_timestamp
 SELECT ts FROM entries WHERE session_id = $session_id AND entry_id = $entry_id;
@@ -46,10 +46,13 @@ ORDER BY 1;
 
 -- name: stage_state
 -- What earlier runs did with this exact stage input: appended it, found it empty, or computed it.
-SELECT EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key),
+SELECT EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key)
+           AS appended,
        EXISTS (SELECT 1 FROM stage_runs WHERE session_id = $session_id AND stage_key = $stage_key
-                                          AND outcome = 'empty'),
-       (SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key);
+                                          AND outcome = 'empty')
+           AS was_empty,
+       (SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key)
+           AS cached_result;
 
 -- name: put_stage_result
 INSERT OR REPLACE INTO stage_results (session_id, stage_key, stage, result)
@@ -65,16 +68,17 @@ SELECT count(*) > 0 FROM ledger_records WHERE session_id = $session_id AND stage
 -- Where compactions sit on the branch; simulated ones are not entries, so the replay needs them to
 -- bound later cut points the way a written compaction entry would.
 -- A simulated one's first kept entry: Pi 1.6 cuts the projection that compaction leaves (its kept range).
-SELECT anchor_pos, bool_or(origin = 'simulated') AS simulated,
+SELECT anchor_pos AS position, bool_or(origin = 'simulated') AS simulated,
        arg_max(first_kept_entry_id, compaction_order) FILTER (WHERE origin = 'simulated') AS simulated_first_kept
 FROM branch_compactions($session_id, $tip) GROUP BY anchor_pos ORDER BY 1;
 
 -- name: ledger_anchor_positions
-SELECT DISTINCT anchor_pos FROM branch_records($session_id, $tip) ORDER BY 1;
+SELECT DISTINCT anchor_pos AS position FROM branch_records($session_id, $tip) ORDER BY 1;
 
 -- name: replay_branch
 -- extension_folded: a compaction entry that carries the extension's own valid om.folded details.
-SELECT b.position, b.entry_id, b.entry_type, b.role, coalesce(b.tokens_pi, 0), coalesce(b.tokens, 0), b.is_source,
+SELECT b.position, b.entry_id, b.entry_type, b.role, coalesce(b.tokens_pi, 0) AS tokens_pi,
+       coalesce(b.tokens, 0) AS tokens, b.is_source,
        b.first_kept_entry_id, f.compaction_id IS NOT NULL AS extension_folded
 FROM branch_detail($session_id, $tip) b
 LEFT JOIN compaction_folds f

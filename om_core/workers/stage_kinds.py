@@ -1,0 +1,209 @@
+"""The three stage kinds of SPEC §8 (observer, reflector, dropper), each defined once as a ``Stage``.
+
+A ``Stage`` holds everything that differs between the kinds: the ledger record it appends and that
+record's payload model (what its tool calls gave, as checked), how its input is read from the
+database, the check its tool calls go through, which worker of a brain runs it, the record's
+watermark, and when it is not due. Running, exactly-once and recording are the same for every kind
+(``stages``); the replay (``om_core.replay``) schedules by these records. Nothing else branches on a
+kind, and the rule "the dropper runs only right after a reflector run that appended reflections"
+is ``follow_up``, here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import duckdb
+from pydantic import BaseModel
+
+from om_core.cost import BudgetExceeded
+from om_core.ledger import (
+    OBSERVATIONS_DROPPED,
+    OBSERVATIONS_RECORDED,
+    REFLECTIONS_RECORDED,
+    ObservationsDropped,
+    ObservationsRecorded,
+    ReflectionsRecorded,
+)
+from om_core.model import CallRecord, ModelError
+from om_core.settings import Settings
+from om_core.tokens import count_text_tokens
+from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck, pi_token_counter
+from om_core.workers.inputs import dropper_input, observer_input, reflector_input
+from om_core.workers.llm import LoopResult
+
+StageKind = Literal["observer", "reflector", "dropper"]
+Outcome = Literal["recorded", "empty", "failed", "skipped"]
+
+
+class Brain(Protocol):
+    """What runs the workers: a model (``llm.ModelBrain``) or the offline baseline."""
+
+    name: str
+    offline: bool
+
+    def observe(self, inp: Any, check: ObservationCheck) -> LoopResult: ...
+
+    def reflect(self, inp: Any, check: ReflectionCheck) -> LoopResult: ...
+
+    def drop(self, inp: Any, check: DropCheck) -> LoopResult: ...
+
+
+@dataclass
+class StageRequest:
+    session_id: str
+    tip: str
+    stage: StageKind
+    reflection_watermark: str | None = None  # dropper: the same run's reflection watermark
+    chunk_until: int | None = None  # observer: the chunk ends at or before this branch position (the drain)
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    outcome: Outcome
+    session_id: str
+    tip: str
+    model: str
+    reason: str | None = None  # why it was skipped
+    ledger_id: str | None = None
+    covers_up_to_id: str | None = None
+    items: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    turns: int = 0
+    turn_cap_reached: bool = False
+    error: str | None = None
+    error_kind: str | None = None
+    receipts: list[str] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+    stage_key: str | None = None
+    chunk: tuple[str, str] | None = None
+    budget_stop: bool = False  # the run's --max-cost stopped this stage before it could pass it
+
+    def as_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "calls"}
+        data["model_calls"] = len(self.calls)
+        return data
+
+
+def token_counter(settings: Settings) -> Callable[[str], int]:
+    return pi_token_counter if settings.tokenCounter == "pi" else count_text_tokens
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage kind. ``read_input`` gives None when there is nothing to do (``not_due`` says why);
+    ``threshold`` is the clock setting that makes it due at a turn end (None: it runs only right
+    after an ``after`` run, see ``follow_up``); ``needs`` names the kind whose watermark must exist
+    first; ``backs_off``: after a deliberate empty result it waits for another threshold of source."""
+
+    kind: StageKind
+    record_kind: str  # the ledger record it appends (om_core.ledger)
+    payload: type[BaseModel]  # that record's payload: the accepted items and the watermark
+    items_field: str  # the payload's list of items
+    read_input: Callable[[duckdb.DuckDBPyConnection, StageRequest, Settings], Any]
+    not_due: Callable[[StageRequest], str]
+    check: Callable[[Any, Settings], Any]  # the check its tool calls go through (om_core.workers.checks)
+    ask: Callable[[Brain, Any, Any], LoopResult]  # the brain's worker for this kind
+    watermark: Callable[[Any], str]  # the record's coversUpToId
+    chunk: Callable[[Any], tuple[str, str] | None] = lambda inp: None  # the source span it read
+    threshold: Callable[[Settings], int] | None = None
+    needs: StageKind | None = None
+    backs_off: bool = False
+    after: StageKind | None = None
+
+    def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
+        """Run the worker on its input through the check; the payload holds what the check accepted
+        (None: nothing). A model failure or the run's cost budget is an outcome, never an exception."""
+        outcome.stage_key = inp.stage_key(brain.name)
+        outcome.chunk = self.chunk(inp)
+        outcome.covers_up_to_id = self.watermark(inp)
+        check = self.check(inp, settings)
+        try:
+            loop = self.ask(brain, inp, check)
+        except BudgetExceeded as exc:
+            outcome.outcome, outcome.reason, outcome.budget_stop = "skipped", str(exc), True
+            return outcome, None
+        except ModelError as exc:
+            outcome.outcome, outcome.error, outcome.error_kind = "failed", str(exc), exc.kind
+            return outcome, None
+        outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
+        accepted = check.accepted
+        outcome.items, outcome.duplicates, outcome.rejected = len(accepted), check.duplicates, check.rejected
+        if not accepted:
+            outcome.outcome = "empty"
+            return outcome, None
+        outcome.outcome = "recorded"
+        return outcome, self.payload(**{self.items_field: accepted, "coversUpToId": self.watermark(inp)})
+
+    def items(self, payload: BaseModel) -> int:
+        return len(getattr(payload, self.items_field))
+
+
+def _observer_not_due(req: StageRequest) -> str:
+    bound = f" up to position {req.chunk_until}" if req.chunk_until is not None else ""
+    return "no uncovered source entries on this branch" + bound
+
+
+OBSERVER = Stage(
+    kind="observer", record_kind=OBSERVATIONS_RECORDED, payload=ObservationsRecorded, items_field="observations",
+    read_input=lambda con, req, settings: observer_input(con, req.session_id, req.tip, settings,
+                                                         until_position=req.chunk_until),
+    not_due=_observer_not_due,
+    check=lambda inp, settings: ObservationCheck(chunk_ids=inp.chunk_ids, known_ids=inp.known_observation_ids,
+                                                 count_tokens=token_counter(settings)),
+    ask=lambda brain, inp, check: brain.observe(inp, check),
+    watermark=lambda inp: inp.last_id,
+    chunk=lambda inp: (inp.first_id, inp.last_id),
+    threshold=lambda settings: settings.observeAfterTokens,
+    backs_off=True,
+)
+
+REFLECTOR = Stage(
+    kind="reflector", record_kind=REFLECTIONS_RECORDED, payload=ReflectionsRecorded, items_field="reflections",
+    read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip),
+    not_due=lambda req: "no observation watermark yet: run the observer first",
+    check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
+                                                count_tokens=token_counter(settings)),
+    ask=lambda brain, inp, check: brain.reflect(inp, check),
+    watermark=lambda inp: inp.observation_watermark,
+    threshold=lambda settings: settings.reflectAfterTokens,
+    needs="observer",
+)
+
+DROPPER = Stage(
+    kind="dropper", record_kind=OBSERVATIONS_DROPPED, payload=ObservationsDropped, items_field="observationIds",
+    read_input=lambda con, req, settings: dropper_input(con, req.session_id, req.tip, settings,
+                                                        req.reflection_watermark),
+    not_due=lambda req: "the active observation pool is within its target",
+    check=lambda inp, settings: DropCheck(active=inp.active, max_drops=inp.max_drops,
+                                          order={c.observation.id: i for i, c in enumerate(inp.covered)}),
+    ask=lambda brain, inp, check: brain.drop(inp, check),
+    watermark=lambda inp: inp.watermark,
+    after="reflector",
+)
+
+STAGES: dict[str, Stage] = {stage.kind: stage for stage in (OBSERVER, REFLECTOR, DROPPER)}
+CLOCKED_STAGES = tuple(stage for stage in STAGES.values() if stage.threshold is not None)  # turn-end order
+
+
+def follow_up(done: StageOutcome) -> StageRequest | None:
+    """The stage that runs right after ``done`` at the same tip, if any: the dropper only after a
+    reflector run that appended reflections, with that run's reflection watermark (SPEC §8)."""
+    if done.outcome != "recorded" or not done.ledger_id:
+        return None
+    for stage in STAGES.values():
+        if stage.after == done.stage:
+            return StageRequest(done.session_id, done.tip, stage.kind, reflection_watermark=done.covers_up_to_id)
+    return None
+
+
+def run_in_order(run: Callable[[StageRequest], StageOutcome], req: StageRequest) -> list[StageOutcome]:
+    """Run ``req``, then its follow-ups (``follow_up``), each with ``run``."""
+    outcomes = [run(req)]
+    while (nxt := follow_up(outcomes[-1])) is not None:
+        outcomes.append(run(nxt))
+    return outcomes
