@@ -138,7 +138,7 @@ class BranchReplayer:
         self.simulated_at = sorted(c["position"] for c in simulated)
         self.simulated_kept = {c["position"]: c["simulated_first_kept"] for c in simulated}
         self.position = {e.entry_id: e.position for e in self.branch}
-        self.empty_runs: list[int] = [r["position"] for r in empty]  # where a stage that backs off gave nothing
+        self.empty_runs: list[int] = [r["position"] for r in empty]  # the observer's (the stage that backs off)
         use_tiktoken = self.settings.tokenCounter == "tiktoken"
         self.prefix = [0]
         for e in self.branch:
@@ -178,23 +178,24 @@ class BranchReplayer:
                     values[name] = measured.tokens
         return values
 
-    def backoff_holds(self, t: int, stage: Stage = STAGES["observer"]) -> bool:
-        """After a deliberate empty run of a stage that backs off (the observer), wait for another
-        threshold of source (SPEC §9; the reflector has no such backoff: it is asked again while its
-        clock is due)."""
+    def backoff_holds(self, t: int) -> bool:
+        """After the observer's deliberate empty run, wait for another observeAfterTokens of source
+        (SPEC §9; the reflector has no such backoff: it is asked again while its clock is due)."""
         k = bisect.bisect_right(self.empty_runs, t)
-        if not stage.backs_off or k == 0:
+        if k == 0:
             return False
         empty_at = self.empty_runs[k - 1]  # the latest empty run at or before t
-        watermark = self._marks.get(stage.kind)
+        watermark = self._marks.get("observer")
         if watermark is not None and watermark >= empty_at:
             return False
-        return self.tokens_between(empty_at + 1, t) < stage.threshold(self.settings)
+        return self.tokens_between(empty_at + 1, t) < self.settings.observeAfterTokens
 
     def due(self, stage: Stage, t: int) -> bool:
-        """A stage with a clock is due at a turn end once its clock reaches its threshold, unless its
-        backoff holds (SPEC §9)."""
-        return self.clocks(t)[stage.kind] >= stage.threshold(self.settings) and not self.backoff_holds(t, stage)
+        """A stage with a clock is due at a turn end once its clock reaches its threshold, unless it
+        backs off after an empty result and that backoff holds (SPEC §9)."""
+        if self.clocks(t)[stage.kind] < stage.threshold(self.settings):
+            return False
+        return not (stage.backs_off and self.backoff_holds(t))
 
     # ---------------------------------------------------------------- running
 

@@ -61,6 +61,17 @@ class _Rejected(Exception):
     """One proposed item is not valid; the message is the receipt's reason."""
 
 
+def _cited_ids(item: dict, key: str, what: str, allowed: set[str], outside: str) -> list[str]:
+    """The item's ``key`` ids, each one of ``allowed``, or a rejection (``outside`` names the others)."""
+    ids = _id_list(item.get(key))
+    if ids is None:
+        raise _Rejected(f"{key} must be a non-empty list of {what}")
+    others = [i for i in ids if i not in allowed]
+    if others:
+        raise _Rejected(outside.format(", ".join(others)))
+    return ids
+
+
 def _content(item: Any, single_line: bool = False) -> str:
     """The item's content, stripped and capped (SPEC §8), or a rejection."""
     if not isinstance(item, dict):
@@ -134,12 +145,8 @@ class ObservationCheck(_ItemCheck):
         relevance = relevance.strip().lower() if isinstance(relevance, str) else relevance
         if relevance not in RELEVANCE_ORDER:
             raise _Rejected("relevance must be low, medium, high or critical")
-        sources = _id_list(item.get("sourceEntryIds"))
-        if sources is None:
-            raise _Rejected("sourceEntryIds must be a non-empty list of entry ids")
-        outside = [s for s in sources if s not in self.chunk_ids]
-        if outside:
-            raise _Rejected(f"sourceEntryIds {', '.join(outside)} are not entries of this chunk")
+        sources = _cited_ids(item, "sourceEntryIds", "entry ids", self.chunk_ids,
+                             "sourceEntryIds {} are not entries of this chunk")
         obs_id = memory_id(content)
         if self._seen(obs_id, self.known_ids):
             return f"duplicate [{obs_id}]: already recorded, skipped"
@@ -158,12 +165,8 @@ class ReflectionCheck(_ItemCheck):
 
     def _one(self, item: Any) -> str:
         content = _content(item, single_line=True)
-        support = _id_list(item.get("supportingObservationIds"))
-        if support is None:
-            raise _Rejected("supportingObservationIds must be a non-empty list of observation ids")
-        inactive = [s for s in support if s not in self.active_ids]
-        if inactive:
-            raise _Rejected(f"{', '.join(inactive)} are not active observations")
+        support = _cited_ids(item, "supportingObservationIds", "observation ids", self.active_ids,
+                             "{} are not active observations")
         refl_id = memory_id(content)
         if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
