@@ -919,3 +919,44 @@ def test_consecutive_observer_prompts_share_their_memory_as_a_prefix(server, tmp
     assert second.startswith(memory + "\n")  # the second memory is the first plus a line at its end
     assert second[len(memory) + 1:].startswith(f"[{mid('Blocks two and three.')}] 2026-01-15 14:02 [high] ")
     assert server.requests[0]["messages"][0] == server.requests[1]["messages"][0]
+
+
+# ---------------------------------------------------------------- the stage records (issue 17)
+
+
+def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
+    from om_core.ledger import LEDGER_KINDS
+    from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES
+
+    assert list(STAGES) == ["observer", "reflector", "dropper"]
+    assert [STAGES[k].record_kind for k in STAGES] == [OBS, REFL, DROP]
+    assert {s.record_kind for s in STAGES.values()} == set(LEDGER_KINDS)
+    for stage in STAGES.values():
+        assert RECORD_MODELS[stage.record_kind] is stage.payload
+    # the observer and the reflector run on their clocks at a turn end, in that order; the dropper never does
+    assert [s.kind for s in CLOCKED_STAGES] == ["observer", "reflector"]
+    settings = Settings(observeAfterTokens=123, reflectAfterTokens=456)
+    assert [s.threshold(settings) for s in CLOCKED_STAGES] == [123, 456]
+
+
+def test_the_dropper_follows_only_a_reflector_run_that_appended_reflections():
+    from dataclasses import replace
+
+    from om_core.workers.stage_kinds import StageOutcome, StageRequest, follow_up, run_in_order
+
+    reflected = StageOutcome("reflector", "recorded", SID, E[9], "m", ledger_id="rec-1", covers_up_to_id=E[5])
+    assert follow_up(reflected) == StageRequest(SID, E[9], "dropper", reflection_watermark=E[5])
+    assert follow_up(replace(reflected, ledger_id=None)) is None  # already appended by an earlier run
+    assert follow_up(replace(reflected, outcome="empty", ledger_id=None)) is None
+    assert follow_up(replace(reflected, outcome="failed", ledger_id=None)) is None
+    assert follow_up(replace(reflected, stage="observer")) is None
+    assert follow_up(replace(reflected, stage="dropper")) is None
+
+    asked: list[str] = []
+
+    def run(req: StageRequest) -> StageOutcome:
+        asked.append(req.stage)
+        return replace(reflected, stage=req.stage)
+
+    assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == ["reflector", "dropper"]
+    assert asked == ["reflector", "dropper"]  # a recorded dropper has no follow-up of its own
