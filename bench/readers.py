@@ -72,7 +72,7 @@ def library_read(db: Path) -> tuple[bool, float, str | None]:
 
 def command_read(db: Path, env: dict[str, str]) -> tuple[bool, float, str | None]:
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(db), "sql", QUERY, "--csv"],
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), "sql", QUERY, "--csv"],
                           capture_output=True, text=True, env=env, timeout=120)
     ok = done.returncode == 0
     return ok, time.perf_counter() - t0, None if ok else done.stderr.strip()[:200]
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     during_library: list = []
     during_command: list = []
     with FakeOpenAI(responder=ScriptedWorkers(delay=args.delay)) as server:
-        run = subprocess.Popen([sys.executable, "-m", "om_core.cli", "--db", str(db), "run", str(work / "sessions"),
+        run = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(db), "run", str(work / "sessions"),
                                 "--model", "openai/fake-model", "--api-base", server.base_url, "--json"],
                                env={**env, "OPENAI_API_KEY": "not-needed"}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)

@@ -130,7 +130,7 @@ def measure(worker_counts: list[int], sessions: int = 16, nthreads: int = 2, lat
                                "OM_RESULT_STORAGE": str(work / "results" / str(n))}
                     t0 = time.perf_counter()
                     result = subprocess.run(
-                        [sys.executable, "-m", "om_core.cli", "--db", str(root / "om.duckdb"), "run",
+                        [sys.executable, "-m", "flows.cli", "--db", str(root / "om.duckdb"), "run",
                          str(make_sessions(root / "sessions", sessions)), "--dask-address", address,
                          "--concurrency", str(2 * n * nthreads), "--no-drain", "--model-limit", model_limit, "--json"],
                         cwd=root, env=run_env, capture_output=True, text=True, timeout=600)

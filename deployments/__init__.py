@@ -19,17 +19,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from om_core.settings import Settings
+
 # a live folder's runs must not overlap: a tick still running when the next is due skips that one
 _ONE_AT_A_TIME = {"limit": 1, "collision_strategy": "CANCEL_NEW"}
 
 
-def resolved_inputs(config: str | Path | None = None, model: str | None = None,
+def resolved_inputs(settings: Settings, model: str | None = None,
                     api_base: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The flow's ``model`` and ``settings`` parameters from the user's resolved settings."""
-    from om_core.settings import load_settings
-    from om_core.workers.stages import ModelConfig
+    """The flow's ``model`` and ``settings`` parameters from the user's resolved settings (a workspace's)."""
+    from om_core.workers.stages import ModelConfig  # the workers' modules: only when a deployment is made
 
-    settings = load_settings(config).settings
     chosen = ModelConfig.from_settings(settings, model, api_base)
     # deployments run on workers in several processes: the model-call limit is Prefect's global one
     model_dict = {"model": chosen.model or "offline", "api_base": chosen.api_base, "thinking": chosen.thinking,

@@ -15,6 +15,8 @@ import argparse
 from pathlib import Path
 
 from deployments import archive_deployment, maintenance_deployment, resolved_inputs
+from om_core.errors import OmError
+from om_core.workspace import Workspace
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,10 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not (args.archive or args.live):
         parser.error("give --archive and/or --live")
-    from om_core.errors import OmError
-
     try:
-        model, settings = resolved_inputs(args.config, args.model, args.api_base)
+        model, settings = resolved_inputs(Workspace.open(args.db, config=args.config).settings, args.model,
+                                          args.api_base)
     except OmError as exc:
         parser.exit(2, f"error: {exc}\n")
     from prefect.deployments import deploy

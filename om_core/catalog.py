@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 from pydantic import BaseModel
 
 from om_core.cutpoint import (
-    DEFAULT_KEEP_RECENT_TOKENS,
-    DEFAULT_RULES,
     BranchEntry,
     CutPoint,
     CutPointRules,
@@ -20,9 +17,12 @@ from om_core.cutpoint import (
     branch_entries_from_rows,
     compaction_cut_point,
 )
-from om_core.db import one, reading, rows_as_dicts, scalar
+from om_core.db import one, rows_as_dicts, scalar
 from om_core.errors import AmbiguousSession, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 
 class SessionInfo(BaseModel):
@@ -90,13 +90,17 @@ class PiDeclines(OmError):
         self.session_id, self.tip, self.reason, self.rules = session_id, tip, reason, rules
 
 
-def cut_point(db_path: str | os.PathLike, session: str, leaf: str | None = None,
-              keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS, rules: CutPointRules = DEFAULT_RULES) -> CutPoint:
-    """Pi's cut point if it compacted at ``leaf`` (default: the current leaf); ``PiDeclines`` where
-    Pi would not compact."""
+def cut_point(ws: Workspace, session: str, leaf: str | None = None, keep_recent_tokens: int | None = None,
+              rules: CutPointRules | None = None) -> CutPoint:
+    """Pi's cut point if it compacted at ``leaf`` (default: the current leaf), by the workspace's
+    keepRecentTokens and cutPointRules unless given; ``PiDeclines`` where Pi would not compact."""
+    if keep_recent_tokens is None:
+        keep_recent_tokens = ws.settings.keepRecentTokens
+    if rules is None:
+        rules = ws.settings.cutPointRules
     if keep_recent_tokens < 0:
         raise InvalidArgument("--keep-recent must be zero or more")
-    with reading(db_path) as con:
+    with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         branch = branch_for_cut_point(con, sid, tip)
@@ -106,8 +110,8 @@ def cut_point(db_path: str | os.PathLike, session: str, leaf: str | None = None,
         raise PiDeclines(sid, tip, str(exc), rules) from None
 
 
-def sessions(db_path: str | os.PathLike) -> list[SessionInfo]:
-    with reading(db_path) as con:
+def sessions(ws: Workspace) -> list[SessionInfo]:
+    with ws.read() as con:
         return list_sessions(con)
 
 
@@ -199,7 +203,7 @@ def _one_line(exc: duckdb.Error) -> str:
     return "; ".join(kept) or type(exc).__name__
 
 
-def run_sql(db_path: str | os.PathLike, sql: str, *, allow_files: bool = False) -> list[QueryResult]:
+def run_sql(ws: Workspace, sql: str, *, allow_files: bool = False) -> list[QueryResult]:
     """Run analyst queries on a read-only, locked-down connection: one result per statement.
 
     Every statement is checked before any runs, so several statements either all run or none does.
@@ -207,7 +211,8 @@ def run_sql(db_path: str | os.PathLike, sql: str, *, allow_files: bool = False) 
     """
     if not sql.strip().strip(";").strip():
         raise InvalidArgument("the query is empty")
-    with reading(db_path) as con:
+    # a read-only connection of its own (as every read): readable while no writer holds the file
+    with ws.read() as con:
         if allow_files:
             con.execute(query("sql_sandbox_local_files"))
         con.execute(query("sql_sandbox"))

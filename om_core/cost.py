@@ -11,9 +11,16 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from om_core.catalog import resolve_session
+from om_core.db import one, scalar
+from om_core.errors import OmError
+from om_core.ingest import discover
 from om_core.model import ModelError
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 # Prompt tokens per source token (Pi's estimate), as bench/workers.py measured them on the two
 # sample sessions with one call per stage, rounded up from the larger figure (prompt 1.32 and 1.33;
@@ -225,8 +232,6 @@ class Backlog:
 
 def unobserved_tokens(con: Any, session_id: str) -> int:
     """Source tokens on the session's current branch after its observation watermark."""
-    from om_core.db import scalar
-
     leaf = scalar(con, "session_leaf", {"session_id": session_id})
     if leaf is None:
         return 0
@@ -237,8 +242,6 @@ def unobserved_tokens(con: Any, session_id: str) -> int:
 def run_backlog(con: Any | None, files: list[Path], session_ids: list[str]) -> Backlog:
     """The backlog of a run over ``files`` (session files, resolved paths) and ``session_ids``
     (ingested sessions); ``con`` is a read connection, or None when there is no database yet."""
-    from om_core.db import one
-
     backlog = Backlog()
     known: list[str] = []
     for path in files:
@@ -256,21 +259,16 @@ def run_backlog(con: Any | None, files: list[Path], session_ids: list[str]) -> B
     return backlog
 
 
-def estimate_for_targets(db_path: str | Path, targets: list[str], model: str) -> tuple[RunEstimate, Backlog]:
+def estimate_for_targets(ws: Workspace, targets: list[str], model: str) -> tuple[RunEstimate, Backlog]:
     """The estimate `om run` prints before it starts: targets are files, directories or ingested
     session ids (unknown ids are left to the run to report)."""
-    from om_core.catalog import resolve_session
-    from om_core.db import reading
-    from om_core.errors import OmError
-    from om_core.ingest import discover
-
     paths = [t for t in targets if Path(t).exists()]
     refs = [t for t in targets if not Path(t).exists() and "/" not in t and not t.endswith(".jsonl")]
     files, _ = discover(paths)
     backlog = None
-    if Path(db_path).is_file():
+    if ws.path is None or ws.path.is_file():  # no database file yet: nothing ingested to count
         try:
-            with reading(db_path) as con:
+            with ws.read() as con:
                 sids = []
                 for ref in refs:
                     try:

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -38,6 +38,9 @@ from om_core.memory import compaction_projection
 from om_core.session import JS_WHITESPACE
 from om_core.settings import Settings
 from om_core.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 
 @dataclass
@@ -117,11 +120,12 @@ def _migrated(raw: str, entry_id: str, parent_id: str | None, entry_type: str | 
     return obj
 
 
-def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathLike, overwrite: bool = False,
-                   compact: bool = False, settings: Settings | None = None) -> ExportReport:
+def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrite: bool = False,
+                   compact: bool = False) -> ExportReport:
+    """Write the new session file; with ``compact``, the tip compaction by the workspace's settings."""
     out_path = Path(out).resolve()
-    settings = settings or Settings()
-    with dbmod.reading(db_path) as con:
+    settings = ws.settings if compact else None  # resolved only when used, before the database is read
+    with ws.read() as con:
         sid = resolve_session(con, session)
         header_raw, file_path, version = dbmod.one(con, "export_header", {"session_id": sid})
         if out_path == Path(file_path).resolve():
@@ -156,7 +160,7 @@ def export_session(db_path: str | os.PathLike, session: str, out: str | os.PathL
             previous = record["ledger_id"]
     compaction, skipped = None, None
     if compact:
-        with dbmod.reading(db_path) as con:
+        with ws.read() as con:
             compaction, skipped = tip_compaction(con, sid, lines, records, settings)
         if compaction is not None:
             lines.append(_dumps(compaction))

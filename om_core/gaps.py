@@ -11,18 +11,21 @@ would take more than a set share of the model's context window.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 from pydantic import BaseModel
 
 from om_core import db as dbmod
+from om_core.catalog import resolve_session, resolve_tip
 from om_core.errors import EntryNotFound
 from om_core.session import loads_line
 from om_core.settings import Settings
 from om_core.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 DEFAULT_CONTEXT_WINDOW = 200_000  # when the model's window is unknown (Claude-class models)
 
@@ -207,21 +210,19 @@ def compaction_gaps(con: duckdb.DuckDBPyConnection, session_ids: list[str] | Non
     return report
 
 
-def gaps(db_path: str | os.PathLike, sessions: list[str] | None = None, gap_safe: bool = False,
-         settings: Settings | None = None) -> GapReport:
-    from om_core.catalog import resolve_session
-
-    with dbmod.reading(db_path) as con:
+def gaps(ws: Workspace, sessions: list[str] | None = None, gap_safe: bool = False) -> GapReport:
+    """The gap report of ``sessions`` (references as `om` accepts them; None: all), with the
+    workspace's settings for the gap-safe boundaries."""
+    settings = ws.settings
+    with ws.read() as con:
         ids = [resolve_session(con, s) for s in sessions] if sessions else None
         return compaction_gaps(con, ids, gap_safe, settings)
 
 
-def gap_safe_at(db_path: str | os.PathLike, session: str, first_kept: str, leaf: str | None,
-                settings: Settings) -> GapSafeBoundary:
+def gap_safe_at(ws: Workspace, session: str, first_kept: str, leaf: str | None) -> GapSafeBoundary:
     """The gap-safe F if Pi compacted now at ``leaf`` with plain F ``first_kept`` (for `om compact`)."""
-    from om_core.catalog import resolve_session, resolve_tip
-
-    with dbmod.reading(db_path) as con:
+    settings = ws.settings
+    with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         branch_leaf, tip_pos = dbmod.one(con, "leaf_of", {"session_id": sid, "entry_id": tip})

@@ -4,15 +4,18 @@ request and response text, ``llm_call_texts``. A read path: no litellm, no Prefe
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from om_core.db import reading, rows_as_dicts
+from om_core.catalog import resolve_session
+from om_core.db import rows_as_dicts
 from om_core.errors import InvalidArgument
 from om_core.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 WORKER_STAGES = ("observer", "reflector", "dropper")
 
@@ -39,16 +42,14 @@ class ModelCallLog(BaseModel):
     text_stored: bool = True  # False: the call's text was not kept (storePrompts off, or an older call)
 
 
-def model_call_log(db_path: str | os.PathLike, *, session: str | None = None, stage: str | None = None,
+def model_call_log(ws: Workspace, *, session: str | None = None, stage: str | None = None,
                    limit: int = 20, full: bool = False) -> list[ModelCallLog]:
     """The model calls, newest first; ``limit`` 0 means all."""
     if limit < 0:
         raise InvalidArgument("--limit must be 0 (all) or more")
-    with reading(db_path) as con:
+    with ws.read() as con:
         session_id = None
         if session is not None:
-            from om_core.catalog import resolve_session
-
             session_id = resolve_session(con, session)
         if stage is not None:
             known = sorted(set(WORKER_STAGES) | {r[0] for r in con.execute(query("model_call_stages")).fetchall()})

@@ -6,20 +6,22 @@ models; none of them folds or projects in Python.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 from pydantic import BaseModel, Field, PrivateAttr
 
 from om_core.catalog import branch_for_cut_point, resolve_session, resolve_tip
-from om_core.db import reading, scalar
+from om_core.db import scalar
 from om_core.errors import EntryNotFound, InvalidArgument
 from om_core.ledger import Observation, Reflection
 from om_core.render import observation_line, reflection_line, render_summary
 from om_core.settings import Settings
 from om_core.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 
 def _number(value: float) -> int | float:
@@ -368,13 +370,13 @@ class ViewResult(BaseModel):
     replayedCounts: tuple[int, int] | None = None  # of the replayed view, when it differs from visible
 
 
-def view(db_path: str | os.PathLike, session: str, leaf: str | None = None, full: bool = False,
+def view(ws: Workspace, session: str, leaf: str | None = None, full: bool = False,
          replayed: bool = False) -> ViewResult:
     """Visible memory by default, full memory with ``full``, the replayed view with ``replayed``. An empty
     visible view also reports full memory's and the replayed view's sizes, so the caller can point on."""
     if full and replayed:
         raise InvalidArgument("choose one of --full and --replayed")
-    with reading(db_path) as con:
+    with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         if full:
@@ -394,18 +396,21 @@ def view(db_path: str | os.PathLike, session: str, leaf: str | None = None, full
         return result
 
 
-def compact(db_path: str | os.PathLike, session: str, first_kept: str, leaf: str | None = None,
+def compact(ws: Workspace, session: str, first_kept: str, leaf: str | None = None,
             pool_max_tokens: int | None = None) -> CompactionResult:
-    with reading(db_path) as con:
+    """The projection at F = ``first_kept``; the pool budget is the workspace's observationsPoolMaxTokens
+    unless given."""
+    pool = pool_max_tokens if pool_max_tokens is not None else ws.settings.observationsPoolMaxTokens
+    with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        pool = pool_max_tokens if pool_max_tokens is not None else Settings().observationsPoolMaxTokens
         return compaction_projection(con, sid, tip, first_kept, pool)
 
 
-def status(db_path: str | os.PathLike, session: str, leaf: str | None = None,
-           settings: Settings | None = None) -> MemoryStatus:
-    with reading(db_path) as con:
+def status(ws: Workspace, session: str, leaf: str | None = None) -> MemoryStatus:
+    """Memory status with the workspace's settings (thresholds, pool sizes)."""
+    settings = ws.settings
+    with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         return memory_status(con, sid, tip, settings)

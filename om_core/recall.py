@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 from pydantic import BaseModel, Field
 
 from om_core.catalog import resolve_session, resolve_tip
-from om_core.db import reading
 from om_core.ledger import is_memory_id
 from om_core.session import loads_line
 from om_core.source_text import entry_text, minute, role_label
 from om_core.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
 
 
 class RecallSource(BaseModel):
@@ -164,9 +165,9 @@ def _finish(result: RecallResult, session_id: str, tip: str) -> None:
                                        missingSupportingObservationIds=result.missingSupportingObservationIds)]
 
 
-def recall(db_path: str | os.PathLike, memory_id: str, session: str | None = None, leaf: str | None = None) -> RecallResult:
+def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str | None = None) -> RecallResult:
     """Recall in one session (``--session``), or in every session, each on its own current branch."""
-    with reading(db_path) as con:
+    with ws.read() as con:
         if session is not None:
             sid = resolve_session(con, session)
             return recall_in_session(con, sid, resolve_tip(con, sid, leaf), memory_id)

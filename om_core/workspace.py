@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,23 +99,44 @@ class WorkspaceSpec(BaseModel):
 
 
 class Workspace:
-    def __init__(self, db: Database, settings: Settings, *, sources: ResolvedSettings | None = None) -> None:
+    def __init__(self, db: Database, settings: Settings | None = None, *, sources: ResolvedSettings | None = None,
+                 resolve: Callable[[], ResolvedSettings] | None = None) -> None:
+        if settings is None and sources is None and resolve is None:
+            raise TypeError("a workspace needs settings, resolved settings, or a way to resolve them")
         self.db = db
-        self.settings = settings
-        self.resolved = sources  # where each setting came from, when the workspace resolved them
+        self._settings = settings if settings is not None else (sources.settings if sources else None)
+        self._sources = sources  # where each setting came from, when the workspace resolved them
+        self._resolve = resolve
+
+    @property
+    def settings(self) -> Settings:
+        """The typed settings, resolved on first use: a command that reads no setting (``om view``,
+        ``om sql``) works, as it always did, even where a settings source is invalid."""
+        if self._settings is None:
+            self._sources = self._resolve()
+            self._settings = self._sources.settings
+        return self._settings
+
+    @property
+    def resolved(self) -> ResolvedSettings | None:
+        """The settings with their sources (``om config``), when this workspace resolves them itself."""
+        if self._resolve is not None and self._sources is None:
+            self.settings  # noqa: B018  (resolves them)
+        return self._sources
 
     # ------------------------------------------------------------------ building one
 
     @classmethod
     def open(cls, db_path: str | os.PathLike, *, config: str | os.PathLike | None = None,
-             settings: Settings | None = None, busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> Workspace:
-        """A command's workspace: the user's file and the settings resolved from every source
-        (defaults, Pi's settings files, om.toml or ``config``, OM_* variables), unless given."""
-        resolved = None
-        if settings is None:
-            resolved = load_settings(config)
-            settings = resolved.settings
-        return cls(FileDatabase(db_path, busy_seconds), settings, sources=resolved)
+             flags: Mapping[str, Any] | None = None, settings: Settings | None = None,
+             busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> Workspace:
+        """A command's workspace: the user's file and, unless given, the settings resolved from every
+        source (defaults, Pi's settings files, om.toml or ``config``, OM_* variables, then the command's
+        ``flags``) when first used. Nothing is opened here: each use opens the file."""
+        db = FileDatabase(db_path, busy_seconds)
+        if settings is not None:
+            return cls(db, settings)
+        return cls(db, resolve=lambda: load_settings(config, flags))
 
     @classmethod
     def from_spec(cls, spec: WorkspaceSpec | dict[str, Any]) -> Workspace:

@@ -25,6 +25,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def workspace(db, values=None):
+    """A workspace on the database file ``db`` (as the library's entry points take one) with the given
+    Settings, by default om's defaults: no settings file, no OM_* variable."""
+    from om_core.settings import Settings
+    from om_core.workspace import Workspace
+
+    return Workspace.open(db, settings=values if values is not None else Settings())
+
+
 def shared_session(name: str) -> Path:
     path = SHARED_SESSIONS / name
     if not path.is_file():

@@ -9,6 +9,7 @@ import duckdb
 import pytest
 
 from builders import SessionBuilder
+from conftest import workspace
 from om_core import catalog, db as dbmod
 from om_core.errors import AmbiguousSession, DatabaseMissing, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.ingest import ingest
@@ -103,7 +104,7 @@ def test_resolve_session_errors(catalog_db, tmp_path):
 
 
 def test_list_sessions(catalog_db):
-    rows = {s.session_id: s for s in catalog.sessions(catalog_db["db"])}
+    rows = {s.session_id: s for s in catalog.sessions(workspace(catalog_db["db"]))}
     assert set(rows) == {SID_A, SID_B, SID_C}
     a = rows[SID_A]
     assert (a.file_path, a.version, a.cwd, a.leaf_id) == (
@@ -118,7 +119,7 @@ def test_list_sessions(catalog_db):
 
 
 def test_run_sql_returns_columns_and_rows(catalog_db):
-    (result,) = catalog.run_sql(catalog_db["db"], "SELECT session_id, entry_count FROM sessions ORDER BY session_id")
+    (result,) = catalog.run_sql(workspace(catalog_db["db"]), "SELECT session_id, entry_count FROM sessions ORDER BY session_id")
     assert result.columns == ["session_id", "entry_count"]
     assert result.rows == [[SID_A, 6], [SID_B, 2], [SID_C, 8]]
 
@@ -132,7 +133,7 @@ def test_run_sql_returns_columns_and_rows(catalog_db):
 def test_run_sql_is_read_only(catalog_db, statement):
     before = q(catalog_db["db"], "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM entries)")
     with pytest.raises(OmError) as exc:
-        catalog.run_sql(catalog_db["db"], statement)
+        catalog.run_sql(workspace(catalog_db["db"]), statement)
     assert "read-only" in str(exc.value).lower() or "read only" in str(exc.value).lower()
     assert q(catalog_db["db"], "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM entries)") == before
     assert q(catalog_db["db"], "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'scratch'") == [(0,)]
@@ -140,7 +141,7 @@ def test_run_sql_is_read_only(catalog_db, statement):
 
 def _refused(db: Path, sql: str, **kwargs) -> str:
     with pytest.raises(InvalidArgument) as exc:
-        catalog.run_sql(db, sql, **kwargs)
+        catalog.run_sql(workspace(db), sql, **kwargs)
     message = str(exc.value)
     assert "\n" not in message and "read-only" in message
     return message
@@ -191,7 +192,7 @@ def test_run_sql_settings_that_slip_past_are_locked(catalog_db, tmp_path):
     for sql in ("SELECT * FROM enable_profiling(save_location := '%s')" % (tmp_path / "p.json"),
                 "CALL enable_logging(storage := 'file', storage_path := '%s')" % (tmp_path / "logs")):
         with pytest.raises(OmError) as exc:
-            catalog.run_sql(catalog_db["db"], sql, allow_files=True)
+            catalog.run_sql(workspace(catalog_db["db"]), sql, allow_files=True)
         assert "locked" in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "logs").exists()
 
@@ -203,17 +204,17 @@ def test_run_sql_reads_files_only_with_allow_files(catalog_db, tmp_path):
                 f"SELECT * FROM '{secret}'", f"SELECT * FROM glob('{tmp_path}/*')",
                 "SELECT * FROM read_text('/etc/hostname')"):
         with pytest.raises(OmError) as exc:
-            catalog.run_sql(catalog_db["db"], sql)
+            catalog.run_sql(workspace(catalog_db["db"]), sql)
         assert "--allow-files" in str(exc.value) and "\n" not in str(exc.value)
         assert "hunter2" not in str(exc.value)
-    (result,) = catalog.run_sql(catalog_db["db"], f"SELECT content FROM read_text('{secret}')", allow_files=True)
+    (result,) = catalog.run_sql(workspace(catalog_db["db"]), f"SELECT content FROM read_text('{secret}')", allow_files=True)
     assert result.rows == [["hunter2"]]
     with pytest.raises(OmError):  # files, not the network
-        catalog.run_sql(catalog_db["db"], "SELECT * FROM read_text('https://example.com/x')", allow_files=True)
+        catalog.run_sql(workspace(catalog_db["db"]), "SELECT * FROM read_text('https://example.com/x')", allow_files=True)
 
 
 def test_run_sql_queries_that_run(catalog_db):
-    results = catalog.run_sql(catalog_db["db"], "SELECT count(*) AS n FROM sessions; "
+    results = catalog.run_sql(workspace(catalog_db["db"]), "SELECT count(*) AS n FROM sessions; "
                               "EXPLAIN SELECT 1; PIVOT (SELECT 1 AS a, 2 AS b) ON a; DESCRIBE sessions; "
                               "SHOW TABLES; CALL pragma_version(); SUMMARIZE SELECT 1 AS x")
     assert [r.columns[0] for r in results][:1] == ["n"] and results[0].rows == [[3]]
@@ -227,7 +228,7 @@ def test_run_sql_checks_every_statement_before_running_any(catalog_db):
 
 
 def test_run_sql_values_for_printing(catalog_db):
-    (result,) = catalog.run_sql(catalog_db["db"], "SELECT '\\xAA\\x00'::BLOB AS b, [1, 2] AS l, "
+    (result,) = catalog.run_sql(workspace(catalog_db["db"]), "SELECT '\\xAA\\x00'::BLOB AS b, [1, 2] AS l, "
                                 "{'k': 'v'} AS s, NULL AS n, true AS t, DATE '2026-01-02' AS d")
     assert result.text_rows() == [["aa00", "[1, 2]", '{"k": "v"}', "", "true", "2026-01-02"]]
     assert result.json_rows() == [{"b": "aa00", "l": [1, 2], "s": {"k": "v"}, "n": None, "t": True,
@@ -236,19 +237,19 @@ def test_run_sql_values_for_printing(catalog_db):
 
 def test_run_sql_bad_query_is_a_clear_error(catalog_db):
     with pytest.raises(OmError) as exc:
-        catalog.run_sql(catalog_db["db"], "SELECT nope FROM sessions")
+        catalog.run_sql(workspace(catalog_db["db"]), "SELECT nope FROM sessions")
     assert "nope" in str(exc.value)
 
 
 def test_missing_database(tmp_path):
     missing = tmp_path / "none.duckdb"
     with pytest.raises(DatabaseMissing) as exc:
-        catalog.run_sql(missing, "SELECT 1")
+        catalog.run_sql(workspace(missing), "SELECT 1")
     assert str(missing) in str(exc.value)
     with pytest.raises(DatabaseMissing):
-        catalog.sessions(missing)
+        catalog.sessions(workspace(missing))
     with pytest.raises(DatabaseMissing):
-        catalog.cut_point(missing, SID_A)
+        catalog.cut_point(workspace(missing), SID_A)
     assert not missing.exists()
 
 
@@ -263,56 +264,56 @@ def _cut(cp) -> dict:
 def test_cut_point_at_current_leaf(catalog_db, rules):
     db, ids = catalog_db["db"], catalog_db["a_ids"]
     # branch of a3: u1 a1 u3 a3 (100 tokens each)
-    cp = catalog.cut_point(db, SID_A, keep_recent_tokens=150, rules=rules)
+    cp = catalog.cut_point(workspace(db), SID_A, keep_recent_tokens=150, rules=rules)
     assert _cut(cp) == {"firstKeptEntryId": ids["u3"], "firstKeptPosition": 2, "turnStartPosition": -1,
                         "isSplitTurn": False}
     assert cp.cutPointRules == rules and cp.tokensBefore == 120  # a3's usage (totalTokens 120), nothing after it
-    cp = catalog.cut_point(db, "abc1", keep_recent_tokens=50, rules=rules)
+    cp = catalog.cut_point(workspace(db), "abc1", keep_recent_tokens=50, rules=rules)
     assert _cut(cp) == {"firstKeptEntryId": ids["a3"], "firstKeptPosition": 3, "turnStartPosition": 2,
                         "isSplitTurn": True}
     # the budget is never reached: the first cut point; Pi 1.6 then has nothing to summarize
     if rules == "legacy":
-        cp = catalog.cut_point(db, str(catalog_db["a"]), rules=rules)
+        cp = catalog.cut_point(workspace(db), str(catalog_db["a"]), rules=rules)
         assert _cut(cp) == {"firstKeptEntryId": ids["u1"], "firstKeptPosition": 0, "turnStartPosition": -1,
                             "isSplitTurn": False}
     else:
         with pytest.raises(catalog.PiDeclines, match="nothing to summarize") as declined:
-            catalog.cut_point(db, str(catalog_db["a"]), rules=rules)
+            catalog.cut_point(workspace(db), str(catalog_db["a"]), rules=rules)
         assert declined.value.tip == ids["a3"]
 
 
 def test_cut_point_at_other_leaf_and_interior_entry(catalog_db):
     db, ids = catalog_db["db"], catalog_db["a_ids"]
-    cp = catalog.cut_point(db, SID_A, leaf=ids["a2"], keep_recent_tokens=150)
+    cp = catalog.cut_point(workspace(db), SID_A, leaf=ids["a2"], keep_recent_tokens=150)
     assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["u2"], 2, -1, False)
-    cp = catalog.cut_point(db, SID_A, leaf=ids["a1"], keep_recent_tokens=50)
+    cp = catalog.cut_point(workspace(db), SID_A, leaf=ids["a1"], keep_recent_tokens=50)
     assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["a1"], 1, 0, True)
     with pytest.raises(EntryNotFound):
-        catalog.cut_point(db, SID_A, leaf="not-an-entry")
+        catalog.cut_point(workspace(db), SID_A, leaf="not-an-entry")
     with pytest.raises(EntryNotFound):
-        catalog.cut_point(db, SID_A, leaf=catalog_db["c_ids"]["u1"])  # an entry of another session
+        catalog.cut_point(workspace(db), SID_A, leaf=catalog_db["c_ids"]["u1"])  # an entry of another session
     with pytest.raises(InvalidArgument):
-        catalog.cut_point(db, SID_A, keep_recent_tokens=-1)
+        catalog.cut_point(workspace(db), SID_A, keep_recent_tokens=-1)
 
 
 def test_cut_point_after_a_compaction(catalog_db):
     db, ids = catalog_db["db"], catalog_db["c_ids"]
     # branch: u1 a1 u2 a2 comp think u3 a3; the boundary starts after the compaction
-    cp = catalog.cut_point(db, SID_C, keep_recent_tokens=1_000_000, rules="legacy")
+    cp = catalog.cut_point(workspace(db), SID_C, keep_recent_tokens=1_000_000, rules="legacy")
     # first cut point after the compaction is u3 (6); backward absorption takes the thinking change (5)
     assert _cut(cp) == {"firstKeptEntryId": ids["think"], "firstKeptPosition": 5, "turnStartPosition": -1,
                         "isSplitTurn": False}
     # Pi 1.6 cuts the projection [comp, u2 a2 (kept), think u3 a3]: 100 tokens each (the thinking change
     # none); a budget of 250 is reached at a2 (3) -> cut a2, a split turn from u2 (2)
-    cp = catalog.cut_point(db, SID_C, keep_recent_tokens=250)
+    cp = catalog.cut_point(workspace(db), SID_C, keep_recent_tokens=250)
     assert _cut(cp) == {"firstKeptEntryId": ids["a2"], "firstKeptPosition": 3, "turnStartPosition": 2,
                         "isSplitTurn": True}
     # a3's usage 120 comes after the compaction: 120, with nothing after it
     assert cp.tokensBefore == 120
     with pytest.raises(catalog.PiDeclines, match="nothing to summarize"):  # the budget is never reached
-        catalog.cut_point(db, SID_C, keep_recent_tokens=1_000_000)
+        catalog.cut_point(workspace(db), SID_C, keep_recent_tokens=1_000_000)
     with pytest.raises(OmError) as exc:
-        catalog.cut_point(db, SID_C, leaf=ids["comp"])
+        catalog.cut_point(workspace(db), SID_C, leaf=ids["comp"])
     assert "compact" in str(exc.value)
 
 
@@ -412,7 +413,7 @@ def test_entry_ids_repeat_across_sessions(tmp_path, db_path):
     assert q(db_path, "SELECT position, entry_id FROM branch(?, ?) ORDER BY 1", [SID_B, ids["a1"]]) == [
         (0, ids["u1"]), (1, ids["a1"])]
     assert q(db_path, "SELECT count(*) FROM branch_detail(?, ?) WHERE tokens_pi = 10", [SID_B, ids["a1"]]) == [(2,)]
-    cp = catalog.cut_point(db_path, SID_B, keep_recent_tokens=5)
+    cp = catalog.cut_point(workspace(db_path), SID_B, keep_recent_tokens=5)
     assert (cp.firstKeptEntryId, cp.firstKeptPosition, cp.turnStartPosition, cp.isSplitTurn) == (ids["a1"], 1, 0, True)
 
 

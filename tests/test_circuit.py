@@ -248,7 +248,7 @@ def om(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120):
     full = {k: v for k, v in os.environ.items() if k not in KEY_VARIABLES and not k.startswith("OM_")}
     full.update({"COLUMNS": "200", "HOME": str(cwd), **env})
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "om_core.cli", *args], cwd=cwd, env=full, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=full, capture_output=True,
                           text=True, timeout=timeout)
     return done, time.monotonic() - t0
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from builders import SessionBuilder
 from conftest import shared_session
 from om_core import db as dbmod
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.errors import DatabaseBusy, InvalidArgument
 from om_core.ingest import ingest
 
@@ -41,10 +41,10 @@ def invoke(args: list[str], env: dict[str, str] | None = None):
 
 
 def run_om(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
-    """`python -m om_core.cli ...` in a fresh process, so main()'s error handler is what the user sees."""
+    """`python -m flows.cli ...` in a fresh process, so main()'s error handler is what the user sees."""
     full_env = {k: v for k, v in os.environ.items() if k != "OM_DB"}
     full_env.update({"COLUMNS": "200", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "om_core.cli", *args], cwd=cwd, env=full_env,
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -256,7 +256,7 @@ def test_sql_reads_files_only_with_allow_files(two_sessions, tmp_path):
 
 def test_sql_reads_the_query_from_stdin(two_sessions, tmp_path):
     full_env = {k: v for k, v in os.environ.items() if k != "OM_DB"}
-    result = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(two_sessions["db"]), "sql", "-",
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(two_sessions["db"]), "sql", "-",
                              "--json"], input="SELECT count(*) AS n\nFROM sessions;\n", capture_output=True, text=True,
                             cwd=tmp_path, env=full_env, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -287,7 +287,7 @@ def test_sql_blobs_print_as_hex(two_sessions):
 def test_sql_wide_results_stay_readable_on_a_terminal(two_sessions, monkeypatch):
     from rich.console import Console
 
-    from om_core import cli
+    from flows.cli import common as cli  # print_rows writes to common.out
 
     buffer = io.StringIO()
     monkeypatch.setattr(cli, "out", Console(file=buffer, force_terminal=True, width=60, color_system=None))
@@ -634,7 +634,7 @@ def test_ingest_of_a_file_that_is_not_a_session_is_an_error_for_that_file(tmp_pa
 def test_tables_show_whole_ids_on_a_narrow_terminal(two_sessions, monkeypatch):
     from rich.console import Console
 
-    from om_core import cli
+    from flows.cli import common as cli  # print_rows writes to common.out
 
     for width in (60, 120, 250):
         buffer = io.StringIO()

@@ -46,7 +46,7 @@ def make_sessions(folder: Path, count: int = 8) -> Path:
 
 
 def om_run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "om_core.cli", *args], env=env, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
 
 

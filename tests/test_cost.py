@@ -14,6 +14,7 @@ from builders import SessionBuilder
 from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI
 
+from conftest import workspace
 from om_core import db as dbmod
 from om_core.cost import (
     OUTPUT_ALLOWANCE,
@@ -110,14 +111,14 @@ def test_estimate_for_targets_reads_the_backlog_from_the_database(tmp_path, db_p
     con = duckdb.connect(str(db_path), read_only=True)
     source = con.execute("SELECT sum(tokens_pi) FROM entries WHERE is_source").fetchone()[0]
     con.close()
-    est, backlog = estimate_for_targets(db_path, [SID], "openai/gpt-4o-mini")
+    est, backlog = estimate_for_targets(workspace(db_path), [SID], "openai/gpt-4o-mini")
     assert backlog.source_tokens == backlog.from_database == source  # nothing observed yet
     assert est.usd is not None and est.usd > 0
     # a file not ingested yet: estimated from its size
     other = SessionBuilder("0c057000-0000-4000-8000-000000000002")
     other.work_turns(3, "x")
     path = other.write(tmp_path / "other.jsonl")
-    _, fresh = estimate_for_targets(db_path, [str(path)], "openai/gpt-4o-mini")
+    _, fresh = estimate_for_targets(workspace(db_path), [str(path)], "openai/gpt-4o-mini")
     assert fresh.from_database == 0 and fresh.from_file_size == math.ceil(path.stat().st_size * 0.16)
 
 

@@ -278,7 +278,7 @@ def test_a_rerun_with_another_reader_is_refused(tmp_path, server):
 
 
 def test_cli_longmemeval(tmp_path, server):
-    from om_core.cli import app
+    from flows.cli.main import app
 
     write_dataset(tmp_path / "lme.json")
     (tmp_path / "om.toml").write_text("\n".join(f"{k} = {v}" for k, v in SMALL.items()) + "\n")
@@ -319,7 +319,7 @@ def test_ctrl_c_stops_the_command_cleanly_and_a_rerun_finishes(tmp_path, server)
     out = tmp_path / "out"
     hypotheses = out / "oracle" / "hypotheses.jsonl"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "om_core.cli", "eval", "longmemeval", "--data",
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "eval", "longmemeval", "--data",
                              str(tmp_path / "lme.json"), "--reader", "openai/fake-reader", "--conditions", "oracle",
                              "--out", str(out), "--api-base", server.base_url, "--reader-window", "100000",
                              "--concurrency", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

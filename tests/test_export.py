@@ -12,7 +12,7 @@ from builders import SessionBuilder
 from typer.testing import CliRunner
 
 from om_core import db as dbmod
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.errors import InvalidArgument
 from om_core.export import js_iso
 from om_core.ingest import ingest

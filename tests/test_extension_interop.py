@@ -27,7 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from builders import SessionBuilder
-from om_core.cli import app
+from flows.cli.main import app
 
 SID = "8f3a2c1e-5b7d-4e9a-a1c3-0d2e4f6a8b9c"
 E = {n: f"{n:08x}" for n in range(1, 40)}

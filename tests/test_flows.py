@@ -18,6 +18,7 @@ from builders import SessionBuilder
 from fake_brains import ScriptedWorkers, stage_key
 from fake_openai import FakeOpenAI, http_error
 
+from conftest import workspace
 from om_core.ledger import parse_folded, parse_record
 from om_core.settings import Settings
 
@@ -158,7 +159,7 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
             return json_error(500)  # nobody is left to read it; not an answer
         return script(body)
 
-    command = [sys.executable, "-m", "om_core.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1", "--json"]
+    command = [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1", "--json"]
     with FakeOpenAI(responder=responder) as server:
         model = ["--model", "openai/fake-model", "--api-base", server.base_url]
         victim["proc"] = subprocess.Popen(command + model, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -177,7 +178,7 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
     # the interrupted-and-resumed run ends where an uninterrupted one does
     clean_db = tmp_path / "clean.duckdb"
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        clean = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(clean_db), "run",
+        clean = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(clean_db), "run",
                                 str(tmp_path / "sessions"), "--concurrency", "1", "--json", "--model",
                                 "openai/fake-model", "--api-base", server.base_url],
                                env={**env, "OM_DB": str(clean_db)}, capture_output=True, text=True, timeout=300)
@@ -193,7 +194,7 @@ def test_max_cost_stops_om_run_and_a_rerun_resumes_it(prefect_api, tmp_path):
     make_sessions(tmp_path / "sessions", count=2)
     db, clean_db = tmp_path / "om.duckdb", tmp_path / "clean.duckdb"
     env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api}
-    base = [sys.executable, "-m", "om_core.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1"]
+    base = [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1"]
 
     def om_run(target: Path, server: FakeOpenAI, *extra: str):
         # a model litellm has a price for, served by the fake server
@@ -250,7 +251,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     assert per_session.get("00000000-aaaa-bbbb-cccc-dddddddddddd") and per_session.get("00000001-aaaa-bbbb-cccc-dddddddddddd")
     from om_core.memory import status
 
-    shown = status(db, "00000002")
+    shown = status(workspace(db), "00000002")
     assert shown.lastErrors and "BadRequestError" in shown.lastErrors[0]["detail"]
 
 
@@ -275,7 +276,7 @@ def test_same_flow_on_a_local_dask_cluster(prefect_api, tmp_path):
 def test_om_run_on_a_real_session_with_the_offline_baseline(prefect_api, tmp_path, before_compaction):
     from typer.testing import CliRunner
 
-    from om_core.cli import app
+    from flows.cli.main import app
 
     db = tmp_path / "om.duckdb"
     result = CliRunner().invoke(app, ["--db", str(db), "run", str(before_compaction), "--json"])
@@ -292,7 +293,7 @@ def test_om_run_on_a_full_disk_ends_with_one_line(prefect_api, tmp_path, small_f
     mount, _ = small_fs
     incompressible_sessions(tmp_path / "in")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
-    done = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(mount / "om.duckdb"), "run",
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(mount / "om.duckdb"), "run",
                            str(tmp_path / "in")], env={**env, "PREFECT_API_URL": prefect_api, "COLUMNS": "200"},
                           capture_output=True, text=True, timeout=300)  # the timeout: nothing waits for ever
     assert done.returncode == 1, done.stderr[-3000:]

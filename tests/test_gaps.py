@@ -8,8 +8,9 @@ import pytest
 from builders import SessionBuilder
 from typer.testing import CliRunner
 
+from conftest import workspace
 from om_core import db as dbmod
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.gaps import compaction_gaps, gap_safe_position, gaps
 from om_core.ingest import ingest
 from om_core.ledger import memory_id
@@ -50,7 +51,7 @@ def gap_session(tmp_path, covers_key: str, with_record: bool = True):
 
 
 def classes(db) -> list[tuple[str, str, int]]:
-    report = gaps(db)
+    report = gaps(workspace(db))
     return [(c.origin, c.class_, c.gap_messages) for c in report.compactions]
 
 
@@ -61,7 +62,7 @@ def test_no_gap_when_the_included_batch_reaches_the_kept_tail(tmp_path):
 
 def test_observer_lag_when_no_record_reaches_that_far(tmp_path):
     db, ids = gap_session(tmp_path, "a1")  # C = a1 (1); u2 and a2 lie in (C, F) and no record reaches F
-    report = gaps(db)
+    report = gaps(workspace(db))
     [c] = report.compactions
     assert (c.class_, c.gap_messages, c.c_position, c.first_kept_position) == ("observer_lag", 2, 1, 4)
     assert c.gap_tokens > 0
@@ -91,11 +92,11 @@ def test_cross_boundary_when_a_batch_reaches_past_f(tmp_path):
     b.compaction("summary", u3, details=folded([early]), from_hook=True)
     db = tmp_path / "om.duckdb"
     ingest(db, [b.write(tmp_path / "s.jsonl")])
-    [c] = gaps(db).compactions
+    [c] = gaps(workspace(db)).compactions
     # positions: u1 0, a1 1, record 2, u2 3, a2 4, u3 5, a3 6, record 7 -> C = 0, F = 5, reach = 6
     assert (c.class_, c.c_position, c.first_kept_position, c.watermark_reach) == ("cross_boundary", 0, 5, 6)
     assert c.gap_messages == 3  # a1, u2, a2: raw messages in neither the summary nor the kept tail
-    [safe] = gaps(db, gap_safe=True).compactions
+    [safe] = gaps(workspace(db), gap_safe=True).compactions
     assert (safe.first_kept_position, safe.gap_messages, safe.class_) == (1, 0, "no_gap")
     assert safe.gap_safe["plainFirstKeptEntryId"] == u3 and safe.gap_safe["keptTailGrowthTokens"] > 0
 

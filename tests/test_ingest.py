@@ -1006,7 +1006,7 @@ def _om(args: list[str], cwd: Path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
-    return subprocess.run([sys.executable, "-m", "om_core.cli", *args], cwd=cwd, env={**env, "COLUMNS": "200"},
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env={**env, "COLUMNS": "200"},
                           capture_output=True, text=True, timeout=120)  # the timeout: nothing waits for ever
 
 

@@ -14,7 +14,7 @@ from builders import SessionBuilder
 from fake_openai import FakeOpenAI, http_error, text, tool_call
 from typer.testing import CliRunner
 
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.ingest import ingest
 
 SID = "10951111-0000-4000-8000-000000000001"
@@ -42,7 +42,7 @@ def invoke(args, env=None):
 
 def om_main(db, *args):
     """The command as a user runs it (main()'s one-line errors)."""
-    return subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(db), *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), *args], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
 
 
@@ -178,11 +178,11 @@ def test_om_logs_lists_every_call_of_a_run_with_stage_prompt_and_response(prefec
                 "OM_OBSERVER_CHUNK_MAX_TOKENS": "400", "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40",
                 "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20", "COLUMNS": "200"})
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        done = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(db), "run", str(folder), *model(server)],
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), "run", str(folder), *model(server)],
                               env=env, capture_output=True, text=True, timeout=300)
         sent = [wire(r["messages"]) for r in server.requests]
     assert done.returncode == 0, done.stderr[-2000:]
-    listed = subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(db), "logs", "--json", "--full",
+    listed = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), "logs", "--json", "--full",
                              "--limit", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     calls = json.loads(listed.stdout)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from builders import SessionBuilder
 from om_core import db as dbmod
 from om_core.catalog import resolve_tip
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.memory import clocks, coverage, ledger_memory
 from om_core.settings import Settings

@@ -12,7 +12,7 @@ from om_core.ingest import ingest
 
 PROBE = """
 import sys
-from om_core import cli
+from flows.cli import main as cli
 sys.argv = ["om", "--db", sys.argv[1], *sys.argv[2:]]
 try:
     cli.app(standalone_mode=False)

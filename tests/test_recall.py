@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from builders import SessionBuilder
-from om_core.cli import app
+from flows.cli.main import app
+from conftest import workspace
 from om_core.ingest import ingest
 from om_core.recall import recall
 
@@ -104,11 +105,11 @@ def evidence(obs) -> tuple:
 @pytest.mark.parametrize("bad", ["XYZ", "ABCDEF012345", "0123456789a", "0123456789abc", "0123456789ag", "",
                                  "0123456789ab\n", " 0123456789ab"])
 def test_anything_but_12_lowercase_hex_is_an_invalid_id(db, bad):
-    result = recall(db, bad, S1)
+    result = recall(workspace(db), bad, S1)
     assert brief(result) == ("invalid_id", None, False, False)
     assert (result.observations, result.reflections) == ([], [])
     assert "12" in result.message
-    assert brief(recall(db, bad)) == ("invalid_id", None, False, False)
+    assert brief(recall(workspace(db), bad)) == ("invalid_id", None, False, False)
 
 
 def test_invalid_id_on_the_command_line(db):
@@ -118,17 +119,17 @@ def test_invalid_id_on_the_command_line(db):
 
 
 def test_an_unknown_id_is_not_found(db):
-    result = recall(db, "0123456789ab", S1)
+    result = recall(workspace(db), "0123456789ab", S1)
     assert brief(result) == ("not_found", None, False, False)
     assert (result.observations, result.reflections, result.missingSupportingObservationIds) == ([], [], [])
-    assert brief(recall(db, "0123456789ab")) == ("not_found", None, False, False)
+    assert brief(recall(workspace(db), "0123456789ab")) == ("not_found", None, False, False)
 
 
 # ---------------------------------------------------------------- observations
 
 
 def test_an_observation_with_its_exact_source_text(db):
-    result = recall(db, mid(D), S1)
+    result = recall(workspace(db), mid(D), S1)
     assert brief(result) == ("found", "observation", False, False)
     assert [evidence(x) for x in result.observations] == [
         (mid(D), "active", True, [E[2]], [], [], [(E[2], "DuckDB it is.")])]
@@ -145,7 +146,7 @@ def test_the_command_prints_source_text_exactly(db):
 
 
 def test_an_id_recorded_twice_is_a_collision_listing_both(db):
-    result = recall(db, mid(A), S1)
+    result = recall(workspace(db), mid(A), S1)
     assert brief(result) == ("found", "observation", True, False)
     assert [evidence(x) for x in result.observations] == [
         (mid(A), "active", True, [E[1], E[2]], [], [], [(E[1], USER_TEXT), (E[2], "DuckDB it is.")]),
@@ -156,22 +157,22 @@ def test_an_id_recorded_twice_is_a_collision_listing_both(db):
 
 
 def test_a_dropped_observation_with_missing_and_non_source_ids_reported_apart(db):
-    result = recall(db, mid(B), S1)
+    result = recall(workspace(db), mid(B), S1)
     assert brief(result) == ("found", "observation", False, True)
     assert [evidence(x) for x in result.observations] == [
         (mid(B), "dropped", True, [E[1], "ghost001", E[4], E[5]], ["ghost001"], [E[4], E[5]], [(E[1], USER_TEXT)])]
 
 
 def test_a_source_on_another_branch_is_missing(db):
-    result = recall(db, mid(C), S1)
+    result = recall(workspace(db), mid(C), S1)
     assert brief(result) == ("found", "observation", False, True)
     assert [evidence(x) for x in result.observations] == [
         (mid(C), "active", True, [E[6], E[3]], [E[3]], [], [(E[6], "Also keep the tests offline.")])]
 
 
 def test_recall_ignores_watermarks_but_not_validity(db):
-    assert brief(recall(db, mid(Y), S1)) == ("found", "observation", False, False)  # dangling watermark
-    a = recall(db, mid(A), S1)  # E14 is an invalid record naming A: not a third match
+    assert brief(recall(workspace(db), mid(Y), S1)) == ("found", "observation", False, False)  # dangling watermark
+    a = recall(workspace(db), mid(A), S1)  # E14 is an invalid record naming A: not a third match
     assert len(a.observations) == 2
 
 
@@ -179,7 +180,7 @@ def test_recall_ignores_watermarks_but_not_validity(db):
 
 
 def test_a_reflection_with_supporting_observations_at_their_first_occurrence(db):
-    result = recall(db, mid(R), S1)
+    result = recall(workspace(db), mid(R), S1)
     assert brief(result) == ("found", "reflection", False, True)
     assert [(x.id, x.content, x.supportingObservationIds, x.ledgerId) for x in result.reflections] == [
         (mid(R), R, [mid(A), mid(C), mid(NEVER)], E[8])]
@@ -192,7 +193,7 @@ def test_a_reflection_with_supporting_observations_at_their_first_occurrence(db)
 
 
 def test_an_id_that_is_both_kinds_is_mixed(db):
-    result = recall(db, mid(X), S1)
+    result = recall(workspace(db), mid(X), S1)
     assert brief(result) == ("found", "mixed", True, True)  # partial: the supporting C cites E3
     assert [(x.id, x.matched) for x in result.observations] == [(mid(X), True), (mid(C), False)]
     assert [x.id for x in result.reflections] == [mid(X)]
@@ -203,21 +204,21 @@ def test_an_id_that_is_both_kinds_is_mixed(db):
 
 
 def test_recall_searches_only_the_branch_to_the_leaf(db):
-    early = recall(db, mid(A), S1, leaf=E[5])
+    early = recall(workspace(db), mid(A), S1, leaf=E[5])
     assert brief(early) == ("found", "observation", False, False)
-    assert recall(db, mid(B), S1, leaf=E[8]).observations[0].status == "active"  # the drop is at E9
-    assert recall(db, mid(B), S1, leaf=E[9]).observations[0].status == "dropped"
-    assert recall(db, mid(C), S1, leaf=E[5]).status == "not_found"
-    assert recall(db, mid(A), S1, leaf=E[3]).status == "not_found"  # the side branch has no records
+    assert recall(workspace(db), mid(B), S1, leaf=E[8]).observations[0].status == "active"  # the drop is at E9
+    assert recall(workspace(db), mid(B), S1, leaf=E[9]).observations[0].status == "dropped"
+    assert recall(workspace(db), mid(C), S1, leaf=E[5]).status == "not_found"
+    assert recall(workspace(db), mid(A), S1, leaf=E[3]).status == "not_found"  # the side branch has no records
 
 
 def test_without_a_session_every_session_is_searched_and_named(db):
-    only_two = recall(db, mid("Only in session two."))
+    only_two = recall(workspace(db), mid("Only in session two."))
     assert brief(only_two) == ("found", "observation", False, False)
     assert only_two.sessionIds == [S2]
     assert [(x.sessionId, x.sources[0].text) for x in only_two.observations] == [(S2, "We use DuckDB here too.")]
 
-    both = recall(db, mid(A))
+    both = recall(workspace(db), mid(A))
     assert brief(both) == ("found", "observation", True, False)  # session one recorded A twice
     assert both.sessionIds == [S1, S2]
     assert [(x.sessionId, x.ledgerId, x.sourceEntryIds) for x in both.observations] == [
@@ -230,14 +231,14 @@ def test_without_a_session_every_session_is_searched_and_named(db):
 
 def test_the_same_content_in_two_sessions_is_no_collision(db):
     # D is recorded once in each session: the same text hashes to the same id, which is not a collision
-    got = recall(db, mid(D))
+    got = recall(workspace(db), mid(D))
     assert brief(got) == ("found", "observation", False, False)
     assert got.sessionIds == [S1, S2]
     assert [(g.sessionId, g.collision, [(x.sessionId, x.sources[0].text) for x in g.observations])
             for g in got.sessions] == [(S1, False, [(S1, "DuckDB it is.")]),
                                        (S2, False, [(S2, "We use DuckDB here too.")])]
     # one session asked for: one group, the same verdict
-    one = recall(db, mid(D), S2)
+    one = recall(workspace(db), mid(D), S2)
     assert brief(one) == ("found", "observation", False, False)
     assert [(g.sessionId, g.tip) for g in one.sessions] == [(S2, E[2])]
     # the JSON groups them too, and the command prints each session under its own heading
@@ -259,6 +260,6 @@ def test_a_migrated_hook_message_is_labelled_as_pi_reads_it(tmp_path):
     sb.custom(OBS, {"observations": [o("A todo list is kept.", [hook])], "coversUpToId": hook})  # E3
     db = tmp_path / "om.duckdb"
     ingest(db, [sb.write(tmp_path / "v2.jsonl")])
-    result = recall(db, mid("A todo list is kept."), sb.session_id)
+    result = recall(workspace(db), mid("A todo list is kept."), sb.session_id)
     assert [(s.entryId, s.role, s.text) for s in result.observations[0].sources] == [
         (hook, "Extension message (todo)", "Remember the todo list.")]

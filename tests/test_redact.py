@@ -17,6 +17,7 @@ import pytest
 
 from builders import SessionBuilder
 from fake_openai import FakeOpenAI, text, tool_call
+from conftest import workspace
 from om_core import db as dbmod
 from om_core.ingest import ingest
 from om_core.model import RetryPolicy
@@ -179,11 +180,11 @@ def all_summaries(db_path, tmp_path) -> list[str]:
                                                "= 'message'", [SID]).fetchall()]
     for first_kept in entry_ids:
         for pool in (10, 20_000):  # a normal and a full fold
-            result = compact(db_path, SID, first_kept, None, pool)
+            result = compact(workspace(db_path), SID, first_kept, None, pool)
             if result.summary:
                 summaries.append(result.summary)
     for kind in ({"full": False}, {"full": True}, {"replayed": True}):
-        summary = view(db_path, SID, None, **kind).memory.summary()
+        summary = view(workspace(db_path), SID, None, **kind).memory.summary()
         if summary:
             summaries.append(summary)
     return summaries
@@ -214,7 +215,7 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
         assert_no_secret(summary, "a compaction summary")
 
     # recall shows the exact original text locally
-    found = recall(db_path, mid(content), SID)
+    found = recall(workspace(db_path), mid(content), SID)
     local = "\n".join(s.text for s in found.observations[0].sources)
     for text_ in _texts(0) + _texts(3):
         assert text_ in local

@@ -245,7 +245,7 @@ def test_om_report_honours_settings_from_every_source(built, tmp_path, isolated_
 
     from typer.testing import CliRunner
 
-    from om_core.cli import app
+    from flows.cli.main import app
 
     path, _, _ = built
     budget = 4321

@@ -44,7 +44,7 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def om(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "om_core.cli", "--db", str(tmp_path / "om.duckdb"), *args],
+    return subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), *args],
                           cwd=tmp_path, env=env or env_for(tmp_path), capture_output=True, text=True, timeout=timeout)
 
 
@@ -68,7 +68,7 @@ def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path):
 
     with FakeOpenAI(responder=responder) as server:
         model = ["--model", "openai/fake-model", "--api-base", server.base_url]
-        command = [sys.executable, "-m", "om_core.cli", "--db", str(tmp_path / "om.duckdb"), "run", str(folder),
+        command = [sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "run", str(folder),
                    "--concurrency", "2", *model]
         proc = subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)

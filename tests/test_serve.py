@@ -69,7 +69,7 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
     env.update({"HOME": str(home), "PYTHONPATH": str(REPO), "PREFECT_HOME": str(tmp_path / "prefect-home"),
                 "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     log = tmp_path / "serve.log"
-    serve = subprocess.Popen([sys.executable, "-m", "om_core.cli", "--db", str(db), "serve", "--live", str(live),
+    serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(db), "serve", "--live", str(live),
                               "--every", "2"], cwd=work, env=env, stdin=subprocess.DEVNULL,
                              stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
@@ -176,7 +176,7 @@ def test_a_deployment_run_honours_a_setting_from_every_source(tmp_path, prefect_
     direct_env = cluster_env(api, HOME=str(empty_home), OM_OBSERVE_AFTER_TOKENS="150",
                              OM_OBSERVER_CHUNK_MAX_TOKENS="400", OM_REFLECT_AFTER_TOKENS="300",
                              OM_KEEP_RECENT_TOKENS="200", OM_COMPACT_AFTER_TOKENS="700", OM_CLOCK_BASIS="source")
-    direct = run("-m", "om_core.cli", "--db", str(direct_db), "run", str(archive), "--json", cwd=elsewhere,
+    direct = run("-m", "flows.cli", "--db", str(direct_db), "run", str(archive), "--json", cwd=elsewhere,
                  env=direct_env)
     assert direct.returncode == 0, direct.stderr[-3000:]
     assert ledger_snapshot(direct_db) == deployed

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.settings import Settings, SettingsError, load_settings
 from om_core.workers.stages import ModelConfig
 

@@ -12,7 +12,7 @@ from builders import SessionBuilder
 from test_cutpoint_pi16 import Branch, usage
 from typer.testing import CliRunner
 
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.usage_clock import ContextUsage
 

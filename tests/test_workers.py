@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from builders import SessionBuilder
 from fake_openai import FakeOpenAI, Reply, http_error, text, tool_call
+from conftest import workspace
 from om_core import db as dbmod
 from om_core.catalog import resolve_tip
-from om_core.cli import app
+from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.ledger import RECORD_MODELS, append_record
 from om_core.memory import clocks, ledger_memory
@@ -283,7 +284,7 @@ def test_an_entry_alone_over_the_cap_is_sent_as_a_marked_head_tail_excerpt(serve
     assert rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?",
                 [SID, E[1]])[0][0] == raw_before
     assert json.loads(raw_before)["message"]["content"][0]["text"] == big
-    found = recall(db_path, mid("User pasted a long log."), SID)
+    found = recall(workspace(db_path), mid("User pasted a long log."), SID)
     assert found.observations[0].sources[0].text == big
 
 

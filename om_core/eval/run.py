@@ -40,6 +40,7 @@ from om_core.eval.report import build_report, write_report
 from om_core.eval.results import ConditionFiles
 from om_core.model import LiteLLMModel, ModelError, RetryPolicy
 from om_core.settings import Settings
+from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, StageRequest, execute_stage, make_brain
 
 DEFAULT_READER_WINDOW = 128_000
@@ -129,8 +130,6 @@ def reader_window(options: EvalOptions) -> tuple[int, str]:
 def open_database(path: Path, settings):
     """The evaluation's own workspace: its DuckDB (sessions, ledger, compactions, model calls), one
     connection its threads take turns on (their model calls run outside it), and the run's settings."""
-    from om_core.workspace import Workspace
-
     return Workspace.on_connection(dbmod.connect(path), settings)
 
 

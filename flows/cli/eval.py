@@ -1,4 +1,4 @@
-"""`om eval …`: the command line of evaluations (a typer sub-app that om_core.cli mounts).
+"""`om eval …`: the command line of evaluations (a typer sub-app that flows.cli.main mounts).
 
 Only typer and rich are imported here; the evaluation (litellm, DuckDB work) is imported inside the
 command, so `om --help` stays fast.
@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from flows.cli.common import err, out, workspace
 
 eval_app = typer.Typer(name="eval", help="Measure memory quality on public benchmarks.", no_args_is_help=True,
                        epilog="Examples:\n  om eval longmemeval --data longmemeval_s.json --model offline --reader "
                        "openai/gpt-4o-mini --limit 20",
                        add_completion=False, pretty_exceptions_enable=False)
-out = Console()
-err = Console(stderr=True)
 
 
 def _split(value: Optional[str]) -> Optional[list[str]]:
@@ -38,7 +37,6 @@ def _split(value: Optional[str]) -> Optional[list[str]]:
                   "  om eval longmemeval --data longmemeval_s.json --model offline --reader openai/gpt-4o-mini "
                   "--conditions om,full --limit 20 --json")
 def longmemeval(
-    ctx: typer.Context,
     data: Path = typer.Option(..., "--data", help="The LongMemEval JSON you downloaded (e.g. longmemeval_s.json); "
                               "nothing is fetched at run time."),
     model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL",
@@ -67,11 +65,9 @@ def longmemeval(
     A rerun with the same --out finishes what is missing and reuses what is done; Ctrl-C stops
     cleanly."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from om_core.eval.run import EvalOptions, run_longmemeval
-    from om_core.settings import load_settings
+    from om_core.eval.run import EvalOptions
 
-    config = ctx.find_root().params.get("config") if ctx.find_root() else None
-    settings = load_settings(config).settings
+    settings = workspace().settings  # --config and the other sources; the evaluation has its own database
     options = EvalOptions(data=data, out=out_dir, model=model, reader=reader, judge=judge,
                           conditions=_split(conditions) or [], types=_split(types), limit=limit, api_base=api_base,
                           reader_recall=reader_recall, reader_window=reader_window, concurrency=concurrency,

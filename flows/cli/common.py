@@ -1,0 +1,141 @@
+"""What every `om` command shares: the app and its global options (--db, --config), the one
+workspace a command builds from them, the consoles, the help epilog of examples, and the output
+helpers (JSON for scripts, tables whose values are never cut).
+
+A command module holds one thin function per command: parse, build the workspace, call the
+library, print.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flows.cli.placeholders import Group, Typer
+from om_core.db import resolve_db_path
+from om_core.settings import Settings
+from om_core.workspace import Workspace
+
+MODEL_HELP = "litellm model string (openai/…, anthropic/…, openrouter/…, ollama/…), or 'offline'"
+API_BASE_HELP = "Base URL of an OpenAI-compatible server."
+SESSION_HELP = "Session id, unique id prefix, or ingested file path."
+
+app = Typer(
+    name="om",
+    help="Observational memory for Pi sessions: ingest session files into DuckDB, keep a memory "
+    "ledger, fold it into compactions, and recall the evidence behind any memory id.",
+    epilog="Examples:\n  om ingest ~/.pi/agent/sessions\n  om run ~/.pi/agent/sessions --model openai/gpt-4o-mini\n"
+    "  om sessions\n  om view SESSION\n  om recall ID\n\nom COMMAND --help shows each command's options.",
+    cls=Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+class _State:
+    db: Path = Path("om.duckdb")
+    config: Optional[Path] = None
+
+
+state = _State()
+
+
+@app.callback()
+def _global(
+    db: Optional[str] = typer.Option(
+        None, "--db", envvar="OM_DB", help="DuckDB file (default ./om.duckdb; env OM_DB).", show_default=False
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="Settings file (TOML; default ./om.toml when present).", show_default=False
+    ),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=lambda on: _print_version(on),
+                                 help="Print om's version and exit."),
+) -> None:
+    state.db = resolve_db_path(db)
+    state.config = config
+    for console in (out, err):
+        if not console.is_terminal:
+            console.width = 100_000  # piped: whole values in tables and one-line messages, never folded at 80
+
+
+def _print_version(on: bool) -> None:
+    if on:
+        from om_core import __version__
+
+        sys.stdout.write(f"om {__version__}\n")
+        raise typer.Exit()
+
+
+def examples(*lines: str) -> str:
+    """A command's help epilog: its examples, one per line."""
+    return "Examples:\n" + "\n".join(f"  {escape(line)}" for line in lines)
+
+
+def workspace(flags: Mapping[str, Any] | None = None) -> Workspace:
+    """The command's one workspace: the --db file, and the settings from every source (defaults, Pi's
+    settings files, om.toml or --config, OM_* variables, then the command's own ``flags``), resolved
+    when the command first uses them."""
+    return Workspace.open(state.db, config=state.config, flags=flags)
+
+
+def model_config(settings: Settings, model: str | None, api_base: str | None, as_json: bool):
+    """The workers' model from --model/--api-base and the settings, checked before any work
+    (credentials, provider, base URL); says so when it is the offline baseline."""
+    from om_core.workers.stages import ModelConfig  # the workers' modules: only for commands that run them
+
+    config = ModelConfig.from_settings(settings, model, api_base)
+    config.preflight()
+    if config.offline and not as_json:
+        err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
+                  "to use a model[/]")
+    return config
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def print_rows(columns: list[str], rows: list[list[str]], fold: set[str] = frozenset(),
+                title: str | None = None) -> None:
+    """A table of plain text whose values are never cut: only the columns in ``fold`` (paths) may fold.
+    On a terminal too narrow for that, one block per row (column, value) instead."""
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(escape(name), no_wrap=name not in fold, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(v) for v in row))
+    if not out.is_terminal:
+        out.print(table)
+        return
+    with out.capture() as captured:
+        out.print(table)
+    text = captured.get()
+    whole = [i for i, name in enumerate(columns) if name not in fold]
+    if all(row[i] in text for row in rows for i in whole):
+        out.file.write(text)
+        out.file.flush()
+        return
+    if title:
+        out.print(escape(title))
+    for n, row in enumerate(rows, 1):
+        out.print(f"[bold]-- row {n}[/]")
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for name, value in zip(columns, row):
+            grid.add_row(escape(name), escape(value))
+        out.print(grid)
+    if not rows:
+        out.print("(no rows)")

@@ -1,0 +1,208 @@
+"""`om view`, `om compact`, `om recall`, `om status`: the memory of one session, read-only and
+model-free (these import neither litellm nor Prefect)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from flows.cli.common import SESSION_HELP, app, err, examples, out, print_json, print_rows, workspace
+from om_core.errors import InvalidArgument
+
+
+@app.command(epilog=examples('om view SESSION', 'om view SESSION --full', 'om view SESSION --leaf ID --json'))
+def view(
+    session: str = typer.Argument(..., help=SESSION_HELP),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Any entry id: memory as of that point on its branch."),
+    full: bool = typer.Option(False, "--full", help="Full memory at the tip (the whole ledger), not visible memory."),
+    replayed: bool = typer.Option(False, "--replayed", help="The replayed view: the latest folded compaction "
+                                  "including the replay's simulated ones (what the extension would have shown)."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"observations": [...], "reflections": [...]}.'),
+) -> None:
+    """Show visible memory (the latest om.folded compaction the session file holds: what the agent saw),
+    full memory (--full), or the replayed view of simulated compactions (--replayed)."""
+    from om_core.memory import view as memory_view
+
+    result = memory_view(workspace(), session, leaf, full, replayed)
+    if as_json:
+        print_json(result.memory.wire())
+        return
+    summary = result.memory.summary()
+    if result.which == "replayed" and result.compaction is not None:
+        source = "simulated" if result.compaction.origin == "simulated" else "the session file's own"
+        err.print(f"replayed memory ({source} compaction {result.compaction.compactionId}): what the extension "
+                  "would have shown, not what the agent saw")
+    if summary is None:
+        what = {"full": "full memory", "replayed": "replayed memory (no folded compaction, simulated or not, on "
+                "this branch)", "visible": "visible memory"}[result.which]
+        err.print(f"{what} is empty at {result.tip}")
+        if result.which == "visible":
+            err.print("the session file holds no om.folded compaction on this branch" if result.compaction is None
+                      else f"its latest om.folded compaction {result.compaction.compactionId} holds no items")
+            if result.fullCounts and any(result.fullCounts):
+                err.print(f"full memory holds {result.fullCounts[0]} observation(s) and {result.fullCounts[1]} "
+                          "reflection(s): om view --full")
+            if result.replayedCounts and any(result.replayedCounts):
+                err.print(f"the replay's simulated compactions show {result.replayedCounts[0]} observation(s) and "
+                          f"{result.replayedCounts[1]} reflection(s): om view --replayed")
+        return
+    sys.stdout.write(summary + "\n")
+
+
+@app.command(epilog=examples(
+    'om compact SESSION', 'om compact SESSION --first-kept ID --gap-safe', 'om compact SESSION --json'))
+def compact(
+    session: str = typer.Argument(..., help=SESSION_HELP),
+    first_kept: Optional[str] = typer.Option(None, "--first-kept", help="F: the first entry Pi keeps verbatim "
+                                             "(default: Pi's own cut point)."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
+    pool_max: Optional[int] = typer.Option(None, "--pool-max", min=1, help="observationsPoolMaxTokens (default: the "
+                                           "setting, 20000 unless configured)."),
+    gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
+                                  "(neither summarized nor kept); reports how much the kept tail grew."),
+    as_json: bool = typer.Option(False, "--json", help="Print fullFold, ids, summary and the om.folded details."),
+) -> None:
+    """The compaction the ledger gives at F (the first entry Pi keeps): deterministic and model-free.
+
+    Without --first-kept, F is Pi's own cut point (as `om cutpoint` shows), and the command says so.
+    """
+    from om_core.catalog import cut_point
+    from om_core.cutpoint import DEFAULT_RULES
+    from om_core.gaps import gap_safe_at
+    from om_core.memory import compact as run_compact
+
+    ws = workspace()
+    settings = ws.settings
+    cut = None
+    if first_kept is None:
+        cut = cut_point(ws, session, leaf, rules=DEFAULT_RULES)  # Pi 1.6's rules, whatever cutPointRules says
+        first_kept = cut.firstKeptEntryId
+        if not as_json:
+            err.print(f"no --first-kept: using Pi's cut point, first kept entry {cut.firstKeptEntryId} (position "
+                      f"{cut.firstKeptPosition} on the branch, keepRecentTokens {settings.keepRecentTokens})",
+                      highlight=False)
+    boundary = None
+    if gap_safe:
+        boundary = gap_safe_at(ws, session, first_kept, leaf)
+        first_kept = boundary.first_kept
+    pool = pool_max if pool_max is not None else settings.observationsPoolMaxTokens
+    result = run_compact(ws, session, first_kept, leaf, pool)
+    if as_json:
+        print_json({**result.as_json(), **({"cutPoint": cut.model_dump()} if cut else {}),
+                    **({"gapSafe": boundary.as_json()} if boundary else {})})
+        return
+    if boundary is not None:
+        err.print(f"gap-safe first kept entry: {boundary.first_kept} (plain {boundary.plain_first_kept}; the kept "
+                  f"tail grew by {boundary.kept_tail_growth_tokens} tokens)" + (f"; {boundary.guard}" if boundary.guard else ""))
+    if result.summary is None:
+        err.print("the projection is empty: Pi's native summarizer would run instead")
+        return
+    sys.stdout.write(result.summary + "\n")
+    err.print(f"fullFold={str(result.fullFold).lower()}  observations={len(result.memory.observations)}  "
+              f"reflections={len(result.memory.reflections)}")
+
+
+@app.command(epilog=examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c1b2d4e --session SESSION --json'))
+def recall(
+    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id."),
+    session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions)."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Branch ending at this entry (needs --session)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recall result as JSON."),
+) -> None:
+    """The exact evidence behind a memory id: records, status, and the original source messages."""
+    from om_core.recall import recall as run_recall
+
+    if leaf is not None and session is None:
+        raise InvalidArgument("--leaf needs --session")
+    result = run_recall(workspace(), memory_id, session, leaf)
+    if as_json:
+        print_json(result.as_json())
+    else:
+        _print_recall(result)
+    if result.status == "invalid_id":
+        raise typer.Exit(2)
+    if result.status != "found":
+        raise typer.Exit(1)
+
+
+def _print_recall(result) -> None:
+    if result.status != "found":
+        err.print("error: " + escape(result.message or result.status), highlight=False)
+        return
+
+    def flagged(x) -> str:
+        flags = [f for f, on in (("collision", x.collision), ("partial", x.partial)) if on]
+        return f"{x.kind}" + (f" ({', '.join(flags)})" if flags else "")
+
+    out.print(f"[bold]{result.id}[/]: {flagged(result)} in {', '.join(result.sessionIds)}")
+
+    def exact(text: str) -> None:
+        # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
+        out.file.write(text + "\n")
+        out.file.flush()
+
+    for group in result.sessions:  # each session's branch on its own (SPEC §6)
+        if len(result.sessions) > 1:
+            out.print(f"\n[bold]session {escape(group.sessionId)}[/] at {escape(group.tip)}: {flagged(group)}")
+        for r in group.reflections:
+            out.print("\n[bold]reflection[/] ", end="")
+            exact(f"[{r.id}] {r.content}")
+            out.print(f"  supported by {', '.join(r.supportingObservationIds)}")
+        for o in group.observations:
+            label = "observation" if o.matched else "supporting observation"
+            out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
+            exact(f"[{o.id}] {o.timestamp} [{o.relevance}] {o.content}")
+            for src in o.sources:
+                # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
+                out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} "
+                          f"@ {escape(src.timestamp or '')}[/]")
+                exact(src.text)
+            if o.missingSourceEntryIds:
+                out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
+            if o.nonSourceEntryIds:
+                out.print(f"  [yellow]not source entries:[/] {', '.join(o.nonSourceEntryIds)}")
+        if group.missingSupportingObservationIds:
+            out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missingSupportingObservationIds)}")
+
+
+@app.command(epilog=examples('om status SESSION', 'om status SESSION --leaf ID --json'))
+def status(
+    session: str = typer.Argument(..., help=SESSION_HELP),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="Status as of this entry (default: current leaf)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Memory status: observation and reflection counts, drift, the four clocks, pool pressure, errors."""
+    from om_core.memory import status as memory_status
+
+    s = memory_status(workspace(), session, leaf)
+    if as_json:
+        print_json(s.model_dump(mode="json"))
+        return
+    o, r, p = s.observations, s.reflections, s.pools
+    out.print(f"[bold]{s.session_id}[/] at {s.tip}")
+    out.print(f"observations: {o['recorded']} recorded, {o['active']} active, {o['dropped']} dropped, "
+              f"{o['visible']} visible")
+    out.print(f"reflections: {r['recorded']} recorded, {r['visible']} visible")
+    out.print(f"drift: {len(s.drift.observationsOnlyInFull)} observation(s) and {len(s.drift.reflectionsOnlyInFull)} "
+              f"reflection(s) only in full memory; {len(s.drift.visibleNoLongerActive)} visible but no longer active")
+    if s.visibleCompaction is None and (o["active"] or r["recorded"]):
+        out.print("visible: nothing (the session file holds no om.folded compaction on this branch; "
+                  "full memory: om view --full)")
+    x = s.replayed
+    if x.simulatedCompactions and x.compaction is not None:
+        out.print(f"replayed (the replay's simulated compactions, not what the agent saw): {x.observations} "
+                  f"observations, {x.reflections} reflections from {x.compaction.origin} compaction "
+                  f"{x.compaction.compactionId}; {x.drift.total} item(s) of drift: om view --replayed")
+    print_rows(["clock", "tokens", "basis", "threshold", "due", "since"],
+               [[c.name, str(c.tokens), c.basis + (f" (fallback: {c.fallback})" if c.fallback else ""),
+                 "" if c.threshold is None else str(c.threshold),
+                 "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start"]
+                for c in s.clocks.values()])
+    out.print(f"pools: active {p['activeTokens']} / target {p['targetTokens']} / max {p['maxTokens']} tokens "
+              f"({p['activePressure']:.0%}); visible {p['visibleTokens']} ({p['visiblePressure']:.0%})")
+    for e in s.lastErrors:
+        out.print(f"[yellow]{e.get('source')}[/]: " + escape(f"{e.get('reason')} {e.get('detail') or ''}"),
+                  highlight=False)

@@ -1,0 +1,238 @@
+"""`om run`: the Prefect pipeline on a local ephemeral API (ingest, replay, compactions, drain), with a
+live board on a terminal, the cost estimate before and the real cost after.
+
+Prefect, rich.live and the run's planning (ingest, pyarrow) are imported inside the command (Prefect
+after ``prepare_environment``), for the speed of every other command.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from flows import progress
+from flows.cli.common import API_BASE_HELP, MODEL_HELP, app, err, examples, model_config, out, print_json, workspace
+from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
+from flows.preflight import check_cluster_run
+from flows.runner import prepare_environment, run_pipeline
+from om_core.db import new_run_id
+from om_core.errors import InvalidArgument
+
+@app.command(epilog=examples(
+    'om run ~/.pi/agent/sessions', 'om run session.jsonl --model openai/gpt-4o-mini --concurrency 2',
+    'om run SESSION --model offline --json'))
+def run(
+    targets: list[str] = typer.Argument(..., help="Session files, directories, or ingested session ids."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=MODEL_HELP),
+    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
+                                           help=API_BASE_HELP),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, help="Sessions processed in parallel."),
+    no_drain: bool = typer.Option(False, "--no-drain", help="Live sessions: do not drain branches at their end."),
+    runner: str = typer.Option("threads", "--task-runner", help="threads, or dask (a local cluster, or --dask-address)."),
+    model_limit: Optional[str] = typer.Option(
+        None, "--model-limit", help="How the model-call limit (modelConcurrency) is shared: 'process' (this "
+        "process; the default for local runs) or 'prefect' (Prefect's global concurrency limit; the default with "
+        "--dask-address)."),
+    dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Scheduler of a running Dask cluster."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show Prefect's own logs."),
+    max_cost: Optional[float] = typer.Option(
+        None, "--max-cost", min=0, metavar="USD",
+        help="Stop before a model call could take this run's cost past USD (litellm's price of the model; each "
+        "call's worst case is reserved first). Nothing half-done is kept: rerun to resume. Exit code 4 when it "
+        "stopped the run."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+) -> None:
+    """Process sessions with the Prefect pipeline on a local ephemeral API: ingest, replay every
+    branch with the memory workers when their clocks are due, simulate compactions, drain.
+
+    With a model litellm has a price for, the estimated cost is printed before the run (source
+    tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
+    the provider's usage) after it.
+
+    Sessions unchanged since their last complete replay (same settings and model) are skipped, so a
+    rerun of a finished archive starts nothing. Ctrl-C (or SIGTERM) stops the run within seconds;
+    rerunning the same command resumes it without repeating a model call already made."""
+    if runner not in ("threads", "dask"):
+        raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
+    if dask_address:
+        runner = "dask"  # an address names a Dask cluster: no other runner can use it
+    from om_core.run_plan import plan_run  # for speed, see above
+
+    ws = workspace()
+    settings = ws.settings
+    if dask_address:  # before any work (no database opened): workers elsewhere need a server and shared results
+        check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"), settings.resultStorage)
+    config = model_config(settings, model, api_base, as_json)  # before Prefect starts
+    limit = model_limit or ("prefect" if dask_address else "process")
+    if limit not in ("process", "prefect"):
+        raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
+    model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
+                  "timeout": config.timeout, "limit": limit, "max_cost": max_cost}
+    say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
+    say("checking the targets and ingesting new lines…")
+    plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain)
+    estimate = None
+    if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
+        summary = {"run_id": None, "sessions": [], "errors": plan.errors}
+    else:
+        estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
+        say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator (Prefect)…")
+        summary = _run_with_display(ws, plan.due, model_dict, settings.model_dump(), concurrency, not no_drain,
+                                    runner, dask_address, as_json, verbose)
+        summary["errors"] = plan.errors + summary["errors"]
+    due = set(plan.due) if not settings.passive else set()
+    skipped = [sid for sid in plan.session_ids if sid not in due]
+    rows, failures = _run_rows(ws, summary), _run_failures(ws, summary)
+    cost = _run_cost(ws, summary, max_cost, estimate)
+    if as_json:
+        print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
+                    "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost})
+    else:
+        if summary["run_id"] is None:
+            why = "passive is set: ingest only" if settings.passive else "nothing changed since the last replay"
+            out.print(f"{len(plan.session_ids)} session(s), none to replay ({why})", highlight=False)
+        else:
+            _print_run_table(summary, rows, skipped)
+        _print_failures(summary, failures)
+        _print_cost(cost)
+    if summary["errors"] or failures or any(r["error"] for r in summary["sessions"]):
+        raise typer.Exit(1)
+    if cost.get("stopped_by_max_cost"):
+        raise typer.Exit(4)
+
+
+def _cost_estimate(ws, targets, config, max_cost, as_json: bool):
+    """Print (and return) the run's estimated cost; --max-cost needs a model litellm can price."""
+    if config.offline:
+        if max_cost is not None:
+            raise InvalidArgument("--max-cost needs a model (the offline baseline costs nothing)")
+        return None
+    from om_core.cost import estimate_for_targets  # for speed, see above
+
+    estimate, backlog = estimate_for_targets(ws, targets, config.model)
+    if estimate.usd is None:  # a model litellm has no price for: no estimate to print
+        if max_cost is not None:
+            raise InvalidArgument(f"--max-cost needs the model's price, and litellm has none for {config.model!r}")
+        return estimate
+    if not as_json:
+        basis = " (partly from file sizes)" if backlog.from_file_size else ""
+        err.print(f"estimate: {backlog.source_tokens:,} source tokens to observe{basis} → about "
+                  f"{estimate.prompt_tokens:,} prompt tokens ({estimate.uncached_tokens:,} uncached) and "
+                  f"${estimate.usd:.4f} with {escape(config.model)}"
+                  + (f"; stops before ${max_cost:.4f} (--max-cost)" if max_cost is not None else ""), highlight=False)
+    return estimate
+
+
+def _run_cost(ws, summary: dict, max_cost, estimate) -> dict:
+    """The run's real cost from the provider's usage, and whether --max-cost stopped it."""
+    run_id = summary["run_id"]
+    from om_core.cost import finished_budget  # for speed, see above
+
+    budget = finished_budget(run_id)  # this process's budget (the threads runner)
+    stopped = (budget is not None and budget.exhausted) or any(s.get("budget_stop") for s in summary["sessions"])
+    try:
+        [row] = ws.rows("run_cost", {"run_id": run_id})
+    except Exception:  # no database (nothing ingested)
+        row = {"model_calls": 0, "cost_usd": None}
+    return {**row, "estimated_usd": None if estimate is None else estimate.usd, "max_cost": max_cost,
+            "stopped_by_max_cost": bool(stopped)}
+
+
+def _print_cost(cost: dict) -> None:
+    if not cost.get("model_calls") and cost.get("estimated_usd") is None:
+        return
+    real = "unknown (litellm has no price)" if cost.get("cost_usd") is None else f"${cost['cost_usd']:.4f}"
+    cached = f", {cost['cached_tokens']:,} of them cached" if cost.get("cached_tokens") else ""
+    err.print(f"cost: {real} for {cost.get('model_calls') or 0} model calls "
+              f"({cost.get('input_tokens') or 0:,} prompt tokens{cached}, {cost.get('output_tokens') or 0:,} output)"
+              + ("" if cost.get("estimated_usd") is None else f"; estimated ${cost['estimated_usd']:.4f}"),
+              highlight=False)
+    if cost.get("stopped_by_max_cost"):
+        err.print(f"[yellow]stopped by --max-cost ${cost['max_cost']:.4f}: nothing half-done was kept; "
+                  "rerun to resume where it stopped[/]")
+
+
+def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet,
+                      verbose):
+    prepare_environment(verbose)  # before Prefect is imported
+    from rich.live import Live
+
+    run_id = new_run_id()
+
+    def board() -> Table:
+        table = Table("session", "state", "entry", "stages", "compactions", "failures", "last", title="om run")
+        for row in progress.snapshot():
+            table.add_row(row["session_id"], row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
+                          str(row["compactions"]), str(row["failures"]), row["last"])
+        return table
+
+    def work():
+        return run_pipeline(session_ids, db_path=str(ws.path), model=model_dict, settings=settings_dict,
+                            concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
+                            run_id=run_id)
+
+    try:
+        if quiet or not err.is_terminal:
+            return run_interruptibly(ws, run_id, work)
+        with Live(board(), console=err, refresh_per_second=4, transient=True) as live:
+            return run_interruptibly(ws, run_id, work, on_tick=lambda: live.update(board()))
+    except RunInterrupted as exc:  # not Prefect's shutdown: the flow's thread is abandoned
+        say_and_exit(exc.interruption.stderr, exc.interruption.line, exc.interruption.exit_code)
+
+
+def _run_failures(ws, summary) -> list[dict]:
+    """The run's failed stages, grouped by stage, session and error."""
+    if summary["run_id"] is None:
+        return []
+    return ws.rows("run_failures", {"run_id": summary["run_id"]})
+
+
+def _print_failures(summary, failures) -> None:
+    """Under the closing table: the failed stages, then the run's errors, one line each. A run the
+    circuit breaker stopped gets its one line only: every failure then has that one cause."""
+    if failures and not summary.get("stopped"):
+        table = Table("stage", "session", "error", "count", title="failed stages")
+        for f in failures:
+            table.add_row(f["stage"], f["session_id"], escape(f["error"]), str(f["count"]))
+        err.print(table)
+    for e in summary["errors"]:
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
+    for s in summary["sessions"]:
+        if s["error"] and not s.get("stopped"):  # stopped: the run's one error line says why
+            err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
+
+
+def _run_rows(ws, summary) -> list[dict]:
+    ids = [s["session_id"] for s in summary["sessions"]]
+    if not ids or summary["run_id"] is None:
+        return []
+    rows = ws.rows("run_summary", {"run_id": summary["run_id"], "session_ids": ids})
+    errors = {s["session_id"]: s["error"] for s in summary["sessions"]}
+    for row in rows:
+        row["error"] = errors.get(row["session_id"])
+    return rows
+
+
+def _print_run_table(summary, rows, skipped=()) -> None:
+    table = Table("session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
+                  "errors", title=f"run {summary['run_id']}")
+    totals = {k: 0 for k in ("observations", "reflections", "drops", "compactions", "model_calls", "tokens", "errors")}
+    cost = 0.0
+    for r in rows:
+        for k in totals:
+            totals[k] += r[k] or 0
+        cost += r["cost"] or 0
+        table.add_row(r["session_id"], *(str(r[k]) for k in ("observations", "reflections", "drops", "compactions",
+                                                            "model_calls", "tokens")),
+                      "" if r["cost"] is None else f"${r['cost']:.4f}",
+                      str(r["errors"]) + (" + session error" if r["error"] else ""))
+    table.add_row("total", *(str(totals[k]) for k in ("observations", "reflections", "drops", "compactions",
+                                                      "model_calls", "tokens")), f"${cost:.4f}", str(totals["errors"]),
+                  style="bold")
+    out.print(table)
+    if skipped:
+        out.print(f"{len(skipped)} more session(s) unchanged since their last replay: skipped", highlight=False)

@@ -1,0 +1,78 @@
+"""`om serve`: the Prefect deployments (archive processing, scheduled live maintenance) served from
+this process with the resolved settings, on a local Prefect server it starts when PREFECT_API_URL is
+unset; `om config`: those settings and where each came from."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from deployments import resolved_inputs, serve_locally
+from flows.interrupt import serve_until_signal
+from flows.runner import prepare_environment
+from flows.server import local_server
+from flows.cli.common import API_BASE_HELP, MODEL_HELP, app, err, examples, print_json, print_rows, workspace
+from om_core.errors import InvalidArgument
+
+@app.command(epilog=examples(
+    'om serve --live ~/.pi/agent/sessions --every 600', 'om --db /data/om.duckdb serve --archive ~/pi-archive'))
+def serve(
+    archive: Optional[Path] = typer.Option(None, "--archive", help="Directory of archived sessions to process."),
+    live: Optional[Path] = typer.Option(None, "--live", help="Live sessions directory to maintain on a schedule."),
+    every: int = typer.Option(600, "--every", min=1, help="Seconds between maintenance runs of the live directory."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=MODEL_HELP),
+    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
+                                           help=API_BASE_HELP),
+) -> None:
+    """Serve the Prefect deployments from this process: archive processing and scheduled live
+    maintenance, with the resolved settings. With no PREFECT_API_URL, a local Prefect server (with its
+    scheduler and UI) is reused or started, and stopped again with this command."""
+    if archive is None and live is None:
+        raise InvalidArgument("give --archive DIR and/or --live DIR")
+    for path in (archive, live):
+        if path is not None and not path.is_dir():
+            raise InvalidArgument(f"{path} is not a directory")
+    ws = workspace()
+    model_dict, settings_dict = resolved_inputs(ws.settings, model, api_base)
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):  # the ephemeral API runs no schedules: use a real server
+        home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+        err.print("starting a local Prefect server (PREFECT_API_URL is not set) ...")
+        server = local_server(log=home / "om-serve-server.log")
+        os.environ["PREFECT_API_URL"] = server.api_url
+        how = "started by om serve; it stops with it" if server.started_here else "already running; reused"
+        err.print(f"Prefect UI: {server.ui_url} ({how})", highlight=False)
+    else:
+        err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
+    prepare_environment()
+    what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
+    err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
+    # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
+    serve_until_signal(
+        lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=model_dict,
+                              settings=settings_dict, every_seconds=every),
+        cleanup=lambda: server.stop() if server is not None else None,
+        farewell=lambda code: (f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in "
+                               "progress was ended and its next tick redoes it"))
+
+
+@app.command("config", epilog=examples('om config', 'om --config team.toml config --json'))
+def show_config(as_json: bool = typer.Option(False, "--json", help="Print settings and sources as JSON.")) -> None:
+    """Print the resolved settings and where each value came from (defaults, Pi settings files,
+    om.toml or --config, OM_* environment variables)."""
+    resolved = workspace().resolved
+    if as_json:
+        rows = resolved.rows()
+        print_json({"settings": resolved.settings.model_dump(mode="json"),
+                    "effective": {k: value for k, value, _ in rows},
+                    "sources": {k: src for k, _, src in rows}, "notes": resolved.notes})
+        return
+    print_rows(["setting", "value", "source"],
+               [[key, json.dumps(value), source] for key, value, source in resolved.rows()], fold={"source"})
+    for note in resolved.notes:
+        err.print(f"[yellow]note:[/] {escape(str(note))}")
