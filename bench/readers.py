@@ -45,6 +45,8 @@ from fake_openai import FakeOpenAI  # noqa: E402
 from om_core.catalog import run_sql  # noqa: E402
 from om_core.errors import OmError  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
+from om_core.settings import Settings  # noqa: E402
+from om_core.workspace import Workspace  # noqa: E402
 
 QUERY = "SELECT kind, count(*) FROM ledger GROUP BY ALL"
 SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
@@ -64,7 +66,7 @@ def make_sessions(folder: Path, count: int) -> list[Path]:
 def library_read(db: Path) -> tuple[bool, float, str | None]:
     t0 = time.perf_counter()
     try:
-        run_sql(db, QUERY)
+        run_sql(Workspace.open(db, settings=Settings()), QUERY)
         return True, time.perf_counter() - t0, None
     except OmError as exc:
         return False, time.perf_counter() - t0, str(exc)

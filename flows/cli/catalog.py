@@ -4,7 +4,6 @@ would cut; no model and no orchestrator."""
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -12,7 +11,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import SESSION_HELP, app, err, examples, out, print_json, print_rows, workspace
+from flows.cli.common import SessionArg, app, err, examples, out, print_json, print_rows, workspace
 from om_core.errors import InvalidArgument, OmError
 
 
@@ -119,7 +118,7 @@ def sql(
 
 @app.command(epilog=examples('om cutpoint SESSION', 'om cutpoint SESSION --leaf ID --keep-recent 8000 --json'))
 def cutpoint(
-    session: str = typer.Argument(..., help=SESSION_HELP),
+    session: SessionArg,
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as if the branch ended at this entry."),
     keep_recent: Optional[int] = typer.Option(None, "--keep-recent", min=0, help="Pi's keepRecentTokens "
                                               "(default: the setting, 20000 unless configured)."),

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -24,9 +24,13 @@ from om_core.db import resolve_db_path
 from om_core.settings import Settings
 from om_core.workspace import Workspace
 
-MODEL_HELP = "litellm model string (openai/…, anthropic/…, openrouter/…, ollama/…), or 'offline'"
-API_BASE_HELP = "Base URL of an OpenAI-compatible server."
-SESSION_HELP = "Session id, unique id prefix, or ingested file path."
+# The options several commands take, declared once.
+SessionArg = Annotated[str, typer.Argument(help="Session id, unique id prefix, or ingested file path.")]
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", envvar="OM_MODEL", help="litellm model string (openai/…, anthropic/…, openrouter/…, ollama/…), or "
+    "'offline'")]
+ApiBaseOpt = Annotated[Optional[str], typer.Option("--api-base", envvar="OM_API_BASE",
+                                                   help="Base URL of an OpenAI-compatible server.")]
 
 app = Typer(
     name="om",

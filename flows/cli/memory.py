@@ -9,13 +9,13 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import SESSION_HELP, app, err, examples, out, print_json, print_rows, workspace
+from flows.cli.common import SessionArg, app, err, examples, out, print_json, print_rows, workspace
 from om_core.errors import InvalidArgument
 
 
 @app.command(epilog=examples('om view SESSION', 'om view SESSION --full', 'om view SESSION --leaf ID --json'))
 def view(
-    session: str = typer.Argument(..., help=SESSION_HELP),
+    session: SessionArg,
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Any entry id: memory as of that point on its branch."),
     full: bool = typer.Option(False, "--full", help="Full memory at the tip (the whole ledger), not visible memory."),
     replayed: bool = typer.Option(False, "--replayed", help="The replayed view: the latest folded compaction "
@@ -55,7 +55,7 @@ def view(
 @app.command(epilog=examples(
     'om compact SESSION', 'om compact SESSION --first-kept ID --gap-safe', 'om compact SESSION --json'))
 def compact(
-    session: str = typer.Argument(..., help=SESSION_HELP),
+    session: SessionArg,
     first_kept: Optional[str] = typer.Option(None, "--first-kept", help="F: the first entry Pi keeps verbatim "
                                              "(default: Pi's own cut point)."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
@@ -170,7 +170,7 @@ def _print_recall(result) -> None:
 
 @app.command(epilog=examples('om status SESSION', 'om status SESSION --leaf ID --json'))
 def status(
-    session: str = typer.Argument(..., help=SESSION_HELP),
+    session: SessionArg,
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Status as of this entry (default: current leaf)."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows import progress
-from flows.cli.common import API_BASE_HELP, MODEL_HELP, app, err, examples, model_config, out, print_json, workspace
+from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, model_config, out, print_json, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.preflight import check_cluster_run
 from flows.runner import prepare_environment, run_pipeline
@@ -27,9 +27,8 @@ from om_core.errors import InvalidArgument
     'om run SESSION --model offline --json'))
 def run(
     targets: list[str] = typer.Argument(..., help="Session files, directories, or ingested session ids."),
-    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=MODEL_HELP),
-    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
-                                           help=API_BASE_HELP),
+    model: ModelOpt = None,
+    api_base: ApiBaseOpt = None,
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Sessions processed in parallel."),
     no_drain: bool = typer.Option(False, "--no-drain", help="Live sessions: do not drain branches at their end."),
     runner: str = typer.Option("threads", "--task-runner", help="threads, or dask (a local cluster, or --dask-address)."),

@@ -13,10 +13,10 @@ import typer
 from rich.markup import escape
 
 from deployments import resolved_inputs, serve_locally
+from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, print_json, print_rows, workspace
 from flows.interrupt import serve_until_signal
 from flows.runner import prepare_environment
 from flows.server import local_server
-from flows.cli.common import API_BASE_HELP, MODEL_HELP, app, err, examples, print_json, print_rows, workspace
 from om_core.errors import InvalidArgument
 
 @app.command(epilog=examples(
@@ -25,9 +25,8 @@ def serve(
     archive: Optional[Path] = typer.Option(None, "--archive", help="Directory of archived sessions to process."),
     live: Optional[Path] = typer.Option(None, "--live", help="Live sessions directory to maintain on a schedule."),
     every: int = typer.Option(600, "--every", min=1, help="Seconds between maintenance runs of the live directory."),
-    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help=MODEL_HELP),
-    api_base: Optional[str] = typer.Option(None, "--api-base", envvar="OM_API_BASE",
-                                           help=API_BASE_HELP),
+    model: ModelOpt = None,
+    api_base: ApiBaseOpt = None,
 ) -> None:
     """Serve the Prefect deployments from this process: archive processing and scheduled live
     maintenance, with the resolved settings. With no PREFECT_API_URL, a local Prefect server (with its
