@@ -41,7 +41,6 @@ PENDING_LAYER_EDGES: set[tuple[str, str]] = {
 }
 PENDING_SIZES = {
     "om_core/ingest.py",  # i17ingest: ingest as a package
-    "om_core/report.py",  # i17report: report as a package
     "om_core/cutpoint.py", "om_core/tokens.py", "om_core/redact.py",  # i17columns
 }
 
