@@ -211,7 +211,8 @@ def run_sql(ws: Workspace, sql: str, *, allow_files: bool = False) -> list[Query
     """
     if not sql.strip().strip(";").strip():
         raise InvalidArgument("the query is empty")
-    # a read-only connection of its own (as every read): readable while no writer holds the file
+    # a read-only connection of its own, opened for this use (waiting out a writer's short hold on the
+    # file): `om sql` reads between the uses of a running flow
     with ws.read() as con:
         if allow_files:
             con.execute(query("sql_sandbox_local_files"))
