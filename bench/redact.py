@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from om_core.redact import redact, rules  # noqa: E402
+from om_core.redact import redact  # noqa: E402
+from om_core.secret_rules import rules  # noqa: E402
 from secret_corpus import all_texts, rnd  # noqa: E402
 
 WORDS = ("the quick service returns order items when the retry policy allows it and the cache is warm so "

@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 from pydantic import BaseModel
 
+from om_core.branch_entry import BranchEntry, branch_entries_from_rows
 from om_core.cutpoint import (
-    BranchEntry,
     CutPoint,
     CutPointRules,
     NothingToCompact,
-    branch_entries_from_rows,
     compaction_cut_point,
 )
-from om_core.db import one, rows_as_dicts, scalar
+from om_core.db import named_column, named_row, named_rows, rows_as, scalar
 from om_core.errors import AmbiguousSession, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.sqlfiles import query
 
@@ -44,16 +43,16 @@ def resolve_session(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """A session id, a unique prefix of one, or the path of an ingested file."""
     if not ref:
         raise InvalidArgument("empty session reference")
-    row = one(con, "session_by_id", {"ref": ref})
+    row = named_row(con, "session_by_id", {"ref": ref})
     if row:
-        return row[0]
+        return row["session_id"]
     candidate = Path(ref)
     if candidate.exists():
-        row = one(con, "session_by_path", {"path": str(candidate.resolve())})
+        row = named_row(con, "session_by_path", {"path": str(candidate.resolve())})
         if row:
-            return row[0]
+            return row["session_id"]
         raise SessionNotFound(f"{ref} has not been ingested; run `om ingest {ref}`")
-    matches = [r[0] for r in con.execute(query("sessions_by_prefix"), {"ref": ref}).fetchall()]
+    matches = named_column(con, "sessions_by_prefix", {"ref": ref})
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
@@ -64,22 +63,21 @@ def resolve_session(con: duckdb.DuckDBPyConnection, ref: str) -> str:
 def resolve_tip(con: duckdb.DuckDBPyConnection, session_id: str, leaf: str | None) -> str:
     """``--leaf`` (any entry id) or the session's current leaf."""
     if leaf is None:
-        row = one(con, "session_leaf", {"session_id": session_id})
-        if not row or row[0] is None:
+        row = named_row(con, "session_leaf", {"session_id": session_id})
+        if not row or row["leaf_id"] is None:
             raise EntryNotFound(f"session {session_id} has no entries")
-        return row[0]
+        return row["leaf_id"]
     if not scalar(con, "entry_exists", {"session_id": session_id, "entry_id": leaf}):
         raise EntryNotFound(f"entry {leaf!r} is not in session {session_id}")
     return leaf
 
 
 def list_sessions(con: duckdb.DuckDBPyConnection) -> list[SessionInfo]:
-    return [SessionInfo(**row) for row in rows_as_dicts(con.execute(query("list_sessions")))]
+    return rows_as(SessionInfo, con.execute(query("list_sessions")))
 
 
 def branch_for_cut_point(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[BranchEntry]:
-    rows = con.execute(query("branch_for_cut_point"), {"session_id": session_id, "tip": tip}).fetchall()
-    return branch_entries_from_rows(rows)
+    return branch_entries_from_rows(named_rows(con, "branch_for_cut_point", {"session_id": session_id, "tip": tip}))
 
 
 class PiDeclines(OmError):

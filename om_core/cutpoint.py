@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from om_core.session import entry_context_messages, loads_line
-from om_core.tokens import estimate_message_tokens
+from om_core.branch_entry import BranchEntry, message_tokens
 
 DEFAULT_KEEP_RECENT_TOKENS = 20_000
 CutPointRules = Literal["pi-1.6", "legacy"]
@@ -39,72 +38,6 @@ DEFAULT_RULES: CutPointRules = "pi-1.6"
 _CUT_ROLES = frozenset({"user", "assistant", "bashExecution", "custom", "branchSummary", "compactionSummary"})
 _TURN_START_ROLES = frozenset({"user", "bashExecution", "custom", "branchSummary", "compactionSummary"})
 _NO_EDIT = object()  # an entry no context_edit has touched
-
-
-@dataclass(frozen=True, slots=True)
-class BranchEntry:
-    """The facts about a branch entry that the cut point looks at.
-
-    ``messages``: the context messages the entry contributes (Pi's entry-to-message rule), when it
-    was read from the file; without them an entry is one message of ``role`` worth ``tokens_pi``
-    (small branches written in code). ``tokens_pi``: Pi's estimate of a source entry.
-    """
-
-    entry_id: str
-    entry_type: str
-    role: str | None
-    tokens_pi: int | None  # Pi's estimate; None for entries Pi estimates as 0
-    messages: tuple[dict, ...] | None = field(default=None, repr=False, compare=False)
-    first_kept_entry_id: str | None = None  # compaction entries
-    edit_target_id: str | None = None  # context_edit entries
-    edit_replacement: Any = field(default=None, repr=False, compare=False)  # None empties the target
-    context_tokens: int | None = field(default=None, compare=False)  # Pi 1.6 estimate of ``messages``, once
-
-    def context_messages(self) -> tuple[dict, ...]:
-        if self.messages is not None:
-            return self.messages
-        role = self.role if self.entry_type == "message" else {
-            "custom_message": "custom", "branch_summary": "branchSummary", "compaction": "compactionSummary",
-        }.get(self.entry_type)
-        return ({"role": role, "_tokens": self.tokens_pi or 0},) if role else ()
-
-    def legacy_tokens(self) -> int:
-        """The §2.2 estimate (user images count 0) of a message entry."""
-        if self.messages:
-            return estimate_message_tokens(self.messages[0], "legacy")
-        return self.tokens_pi or 0
-
-
-def branch_entry(entry_id: str, entry_type: str, role: str | None, tokens_pi: int | None, obj: dict | None,
-                 first_kept_entry_id: str | None = None) -> BranchEntry:
-    """A branch entry read from its (migrated) JSON object."""
-    if obj is None:
-        return BranchEntry(entry_id, entry_type, role, tokens_pi, first_kept_entry_id=first_kept_entry_id)
-    target = obj.get("targetId") if entry_type == "context_edit" else None
-    messages = entry_context_messages(entry_type, obj)
-    return BranchEntry(entry_id, entry_type, role, tokens_pi, messages=messages,
-                       first_kept_entry_id=first_kept_entry_id,
-                       edit_target_id=target if isinstance(target, str) and target else None,
-                       edit_replacement=obj.get("replacement") if entry_type == "context_edit" else None,
-                       context_tokens=sum(message_tokens(m) for m in messages))
-
-
-def branch_entries_from_rows(rows: Sequence[tuple[str, str, str | None, int | None, str | None, str | None]]
-                             ) -> list[BranchEntry]:
-    """(entry_id, entry_type, role, tokens_pi, first_kept_entry_id, raw) rows, in branch order."""
-    out = []
-    for entry_id, entry_type, role, tokens_pi, first_kept, raw in rows:
-        obj = None
-        if raw is not None:
-            try:
-                obj = loads_line(raw)
-            except ValueError:
-                obj = None
-            if isinstance(obj, dict) and role == "custom" and isinstance(obj.get("message"), dict):
-                obj = {**obj, "message": {**obj["message"], "role": "custom"}}  # a migrated hookMessage
-        out.append(branch_entry(entry_id, entry_type or "", role, tokens_pi, obj if isinstance(obj, dict) else None,
-                                first_kept))
-    return out
 
 
 class CutPoint(BaseModel):
@@ -243,12 +176,6 @@ def _legacy_cut(branch: Sequence[BranchEntry], keep_recent_tokens: int, after: P
 
 
 # ====================================================================== Pi 1.6 rules (§7)
-
-
-def message_tokens(message: dict, rules: str = "pi-1.6") -> int:
-    if "_tokens" in message:  # an entry written in code: its estimate is given
-        return message["_tokens"] if rules != "legacy" or message.get("role") != "system" else 0
-    return estimate_message_tokens(message, rules)  # type: ignore[arg-type]
 
 
 def _replace_content(message: dict, replacement: Any) -> dict:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -187,13 +187,14 @@ def new_run_id() -> str:
 
 
 def one(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> tuple | None:
-    """First row of a named query, or None. Reads the whole result: DuckDB refuses some calls
-    (``register``) while a result is still open."""
+    """First row of a named query as a tuple, or None (``named_row`` reads it by column name). Reads the
+    whole result: DuckDB refuses some calls (``register``) while a result is still open."""
     rows = con.execute(query(name), params or {}).fetchall()
     return rows[0] if rows else None
 
 
 def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> Any:
+    """The one value of a one-row, one-column query (None when it returns no row)."""
     row = one(con, name, params)
     return None if row is None else row[0]
 
@@ -211,6 +212,38 @@ def insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, que
             pass
 
 
+# Python reads query results by column name, never by position: the helpers below give rows as dicts
+# (or models) keyed by the names the SQL gives its columns.
+
+
 def rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+Row = TypeVar("Row")
+
+
+def rows_as(model: Callable[..., Row], cursor: Any) -> list[Row]:
+    """The cursor's rows as ``model(**row)`` (a pydantic model, dataclass or NamedTuple whose fields
+    are the query's column names)."""
+    return [model(**row) for row in rows_as_dicts(cursor)]
+
+
+def named_rows(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The rows of the named query as dicts (column name -> value)."""
+    return rows_as_dicts(con.execute(query(name), params or {}))
+
+
+def named_row(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The first row of the named query as a dict, or None."""
+    found = named_rows(con, name, params)
+    return found[0] if found else None
+
+
+def named_column(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> list[Any]:
+    """The values of a one-column named query, in row order."""
+    cursor = con.execute(query(name), params or {})
+    if len(cursor.description) != 1:
+        raise ValueError(f"query {name!r} returns {len(cursor.description)} columns, not one")
+    return [value for (value,) in cursor.fetchall()]

@@ -31,7 +31,8 @@ import duckdb
 
 from om_core import db as dbmod
 from om_core.catalog import resolve_session
-from om_core.cutpoint import NothingToCompact, branch_entry, compaction_cut_point
+from om_core.branch_entry import branch_entry
+from om_core.cutpoint import NothingToCompact, compaction_cut_point
 from om_core.errors import InvalidArgument
 from om_core.ledger import RECORD_MODELS
 from om_core.memory import compaction_projection

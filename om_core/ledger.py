@@ -18,9 +18,10 @@ from typing import Annotated, Any, Literal
 
 import duckdb
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr,
+                      ValidationError, field_validator)
 
-from om_core.db import insert_arrow, scalar
+from om_core.db import insert_arrow, named_rows, scalar
 from om_core.render import observation_line, reflection_line
 from om_core.session import loads_line
 from om_core.sqlfiles import query
@@ -60,25 +61,29 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+def _memory_id_field(kind: str) -> Any:
+    """The ``id`` of an observation or reflection: a memory id, or an error that names the kind."""
+
+    def check(value: str) -> str:
+        if not is_memory_id(value):
+            raise ValueError(f"{kind} id must be 12 lowercase hex characters")
+        return value
+
+    return Annotated[StrictStr, AfterValidator(check)]
+
+
+ObservationId = _memory_id_field("observation")
+ReflectionId = _memory_id_field("reflection")
+TokenCount = Annotated[int | float, BeforeValidator(_token_count)]
+
+
 class Observation(_Wire):
-    id: StrictStr
+    id: ObservationId
     content: NonEmptyStr
     timestamp: NonEmptyStr
     relevance: Relevance
     sourceEntryIds: list[NonEmptyStr] = Field(min_length=1)
-    tokenCount: int | float
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not is_memory_id(v):
-            raise ValueError("observation id must be 12 lowercase hex characters")
-        return v
-
-    @field_validator("tokenCount", mode="before")
-    @classmethod
-    def _tokens(cls, v: Any) -> float:
-        return _token_count(v)
+    tokenCount: TokenCount
 
     def line(self) -> str:
         """The rendered line its tokenCount counts (SPEC §2, §5)."""
@@ -86,17 +91,10 @@ class Observation(_Wire):
 
 
 class Reflection(_Wire):
-    id: StrictStr
+    id: ReflectionId
     content: NonEmptyStr
     supportingObservationIds: list[NonEmptyStr] = Field(min_length=1)
-    tokenCount: int | float
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not is_memory_id(v):
-            raise ValueError("reflection id must be 12 lowercase hex characters")
-        return v
+    tokenCount: TokenCount
 
     @field_validator("content")
     @classmethod
@@ -104,11 +102,6 @@ class Reflection(_Wire):
         if "\n" in v or "\r" in v:
             raise ValueError("reflection content must be a single line")
         return v
-
-    @field_validator("tokenCount", mode="before")
-    @classmethod
-    def _tokens(cls, v: Any) -> float:
-        return _token_count(v)
 
     def line(self) -> str:
         return reflection_line(self.id, self.content)
@@ -222,41 +215,45 @@ class LedgerRows:
     def add_record(self, session_id: str, ledger_id: str, kind: str, payload: LedgerPayload, *, anchor: str,
                    origin: str, created_at: str | None, run_id: str | None, stage: str | None = None,
                    stage_key: str | None = None) -> None:
-        for key, value in (("session_id", session_id), ("ledger_id", ledger_id), ("kind", kind),
-                           ("covers_up_to_id", payload.coversUpToId), ("anchor_entry_id", anchor),
-                           ("origin", origin), ("created_at", created_at), ("run_id", run_id), ("stage", stage),
-                           ("stage_key", stage_key)):
-            self.records[key].append(value)
+        _append(self.records, session_id=session_id, ledger_id=ledger_id, kind=kind,
+                covers_up_to_id=payload.coversUpToId, anchor_entry_id=anchor, origin=origin, created_at=created_at,
+                run_id=run_id, stage=stage, stage_key=stage_key)
         if isinstance(payload, ObservationsRecorded):
             for i, o in enumerate(payload.observations):
-                _append(self.observations, session_id, ledger_id, i, o.id, o.content, o.timestamp, o.relevance,
-                        list(o.sourceEntryIds), float(o.tokenCount))
+                _append(self.observations, session_id=session_id, ledger_id=ledger_id, item_index=i, obs_id=o.id,
+                        content=o.content, ts=o.timestamp, relevance=o.relevance,
+                        source_entry_ids=list(o.sourceEntryIds), token_count=float(o.tokenCount))
         elif isinstance(payload, ReflectionsRecorded):
             for i, r in enumerate(payload.reflections):
-                _append(self.reflections, session_id, ledger_id, i, r.id, r.content,
-                        list(r.supportingObservationIds), float(r.tokenCount))
+                _append(self.reflections, session_id=session_id, ledger_id=ledger_id, item_index=i, refl_id=r.id,
+                        content=r.content, supporting_observation_ids=list(r.supportingObservationIds),
+                        token_count=float(r.tokenCount))
         else:
             for i, obs_id in enumerate(payload.observationIds):
-                _append(self.drops, session_id, ledger_id, i, obs_id)
+                _append(self.drops, session_id=session_id, ledger_id=ledger_id, item_index=i, obs_id=obs_id)
 
     def add_fold(self, session_id: str, compaction_id: str, *, origin: str, anchor: str, first_kept: str | None,
                  details: FoldedDetails | None, summary: str | None, note: str | None, trigger: str | None,
                  created_at: str | None, run_id: str | None, gap_safe: bool | None = None,
                  plain_first_kept: str | None = None) -> None:
-        _append(self.folds, session_id, compaction_id, origin, anchor, first_kept, details is not None,
-                details.fullFold if details else None, summary, note, trigger, gap_safe, plain_first_kept,
-                created_at, run_id)
+        _append(self.folds, session_id=session_id, compaction_id=compaction_id, origin=origin, anchor_entry_id=anchor,
+                first_kept_entry_id=first_kept, folded=details is not None,
+                full_fold=details.fullFold if details else None, summary=summary, note=note, trigger=trigger,
+                gap_safe=gap_safe, plain_first_kept_entry_id=plain_first_kept, created_at=created_at, run_id=run_id)
         if details is None:
             return
         for i, o in enumerate(details.observations):
-            _append(self.fold_items, session_id, compaction_id, "observation", i, o.id, o.content, o.timestamp,
-                    o.relevance, list(o.sourceEntryIds), None, float(o.tokenCount))
+            _append(self.fold_items, session_id=session_id, compaction_id=compaction_id, item_kind="observation",
+                    item_index=i, id=o.id, content=o.content, ts=o.timestamp, relevance=o.relevance,
+                    source_entry_ids=list(o.sourceEntryIds), supporting_observation_ids=None,
+                    token_count=float(o.tokenCount))
         for i, r in enumerate(details.reflections):
-            _append(self.fold_items, session_id, compaction_id, "reflection", i, r.id, r.content, None, None, None,
-                    list(r.supportingObservationIds), float(r.tokenCount))
+            _append(self.fold_items, session_id=session_id, compaction_id=compaction_id, item_kind="reflection",
+                    item_index=i, id=r.id, content=r.content, ts=None, relevance=None, source_entry_ids=None,
+                    supporting_observation_ids=list(r.supportingObservationIds), token_count=float(r.tokenCount))
 
     def reject(self, session_id: str, entry_id: str, kind: str | None, reason: str, run_id: str | None) -> None:
-        _append(self.rejects, session_id, entry_id, kind, reason, run_id)
+        _append(self.rejects, session_id=session_id, entry_id=entry_id, kind=kind, reason=reason, run_id=run_id)
 
     @property
     def empty(self) -> bool:
@@ -272,7 +269,7 @@ class LedgerRows:
             if not cols[next(iter(cols))]:
                 continue
             table = pa.table({k: pa.array(v, _ARROW_TYPES.get(k, pa.string())) for k, v in cols.items()})
-            insert_arrow(con, "ledger_batch", table, f"insert_ledger_{name}")
+            insert_arrow(con, "ledger_batch", table, _INSERTS[name])
 
 
 _ARROW_TYPES = {
@@ -286,8 +283,23 @@ _ARROW_TYPES = {
 }
 
 
-def _append(cols: dict[str, list], *values: Any) -> None:
-    for key, value in zip(cols, values):
+# The insert of each table, its columns listed by name (sql/queries/ledger.sql).
+_INSERTS = {
+    "records": "insert_ledger_records",
+    "observations": "insert_ledger_observations",
+    "reflections": "insert_ledger_reflections",
+    "drops": "insert_ledger_drops",
+    "folds": "insert_ledger_folds",
+    "fold_items": "insert_ledger_fold_items",
+    "rejects": "insert_ledger_rejects",
+}
+
+
+def _append(cols: dict[str, list], **row: Any) -> None:
+    """One row, by column name: every column of the table, no other."""
+    if row.keys() != cols.keys():
+        raise ValueError(f"ledger row columns {sorted(row)} differ from the table's {sorted(cols)}")
+    for key, value in row.items():
         cols[key].append(value)
 
 
@@ -362,12 +374,13 @@ class StoredEntry:
 
 def ledger_candidates(con: duckdb.DuckDBPyConnection, session_id: str, run_id: str | None) -> list[StoredEntry]:
     """Stored entries that may hold ledger records: om.* custom entries and compactions."""
-    rows = con.execute(query("ledger_candidates"), {"session_id": session_id, "run_id": run_id}).fetchall()
     out = []
-    for entry_id, entry_type, custom_type, first_kept, raw in rows:
-        obj = loads_line(raw)  # deep nesting and lone surrogates as the ingest read them
+    for row in named_rows(con, "ledger_candidates", {"session_id": session_id, "run_id": run_id}):
+        obj = loads_line(row["raw"])  # deep nesting and lone surrogates as the ingest read them
         ts = obj.get("timestamp")
-        out.append(StoredEntry(entry_id, entry_type, custom_type, ts if isinstance(ts, str) else None, first_kept, obj))
+        out.append(StoredEntry(entry_id=row["entry_id"], entry_type=row["entry_type"], custom_type=row["custom_type"],
+                               timestamp=ts if isinstance(ts, str) else None,
+                               first_kept_entry_id=row["first_kept_entry_id"], obj=obj))
     return out
 
 

@@ -4,7 +4,8 @@ Two counts are kept for every source entry:
 
 * ``estimate_message_tokens``: Pi's own estimate, ``ceil(chars / 4)`` where chars are JavaScript
   string lengths (UTF-16 code units) of exactly the parts Pi's ``estimateTokens`` looks at
-  (pi-sessions.md §2.2). The extension's thresholds were tuned on this number.
+  (pi-sessions.md §2.2, lengths from ``om_core.js_length``). The extension's thresholds were tuned
+  on this number.
 * a real tokenizer count (tiktoken ``o200k_base``) of the same text pieces, loaded offline from the
   encoding files that litellm ships.
 """
@@ -19,11 +20,12 @@ import os
 import re
 import sys
 import threading
-from decimal import Decimal
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, overload
+
+from om_core.js_length import js_json_length, js_len
 
 IMAGE_CHARS = 4800  # Pi counts 1200 tokens per image (custom and toolResult; user messages too since 1.6)
 DEFAULT_ENCODING = "o200k_base"
@@ -32,92 +34,6 @@ DEFAULT_ENCODING = "o200k_base"
 SOURCE_ROLES = frozenset(
     {"user", "assistant", "toolResult", "bashExecution", "custom", "branchSummary", "compactionSummary"}
 )
-
-
-# ---------------------------------------------------------------- JavaScript string lengths
-
-
-def js_len(text: str) -> int:
-    """``text.length`` in JavaScript: UTF-16 code units (astral characters count 2)."""
-    if text.isascii():
-        return len(text)
-    return len(text.encode("utf-16-le", "surrogatepass")) >> 1
-
-
-# Characters JSON.stringify escapes: controls become \b \f \n \r \t or \u00XX; quote and backslash
-# get a backslash; lone surrogates become \uDXXX (well-formed JSON.stringify, ES2019).
-_JSON_ESCAPES = re.compile(r'[\x00-\x1f"\\\ud800-\udfff]')
-_SHORT_ESCAPES = frozenset('"\\\b\f\n\r\t')  # one extra character each
-_LONG_ESCAPES = re.compile(r'[\x00-\x07\x0b\x0e-\x1f\ud800-\udfff]')  # five extra characters each
-
-
-def _js_string_json_len(text: str) -> int:
-    length = js_len(text) + 2
-    if _JSON_ESCAPES.search(text) is None:
-        return length
-    short = sum(text.count(c) for c in _SHORT_ESCAPES)
-    return length + short + 5 * len(_LONG_ESCAPES.findall(text))
-
-
-def js_number(value: float) -> str:
-    """Format a float the way JavaScript's Number#toString does (shortest round-trip digits)."""
-    if value != value or value in (math.inf, -math.inf):
-        return "null"  # JSON.stringify turns NaN and Infinity into null
-    if value == 0:
-        return "0"
-    sign = "-" if value < 0 else ""
-    # repr() gives the same shortest round-trip digits as JavaScript; only the layout differs.
-    _, digit_tuple, exp = Decimal(repr(abs(value))).as_tuple()
-    digits = "".join(map(str, digit_tuple)).lstrip("0")
-    stripped = digits.rstrip("0")
-    exp += len(digits) - len(stripped)
-    digits = stripped
-    k = len(digits)
-    n = k + exp  # value = 0.<digits> * 10**n
-    if k <= n <= 21:
-        out = digits + "0" * (n - k)
-    elif 0 < n <= 21:
-        out = digits[:n] + "." + digits[n:]
-    elif -6 < n <= 0:
-        out = "0." + "0" * (-n) + digits
-    else:
-        e = n - 1
-        out = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
-    return sign + out
-
-
-def _js_scalar_json_length(value: Any) -> int:
-    if value is None or value is True:
-        return 4
-    if value is False:
-        return 5
-    if isinstance(value, str):
-        return _js_string_json_len(value)
-    if isinstance(value, int):
-        if -(2**53) < value < 2**53:
-            return len(str(value))
-        return len(js_number(float(value)))
-    if isinstance(value, float):
-        return len(js_number(value))
-    return len(str(value))
-
-
-def js_json_length(value: Any) -> int:
-    """``JSON.stringify(value).length`` for a value parsed from JSON (compact, raw Unicode).
-    Iterative: JSON.parse reads nesting deeper than Python's recursion limit."""
-    total = 0
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            total += 2 + max(0, len(item) - 1)
-            stack.extend(item)
-        elif isinstance(item, dict):
-            total += 2 + max(0, len(item) - 1) + sum(_js_string_json_len(str(k)) + 1 for k in item)
-            stack.extend(item.values())
-        else:
-            total += _js_scalar_json_length(item)
-    return total
 
 
 # ---------------------------------------------------------------- Pi's estimate

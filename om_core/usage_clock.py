@@ -28,7 +28,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from om_core.cutpoint import BranchEntry, message_tokens, project_branch, tokens_before, usable_usage
+from om_core.branch_entry import BranchEntry, message_tokens
+from om_core.cutpoint import project_branch, tokens_before, usable_usage
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from om_core.branch_entry import BranchEntry
 from om_core.cutpoint import (
     DEFAULT_KEEP_RECENT_TOKENS,
-    BranchEntry,
     CutPoint,
     NothingToCompact,
     find_cut_point,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from om_core.cutpoint import BranchEntry, NothingToCompact, branch_entry, compaction_cut_point, project_branch
+from om_core.branch_entry import BranchEntry, branch_entry
+from om_core.cutpoint import NothingToCompact, compaction_cut_point, project_branch
 from om_core.session import SessionParser
 
 IMAGE = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}

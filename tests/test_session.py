@@ -20,7 +20,8 @@ from om_core.session import (
     parse_lines,
 )
 from om_core.tree import build_forest
-from om_core.cutpoint import branch_entry, compaction_cut_point
+from om_core.branch_entry import branch_entry
+from om_core.cutpoint import compaction_cut_point
 
 SID = "d703a1a9-1b7b-4fb1-b512-c9738b1fe617"
 HEX8 = re.compile(r"^[0-9a-f]{8}$")

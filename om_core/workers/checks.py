@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from om_core.ledger import RELEVANCE_ORDER, Observation, Reflection, memory_id
 from om_core.prompts import TRUNCATION_MARKER
 from om_core.render import observation_line
-from om_core.tokens import js_len
+from om_core.js_length import js_len
 
 MAX_CONTENT_CHARS = 10_000
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}$")

@@ -6,13 +6,20 @@ SELECT session_id, ledger_id, kind, covers_up_to_id, anchor_entry_id, origin,
 FROM ledger_batch;
 
 -- name: insert_ledger_observations
-INSERT INTO ledger_observations SELECT * FROM ledger_batch;
+INSERT INTO ledger_observations (session_id, ledger_id, item_index, obs_id, content, ts, relevance, source_entry_ids,
+                                 token_count)
+SELECT session_id, ledger_id, item_index, obs_id, content, ts, relevance, source_entry_ids, token_count
+FROM ledger_batch;
 
 -- name: insert_ledger_reflections
-INSERT INTO ledger_reflections SELECT * FROM ledger_batch;
+INSERT INTO ledger_reflections (session_id, ledger_id, item_index, refl_id, content, supporting_observation_ids,
+                                token_count)
+SELECT session_id, ledger_id, item_index, refl_id, content, supporting_observation_ids, token_count
+FROM ledger_batch;
 
 -- name: insert_ledger_drops
-INSERT INTO ledger_drops SELECT * FROM ledger_batch;
+INSERT INTO ledger_drops (session_id, ledger_id, item_index, obs_id)
+SELECT session_id, ledger_id, item_index, obs_id FROM ledger_batch;
 
 -- name: insert_ledger_folds
 INSERT INTO compaction_folds (session_id, compaction_id, origin, anchor_entry_id, first_kept_entry_id,
@@ -24,10 +31,15 @@ SELECT session_id, compaction_id, origin, anchor_entry_id, first_kept_entry_id, 
 FROM ledger_batch;
 
 -- name: insert_ledger_fold_items
-INSERT INTO compaction_fold_items SELECT * FROM ledger_batch;
+INSERT INTO compaction_fold_items (session_id, compaction_id, item_kind, item_index, id, content, ts, relevance,
+                                   source_entry_ids, supporting_observation_ids, token_count)
+SELECT session_id, compaction_id, item_kind, item_index, id, content, ts, relevance, source_entry_ids,
+       supporting_observation_ids, token_count
+FROM ledger_batch;
 
 -- name: insert_ledger_rejects
-INSERT INTO ledger_rejects SELECT * FROM ledger_batch;
+INSERT INTO ledger_rejects (session_id, entry_id, kind, reason, run_id)
+SELECT session_id, entry_id, kind, reason, run_id FROM ledger_batch;
 
 -- name: delete_imported_observations
 DELETE FROM ledger_observations WHERE session_id = $session_id AND ledger_id IN
