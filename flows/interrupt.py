@@ -103,6 +103,7 @@ def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
 
     from flows.pipeline import COMMIT_LOCK
     from om_core.circuit import run_breaker
+    from om_core.db import named_row
     from om_core.model import ModelError
     from om_core.sqlfiles import query
 
@@ -115,8 +116,9 @@ def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
         with ws.write() as con:
             con.execute(query("interrupt_run"), {"run_id": run_id, "detail": json.dumps(
                 {"signal": signal.Signals(signum).name})})
-            row = con.execute(query("run_outcome"), {"run_id": run_id}).fetchall()[0]
-            numbers = {"sessions": row[3], "observations": row[1], "compactions": row[2]}
+            row = named_row(con, "run_outcome", {"run_id": run_id})
+            numbers = {"sessions": row["sessions"], "observations": row["observations"],
+                       "compactions": row["compactions"]}
     except Exception:  # the database is busy or gone: the next run's start marks the row
         pass
     end_processes(child_pids())

@@ -344,7 +344,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
             collect(done)
         with ws.read() as con:
             payload = read_session_payload(con, sid)
-            prints[sid] = fingerprints(con, [sid], settings, model_name, drain)[sid][0]
+            prints[sid] = fingerprints(con, [sid], settings, model_name, drain)[sid].now
         pending.append(replay_session_task.submit(payload, model, settings, drain, run_id, stage_options, storage))
     for future in as_completed(pending):
         collect(future)

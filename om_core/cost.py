@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from om_core.catalog import resolve_session
-from om_core.db import one, scalar
+from om_core.db import named_row, scalar
 from om_core.errors import OmError
 from om_core.ingest import discover
 from om_core.model import ModelError
@@ -245,11 +245,11 @@ def run_backlog(con: Any | None, files: list[Path], session_ids: list[str]) -> B
     backlog = Backlog()
     known: list[str] = []
     for path in files:
-        row = one(con, "session_of_file", {"path": str(path)}) if con is not None else None
+        row = named_row(con, "session_of_file", {"path": str(path)}) if con is not None else None
         pending = path.stat().st_size
-        if row is not None and row[0]:
-            known.append(row[0])
-            pending = max(0, pending - int(row[1] or 0))  # what was appended since the last ingest
+        if row is not None and row["session_id"]:
+            known.append(row["session_id"])
+            pending = max(0, pending - int(row["ingested_bytes"] or 0))  # what was appended since the last ingest
         backlog.from_file_size += math.ceil(pending * SOURCE_TOKENS_PER_BYTE)
         backlog.files += 1
     for sid in dict.fromkeys([*known, *session_ids]):

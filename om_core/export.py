@@ -38,7 +38,6 @@ from om_core.ledger import RECORD_MODELS
 from om_core.memory import compaction_projection
 from om_core.session import JS_WHITESPACE
 from om_core.settings import Settings
-from om_core.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.workspace import Workspace
@@ -71,20 +70,25 @@ def _number(value: float) -> int | float:
 def record_payloads(con: duckdb.DuckDBPyConnection, session_id: str) -> list[dict[str, Any]]:
     """This project's records of a session, in append order, as wire ``data`` objects."""
     out = []
-    for ledger_id, kind, covers, anchor, created in con.execute(query("pipeline_records"), {"session_id": session_id}).fetchall():
-        params = {"session_id": session_id, "ledger_id": ledger_id}
+    for record in dbmod.named_rows(con, "pipeline_records", {"session_id": session_id}):
+        kind = record["kind"]
+        params = {"session_id": session_id, "ledger_id": record["ledger_id"]}
         if kind == "om.observations.recorded":
-            data = {"observations": [{"id": i, "content": c, "timestamp": t, "relevance": r, "sourceEntryIds": list(s),
-                                      "tokenCount": _number(n)}
-                                     for i, c, t, r, s, n in con.execute(query("record_observations"), params).fetchall()]}
+            data = {"observations": [{"id": o["obs_id"], "content": o["content"], "timestamp": o["ts"],
+                                      "relevance": o["relevance"], "sourceEntryIds": list(o["source_entry_ids"]),
+                                      "tokenCount": _number(o["token_count"])}
+                                     for o in dbmod.named_rows(con, "record_observations", params)]}
         elif kind == "om.reflections.recorded":
-            data = {"reflections": [{"id": i, "content": c, "supportingObservationIds": list(s), "tokenCount": _number(n)}
-                                    for i, c, s, n in con.execute(query("record_reflections"), params).fetchall()]}
+            data = {"reflections": [{"id": r["refl_id"], "content": r["content"],
+                                     "supportingObservationIds": list(r["supporting_observation_ids"]),
+                                     "tokenCount": _number(r["token_count"])}
+                                    for r in dbmod.named_rows(con, "record_reflections", params)]}
         else:
-            data = {"observationIds": [r[0] for r in con.execute(query("record_drops"), params).fetchall()]}
-        data["coversUpToId"] = covers
+            data = {"observationIds": dbmod.named_column(con, "record_drops", params)}
+        data["coversUpToId"] = record["covers_up_to_id"]
         RECORD_MODELS[kind].model_validate(data)  # what we write must import as valid
-        out.append({"ledger_id": ledger_id, "kind": kind, "anchor": anchor, "data": data, "created": created})
+        out.append({"ledger_id": record["ledger_id"], "kind": kind, "anchor": record["anchor_entry_id"], "data": data,
+                    "created": record["created_at"]})
     return out
 
 
@@ -128,25 +132,28 @@ def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrit
     settings = ws.settings if compact else None  # resolved only when used, before the database is read
     with ws.read() as con:
         sid = resolve_session(con, session)
-        header_raw, file_path, version = dbmod.one(con, "export_header", {"session_id": sid})
+        session_row = dbmod.named_row(con, "export_header", {"session_id": sid})
+        file_path, version = session_row["file_path"], session_row["version"]
         if out_path == Path(file_path).resolve():
             raise InvalidArgument("refusing to overwrite the session file itself; choose another --out")
         if out_path.is_dir():
             raise InvalidArgument(f"{out_path} is a directory; --out takes the path of the new session file")
         if out_path.exists() and not overwrite:
             raise InvalidArgument(f"{out_path} exists; pass --force to replace it")
-        entries = con.execute(query("export_entries"), {"session_id": sid}).fetchall()
+        entries = dbmod.named_rows(con, "export_entries", {"session_id": sid})
         records = record_payloads(con, sid)
         quarantined = dbmod.scalar(con, "quarantined_lines", {"file_path": file_path}) or 0
     chains: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         chains[record["anchor"]].append(record)
-    header = json.loads(header_raw.lstrip(JS_WHITESPACE))  # as written, a leading BOM included
+    header = json.loads(session_row["header"].lstrip(JS_WHITESPACE))  # as written, a leading BOM included
     header["version"] = 3
     lines = [_dumps(header)]
     relinked = 0
-    for entry_id, parent_id, entry_type, role, first_kept, ts, raw, at in entries:
-        obj = _migrated(raw, entry_id, parent_id, entry_type, role, first_kept, version)
+    for row in entries:
+        entry_id, parent_id, raw = row["entry_id"], row["parent_id"], row["raw"]
+        ts, at = row["ts_text"], row["ts"]
+        obj = _migrated(raw, entry_id, parent_id, row["entry_type"], row["role"], row["first_kept_entry_id"], version)
         if parent_id in chains:
             obj["parentId"] = chains[parent_id][-1]["ledger_id"]  # the extension appended after the parent
             relinked += 1

@@ -105,11 +105,11 @@ def gap_safe_boundary(con: duckdb.DuckDBPyConnection, session_id: str, leaf: str
     f_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": leaf, "entry_id": first_kept})
     if f_pos is None:
         raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {leaf}")
-    watermarks = [r[0] for r in con.execute(query("judged_observation_watermarks"), {
+    watermarks = dbmod.named_column(con, "judged_observation_watermarks", {
         "session_id": session_id, "leaf": leaf, "compaction_pos": compaction_pos, "simulated": simulated,
-        "seq": seq if seq is not None else 2**62}).fetchall()]
-    rows = {r[0]: _Row(*r) for r in con.execute(query("gap_window"), {
-        "session_id": session_id, "leaf": leaf, "from_pos": 0, "to_pos": f_pos}).fetchall()}
+        "seq": seq if seq is not None else 2**62})
+    rows = {row.position: row for row in dbmod.rows_as(_Row, con.execute(query("gap_window"), {
+        "session_id": session_id, "leaf": leaf, "from_pos": 0, "to_pos": f_pos}))}
     safe_pos = gap_safe_position(rows, watermarks, f_pos)
     boundary = GapSafeBoundary(rows[safe_pos].entry_id, safe_pos, first_kept, f_pos)
     if safe_pos == f_pos:
@@ -225,6 +225,6 @@ def gap_safe_at(ws: Workspace, session: str, first_kept: str, leaf: str | None) 
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        branch_leaf, tip_pos = dbmod.one(con, "leaf_of", {"session_id": sid, "entry_id": tip})
-        return gap_safe_boundary(con, sid, branch_leaf, compaction_pos=tip_pos, seq=None, simulated=True,
-                                 first_kept=first_kept, tip_pos=tip_pos, settings=settings)
+        below = dbmod.named_row(con, "leaf_of", {"session_id": sid, "entry_id": tip})
+        return gap_safe_boundary(con, sid, below["leaf_id"], compaction_pos=below["position"], seq=None,
+                                 simulated=True, first_kept=first_kept, tip_pos=below["position"], settings=settings)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from om_core.catalog import resolve_session
-from om_core.db import rows_as_dicts
+from om_core.db import named_column, rows_as_dicts
 from om_core.errors import InvalidArgument
 from om_core.sqlfiles import query
 
@@ -52,7 +52,7 @@ def model_call_log(ws: Workspace, *, session: str | None = None, stage: str | No
         if session is not None:
             session_id = resolve_session(con, session)
         if stage is not None:
-            known = sorted(set(WORKER_STAGES) | {r[0] for r in con.execute(query("model_call_stages")).fetchall()})
+            known = sorted(set(WORKER_STAGES) | set(named_column(con, "model_call_stages")))
             if stage not in known:
                 raise InvalidArgument(f"unknown --stage {stage!r}: use {', '.join(known)}")
         rows = rows_as_dicts(con.execute(query("model_call_log"), {

@@ -13,7 +13,7 @@ import duckdb
 from pydantic import BaseModel, Field, PrivateAttr
 
 from om_core.catalog import branch_for_cut_point, resolve_session, resolve_tip
-from om_core.db import scalar
+from om_core.db import named_rows, scalar
 from om_core.errors import EntryNotFound, InvalidArgument
 from om_core.ledger import Observation, Reflection
 from om_core.render import observation_line, reflection_line, render_summary
@@ -40,12 +40,6 @@ def reflection_from_row(row: dict[str, Any]) -> Reflection:
         id=row["id"], content=row["content"], supportingObservationIds=list(row["supporting_observation_ids"]),
         tokenCount=_number(row["token_count"]),
     )
-
-
-def _rows(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    cursor = con.execute(query(name), params)
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, r)) for r in cursor.fetchall()]
 
 
 class MemoryView(BaseModel):
@@ -92,19 +86,19 @@ def full_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, bound
     """Full projection at ``boundary`` (default: the tip): the records covered through it."""
     boundary = boundary or tip
     require_on_branch(con, session_id, tip, boundary, "boundary")
-    return split_rows(_rows(con, "full_projection", {"session_id": session_id, "tip": tip, "boundary": boundary}))
+    return split_rows(named_rows(con, "full_projection", {"session_id": session_id, "tip": tip, "boundary": boundary}))
 
 
 def visible_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
     """What the agent sees: the lists of the latest folded compaction the session file holds on the
     branch (the extension's om.folded ones); simulated compactions never count here."""
-    return split_rows(_rows(con, "visible_projection", {"session_id": session_id, "tip": tip}))
+    return split_rows(named_rows(con, "visible_projection", {"session_id": session_id, "tip": tip}))
 
 
 def replayed_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
     """The replayed view: the lists of the latest folded compaction on the branch, the replay's
     simulated ones included; what the extension would have shown, not what the agent saw."""
-    return split_rows(_rows(con, "replayed_projection", {"session_id": session_id, "tip": tip}))
+    return split_rows(named_rows(con, "replayed_projection", {"session_id": session_id, "tip": tip}))
 
 
 class FoldRef(BaseModel):
@@ -120,7 +114,7 @@ def latest_folds(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> t
     """(the visible view's compaction, the replayed view's compaction, simulated folds on the branch)."""
     refs: dict[bool, FoldRef | None] = {}
     simulated = 0
-    for row in _rows(con, "latest_folds", {"session_id": session_id, "tip": tip}):
+    for row in named_rows(con, "latest_folds", {"session_id": session_id, "tip": tip}):
         simulated = int(row["simulated_folds"])
         refs[bool(row["replayed"])] = None if row["compaction_id"] is None else FoldRef(
             compactionId=row["compaction_id"], origin=row["origin"], firstKeptEntryId=row["first_kept_entry_id"],
@@ -129,7 +123,7 @@ def latest_folds(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> t
 
 
 def ledger_rows(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[dict[str, Any]]:
-    return _rows(con, "ledger_at", {"session_id": session_id, "tip": tip})
+    return named_rows(con, "ledger_at", {"session_id": session_id, "tip": tip})
 
 
 def ledger_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> MemoryView:
@@ -221,9 +215,8 @@ def drift(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, replayed: b
     lists = {"observation_only_in_full": out.observationsOnlyInFull,
              "reflection_only_in_full": out.reflectionsOnlyInFull,
              "visible_not_active": out.visibleNoLongerActive}
-    for kind, item in con.execute(query("memory_drift"), {"session_id": session_id, "tip": tip,
-                                                          "replayed": replayed}).fetchall():
-        lists[kind].append(item)
+    for row in named_rows(con, "memory_drift", {"session_id": session_id, "tip": tip, "replayed": replayed}):
+        lists[row["drift"]].append(row["id"])
     return out
 
 
@@ -258,7 +251,7 @@ def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: 
 
         branch = branch_for_cut_point(con, session_id, tip)
         usage, tip_position = ContextUsage(branch), len(branch) - 1
-    for row in _rows(con, "progress_clocks", {"session_id": session_id, "tip": tip}):
+    for row in named_rows(con, "progress_clocks", {"session_id": session_id, "tip": tip}):
         used = int(row["tokens"] if settings.tokenCounter == "tiktoken" else row["tokens_pi"])
         extra: dict[str, Any] = {}
         if usage is not None and row["clock"] in USAGE_CLOCKS and tip_position >= 0:
@@ -284,7 +277,7 @@ class CoveredObservation(BaseModel):
 
 
 def coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[CoveredObservation]:
-    rows = _rows(con, "coverage_tiers", {"session_id": session_id, "tip": tip})
+    rows = named_rows(con, "coverage_tiers", {"session_id": session_id, "tip": tip})
     rows.sort(key=lambda r: r["fold_order"])
     return [CoveredObservation(observation=observation_from_row({**r, "id": r["obs_id"]}),
                                citingReflections=r["citing_reflections"], coverage=r["coverage"]) for r in rows]
@@ -330,7 +323,7 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     replayed = replayed_memory(con, session_id, tip)
     active_tokens = sum(r["token_count"] for r in obs if not r["dropped"])
     visible_tokens = visible.observation_tokens()
-    errors = _rows(con, "last_errors", {"session_id": session_id})
+    errors = named_rows(con, "last_errors", {"session_id": session_id})
     return MemoryStatus(
         session_id=session_id,
         tip=tip,

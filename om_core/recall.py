@@ -8,6 +8,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from om_core.catalog import resolve_session, resolve_tip
+from om_core.db import named_rows
 from om_core.ledger import is_memory_id
 from om_core.session import loads_line
 from om_core.source_text import entry_text, minute, role_label
@@ -82,12 +83,6 @@ class RecallResult(BaseModel):
         return self.model_dump(mode="json")
 
 
-def _rows(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    cursor = con.execute(query(name), params)
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, r)) for r in cursor.fetchall()]
-
-
 def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row: dict[str, Any], matched: bool,
                  resolved: dict[str, dict[str, Any]]) -> RecallObservation:
     item = RecallObservation(
@@ -115,18 +110,18 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
         return RecallResult(status="invalid_id", id=memory_id,
                             message="a memory id is 12 lowercase hexadecimal characters")
     params = {"session_id": session_id, "tip": tip}
-    obs_rows = _rows(con, "recall_observations", {**params, "ids": [memory_id]})
-    refl_rows = _rows(con, "recall_reflections", {**params, "id": memory_id})
+    obs_rows = named_rows(con, "recall_observations", {**params, "ids": [memory_id]})
+    refl_rows = named_rows(con, "recall_reflections", {**params, "id": memory_id})
     supporting_ids: list[str] = []
     for r in refl_rows:
         for s in r["supporting_observation_ids"]:
             if s not in supporting_ids:
                 supporting_ids.append(s)
-    first_support = {r["id"]: r for r in _rows(con, "recall_observations", {**params, "ids": supporting_ids})
+    first_support = {r["id"]: r for r in named_rows(con, "recall_observations", {**params, "ids": supporting_ids})
                      if r["occurrence"] == 1} if supporting_ids else {}
     cited = {e for r in obs_rows for e in r["source_entry_ids"]} | {
         e for r in first_support.values() for e in r["source_entry_ids"]}
-    resolved = {r["entry_id"]: r for r in _rows(con, "resolve_entries", {**params, "ids": sorted(cited)})} if cited else {}
+    resolved = {r["entry_id"]: r for r in named_rows(con, "resolve_entries", {**params, "ids": sorted(cited)})} if cited else {}
 
     result = RecallResult(status="found" if obs_rows or refl_rows else "not_found", id=memory_id,
                           sessionIds=[session_id] if obs_rows or refl_rows else [])
@@ -175,8 +170,9 @@ def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str 
             return RecallResult(status="invalid_id", id=memory_id,
                                 message="a memory id is 12 lowercase hexadecimal characters")
         combined = RecallResult(status="not_found", id=memory_id)
-        for sid, tip in con.execute(query("sessions_mentioning_memory_id"), {"id": memory_id}).fetchall():
-            one = recall_in_session(con, sid, tip, memory_id)
+        for row in named_rows(con, "sessions_mentioning_memory_id", {"id": memory_id}):
+            sid = row["session_id"]
+            one = recall_in_session(con, sid, row["leaf_id"], memory_id)
             if one.status != "found":
                 continue
             combined.status = "found"

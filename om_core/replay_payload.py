@@ -161,12 +161,11 @@ def commit_replayed_rows(con: duckdb.DuckDBPyConnection, result: ReplayedRows) -
     """Write a replay's rows (inside the caller's transaction); a result committed twice changes nothing."""
     tables = {name: _from_ipc(data) for name, data in result.tables.items()}
     written: dict[str, int] = {}
-    committed = {row[0] for row in con.execute(query("committed_ledger_ids"),
-                                               {"session_id": result.session_id}).fetchall()}
+    committed = set(dbmod.named_column(con, "committed_ledger_ids", {"session_id": result.session_id}))
     tables = _without_committed(tables, committed)
     ordered = sum(tables[n].num_rows for n in ("ledger_records", "compaction_folds") if n in tables)
     if ordered:
-        seqs = [row[0] for row in con.execute(query("take_append_seqs"), {"n": ordered}).fetchall()]
+        seqs = dbmod.named_column(con, "take_append_seqs", {"n": ordered})
         tables = _renumber(tables, seqs)
     for table, _, commit_name in REPLAYED_TABLES:
         if table in tables and tables[table].num_rows:

@@ -18,10 +18,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 
+from om_core.db import named_column, named_rows
 from om_core.errors import InvalidArgument, OmError
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -47,21 +48,23 @@ def split_targets(targets: list[str]) -> tuple[list[str], list[str], list[str]]:
     return paths, sessions, missing
 
 
+class Fingerprint(NamedTuple):
+    now: str  # of the session's rows and the run's settings today
+    replayed: str | None  # of its last complete replay (None: never replayed)
+
+
 def fingerprints(con: duckdb.DuckDBPyConnection, session_ids: list[str], settings: Settings, model: str,
-                 drain: bool) -> dict[str, tuple[str, str | None]]:
-    """session id -> (fingerprint now, fingerprint of its last complete replay or None)."""
+                 drain: bool) -> dict[str, Fingerprint]:
+    """session id -> its fingerprint now and that of its last complete replay."""
     if not session_ids:
         return {}
     basis = json.dumps({"settings": settings.model_dump(mode="json"), "model": model, "drain": drain},
                        sort_keys=True)
-    cursor = con.execute(query("session_fingerprint_parts"), {"session_ids": session_ids})
-    names = [d[0] for d in cursor.description]
     out = {}
-    for row in cursor.fetchall():
-        parts = dict(zip(names, row))
+    for parts in named_rows(con, "session_fingerprint_parts", {"session_ids": session_ids}):
         replayed = parts.pop("replayed_fingerprint")
         digest = hashlib.sha256((basis + json.dumps(parts, sort_keys=True, default=str)).encode()).hexdigest()[:24]
-        out[parts["session_id"]] = (digest, replayed)
+        out[parts["session_id"]] = Fingerprint(digest, replayed)
     return out
 
 
@@ -69,8 +72,8 @@ def due_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str], setting
                  drain: bool) -> tuple[list[str], dict[str, str]]:
     """The sessions a run has to replay (in the given order), and every session's fingerprint."""
     prints = fingerprints(con, session_ids, settings, model, drain)
-    due = [sid for sid in session_ids if sid in prints and prints[sid][0] != prints[sid][1]]
-    return due, {sid: now for sid, (now, _) in prints.items()}
+    due = [sid for sid in session_ids if sid in prints and prints[sid].now != prints[sid].replayed]
+    return due, {sid: printed.now for sid, printed in prints.items()}
 
 
 def record_replay(con: duckdb.DuckDBPyConnection, session_id: str, fingerprint: str, run_id: str) -> None:
@@ -135,7 +138,6 @@ def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: s
     if not session_ids:
         return plan
     with ws.read() as con:
-        plan.session_ids = [r[0] for r in con.execute(query("sessions_largest_first"),
-                                                      {"session_ids": session_ids}).fetchall()]
+        plan.session_ids = named_column(con, "sessions_largest_first", {"session_ids": session_ids})
         plan.due, _ = due_sessions(con, plan.session_ids, ws.settings, model, drain)
     return plan

@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from om_core.db import named_rows
 from om_core.sqlfiles import query
 
 
@@ -47,12 +48,12 @@ def _end_left_behind(pids: list[int] | None) -> None:
 
 def mark_abandoned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
     host = socket.gethostname()
-    gone = [(run_id, children) for run_id, pid, run_host, children in con.execute(query("running_runs")).fetchall()
-            if run_host == host and (pid is None or not _alive(pid))]
-    for run_id, children in gone:
-        con.execute(query("mark_run_abandoned"), {"run_id": run_id})
-        _end_left_behind(children)
-    return [run_id for run_id, _ in gone]
+    gone = [run for run in named_rows(con, "running_runs")
+            if run["host"] == host and (run["pid"] is None or not _alive(run["pid"]))]
+    for run in gone:
+        con.execute(query("mark_run_abandoned"), {"run_id": run["run_id"]})
+        _end_left_behind(run["child_pids"])
+    return [run["run_id"] for run in gone]
 
 
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail: dict[str, Any]) -> None:

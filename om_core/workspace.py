@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict
 
 from om_core import db as dbmod
 from om_core.settings import ResolvedSettings, Settings, load_settings
-from om_core.sqlfiles import query
 
 
 class Database(Protocol):
@@ -176,7 +175,7 @@ class Workspace:
     def rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The named query's rows as dicts (column name -> value)."""
         with self.read() as con:
-            return dbmod.rows_as_dicts(con.execute(query(name), params or {}))
+            return dbmod.named_rows(con, name, params)
 
     def close(self) -> None:
         """Close what the database holds open (a file database holds nothing between uses)."""

@@ -5,7 +5,7 @@ SELECT header, file_path, version FROM sessions WHERE session_id = $session_id;
 -- Entries in file order, with their timestamp as text and as parsed (a record placed after an entry
 -- is never stamped earlier than it).
 SELECT entry_id, parent_id, entry_type, role, first_kept_entry_id,
-       coalesce(raw ->> '$.timestamp', strftime(ts, '%Y-%m-%dT%H:%M:%S.%gZ')), raw, ts
+       coalesce(raw ->> '$.timestamp', strftime(ts, '%Y-%m-%dT%H:%M:%S.%gZ')) AS ts_text, raw, ts
 FROM entries WHERE session_id = $session_id ORDER BY line_no;
 
 -- name: pipeline_records

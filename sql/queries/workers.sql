@@ -101,7 +101,7 @@ ORDER BY 1;
 
 -- name: gap_window
 -- Branch entries between two positions (inclusive), with what gap-safe compaction needs.
-SELECT b.position, e.entry_id, e.entry_type, e.role, e.is_source, coalesce(e.tokens_pi, 0), e.raw
+SELECT b.position, e.entry_id, e.entry_type, e.role, e.is_source, coalesce(e.tokens_pi, 0) AS tokens, e.raw
 FROM branch($session_id, $leaf) b JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE b.position BETWEEN $from_pos AND $to_pos
 ORDER BY b.position;
