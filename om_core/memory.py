@@ -142,17 +142,19 @@ class CompactionResult(BaseModel):
     summary: str | None
     observationWatermarkPosition: int | None = None  # C of SPEC §10: largest watermark included
     normalObservationTokens: float = 0
-    _observations: list[tuple] = PrivateAttr(default_factory=list)
-    _reflections: list[tuple] = PrivateAttr(default_factory=list)
+    _observations: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # projection rows, by column
+    _reflections: list[dict[str, Any]] = PrivateAttr(default_factory=list)
 
     def details(self) -> dict[str, Any]:
         """The om.folded object stored with the compaction (SPEC §5)."""
         return {
             "type": "om.folded", "version": 1, "fullFold": self.fullFold,
-            "observations": [{"id": i, "content": c, "timestamp": ts, "relevance": rel, "sourceEntryIds": list(src),
-                              "tokenCount": _number(tok)} for i, c, ts, rel, src, _, tok in self._observations],
-            "reflections": [{"id": i, "content": c, "supportingObservationIds": list(sup), "tokenCount": _number(tok)}
-                            for i, c, _, _, _, sup, tok in self._reflections],
+            "observations": [{"id": o["id"], "content": o["content"], "timestamp": o["ts"], "relevance": o["relevance"],
+                              "sourceEntryIds": list(o["source_entry_ids"]), "tokenCount": _number(o["token_count"])}
+                             for o in self._observations],
+            "reflections": [{"id": r["id"], "content": r["content"],
+                             "supportingObservationIds": list(r["supporting_observation_ids"]),
+                             "tokenCount": _number(r["token_count"])} for r in self._reflections],
         }
 
     @property
@@ -174,25 +176,23 @@ class CompactionResult(BaseModel):
 def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str,
                           pool_max_tokens: float) -> CompactionResult:
     """Compaction projection at F with its normal/full-fold decision (SPEC §4), rendered (SPEC §5)."""
-    rows = con.execute(query("compaction_projection"), {"session_id": session_id, "tip": tip,
-                                                        "first_kept": first_kept, "pool_max": pool_max_tokens}).fetchall()
-    # columns: item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supporting ids,
-    #          token_count, wm_pos, full_fold  (the boundary row carries F's check, C and the decision)
-    boundary = next(r for r in rows if r[0] == "boundary")
-    if boundary[1] is None:
+    params = {"session_id": session_id, "tip": tip, "first_kept": first_kept, "pool_max": pool_max_tokens}
+    decision = _rows(con, "compaction_decision", params)[0]
+    if decision["f_pos"] is None:
         raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip}")
-    items = sorted((r for r in rows if r[0] != "boundary"), key=lambda r: (r[0], r[1]))
-    observations = [r[2:9] for r in items if r[0] == "observation"]
-    reflections = [r[2:9] for r in items if r[0] == "reflection"]
+    items = _rows(con, "compaction_projection", {  # in fold order, observations first
+        "session_id": session_id, "tip": tip, "first_kept": first_kept, "others_through": decision["others_through"]})
+    observations = [r for r in items if r["item_kind"] == "observation"]
+    reflections = [r for r in items if r["item_kind"] == "reflection"]
     result = CompactionResult(
-        fullFold=bool(boundary[10]),
+        fullFold=bool(decision["full_fold"]),
         firstKeptEntryId=first_kept,
-        observationIds=[o[0] for o in observations],
-        reflectionIds=[r[0] for r in reflections],
-        summary=render_summary([reflection_line(r[0], r[1]) for r in reflections],
-                               [observation_line(o[0], o[2], o[3], o[1]) for o in observations]),
-        observationWatermarkPosition=boundary[9],
-        normalObservationTokens=_number(boundary[8]),
+        observationIds=[o["id"] for o in observations],
+        reflectionIds=[r["id"] for r in reflections],
+        summary=render_summary([reflection_line(r["id"], r["content"]) for r in reflections],
+                               [observation_line(o["id"], o["ts"], o["relevance"], o["content"]) for o in observations]),
+        observationWatermarkPosition=decision["c_pos"],
+        normalObservationTokens=_number(decision["normal_tokens"]),
     )
     result._observations = observations
     result._reflections = reflections

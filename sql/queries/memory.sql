@@ -27,12 +27,18 @@ ORDER BY replayed;
 -- name: ledger_at
 SELECT * FROM ledger_at($session_id, $tip) ORDER BY item_kind, fold_order;
 
+-- name: compaction_decision
+SELECT f_pos, m_pos, normal_tokens, full_fold, others_through, c_pos
+FROM compaction_decision($session_id, $tip, $first_kept, $pool_max);
+
 -- name: compaction_projection
+-- The items of the compaction projection once compaction_decision has been read: the same fold the
+-- compaction_projection macro makes, without deciding a second time.
 SELECT item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supporting_observation_ids,
-       token_count,
-       CASE WHEN item_kind = 'boundary' THEN wm_pos END AS c_pos,
-       full_fold
-FROM compaction_projection($session_id, $tip, $first_kept, $pool_max);
+       token_count
+FROM fold($session_id, $tip, 'watermark', $first_kept, $others_through, $others_through)
+WHERE NOT dropped
+ORDER BY item_kind, fold_order;
 
 -- name: memory_drift
 SELECT drift, id FROM folded_drift($session_id, $tip, $replayed);

@@ -91,12 +91,8 @@ WHERE t.session_id = $session_id AND t.is_leaf ORDER BY e.line_no;
 
 -- name: judged_observation_watermarks
 -- Watermark positions of the observation records a compaction at p_compaction_pos is judged by.
-SELECT DISTINCT w.position
-FROM ledger_records r
-JOIN branch($session_id, $leaf) a ON a.entry_id = r.anchor_entry_id
-JOIN branch($session_id, $leaf) w ON w.entry_id = r.covers_up_to_id
-WHERE r.session_id = $session_id AND r.kind = 'om.observations.recorded'
-  AND (a.position < $compaction_pos OR ($simulated AND a.position = $compaction_pos AND r.append_seq < $seq))
+SELECT DISTINCT wm_pos
+FROM judged_observation_records($session_id, $leaf, $compaction_pos, $seq, $simulated)
 ORDER BY 1;
 
 -- name: gap_window

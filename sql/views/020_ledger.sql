@@ -52,24 +52,33 @@ CREATE OR REPLACE MACRO position_on_branch(p_session, p_tip, p_entry) AS (
     SELECT max(position) FROM branch(p_session, p_tip) WHERE entry_id = p_entry
 );
 
--- Every valid ledger record on the branch to p_tip, in branch order (anchor position, imported
--- before pipeline at one anchor, then append order), with its watermark position (NULL = dangling).
+-- SPEC §2's branch order, the one tie-break both orders below share: at one anchor, what the
+-- session file holds (imported records; Pi's and the extension's compactions) comes before what
+-- this project appended there (pipeline records, simulated compactions), then append order.
+CREATE OR REPLACE MACRO appended_by_project(p_origin) AS p_origin IN ('pipeline', 'simulated');
+
+-- The record order: every valid ledger record on the branch to p_tip in branch order (anchor
+-- position, then the tie-break above), with its watermark position (wm_pos NULL = dangling).
+-- Every fold, projection, clock and recall walks records through this macro.
 CREATE OR REPLACE MACRO branch_records(p_session, p_tip) AS TABLE
     WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
-    SELECT r.ledger_id, r.kind, r.origin, r.covers_up_to_id, r.anchor_entry_id,
+    SELECT r.ledger_id, r.kind, r.origin, r.covers_up_to_id, r.anchor_entry_id, r.append_seq,
            a.position AS anchor_pos, w.position AS wm_pos,
-           row_number() OVER (ORDER BY a.position, r.origin <> 'imported', r.append_seq) AS rec_order
+           row_number() OVER (ORDER BY a.position, appended_by_project(r.origin), r.append_seq) AS rec_order
     FROM ledger_records r
     JOIN b a ON a.entry_id = r.anchor_entry_id
     LEFT JOIN b w ON w.entry_id = r.covers_up_to_id
     WHERE r.session_id = p_session;
 
--- Every compaction on the branch to p_tip, in branch order, with where its first kept entry sits.
+-- The compaction order: every compaction on the branch to p_tip in the same branch order, with
+-- where its first kept entry sits (NULL: not on the branch). A macro of its own only because
+-- compactions are other rows (the compactions view: Pi's entries and compaction_folds), not
+-- because their order differs.
 CREATE OR REPLACE MACRO branch_compactions(p_session, p_tip) AS TABLE
     WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
     SELECT c.compaction_id, c.origin, c.folded, c.full_fold, c.first_kept_entry_id, c.summary,
            a.position AS anchor_pos, k.position AS first_kept_pos,
-           row_number() OVER (ORDER BY a.position, c.origin = 'simulated', c.append_seq) AS compaction_order
+           row_number() OVER (ORDER BY a.position, appended_by_project(c.origin), c.append_seq) AS compaction_order
     FROM compactions c
     JOIN b a ON a.entry_id = c.anchor_entry_id
     LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id

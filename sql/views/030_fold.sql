@@ -1,73 +1,59 @@
 -- Fold (SPEC §3) and projections (SPEC §4).
 --
--- A fold walks the branch's records in branch order: the first record of an id wins, every dropped
--- id is a tombstone (even one not seen yet), and active observations are the first-seen ones not
--- tombstoned. It stops at a boundary in one of two ways, kept distinct by p_mode:
+-- A fold walks the branch's records in branch order (branch_records): the first record of an id
+-- wins, every dropped id is a tombstone (even one not seen yet), and active observations are the
+-- first-seen ones not tombstoned. It stops at a boundary in one of two ways, kept distinct by p_mode:
 --   'anchor'    a plain fold through an entry: records whose own branch position is <= the bound;
 --   'watermark' a projection: records whose watermark is on the branch at a position <= the bound.
 -- Each kind has its own boundary entry (NULL, or an entry not on the branch, includes nothing).
--- The macros are written flat (one branch walk, one pass per table) because they are the hot path
--- of every compaction.
+-- fold_order numbers each list's items in fold order (record order, then item index in the record).
 
 CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_through, p_drop_through) AS TABLE
-    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip)),
+    WITH recs AS (SELECT * FROM branch_records(p_session, p_tip)),
     bounds AS (
-        SELECT (SELECT position FROM b WHERE entry_id = p_obs_through) AS obs_b,
-               (SELECT position FROM b WHERE entry_id = p_refl_through) AS refl_b,
-               (SELECT position FROM b WHERE entry_id = p_drop_through) AS drop_b
+        SELECT max(position) FILTER (WHERE entry_id = p_obs_through) AS obs_b,
+               max(position) FILTER (WHERE entry_id = p_refl_through) AS refl_b,
+               max(position) FILTER (WHERE entry_id = p_drop_through) AS drop_b
+        FROM branch(p_session, p_tip)
     ),
-    sel AS (
-        SELECT r.ledger_id, r.kind, w.position AS wm_pos,
-               row_number() OVER (ORDER BY a.position, r.origin <> 'imported', r.append_seq) AS rec_order
-        FROM ledger_records r
-        JOIN b a ON a.entry_id = r.anchor_entry_id
-        LEFT JOIN b w ON w.entry_id = r.covers_up_to_id
-        CROSS JOIN bounds
-        WHERE r.session_id = p_session
-          AND (CASE WHEN p_mode = 'anchor' THEN a.position ELSE w.position END)
+    included AS (
+        SELECT r.ledger_id, r.kind, r.rec_order, r.wm_pos
+        FROM recs r CROSS JOIN bounds
+        WHERE (CASE WHEN p_mode = 'anchor' THEN r.anchor_pos ELSE r.wm_pos END)
               <= (CASE r.kind WHEN 'om.observations.recorded' THEN bounds.obs_b
                               WHEN 'om.reflections.recorded' THEN bounds.refl_b
                               ELSE bounds.drop_b END)
     ),
-    -- first occurrence of each id: the smallest (record order, item index), found on narrow rows
     first_obs AS (
-        SELECT o.obs_id, min(s.rec_order * 1000000 + o.item_index) AS fold_order,
-               arg_min(o.ledger_id, s.rec_order * 1000000 + o.item_index) AS ledger_id,
-               arg_min(o.item_index, s.rec_order * 1000000 + o.item_index) AS item_index,
-               arg_min(s.wm_pos, s.rec_order * 1000000 + o.item_index) AS wm_pos
+        SELECT o.*, s.rec_order, s.wm_pos
         FROM ledger_observations o
-        JOIN sel s ON s.ledger_id = o.ledger_id AND s.kind = 'om.observations.recorded'
+        JOIN included s ON s.ledger_id = o.ledger_id AND s.kind = 'om.observations.recorded'
         WHERE o.session_id = p_session
-        GROUP BY o.obs_id
+        QUALIFY row_number() OVER (PARTITION BY o.obs_id ORDER BY s.rec_order, o.item_index) = 1
     ),
     tombstones AS (
         SELECT DISTINCT d.obs_id
         FROM ledger_drops d
-        JOIN sel s ON s.ledger_id = d.ledger_id AND s.kind = 'om.observations.dropped'
+        JOIN included s ON s.ledger_id = d.ledger_id AND s.kind = 'om.observations.dropped'
         WHERE d.session_id = p_session
     ),
     first_refl AS (
-        SELECT x.refl_id, min(s.rec_order * 1000000 + x.item_index) AS fold_order,
-               arg_min(x.ledger_id, s.rec_order * 1000000 + x.item_index) AS ledger_id,
-               arg_min(x.item_index, s.rec_order * 1000000 + x.item_index) AS item_index
+        SELECT x.*, s.rec_order
         FROM ledger_reflections x
-        JOIN sel s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
+        JOIN included s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
         WHERE x.session_id = p_session
-        GROUP BY x.refl_id
+        QUALIFY row_number() OVER (PARTITION BY x.refl_id ORDER BY s.rec_order, x.item_index) = 1
     )
-    SELECT 'observation' AS item_kind, f.fold_order, o.obs_id AS id, o.content, o.ts, o.relevance,
-           o.source_entry_ids, NULL::VARCHAR[] AS supporting_observation_ids, o.token_count, o.ledger_id,
-           f.wm_pos, t.obs_id IS NOT NULL AS dropped
-    FROM first_obs f
-    JOIN ledger_observations o
-      ON o.session_id = p_session AND o.ledger_id = f.ledger_id AND o.item_index = f.item_index
-    LEFT JOIN tombstones t ON t.obs_id = f.obs_id
+    SELECT 'observation' AS item_kind, row_number() OVER (ORDER BY o.rec_order, o.item_index) AS fold_order,
+           o.obs_id AS id, o.content, o.ts, o.relevance, o.source_entry_ids,
+           NULL::VARCHAR[] AS supporting_observation_ids, o.token_count, o.ledger_id, o.wm_pos,
+           t.obs_id IS NOT NULL AS dropped
+    FROM first_obs o
+    LEFT JOIN tombstones t ON t.obs_id = o.obs_id
     UNION ALL
-    SELECT 'reflection', f.fold_order, x.refl_id, x.content, NULL, NULL, NULL, x.supporting_observation_ids,
-           x.token_count, x.ledger_id, NULL, false
-    FROM first_refl f
-    JOIN ledger_reflections x
-      ON x.session_id = p_session AND x.ledger_id = f.ledger_id AND x.item_index = f.item_index;
+    SELECT 'reflection', row_number() OVER (ORDER BY x.rec_order, x.item_index), x.refl_id, x.content, NULL,
+           NULL, NULL, x.supporting_observation_ids, x.token_count, x.ledger_id, NULL, false
+    FROM first_refl x;
 
 -- The ledger as it stands at p_tip: a plain fold through the tip (every record on the branch),
 -- dropped observations included with dropped = true. This is what the workers read.
@@ -83,14 +69,10 @@ CREATE OR REPLACE MACRO full_projection(p_session, p_tip, p_boundary) AS TABLE
 -- Folded compactions on the branch (the extension's and simulated ones), newest first; fold_rank 1 is
 -- the newest.
 CREATE OR REPLACE MACRO branch_folds(p_session, p_tip) AS TABLE
-    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
-    SELECT c.compaction_id, c.origin, c.full_fold, c.first_kept_entry_id, c.summary,
-           a.position AS anchor_pos, k.position AS first_kept_pos,
-           row_number() OVER (ORDER BY a.position DESC, c.origin = 'simulated' DESC, c.append_seq DESC) AS fold_rank
-    FROM compaction_folds c
-    JOIN b a ON a.entry_id = c.anchor_entry_id
-    LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id
-    WHERE c.session_id = p_session AND c.folded
+    SELECT compaction_id, origin, full_fold, first_kept_entry_id, summary, anchor_pos, first_kept_pos,
+           row_number() OVER (ORDER BY compaction_order DESC) AS fold_rank
+    FROM branch_compactions(p_session, p_tip)
+    WHERE folded
     ORDER BY fold_rank;
 
 -- The lists of the latest folded compaction on the branch. p_replayed = false: only compactions the
@@ -119,100 +101,42 @@ CREATE OR REPLACE MACRO visible_projection(p_session, p_tip) AS TABLE
 CREATE OR REPLACE MACRO replayed_projection(p_session, p_tip) AS TABLE
     SELECT * FROM folded_projection(p_session, p_tip, true);
 
--- Compaction projection at F = p_first_kept with pool limit P = p_pool_max (SPEC §4):
---   M = first kept entry of the latest folded full-fold compaction on the branch whose first kept
---       entry is on the branch (the last full-fold boundary);
---   normal = observations covered through F, reflections and drops covered through M (none
---       without M); when the normal observations' tokens reach P, the full projection at F.
--- Observations are selected the same way in both, so one pass serves both; only tombstones and
--- reflections depend on the decision.
+-- The compaction decision at F = p_first_kept with pool limit P = p_pool_max (SPEC §4), one row:
+--   f_pos           position of F (NULL: F is not on the branch);
+--   m_entry_id, m_pos  M, the first kept entry of the latest folded full-fold compaction on the
+--                   branch whose first kept entry is on the branch (NULL: no full fold yet);
+--   normal_tokens   the tokens of the normal projection's observations (covered through F, less
+--                   the drops covered through M);
+--   full_fold       normal_tokens >= P;
+--   others_through  the boundary for reflections and drops that follows: F for a full fold, else M;
+--   c_pos           C of SPEC §10: the largest observation watermark the projection includes.
+CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_pool_max) AS TABLE
+    WITH m AS (
+        SELECT first_kept_entry_id AS m_entry_id, first_kept_pos AS m_pos
+        FROM branch_compactions(p_session, p_tip)
+        WHERE folded AND full_fold AND first_kept_pos IS NOT NULL
+        ORDER BY compaction_order DESC LIMIT 1
+    ),
+    normal AS (  -- only its observations count, so reflections are left out of this fold
+        SELECT coalesce(sum(token_count), 0) AS normal_tokens
+        FROM fold(p_session, p_tip, 'watermark', p_first_kept, NULL, (SELECT m_entry_id FROM m))
+        WHERE item_kind = 'observation' AND NOT dropped
+    ),
+    f AS (SELECT position_on_branch(p_session, p_tip, p_first_kept) AS f_pos)
+    SELECT f.f_pos, m.m_entry_id, m.m_pos, normal.normal_tokens, normal.normal_tokens >= p_pool_max AS full_fold,
+           CASE WHEN normal.normal_tokens >= p_pool_max THEN p_first_kept ELSE m.m_entry_id END AS others_through,
+           (SELECT max(wm_pos) FROM branch_records(p_session, p_tip)
+            WHERE kind = 'om.observations.recorded' AND wm_pos <= f.f_pos) AS c_pos
+    FROM f CROSS JOIN normal LEFT JOIN m ON true;
+
+-- Compaction projection at F (SPEC §4): the fold the decision picks, observations covered through F
+-- and reflections and drops through the decision's boundary (M, or F for a full fold).
 CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_pool_max) AS TABLE
-    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip)),
-    m AS (
-        SELECT k.position AS m_pos
-        FROM compaction_folds c
-        JOIN b a ON a.entry_id = c.anchor_entry_id
-        JOIN b k ON k.entry_id = c.first_kept_entry_id
-        WHERE c.session_id = p_session AND c.folded AND c.full_fold
-        ORDER BY a.position DESC, c.origin = 'simulated' DESC, c.append_seq DESC
-        LIMIT 1
-    ),
-    bounds AS (
-        SELECT (SELECT position FROM b WHERE entry_id = p_first_kept) AS f_pos, (SELECT m_pos FROM m) AS m_pos
-    ),
-    recs AS (
-        SELECT r.ledger_id, r.kind, w.position AS wm_pos,
-               row_number() OVER (ORDER BY a.position, r.origin <> 'imported', r.append_seq) AS rec_order
-        FROM ledger_records r
-        JOIN b a ON a.entry_id = r.anchor_entry_id
-        JOIN b w ON w.entry_id = r.covers_up_to_id
-        WHERE r.session_id = p_session
-    ),
-    first_obs AS (
-        SELECT o.obs_id, min(s.rec_order * 1000000 + o.item_index) AS fold_order,
-               arg_min(o.ledger_id, s.rec_order * 1000000 + o.item_index) AS ledger_id,
-               arg_min(o.item_index, s.rec_order * 1000000 + o.item_index) AS item_index,
-               arg_min(o.token_count, s.rec_order * 1000000 + o.item_index) AS token_count,
-               arg_min(s.wm_pos, s.rec_order * 1000000 + o.item_index) AS wm_pos
-        FROM ledger_observations o
-        JOIN recs s ON s.ledger_id = o.ledger_id AND s.kind = 'om.observations.recorded'
-        CROSS JOIN bounds
-        WHERE o.session_id = p_session AND s.wm_pos <= bounds.f_pos
-        GROUP BY o.obs_id
-    ),
-    tombstones AS (
-        SELECT d.obs_id, bool_or(s.wm_pos <= bounds.m_pos) AS in_normal, bool_or(s.wm_pos <= bounds.f_pos) AS in_full
-        FROM ledger_drops d
-        JOIN recs s ON s.ledger_id = d.ledger_id AND s.kind = 'om.observations.dropped'
-        CROSS JOIN bounds
-        WHERE d.session_id = p_session
-        GROUP BY d.obs_id
-    ),
-    marked AS (
-        SELECT f.*, coalesce(t.in_normal, false) AS dropped_normal, coalesce(t.in_full, false) AS dropped_full
-        FROM first_obs f LEFT JOIN tombstones t ON t.obs_id = f.obs_id
-    ),
-    decision AS (
-        SELECT normal_tokens >= p_pool_max AS full_fold
-        FROM (SELECT coalesce(sum(token_count) FILTER (WHERE NOT dropped_normal), 0) AS normal_tokens FROM marked)
-    ),
-    first_refl AS (
-        SELECT x.refl_id, min(s.rec_order * 1000000 + x.item_index) AS fold_order,
-               arg_min(x.ledger_id, s.rec_order * 1000000 + x.item_index) AS ledger_id,
-               arg_min(x.item_index, s.rec_order * 1000000 + x.item_index) AS item_index
-        FROM ledger_reflections x
-        JOIN recs s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
-        CROSS JOIN bounds
-        CROSS JOIN decision
-        WHERE x.session_id = p_session
-          AND s.wm_pos <= (CASE WHEN decision.full_fold THEN bounds.f_pos ELSE bounds.m_pos END)
-        GROUP BY x.refl_id
-    )
-    SELECT 'observation' AS item_kind, w.fold_order, o.obs_id AS id, o.content, o.ts, o.relevance,
-           o.source_entry_ids, NULL::VARCHAR[] AS supporting_observation_ids, o.token_count, o.ledger_id,
-           w.wm_pos, d.full_fold
-    FROM marked w
-    CROSS JOIN decision d
-    JOIN ledger_observations o
-      ON o.session_id = p_session AND o.ledger_id = w.ledger_id AND o.item_index = w.item_index
-    WHERE NOT (CASE WHEN d.full_fold THEN w.dropped_full ELSE w.dropped_normal END)
-    UNION ALL
-    SELECT 'reflection', w.fold_order, x.refl_id, x.content, NULL, NULL, NULL, x.supporting_observation_ids,
-           x.token_count, x.ledger_id, NULL, d.full_fold
-    FROM first_refl w
-    CROSS JOIN decision d
-    JOIN ledger_reflections x
-      ON x.session_id = p_session AND x.ledger_id = w.ledger_id AND x.item_index = w.item_index
-    UNION ALL
-    -- One 'boundary' row always, so callers can tell an empty projection from an F that is not
-    -- on the branch: fold_order = position of F, token_count = the normal projection's
-    -- observation tokens, wm_pos = C of SPEC §10 (largest observation watermark included).
-    SELECT 'boundary', bounds.f_pos, p_first_kept, NULL, NULL, NULL, NULL, NULL,
-           (SELECT coalesce(sum(token_count) FILTER (WHERE NOT dropped_normal), 0) FROM marked),
-           NULL, (SELECT max(wm_pos) FROM recs
-                  WHERE kind = 'om.observations.recorded' AND wm_pos <= bounds.f_pos),
-           d.full_fold
-    FROM decision d CROSS JOIN bounds;
+    WITH d AS MATERIALIZED (SELECT * FROM compaction_decision(p_session, p_tip, p_first_kept, p_pool_max))
+    SELECT p.* EXCLUDE (dropped), (SELECT full_fold FROM d) AS full_fold
+    FROM fold(p_session, p_tip, 'watermark', p_first_kept, (SELECT others_through FROM d),
+              (SELECT others_through FROM d)) p
+    WHERE NOT p.dropped;
 
 -- Drift (SPEC §4): full memory at the tip against visible memory (p_replayed = false) or against the
 -- replayed view (true), in each list's own order.

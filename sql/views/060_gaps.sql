@@ -3,27 +3,27 @@
 -- anchored before it on its branch (for a simulated compaction: also those appended at its anchor
 -- before it).
 
+-- The observation records a compaction at p_compaction_pos is judged by: those before it in branch
+-- order (branch_records), with their watermark on the branch. A simulated compaction sits after
+-- the records appended at its anchor before it (append_seq < p_compaction_seq).
+CREATE OR REPLACE MACRO judged_observation_records(p_session, p_leaf, p_compaction_pos, p_compaction_seq, p_simulated) AS TABLE
+    SELECT ledger_id, anchor_pos, wm_pos
+    FROM branch_records(p_session, p_leaf)
+    WHERE kind = 'om.observations.recorded' AND wm_pos IS NOT NULL
+      AND (anchor_pos < p_compaction_pos
+           OR (p_simulated AND anchor_pos = p_compaction_pos AND append_seq < p_compaction_seq));
+
 -- C, how far the included observation records reach, and the raw messages in (C, p(F)).
 CREATE OR REPLACE MACRO compaction_gap(p_session, p_leaf, p_compaction_pos, p_compaction_seq, p_simulated, p_f_pos) AS TABLE
-    WITH b AS (SELECT position, entry_id FROM branch(p_session, p_leaf)),
-    recs AS (
-        SELECT w.position AS wm_pos
-        FROM ledger_records r
-        JOIN b a ON a.entry_id = r.anchor_entry_id
-        JOIN b w ON w.entry_id = r.covers_up_to_id
-        WHERE r.session_id = p_session AND r.kind = 'om.observations.recorded'
-          AND (a.position < p_compaction_pos
-               OR (p_simulated AND a.position = p_compaction_pos AND r.append_seq < p_compaction_seq))
-    ),
-    c AS (
-        SELECT coalesce(max(wm_pos) FILTER (WHERE wm_pos <= p_f_pos), -1) AS c_pos, max(wm_pos) AS reach FROM recs
+    WITH c AS (
+        SELECT coalesce(max(wm_pos) FILTER (WHERE wm_pos <= p_f_pos), -1) AS c_pos, max(wm_pos) AS reach
+        FROM judged_observation_records(p_session, p_leaf, p_compaction_pos, p_compaction_seq, p_simulated)
     ),
     gap AS (
-        SELECT count(*) AS gap_messages, coalesce(sum(e.tokens_pi), 0) AS gap_tokens
-        FROM b
-        JOIN entries e ON e.session_id = p_session AND e.entry_id = b.entry_id
+        SELECT count(*) AS gap_messages, coalesce(sum(b.tokens_pi), 0) AS gap_tokens
+        FROM branch_detail(p_session, p_leaf) b
         CROSS JOIN c
-        WHERE e.entry_type = 'message' AND e.is_source AND b.position > c.c_pos AND b.position < p_f_pos
+        WHERE b.entry_type = 'message' AND b.is_source AND b.position > c.c_pos AND b.position < p_f_pos
     )
     SELECT c.c_pos, c.reach, gap.gap_messages, gap.gap_tokens FROM c CROSS JOIN gap;
 
