@@ -6,7 +6,8 @@
 --   'anchor'    a plain fold through an entry: records whose own branch position is <= the bound;
 --   'watermark' a projection: records whose watermark is on the branch at a position <= the bound.
 -- Each kind has its own boundary entry (NULL, or an entry not on the branch, includes nothing).
--- fold_order numbers each list's items in fold order (record order, then item index in the record).
+-- fold_order numbers the items of both kinds in fold order (record order, then place in the record),
+-- so the ledger can also be read as one list in the order it was recorded.
 
 CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_through, p_drop_through) AS TABLE
     WITH recs AS (SELECT * FROM branch_records(p_session, p_tip)),
@@ -43,17 +44,21 @@ CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_thr
         JOIN included s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
         WHERE x.session_id = p_session
         QUALIFY row_number() OVER (PARTITION BY x.refl_id ORDER BY s.rec_order, x.item_index) = 1
+    ),
+    items AS (
+        SELECT 'observation' AS item_kind, o.rec_order, o.item_index, o.obs_id AS id, o.content, o.ts,
+               o.relevance, o.source_entry_ids, NULL::VARCHAR[] AS supporting_observation_ids, o.token_count,
+               o.ledger_id, o.wm_pos, t.obs_id IS NOT NULL AS dropped
+        FROM first_obs o
+        LEFT JOIN tombstones t ON t.obs_id = o.obs_id
+        UNION ALL
+        SELECT 'reflection', x.rec_order, x.item_index, x.refl_id, x.content, NULL, NULL, NULL,
+               x.supporting_observation_ids, x.token_count, x.ledger_id, NULL, false
+        FROM first_refl x
     )
-    SELECT 'observation' AS item_kind, row_number() OVER (ORDER BY o.rec_order, o.item_index) AS fold_order,
-           o.obs_id AS id, o.content, o.ts, o.relevance, o.source_entry_ids,
-           NULL::VARCHAR[] AS supporting_observation_ids, o.token_count, o.ledger_id, o.wm_pos,
-           t.obs_id IS NOT NULL AS dropped
-    FROM first_obs o
-    LEFT JOIN tombstones t ON t.obs_id = o.obs_id
-    UNION ALL
-    SELECT 'reflection', row_number() OVER (ORDER BY x.rec_order, x.item_index), x.refl_id, x.content, NULL,
-           NULL, NULL, x.supporting_observation_ids, x.token_count, x.ledger_id, NULL, false
-    FROM first_refl x;
+    SELECT item_kind, row_number() OVER (ORDER BY rec_order, item_index) AS fold_order,
+           * EXCLUDE (item_kind, rec_order, item_index)
+    FROM items;
 
 -- The ledger as it stands at p_tip: a plain fold through the tip (every record on the branch),
 -- dropped observations included with dropped = true. This is what the workers read.
