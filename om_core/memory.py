@@ -177,10 +177,10 @@ def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: 
                           pool_max_tokens: float) -> CompactionResult:
     """Compaction projection at F with its normal/full-fold decision (SPEC §4), rendered (SPEC §5)."""
     params = {"session_id": session_id, "tip": tip, "first_kept": first_kept, "pool_max": pool_max_tokens}
-    decision = _rows(con, "compaction_decision", params)[0]
+    decision = named_rows(con, "compaction_decision", params)[0]
     if decision["f_pos"] is None:
         raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip}")
-    items = _rows(con, "compaction_projection", {  # in fold order, observations first
+    items = named_rows(con, "compaction_projection", {  # in fold order, observations first
         "session_id": session_id, "tip": tip, "first_kept": first_kept, "others_through": decision["others_through"]})
     observations = [r for r in items if r["item_kind"] == "observation"]
     reflections = [r for r in items if r["item_kind"] == "reflection"]
