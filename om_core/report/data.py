@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import duckdb
 from pydantic import BaseModel
 
 from om_core.catalog import SessionInfo, list_sessions, resolve_session
-from om_core.db import rows_as_dicts
+from om_core.db import named_row, named_rows
 from om_core.gaps import CompactionGap, compaction_gaps
-from om_core.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.workspace import Workspace
@@ -129,17 +128,13 @@ class SessionReport:
         return out
 
 
-def _rows(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    return rows_as_dicts(con.execute(query(name), params))
-
-
 def _current_branch(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
     leaf = report.info.leaf_id
     if leaf is None:
         return
     report.tip = leaf
     branch = [BranchPoint.model_validate(row)
-              for row in _rows(con, "report_branch", {"session_id": report.sid, "tip": leaf})]
+              for row in named_rows(con, "report_branch", {"session_id": report.sid, "tip": leaf})]
     if not branch:
         return
     report.tip_position = branch[-1].position
@@ -157,26 +152,26 @@ def _current_branch(con: duckdb.DuckDBPyConnection, report: SessionReport) -> No
 
 
 def _memory_timeline(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
-    rows = _rows(con, "report_memory_timeline", {"session_id": report.sid, "tip": report.tip})
+    rows = named_rows(con, "report_memory_timeline", {"session_id": report.sid, "tip": report.tip})
     report.timeline = [MemoryPoint.model_validate(row) for row in rows]
 
 
 def _folded_memory(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
-    [row] = _rows(con, "report_folded_memory", {"session_id": report.sid, "tip": report.tip})
+    [row] = named_rows(con, "report_folded_memory", {"session_id": report.sid, "tip": report.tip})
     folded = FoldedMemory.model_validate(row)
     report.visible = (folded.visible_observations, folded.visible_reflections)
     report.replayed = (folded.replayed_observations, folded.replayed_reflections)
 
 
 def _model_calls(con: duckdb.DuckDBPyConnection, report: SessionReport) -> None:
-    rows = _rows(con, "report_calls_by_stage", {"session_id": report.sid})
+    rows = named_rows(con, "report_calls_by_stage", {"session_id": report.sid})
     report.calls_by_stage = [CallStats.model_validate(row) for row in rows]
 
 
 def _gap_leaf(con: duckdb.DuckDBPyConnection, report: SessionReport) -> str | None:
     """The leaf by which the gap report names the tip's branch."""
-    rows = _rows(con, "leaf_of", {"session_id": report.sid, "entry_id": report.tip})
-    return rows[0]["leaf_id"] if rows else None
+    row = named_row(con, "leaf_of", {"session_id": report.sid, "entry_id": report.tip})
+    return row["leaf_id"] if row else None
 
 
 def _selected(con: duckdb.DuckDBPyConnection, sessions: list[str] | None) -> list[SessionInfo]:
