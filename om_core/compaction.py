@@ -37,17 +37,17 @@ def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, firs
     """Fold the ledger as it stands at ``tip`` into a compaction at ``first_kept``, anchored at ``anchor``."""
     seed = f"{trigger}\x00{anchor}\x00{first_kept}"
     with db.read() as con:
-        existing = dbmod.one(con, "simulated_compaction_by_seed", {"session_id": session_id, "anchor": anchor,
-                                                                   "plain_first_kept": first_kept, "trigger": trigger})
+        existing = dbmod.named_row(con, "simulated_compaction_by_seed", {
+            "session_id": session_id, "anchor": anchor, "plain_first_kept": first_kept, "trigger": trigger})
         if existing is not None:
-            return SimulatedCompaction(session_id, existing[0], anchor, first_kept, trigger, existing[1], 0, 0,
-                                       not existing[2], existed=True)
+            return SimulatedCompaction(session_id, existing["compaction_id"], anchor, first_kept, trigger,
+                                       existing["full_fold"], 0, 0, not existing["folded"], existed=True)
         boundary = None
         if settings.gapSafeCompaction:
-            leaf, anchor_pos = dbmod.one(con, "leaf_of", {"session_id": session_id, "entry_id": anchor})
+            below = dbmod.named_row(con, "leaf_of", {"session_id": session_id, "entry_id": anchor})
             tip_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": tip, "entry_id": tip})
-            boundary = gap_safe_boundary(con, session_id, leaf, compaction_pos=anchor_pos, seq=None, simulated=True,
-                                         first_kept=first_kept, tip_pos=tip_pos, settings=settings)
+            boundary = gap_safe_boundary(con, session_id, below["leaf_id"], compaction_pos=below["position"], seq=None,
+                                         simulated=True, first_kept=first_kept, tip_pos=tip_pos, settings=settings)
         kept = boundary.first_kept if boundary else first_kept
         result = compaction_projection(con, session_id, tip, kept, settings.observationsPoolMaxTokens)
     details = parse_folded(result.details()) if result.summary is not None else None

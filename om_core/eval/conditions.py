@@ -28,7 +28,7 @@ from om_core import eval_prompts as P
 from om_core.catalog import branch_for_cut_point, resolve_tip
 from om_core.compaction import simulate_compaction
 from om_core.cutpoint import NothingToCompact, compaction_cut_point
-from om_core.db import one
+from om_core.db import named_row
 from om_core.errors import OmError
 from om_core.eval.data import Instance
 from om_core.eval.haystack import Haystack, HistoryTurn
@@ -186,10 +186,11 @@ def om_memory(db: Any, haystack: Haystack, settings: Settings, run_stage: StageR
     done = simulate_compaction(db, sid, tip=tip, anchor=tip, first_kept=first_kept, trigger="eval",
                                settings=settings, run_id=run_id)
     with db.read() as con:
-        kept, summary, folded, full_fold, note, observations, reflections = one(
-            con, "eval_compaction", {"session_id": sid, "compaction_id": done.compaction_id})
-    notes = [note] if note else []
-    facts = {"stages": stages, "compaction_id": done.compaction_id, "full_fold": full_fold,
-             "observations": observations, "reflections": reflections, "plain_first_kept_entry_id": first_kept}
-    return OmMemory(summary if folded else None, kept or first_kept, notes, facts)
+        stored = named_row(con, "eval_compaction", {"session_id": sid, "compaction_id": done.compaction_id})
+    notes = [stored["note"]] if stored["note"] else []
+    facts = {"stages": stages, "compaction_id": done.compaction_id, "full_fold": stored["full_fold"],
+             "observations": stored["observations"], "reflections": stored["reflections"],
+             "plain_first_kept_entry_id": first_kept}
+    return OmMemory(stored["summary"] if stored["folded"] else None, stored["first_kept_entry_id"] or first_kept,
+                    notes, facts)
 
