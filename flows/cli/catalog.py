@@ -116,6 +116,7 @@ def sql(
                 out.print()
             print_rows(result.columns, result.text_rows())
 
+
 @app.command(epilog=examples('om cutpoint SESSION', 'om cutpoint SESSION --leaf ID --keep-recent 8000 --json'))
 def cutpoint(
     session: SessionArg,

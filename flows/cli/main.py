@@ -20,6 +20,8 @@ from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads
 from om_core.errors import OmError
 
 app.add_typer(eval_app, name="eval")
+
+
 def main() -> None:
     """Console entry point: one error handler for every command."""
     try:

@@ -22,6 +22,7 @@ from flows.runner import prepare_environment, run_pipeline
 from om_core.db import new_run_id
 from om_core.errors import InvalidArgument
 
+
 @app.command(epilog=examples(
     'om run ~/.pi/agent/sessions', 'om run session.jsonl --model openai/gpt-4o-mini --concurrency 2',
     'om run SESSION --model offline --json'))

@@ -19,6 +19,7 @@ from flows.runner import prepare_environment
 from flows.server import local_server
 from om_core.errors import InvalidArgument
 
+
 @app.command(epilog=examples(
     'om serve --live ~/.pi/agent/sessions --every 600', 'om --db /data/om.duckdb serve --archive ~/pi-archive'))
 def serve(
