@@ -61,27 +61,31 @@ def _applied_migrations(con: duckdb.DuckDBPyConnection) -> set[int]:
     return {row["version"] for row in rows_as_dicts(con.execute(query("applied_migrations")))}
 
 
+def _bookkeeping(con: duckdb.DuckDBPyConnection) -> None:
+    """om_internal.schema_migrations and om_meta, adopted from main for a database before 008."""
+    with transaction(con):
+        con.execute(query("create_internal_schema"))
+        con.execute(query("create_schema_migrations"))
+        con.execute(query("create_om_meta"))
+        if scalar(con, "bookkeeping_in_main"):
+            con.execute(query("adopt_bookkeeping_in_main"))
+
+
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[int]:
     """Apply every pending migration, each in its own transaction with its record."""
-    con.execute(query("create_schema_migrations"))
-    con.execute(query("create_om_meta"))
+    _bookkeeping(con)
     done = _applied_migrations(con)
     applied = []
     for version, name, script in migrations():
         if version in done:
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con):
             con.execute(script)
             if version in DATA_STEPS:
                 # rows derived from stored data, in the migration's transaction: the migration is
                 # recorded only together with them
                 DATA_STEPS[version](con)
             con.execute(query("record_migration"), {"version": version, "name": name})
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
         applied.append(version)
     return applied
 
@@ -91,21 +95,16 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
     fingerprint = views_fingerprint()
     if scalar(con, "get_meta", {"key": "views_fingerprint"}) == fingerprint:
         return False
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         for _, script in view_scripts():
             con.execute(script)
         con.execute(query("set_meta"), {"key": "views_fingerprint", "value": fingerprint})
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
     return True
 
 
 def _schema_current(con: duckdb.DuckDBPyConnection) -> bool:
-    if not scalar(con, "table_exists", {"name": "schema_migrations"}):
-        return False
+    if not scalar(con, "internal_table_exists", {"name": "schema_migrations"}):
+        return False  # new, or written before migration 008 (bookkeeping in main)
     done = _applied_migrations(con)
     if not {v for v, _, _ in migrations()} <= done:
         return False

@@ -26,29 +26,29 @@ from om_core.workspace import Workspace
 
 # The tables a replay reads, in load order; each has its payload_/load_ queries in replay_payload.sql.
 PAYLOAD_TABLES = (
-    ("sessions", "payload_sessions", "load_sessions"),
-    ("entries", "payload_entries", "load_entries"),
-    ("entry_tree", "payload_entry_tree", "load_entry_tree"),
-    ("ledger_records", "payload_ledger_records", "load_ledger_records"),
-    ("ledger_observations", "payload_ledger_observations", "load_ledger_observations"),
-    ("ledger_reflections", "payload_ledger_reflections", "load_ledger_reflections"),
-    ("ledger_drops", "payload_ledger_drops", "load_ledger_drops"),
-    ("compaction_folds", "payload_compaction_folds", "load_compaction_folds"),
-    ("compaction_fold_items", "payload_compaction_fold_items", "load_compaction_fold_items"),
-    ("stage_runs", "payload_stage_runs", "load_stage_runs"),
+    ("om_internal.sessions", "payload_sessions", "load_sessions"),
+    ("om_internal.entries", "payload_entries", "load_entries"),
+    ("om_internal.entry_tree", "payload_entry_tree", "load_entry_tree"),
+    ("om_internal.ledger", "payload_ledger", "load_ledger"),
+    ("om_internal.observations", "payload_observations", "load_observations"),
+    ("om_internal.reflections", "payload_reflections", "load_reflections"),
+    ("om_internal.drops", "payload_drops", "load_drops"),
+    ("om_internal.compactions", "payload_compactions", "load_compactions"),
+    ("om_internal.compaction_items", "payload_compaction_items", "load_compaction_items"),
+    ("om_internal.stages", "payload_stages", "load_stages"),
 )
 
 # The tables a replay appends to, in commit order; each has replayed_/commit_ queries.
 REPLAYED_TABLES = (
-    ("ledger_records", "replayed_ledger_records", "commit_ledger_records"),
-    ("ledger_observations", "replayed_ledger_observations", "commit_ledger_observations"),
-    ("ledger_reflections", "replayed_ledger_reflections", "commit_ledger_reflections"),
-    ("ledger_drops", "replayed_ledger_drops", "commit_ledger_drops"),
-    ("compaction_folds", "replayed_compaction_folds", "commit_compaction_folds"),
-    ("compaction_fold_items", "replayed_compaction_fold_items", "commit_compaction_fold_items"),
-    ("stage_runs", "replayed_stage_runs", "commit_stage_runs"),
-    ("model_calls", "replayed_model_calls", "commit_model_calls"),
-    ("model_call_texts", "replayed_model_call_texts", "commit_model_call_texts"),
+    ("om_internal.ledger", "replayed_ledger", "commit_ledger"),
+    ("om_internal.observations", "replayed_observations", "commit_observations"),
+    ("om_internal.reflections", "replayed_reflections", "commit_reflections"),
+    ("om_internal.drops", "replayed_drops", "commit_drops"),
+    ("om_internal.compactions", "replayed_compactions", "commit_compactions"),
+    ("om_internal.compaction_items", "replayed_compaction_items", "commit_compaction_items"),
+    ("om_internal.stages", "replayed_stages", "commit_stages"),
+    ("om_internal.llm_calls", "replayed_llm_calls", "commit_llm_calls"),
+    ("om_internal.llm_call_texts", "replayed_llm_call_texts", "commit_llm_call_texts"),
 )
 
 
@@ -111,7 +111,7 @@ def payload_workspace(payload: SessionPayload, settings: Settings) -> Workspace:
         for table, _, load_name in PAYLOAD_TABLES:
             if payload.rows.get(table):
                 dbmod.insert_arrow(con, "payload_batch", _from_ipc(payload.tables[table]), load_name)
-        ordered = payload.rows.get("ledger_records", 0) + payload.rows.get("compaction_folds", 0)
+        ordered = payload.rows.get("om_internal.ledger", 0) + payload.rows.get("om_internal.compactions", 0)
         if ordered:
             con.execute(query("advance_append_seq"), {"n": ordered}).fetchall()
     return ws
@@ -130,12 +130,12 @@ def replayed_rows(con: duckdb.DuckDBPyConnection, session_id: str, run_id: str) 
 def _renumber(tables: dict[str, pa.Table], seqs: list[int]) -> dict[str, pa.Table]:
     """New records and compactions take fresh database positions, in the replay's own order."""
     local = []
-    for name in ("ledger_records", "compaction_folds"):
+    for name in ("om_internal.ledger", "om_internal.compactions"):
         if name in tables:
             local += tables[name].column("append_seq").to_pylist()
     fresh = dict(zip(sorted(local), sorted(seqs)))
     out = dict(tables)
-    for name in ("ledger_records", "compaction_folds"):
+    for name in ("om_internal.ledger", "om_internal.compactions"):
         if name in tables:
             column = pa.array([fresh[s] for s in tables[name].column("append_seq").to_pylist()], pa.int64())
             index = tables[name].schema.get_field_index("append_seq")
@@ -148,9 +148,9 @@ def _without_committed(tables: dict[str, pa.Table], committed: set[str]) -> dict
     if not committed:
         return tables
     out = dict(tables)
-    for name, key in (("ledger_records", "ledger_id"), ("ledger_observations", "ledger_id"),
-                      ("ledger_reflections", "ledger_id"), ("ledger_drops", "ledger_id"),
-                      ("compaction_folds", "compaction_id"), ("compaction_fold_items", "compaction_id")):
+    for name, key in (("om_internal.ledger", "ledger_id"), ("om_internal.observations", "ledger_id"),
+                      ("om_internal.reflections", "ledger_id"), ("om_internal.drops", "ledger_id"),
+                      ("om_internal.compactions", "compaction_id"), ("om_internal.compaction_items", "compaction_id")):
         if name in tables:
             keep = [value not in committed for value in tables[name].column(key).to_pylist()]
             out[name] = tables[name].filter(pa.array(keep, pa.bool_()))
@@ -163,7 +163,7 @@ def commit_replayed_rows(con: duckdb.DuckDBPyConnection, result: ReplayedRows) -
     written: dict[str, int] = {}
     committed = set(dbmod.named_column(con, "committed_ledger_ids", {"session_id": result.session_id}))
     tables = _without_committed(tables, committed)
-    ordered = sum(tables[n].num_rows for n in ("ledger_records", "compaction_folds") if n in tables)
+    ordered = sum(tables[n].num_rows for n in ("om_internal.ledger", "om_internal.compactions") if n in tables)
     if ordered:
         seqs = dbmod.named_column(con, "take_append_seqs", {"n": ordered})
         tables = _renumber(tables, seqs)

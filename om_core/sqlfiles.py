@@ -42,7 +42,11 @@ def view_scripts() -> tuple[tuple[str, str], ...]:
 
 @cache
 def views_fingerprint() -> str:
+    """Changes with the views' text and with the schema under them (a view of ``SELECT *`` is
+    bound to its table's columns when it is created)."""
     digest = hashlib.sha256()
+    for version, name, _ in migrations():
+        digest.update(f"{version}:{name}".encode() + b"\0")
     for name, script in view_scripts():
         digest.update(name.encode() + b"\0" + script.encode() + b"\0")
     return digest.hexdigest()[:16]

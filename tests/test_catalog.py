@@ -10,6 +10,7 @@ import pytest
 
 from builders import SessionBuilder
 from conftest import workspace
+from legacy_db import legacy_copy
 from om_core import catalog, db as dbmod
 from om_core.errors import AmbiguousSession, DatabaseMissing, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.ingest import ingest
@@ -423,19 +424,12 @@ def test_entry_tree_one_row_per_entry(catalog_db):
     assert leaves == sorted([(catalog_db["a_ids"]["a2"],), (catalog_db["a_ids"]["a3"],)])
 
 
-def test_migration_004_derives_the_tree_of_sessions_stored_before_it(catalog_db):
+def test_migration_004_derives_the_tree_of_sessions_stored_before_it(catalog_db, tmp_path):
     """A database from before entry_tree (branch_entries was a table): opening it for writing
     applies migration 004, which derives every stored session's tree in the same transaction."""
-    db = catalog_db["db"]
-    before = q(db, "SELECT * FROM entry_tree ORDER BY ALL")
-    paths = q(db, "SELECT * FROM branch_entries ORDER BY ALL")
-    con = duckdb.connect(str(db))
-    con.execute("DROP VIEW branch_entries")
-    con.execute("DROP TABLE entry_tree")
-    con.execute("CREATE TABLE branch_entries (session_id VARCHAR, leaf_id VARCHAR, position INTEGER, entry_id VARCHAR)")
-    con.execute("DELETE FROM schema_migrations WHERE version = 4")
-    con.execute("DELETE FROM om_meta WHERE key = 'views_fingerprint'")
-    con.close()
+    before = q(catalog_db["db"], "SELECT * FROM entry_tree ORDER BY ALL")
+    paths = q(catalog_db["db"], "SELECT * FROM branch_entries ORDER BY ALL")
+    db = legacy_copy(catalog_db["db"], tmp_path / "at_003.duckdb", through=3)  # empty branch_entries table
     dbmod.connect(db, read_only=True).close()  # a reader upgrades an outdated file first
     assert q(db, "SELECT * FROM entry_tree ORDER BY ALL") == before
     assert q(db, "SELECT * FROM branch_entries ORDER BY ALL") == paths
@@ -455,12 +449,12 @@ def test_migration_007_counts_user_images_in_stored_estimates(tmp_path):
     # 14 + 2 * 4800 = 9614 chars -> ceil(9614 / 4) = 2404; 13 chars -> 4; "a screenshot" 12 -> 3
     assert q(db, "SELECT entry_id, tokens_pi FROM entries WHERE role = 'user' ORDER BY 1") == [(shot, 2404), (plain, 4)]
     assert q(db, "SELECT tokens_pi FROM sessions") == [(2404 + 4 + 3,)]
+    db = legacy_copy(db, tmp_path / "at_006.duckdb", through=6)
     con = duckdb.connect(str(db))  # as an earlier om stored it: images counted 0 (14 chars -> 4)
     con.execute("UPDATE entries SET tokens_pi = 4 WHERE entry_id = ?", [shot])
     con.execute("UPDATE sessions SET tokens_pi = 11")
-    con.execute("DELETE FROM schema_migrations WHERE version = 7")
     con.close()
     dbmod.connect(db, read_only=True).close()
     assert q(db, "SELECT entry_id, tokens_pi FROM entries WHERE role = 'user' ORDER BY 1") == [(shot, 2404), (plain, 4)]
     assert q(db, "SELECT tokens_pi FROM sessions") == [(2411,)]
-    assert q(db, "SELECT count(*) FROM schema_migrations WHERE version = 7") == [(1,)]
+    assert q(db, "SELECT count(*) FROM om_internal.schema_migrations WHERE version = 7") == [(1,)]

@@ -1,50 +1,74 @@
+-- om's bookkeeping lives in om_internal with its tables (migration 008). A database written before
+-- 008 has it in main: it moves over before the migrations run (adopt_bookkeeping_in_main).
+
+-- name: create_internal_schema
+CREATE SCHEMA IF NOT EXISTS om_internal;
+
 -- name: create_schema_migrations
-CREATE TABLE IF NOT EXISTS schema_migrations (
+CREATE TABLE IF NOT EXISTS om_internal.schema_migrations (
     version     INTEGER PRIMARY KEY,
     name        VARCHAR NOT NULL,
     applied_at  TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
 );
 
 -- name: create_om_meta
-CREATE TABLE IF NOT EXISTS om_meta (
+CREATE TABLE IF NOT EXISTS om_internal.om_meta (
     key    VARCHAR PRIMARY KEY,
     value  VARCHAR NOT NULL
 );
 
+-- name: bookkeeping_in_main
+SELECT count(*) > 0 FROM duckdb_tables()
+WHERE database_name = current_database() AND schema_name = 'main' AND table_name = 'schema_migrations'
+  AND NOT temporary;
+
+-- name: adopt_bookkeeping_in_main
+INSERT INTO om_internal.schema_migrations BY NAME SELECT * FROM main.schema_migrations;
+INSERT INTO om_internal.om_meta BY NAME SELECT * FROM main.om_meta;
+DROP TABLE main.schema_migrations;
+DROP TABLE main.om_meta;
+
 -- name: applied_migrations
-SELECT version FROM schema_migrations ORDER BY version;
+SELECT version FROM om_internal.schema_migrations ORDER BY version;
 
 -- name: record_migration
-INSERT INTO schema_migrations (version, name) VALUES ($version, $name);
+INSERT INTO om_internal.schema_migrations (version, name) VALUES ($version, $name);
 
 -- name: get_meta
-SELECT value FROM om_meta WHERE key = $key;
+SELECT value FROM om_internal.om_meta WHERE key = $key;
 
 -- name: set_meta
-INSERT OR REPLACE INTO om_meta (key, value) VALUES ($key, $value);
+INSERT OR REPLACE INTO om_internal.om_meta (key, value) VALUES ($key, $value);
+
+-- name: internal_table_exists
+SELECT count(*) > 0 FROM duckdb_tables()
+WHERE database_name = current_database() AND schema_name = 'om_internal' AND table_name = $name
+  AND NOT temporary;
 
 -- name: table_exists
+-- In any schema: an om database before migration 008 has its tables in main.
 SELECT count(*) > 0 FROM duckdb_tables() WHERE table_name = $name AND NOT temporary;
 
 -- name: user_table_count
 SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND NOT internal;
 
 -- name: start_run
-INSERT INTO runs (run_id, command, status, detail, pid, host)
+INSERT INTO om_internal.runs (run_id, command, status, detail, pid, host)
 VALUES ($run_id, $command, 'running', $detail, $pid, $host);
 
 -- name: running_runs
-SELECT run_id, pid, host, child_pids FROM runs WHERE status = 'running';
+SELECT run_id, pid, host, child_pids FROM om_internal.runs WHERE status = 'running';
 
 -- name: mark_run_abandoned
 -- A run whose process is gone: it stopped without finishing (what it committed stays).
-UPDATE runs SET status = 'abandoned', finished_at = coalesce(finished_at, current_timestamp)
+UPDATE om_internal.runs SET status = 'abandoned', finished_at = coalesce(finished_at, current_timestamp)
 WHERE run_id = $run_id AND status = 'running';
 
 -- name: finish_run
-UPDATE runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;
+UPDATE om_internal.runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;
 
--- Migration 004's data step (om_core/migrations.py), frozen: the schema as it was at 004.
+-- Migration 004's data step (om_core/migrations.py), frozen: the schema as it was at 004 (before
+-- migration 008 om's tables are in main, so these name them unqualified).
 
 -- name: m004_sessions_without_tree
 SELECT session_id FROM sessions WHERE session_id NOT IN (SELECT session_id FROM entry_tree) ORDER BY session_id;

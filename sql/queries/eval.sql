@@ -3,11 +3,11 @@
 -- name: eval_compaction
 -- The final compaction taken before the question (stored by simulate_compaction).
 SELECT f.first_kept_entry_id, f.summary, f.folded, f.full_fold, f.note,
-       (SELECT count(*) FROM compaction_fold_items i WHERE i.session_id = f.session_id
+       (SELECT count(*) FROM om_internal.compaction_items i WHERE i.session_id = f.session_id
           AND i.compaction_id = f.compaction_id AND i.item_kind = 'observation') AS observations,
-       (SELECT count(*) FROM compaction_fold_items i WHERE i.session_id = f.session_id
+       (SELECT count(*) FROM om_internal.compaction_items i WHERE i.session_id = f.session_id
           AND i.compaction_id = f.compaction_id AND i.item_kind = 'reflection') AS reflections
-FROM compaction_folds f
+FROM om_internal.compactions f
 WHERE f.session_id = $session_id AND f.compaction_id = $compaction_id;
 
 -- name: eval_call_totals

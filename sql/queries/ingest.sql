@@ -1,46 +1,46 @@
 -- name: get_session_file
 SELECT file_path, session_id, status, size_bytes, mtime_ns, ingested_bytes, ingested_lines,
        prefix_sha256, parser_state
-FROM session_files WHERE file_path = $file_path;
+FROM om_internal.session_files WHERE file_path = $file_path;
 
 -- name: session_file_of_session
-SELECT file_path FROM session_files WHERE session_id = $session_id AND status = 'ingested';
+SELECT file_path FROM om_internal.session_files WHERE session_id = $session_id AND status = 'ingested';
 
 -- name: upsert_session_file
-INSERT OR REPLACE INTO session_files
+INSERT OR REPLACE INTO om_internal.session_files
     (file_path, session_id, status, size_bytes, mtime_ns, ingested_bytes, ingested_lines,
      prefix_sha256, parser_state, run_id, updated_at)
 VALUES ($file_path, $session_id, $status, $size_bytes, $mtime_ns, $ingested_bytes, $ingested_lines,
         $prefix_sha256, $parser_state, $run_id, current_timestamp);
 
 -- name: touch_session_file
-UPDATE session_files SET size_bytes = $size_bytes, mtime_ns = $mtime_ns, updated_at = current_timestamp
+UPDATE om_internal.session_files SET size_bytes = $size_bytes, mtime_ns = $mtime_ns, updated_at = current_timestamp
 WHERE file_path = $file_path;
 
 -- name: delete_session_file
-DELETE FROM session_files WHERE file_path = $file_path;
+DELETE FROM om_internal.session_files WHERE file_path = $file_path;
 
 -- name: delete_session_entries
-DELETE FROM entries WHERE session_id = $session_id;
+DELETE FROM om_internal.entries WHERE session_id = $session_id;
 
 -- name: delete_session_tree
-DELETE FROM entry_tree WHERE session_id = $session_id;
+DELETE FROM om_internal.entry_tree WHERE session_id = $session_id;
 
 -- name: delete_session_notes
-DELETE FROM ingest_notes WHERE session_id = $session_id OR file_path = $file_path;
+DELETE FROM om_internal.ingest_notes WHERE session_id = $session_id OR file_path = $file_path;
 
 -- name: delete_session_row
-DELETE FROM sessions WHERE session_id = $session_id;
+DELETE FROM om_internal.sessions WHERE session_id = $session_id;
 
 -- name: delete_file_quarantine
-DELETE FROM quarantine WHERE file_path = $file_path;
+DELETE FROM om_internal.quarantine WHERE file_path = $file_path;
 
 -- name: delete_pending_tail
 -- A truncated last line is re-read on the next ingest, so its quarantine row is provisional.
-DELETE FROM quarantine WHERE file_path = $file_path AND reason = 'truncated_last_line';
+DELETE FROM om_internal.quarantine WHERE file_path = $file_path AND reason = 'truncated_last_line';
 
 -- name: insert_entries
-INSERT INTO entries
+INSERT INTO om_internal.entries
     (session_id, entry_id, parent_id, line_no, entry_index, entry_type, role, ts, is_source, tokens_pi,
      tokens, first_kept_entry_id, custom_type, raw, run_id)
 SELECT $session_id, entry_id, parent_id, line_no, entry_index, NULLIF(entry_type, ''), role,
@@ -49,63 +49,64 @@ SELECT $session_id, entry_id, parent_id, line_no, entry_index, NULLIF(entry_type
 FROM entry_batch;
 
 -- name: insert_quarantine
-INSERT INTO quarantine (file_path, session_id, line_no, reason, detail, raw, run_id)
+INSERT INTO om_internal.quarantine (file_path, session_id, line_no, reason, detail, raw, run_id)
 SELECT $file_path, $session_id, line_no, reason, detail, raw, $run_id FROM quarantine_batch;
 
 -- name: insert_note
-INSERT INTO ingest_notes (session_id, file_path, line_no, entry_id, kind, detail, run_id)
+INSERT INTO om_internal.ingest_notes (session_id, file_path, line_no, entry_id, kind, detail, run_id)
 VALUES ($session_id, $file_path, $line_no, $entry_id, $kind, $detail, $run_id);
 
 -- name: v1_ids_by_index_upto
 -- The ids a v1 file's recorded lines were given (rows after them are an interrupted ingest's).
-SELECT entry_index, entry_id FROM entries WHERE session_id = $session_id AND line_no <= $line_no;
+SELECT entry_index, entry_id FROM om_internal.entries WHERE session_id = $session_id AND line_no <= $line_no;
 
 -- name: quarantine_duplicate_ids
 -- Pi's id map keeps the later of two entries with one id; the earlier one is set aside.
-INSERT INTO quarantine (file_path, session_id, line_no, reason, detail, raw, run_id)
+INSERT INTO om_internal.quarantine (file_path, session_id, line_no, reason, detail, raw, run_id)
 SELECT $file_path, e.session_id, e.line_no, 'duplicate_id',
        'id ' || e.entry_id || ' is used again on line ' || d.keep_line || '; Pi keeps the later entry',
        encode(e.raw), $run_id
-FROM entries e
-JOIN (SELECT entry_id, max(line_no) AS keep_line FROM entries
+FROM om_internal.entries e
+JOIN (SELECT entry_id, max(line_no) AS keep_line FROM om_internal.entries
       WHERE session_id = $session_id GROUP BY entry_id HAVING count(*) > 1) d
   ON e.entry_id = d.entry_id AND e.line_no < d.keep_line
 WHERE e.session_id = $session_id;
 
 -- name: delete_duplicate_ids
-DELETE FROM entries
+DELETE FROM om_internal.entries
 WHERE session_id = $session_id
   AND (entry_id, line_no) IN (
-      SELECT e.entry_id, e.line_no FROM entries e
-      JOIN (SELECT entry_id, max(line_no) AS keep_line FROM entries
+      SELECT e.entry_id, e.line_no FROM om_internal.entries e
+      JOIN (SELECT entry_id, max(line_no) AS keep_line FROM om_internal.entries
             WHERE session_id = $session_id GROUP BY entry_id HAVING count(*) > 1) d
         ON e.entry_id = d.entry_id AND e.line_no < d.keep_line
       WHERE e.session_id = $session_id);
 
 -- name: tree_rows
-SELECT entry_id, parent_id, line_no FROM entries WHERE session_id = $session_id ORDER BY line_no;
+SELECT entry_id, parent_id, line_no FROM om_internal.entries WHERE session_id = $session_id ORDER BY line_no;
 
 -- name: insert_entry_tree
-INSERT INTO entry_tree (session_id, entry_id, depth, pre, last, is_leaf)
+INSERT INTO om_internal.entry_tree (session_id, entry_id, depth, pre, last, is_leaf)
 SELECT $session_id, entry_id, depth, pre, last, is_leaf FROM tree_batch;
 
 -- name: upsert_session
-INSERT OR REPLACE INTO sessions
+INSERT OR REPLACE INTO om_internal.sessions
     (session_id, file_path, version, cwd, started_at, parent_session, leaf_id, entry_count,
      source_count, leaf_count, tokens_pi, tokens, header, run_id, ingested_at)
 SELECT $session_id, $file_path, $version, $cwd, TRY_CAST($started_at AS TIMESTAMPTZ), $parent_session,
        arg_max(entry_id, line_no), count(*), count(*) FILTER (WHERE is_source), $leaf_count,
        sum(tokens_pi), sum(tokens), $header, $run_id, current_timestamp
-FROM entries WHERE session_id = $session_id;
+FROM om_internal.entries WHERE session_id = $session_id;
 
 -- name: delete_entries_after
 -- Entries an interrupted ingest committed beyond the offset recorded in session_files.
-DELETE FROM entries WHERE session_id = $session_id AND line_no > $line_no;
+DELETE FROM om_internal.entries WHERE session_id = $session_id AND line_no > $line_no;
 
 -- name: delete_quarantine_after
-DELETE FROM quarantine WHERE file_path = $file_path AND line_no > $line_no;
+DELETE FROM om_internal.quarantine WHERE file_path = $file_path AND line_no > $line_no;
 
 -- name: user_messages_with_images
+-- (frozen with the data step: before migration 008 the tables are in main, named unqualified.)
 -- Migration 007: the stored user messages whose Pi estimate changes under Pi 1.6 (images count).
 SELECT session_id, entry_id, raw, tokens_pi FROM entries
 WHERE entry_type = 'message' AND role = 'user' AND contains(raw, '"image"');

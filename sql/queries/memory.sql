@@ -55,11 +55,11 @@ SELECT * FROM ledger_coverage($session_id, $tip) ORDER BY item_kind, fold_order;
 -- name: last_errors
 SELECT 'stage' AS source, stage || ' ' || coalesce(error_kind, '') AS reason, error AS detail,
        finished_at AS occurred_at
-FROM stage_runs WHERE session_id = $session_id AND outcome = 'failed'
+FROM om_internal.stages WHERE session_id = $session_id AND outcome = 'failed'
 UNION ALL
-SELECT 'quarantine', reason, detail, quarantined_at FROM quarantine WHERE session_id = $session_id
+SELECT 'quarantine', reason, detail, quarantined_at FROM om_internal.quarantine WHERE session_id = $session_id
 UNION ALL
-SELECT 'ledger', reason, kind || ' ' || entry_id, NULL FROM ledger_rejects WHERE session_id = $session_id
+SELECT 'ledger', reason, kind || ' ' || entry_id, NULL FROM om_internal.ledger_rejects WHERE session_id = $session_id
 ORDER BY occurred_at DESC NULLS LAST LIMIT 5;
 
 -- name: recall_observations
@@ -72,7 +72,7 @@ SELECT * FROM recall_reflections($session_id, $tip, $id) ORDER BY rec_order, ite
 SELECT * FROM resolve_entries($session_id, $tip, $ids::VARCHAR[]);
 
 -- name: sessions_mentioning_memory_id
-SELECT s.session_id, s.leaf_id FROM sessions s
-WHERE s.session_id IN (SELECT session_id FROM ledger_observations WHERE obs_id = $id
-                       UNION SELECT session_id FROM ledger_reflections WHERE refl_id = $id)
+SELECT s.session_id, s.leaf_id FROM om_internal.sessions s
+WHERE s.session_id IN (SELECT session_id FROM om_internal.observations WHERE obs_id = $id
+                       UNION SELECT session_id FROM om_internal.reflections WHERE refl_id = $id)
 ORDER BY s.session_id;

@@ -4,38 +4,38 @@
 -- The parts of a session a replay starts from, apart from this project's own appends: its entries,
 -- its current leaf, and the ledger records and compactions the session file itself holds.
 SELECT s.session_id, s.leaf_id, s.entry_count, s.source_count, s.leaf_count, coalesce(s.tokens_pi, 0) AS tokens_pi,
-       (SELECT count(*) FROM ledger_records r WHERE r.session_id = s.session_id AND r.origin = 'imported')
+       (SELECT count(*) FROM om_internal.ledger r WHERE r.session_id = s.session_id AND r.origin = 'imported')
            AS imported_records,
-       (SELECT count(*) FROM compaction_folds f WHERE f.session_id = s.session_id AND f.origin = 'imported')
+       (SELECT count(*) FROM om_internal.compactions f WHERE f.session_id = s.session_id AND f.origin = 'imported')
            AS imported_folds,
        m.fingerprint AS replayed_fingerprint
-FROM sessions s LEFT JOIN session_replays m USING (session_id)
+FROM om_internal.sessions s LEFT JOIN om_internal.session_replays m USING (session_id)
 WHERE list_contains($session_ids::VARCHAR[], s.session_id)
 ORDER BY s.session_id;
 
 -- name: put_session_replay
-INSERT OR REPLACE INTO session_replays (session_id, fingerprint, run_id) VALUES ($session_id, $fingerprint, $run_id);
+INSERT OR REPLACE INTO om_internal.session_replays (session_id, fingerprint, run_id) VALUES ($session_id, $fingerprint, $run_id);
 
 -- name: run_failures
 -- The stages of a run that failed, grouped by stage, session and error (shown under om run's table).
 SELECT stage, session_id, coalesce(error, '') AS error, count(*) AS count
-FROM stage_runs WHERE run_id = $run_id AND outcome = 'failed'
+FROM om_internal.stages WHERE run_id = $run_id AND outcome = 'failed'
 GROUP BY ALL ORDER BY session_id, stage, count DESC;
 
 -- name: set_run_children
-UPDATE runs SET child_pids = $child_pids WHERE run_id = $run_id;
+UPDATE om_internal.runs SET child_pids = $child_pids WHERE run_id = $run_id;
 
 -- name: run_children
-SELECT child_pids FROM runs WHERE run_id = $run_id;
+SELECT child_pids FROM om_internal.runs WHERE run_id = $run_id;
 
 -- name: run_outcome
 -- How much one run recorded: records and compactions committed, sessions touched.
-SELECT (SELECT count(*) FROM ledger_records WHERE run_id = $run_id) AS records,
-       (SELECT count(*) FROM ledger_observations o JOIN ledger_records r USING (session_id, ledger_id)
+SELECT (SELECT count(*) FROM om_internal.ledger WHERE run_id = $run_id) AS records,
+       (SELECT count(*) FROM om_internal.observations o JOIN om_internal.ledger r USING (session_id, ledger_id)
         WHERE r.run_id = $run_id) AS observations,
-       (SELECT count(*) FROM compaction_folds WHERE run_id = $run_id) AS compactions,
-       (SELECT count(DISTINCT session_id) FROM session_replays WHERE run_id = $run_id) AS sessions;
+       (SELECT count(*) FROM om_internal.compactions WHERE run_id = $run_id) AS compactions,
+       (SELECT count(DISTINCT session_id) FROM om_internal.session_replays WHERE run_id = $run_id) AS sessions;
 
 -- name: interrupt_run
-UPDATE runs SET status = 'interrupted', finished_at = current_timestamp, detail = $detail
+UPDATE om_internal.runs SET status = 'interrupted', finished_at = current_timestamp, detail = $detail
 WHERE run_id = $run_id AND status = 'running';

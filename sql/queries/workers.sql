@@ -3,7 +3,7 @@
 -- uncovered span; the drain ends its chunks before Pi's cut point).
 SELECT b.position, e.entry_id, e.entry_type, e.role, e.ts, e.tokens_pi, e.tokens, e.raw
 FROM branch($session_id, $tip) b
-JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE e.is_source AND b.position > $after AND b.position <= $until
 ORDER BY b.position;
 
@@ -16,13 +16,13 @@ WHERE kind = 'om.observations.recorded' AND wm_pos IS NOT NULL;
 SELECT max(wm_pos) AS watermark_position FROM branch_records($session_id, $tip) WHERE kind = 'om.observations.recorded';
 
 -- name: entry_timestamp
-SELECT ts FROM entries WHERE session_id = $session_id AND entry_id = $entry_id;
+SELECT ts FROM om_internal.entries WHERE session_id = $session_id AND entry_id = $entry_id;
 
 -- name: positions_of
 SELECT entry_id, position FROM branch($session_id, $tip) WHERE list_contains($ids::VARCHAR[], entry_id);
 
 -- name: insert_stage_run
-INSERT INTO stage_runs (stage_run_id, run_id, session_id, stage, stage_key, tip_entry_id, chunk_first_id,
+INSERT INTO om_internal.stages (stage_run_id, run_id, session_id, stage, stage_key, tip_entry_id, chunk_first_id,
                         chunk_last_id, model, outcome, records, items, rejected, error_kind, error, receipts,
                         started_at)
 VALUES ($stage_run_id, $run_id, $session_id, $stage, $stage_key, $tip_entry_id, $chunk_first_id,
@@ -30,7 +30,7 @@ VALUES ($stage_run_id, $run_id, $session_id, $stage, $stage_key, $tip_entry_id, 
         $started_at);
 
 -- name: insert_model_calls
-INSERT INTO model_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens,
+INSERT INTO om_internal.llm_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens,
                          output_tokens, cached_tokens, cost, latency_ms, status, error_kind, error, attempt,
                          started_at)
 SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, output_tokens,
@@ -40,29 +40,29 @@ FROM call_batch;
 -- name: empty_runs
 -- Where the observer gave a deliberate empty result on this branch, for its backoff (SPEC §9).
 SELECT DISTINCT b.position
-FROM stage_runs s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_id
+FROM om_internal.stages s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_id
 WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage = 'observer'
 ORDER BY 1;
 
 -- name: stage_state
 -- What earlier runs did with this exact stage input: appended it, found it empty, or computed it.
-SELECT EXISTS (SELECT 1 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key)
+SELECT EXISTS (SELECT 1 FROM om_internal.ledger WHERE session_id = $session_id AND stage_key = $stage_key)
            AS appended,
-       EXISTS (SELECT 1 FROM stage_runs WHERE session_id = $session_id AND stage_key = $stage_key
+       EXISTS (SELECT 1 FROM om_internal.stages WHERE session_id = $session_id AND stage_key = $stage_key
                                           AND outcome = 'empty')
            AS was_empty,
-       (SELECT result FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key)
+       (SELECT result FROM om_internal.stage_results WHERE session_id = $session_id AND stage_key = $stage_key)
            AS cached_result;
 
 -- name: put_stage_result
-INSERT OR REPLACE INTO stage_results (session_id, stage_key, stage, result)
+INSERT OR REPLACE INTO om_internal.stage_results (session_id, stage_key, stage, result)
 VALUES ($session_id, $stage_key, $stage, $result);
 
 -- name: delete_stage_result
-DELETE FROM stage_results WHERE session_id = $session_id AND stage_key = $stage_key;
+DELETE FROM om_internal.stage_results WHERE session_id = $session_id AND stage_key = $stage_key;
 
 -- name: ledger_has_stage_key
-SELECT count(*) > 0 FROM ledger_records WHERE session_id = $session_id AND stage_key = $stage_key;
+SELECT count(*) > 0 FROM om_internal.ledger WHERE session_id = $session_id AND stage_key = $stage_key;
 
 -- name: compaction_anchor_positions
 -- Where compactions sit on the branch; simulated ones are not entries, so the replay needs them to
@@ -81,12 +81,12 @@ SELECT b.position, b.entry_id, b.entry_type, b.role, coalesce(b.tokens_pi, 0) AS
        coalesce(b.tokens, 0) AS tokens, b.is_source,
        b.first_kept_entry_id, f.compaction_id IS NOT NULL AS extension_folded
 FROM branch_detail($session_id, $tip) b
-LEFT JOIN compaction_folds f
+LEFT JOIN om_internal.compactions f
        ON f.session_id = $session_id AND f.compaction_id = b.entry_id AND f.origin = 'imported' AND f.folded
 ORDER BY b.position;
 
 -- name: session_leaves
-SELECT t.entry_id FROM entry_tree t JOIN entries e ON e.session_id = t.session_id AND e.entry_id = t.entry_id
+SELECT t.entry_id FROM om_internal.entry_tree t JOIN om_internal.entries e ON e.session_id = t.session_id AND e.entry_id = t.entry_id
 WHERE t.session_id = $session_id AND t.is_leaf ORDER BY e.line_no;
 
 -- name: judged_observation_watermarks
@@ -98,20 +98,20 @@ ORDER BY 1;
 -- name: gap_window
 -- Branch entries between two positions (inclusive), with what gap-safe compaction needs.
 SELECT b.position, e.entry_id, e.entry_type, e.role, e.is_source, coalesce(e.tokens_pi, 0) AS tokens, e.raw
-FROM branch($session_id, $leaf) b JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+FROM branch($session_id, $leaf) b JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE b.position BETWEEN $from_pos AND $to_pos
 ORDER BY b.position;
 
 -- name: source_tokens_between
 SELECT coalesce(sum(e.tokens_pi), 0)
-FROM branch($session_id, $leaf) b JOIN entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+FROM branch($session_id, $leaf) b JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE b.position BETWEEN $from_pos AND $to_pos AND e.is_source;
 
 -- name: leaf_of
 -- A leaf below an entry (the smallest id) and the entry's position.
 SELECT min(l.entry_id) AS leaf_id, min(n.depth) AS position
-FROM entry_tree n
-JOIN entry_tree l ON l.session_id = n.session_id AND l.is_leaf AND n.pre <= l.pre AND l.pre <= n.last
+FROM om_internal.entry_tree n
+JOIN om_internal.entry_tree l ON l.session_id = n.session_id AND l.is_leaf AND n.pre <= l.pre AND l.pre <= n.last
 WHERE n.session_id = $session_id AND n.entry_id = $entry_id;
 
 -- name: compaction_gaps_for
@@ -125,5 +125,5 @@ SELECT g.c_pos, g.reach, g.gap_messages, g.gap_tokens,
 FROM compaction_gap($session_id, $leaf, $compaction_pos, $seq, $simulated, $f_pos) g;
 
 -- name: insert_model_call_texts
-INSERT OR IGNORE INTO model_call_texts (call_id, run_id, request, response)
+INSERT OR IGNORE INTO om_internal.llm_call_texts (call_id, run_id, request, response)
 SELECT call_id, run_id, request, response FROM text_batch;

@@ -3,25 +3,25 @@
 CREATE OR REPLACE VIEW ledger AS
     SELECT session_id, ledger_id, kind, covers_up_to_id, anchor_entry_id, origin, created_at,
            append_seq, run_id, stage, stage_key
-    FROM ledger_records;
+    FROM om_internal.ledger;
 
 CREATE OR REPLACE VIEW observations AS
     SELECT o.session_id, o.ledger_id, o.obs_id, o.content, o.ts, o.relevance, o.source_entry_ids,
            o.token_count, o.item_index, r.covers_up_to_id, r.anchor_entry_id, r.origin
-    FROM ledger_observations o
-    JOIN ledger_records r ON r.session_id = o.session_id AND r.ledger_id = o.ledger_id;
+    FROM om_internal.observations o
+    JOIN om_internal.ledger r ON r.session_id = o.session_id AND r.ledger_id = o.ledger_id;
 
 CREATE OR REPLACE VIEW reflections AS
     SELECT f.session_id, f.ledger_id, f.refl_id, f.content, f.supporting_observation_ids,
            f.token_count, f.item_index, r.covers_up_to_id, r.anchor_entry_id, r.origin
-    FROM ledger_reflections f
-    JOIN ledger_records r ON r.session_id = f.session_id AND r.ledger_id = f.ledger_id;
+    FROM om_internal.reflections f
+    JOIN om_internal.ledger r ON r.session_id = f.session_id AND r.ledger_id = f.ledger_id;
 
 CREATE OR REPLACE VIEW drops AS
     SELECT d.session_id, d.ledger_id, d.obs_id, d.item_index, r.covers_up_to_id, r.anchor_entry_id,
            r.origin
-    FROM ledger_drops d
-    JOIN ledger_records r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id;
+    FROM om_internal.drops d
+    JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id;
 
 -- Every compaction: Pi's own entries (origin pi), the extension's om.folded ones (imported), and
 -- the ones this project simulated. full_fold and the item lists exist only for folded ones.
@@ -32,20 +32,20 @@ CREATE OR REPLACE VIEW compactions AS
            coalesce(f.folded, false) AS folded, e.entry_id AS anchor_entry_id, e.line_no,
            TRY_CAST(e.raw ->> '$.tokensBefore' AS BIGINT) AS tokens_before, e.ts AS created_at,
            NULL::VARCHAR AS note, NULL::VARCHAR AS trigger, NULL::BIGINT AS append_seq
-    FROM entries e
-    LEFT JOIN compaction_folds f
+    FROM om_internal.entries e
+    LEFT JOIN om_internal.compactions f
            ON f.session_id = e.session_id AND f.compaction_id = e.entry_id AND f.origin = 'imported'
     WHERE e.entry_type = 'compaction'
     UNION ALL
     SELECT session_id, compaction_id, origin, first_kept_entry_id, full_fold, summary, folded,
            anchor_entry_id, NULL AS line_no, NULL AS tokens_before, created_at, note, trigger, append_seq
-    FROM compaction_folds
+    FROM om_internal.compactions
     WHERE origin = 'simulated';
 
 CREATE OR REPLACE VIEW compaction_items AS
     SELECT session_id, compaction_id, item_kind, item_index, id, content, ts, relevance,
            source_entry_ids, supporting_observation_ids, token_count
-    FROM compaction_fold_items;
+    FROM om_internal.compaction_items;
 
 -- Position of an entry on the branch to p_tip (NULL when it is not on that branch).
 CREATE OR REPLACE MACRO position_on_branch(p_session, p_tip, p_entry) AS (
@@ -65,7 +65,7 @@ CREATE OR REPLACE MACRO branch_records(p_session, p_tip) AS TABLE
     SELECT r.ledger_id, r.kind, r.origin, r.covers_up_to_id, r.anchor_entry_id, r.append_seq,
            a.position AS anchor_pos, w.position AS wm_pos,
            row_number() OVER (ORDER BY a.position, appended_by_project(r.origin), r.append_seq) AS rec_order
-    FROM ledger_records r
+    FROM om_internal.ledger r
     JOIN b a ON a.entry_id = r.anchor_entry_id
     LEFT JOIN b w ON w.entry_id = r.covers_up_to_id
     WHERE r.session_id = p_session;

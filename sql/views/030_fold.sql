@@ -27,20 +27,20 @@ CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_thr
     ),
     first_obs AS (
         SELECT o.*, s.rec_order, s.wm_pos
-        FROM ledger_observations o
+        FROM om_internal.observations o
         JOIN included s ON s.ledger_id = o.ledger_id AND s.kind = 'om.observations.recorded'
         WHERE o.session_id = p_session
         QUALIFY row_number() OVER (PARTITION BY o.obs_id ORDER BY s.rec_order, o.item_index) = 1
     ),
     tombstones AS (
         SELECT DISTINCT d.obs_id
-        FROM ledger_drops d
+        FROM om_internal.drops d
         JOIN included s ON s.ledger_id = d.ledger_id AND s.kind = 'om.observations.dropped'
         WHERE d.session_id = p_session
     ),
     first_refl AS (
         SELECT x.*, s.rec_order
-        FROM ledger_reflections x
+        FROM om_internal.reflections x
         JOIN included s ON s.ledger_id = x.ledger_id AND s.kind = 'om.reflections.recorded'
         WHERE x.session_id = p_session
         QUALIFY row_number() OVER (PARTITION BY x.refl_id ORDER BY s.rec_order, x.item_index) = 1
@@ -93,7 +93,7 @@ CREATE OR REPLACE MACRO folded_projection(p_session, p_tip, p_replayed) AS TABLE
     SELECT i.item_kind, i.item_index AS fold_order, i.id, i.content, i.ts, i.relevance,
            i.source_entry_ids, i.supporting_observation_ids, i.token_count, i.compaction_id,
            l.origin AS compaction_origin
-    FROM compaction_fold_items i
+    FROM om_internal.compaction_items i
     JOIN latest l ON l.compaction_id = i.compaction_id
     WHERE i.session_id = p_session;
 

@@ -61,7 +61,7 @@ CREATE OR REPLACE MACRO coverage_tiers(p_session, p_tip) AS TABLE
 CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
     WITH recs AS (SELECT * FROM branch_records(p_session, p_tip)),
     dropped AS (
-        SELECT DISTINCT d.obs_id FROM ledger_drops d
+        SELECT DISTINCT d.obs_id FROM om_internal.drops d
         JOIN recs r ON r.ledger_id = d.ledger_id AND r.kind = 'om.observations.dropped'
         WHERE d.session_id = p_session AND list_contains(p_ids, d.obs_id)
     )
@@ -69,7 +69,7 @@ CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
            o.source_entry_ids, o.token_count,
            CASE WHEN x.obs_id IS NULL THEN 'active' ELSE 'dropped' END AS status,
            row_number() OVER (PARTITION BY o.obs_id ORDER BY r.rec_order, o.item_index) AS occurrence
-    FROM ledger_observations o
+    FROM om_internal.observations o
     JOIN recs r ON r.ledger_id = o.ledger_id AND r.kind = 'om.observations.recorded'
     LEFT JOIN dropped x ON x.obs_id = o.obs_id
     WHERE o.session_id = p_session AND list_contains(p_ids, o.obs_id);
@@ -77,7 +77,7 @@ CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
 CREATE OR REPLACE MACRO recall_reflections(p_session, p_tip, p_id) AS TABLE
     SELECT f.refl_id AS id, f.ledger_id, r.rec_order, f.item_index, f.content,
            f.supporting_observation_ids, f.token_count
-    FROM ledger_reflections f
+    FROM om_internal.reflections f
     JOIN branch_records(p_session, p_tip) r ON r.ledger_id = f.ledger_id AND r.kind = 'om.reflections.recorded'
     WHERE f.session_id = p_session AND f.refl_id = p_id;
 
@@ -88,4 +88,4 @@ CREATE OR REPLACE MACRO resolve_entries(p_session, p_tip, p_ids) AS TABLE
     SELECT w.entry_id, b.position, e.entry_type, e.role, e.is_source, e.ts, e.raw
     FROM wanted w
     LEFT JOIN b ON b.entry_id = w.entry_id
-    LEFT JOIN entries e ON e.session_id = p_session AND e.entry_id = b.entry_id;
+    LEFT JOIN om_internal.entries e ON e.session_id = p_session AND e.entry_id = b.entry_id;

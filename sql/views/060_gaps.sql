@@ -40,7 +40,7 @@ CREATE OR REPLACE VIEW compaction_gaps AS
         SELECT c.session_id, b.leaf_id, c.compaction_id, c.origin, c.trigger, c.first_kept_entry_id, c.folded,
                b.position AS compaction_pos, c.append_seq, f.position AS first_kept_pos,
                -- Pi's own compaction: the projection is the one its simulated twin (if any) folded
-               CASE WHEN c.origin = 'pi' THEN (SELECT NOT t.folded FROM compaction_folds t
+               CASE WHEN c.origin = 'pi' THEN (SELECT NOT t.folded FROM om_internal.compactions t
                                                WHERE t.session_id = c.session_id AND t.origin = 'simulated'
                                                  AND t.trigger = 'archive' AND t.anchor_entry_id = c.anchor_entry_id
                                                LIMIT 1)
@@ -48,10 +48,10 @@ CREATE OR REPLACE VIEW compaction_gaps AS
         FROM compactions c
         -- b: the compaction entry, once per leaf below it
         JOIN (SELECT a.session_id, a.entry_id, a.depth AS position, l.entry_id AS leaf_id, l.pre AS leaf_pre
-              FROM entry_tree a
-              JOIN entry_tree l ON l.session_id = a.session_id AND l.is_leaf AND a.pre <= l.pre AND l.pre <= a.last) b
+              FROM om_internal.entry_tree a
+              JOIN om_internal.entry_tree l ON l.session_id = a.session_id AND l.is_leaf AND a.pre <= l.pre AND l.pre <= a.last) b
           ON b.session_id = c.session_id AND b.entry_id = c.anchor_entry_id
-        LEFT JOIN (SELECT session_id, entry_id, depth AS position, pre, last FROM entry_tree) f
+        LEFT JOIN (SELECT session_id, entry_id, depth AS position, pre, last FROM om_internal.entry_tree) f
                ON f.session_id = c.session_id AND f.entry_id = c.first_kept_entry_id
               AND f.pre <= b.leaf_pre AND b.leaf_pre <= f.last
     )

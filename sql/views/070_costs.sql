@@ -14,9 +14,9 @@ CREATE OR REPLACE VIEW session_costs AS
                coalesce(sum(output_tokens), 0) AS output_tokens,
                sum(cost) AS cost_usd,
                count(*) FILTER (WHERE status = 'ok' AND cost IS NULL) AS unpriced_calls
-        FROM model_calls WHERE session_id IS NOT NULL GROUP BY session_id),
+        FROM om_internal.llm_calls WHERE session_id IS NOT NULL GROUP BY session_id),
     source AS (
-        SELECT session_id, sum(tokens_pi) AS source_tokens FROM entries WHERE is_source GROUP BY session_id)
+        SELECT session_id, sum(tokens_pi) AS source_tokens FROM om_internal.entries WHERE is_source GROUP BY session_id)
     SELECT s.session_id, coalesce(src.source_tokens, 0) AS source_tokens,
            coalesce(c.model_calls, 0) AS model_calls, coalesce(c.failed_calls, 0) AS failed_calls,
            coalesce(c.input_tokens, 0) AS input_tokens, coalesce(c.cached_tokens, 0) AS cached_tokens,
@@ -26,7 +26,7 @@ CREATE OR REPLACE VIEW session_costs AS
            c.model_calls / nullif(c.stages_with_calls, 0) AS calls_per_stage,
            c.cost_usd * 1e6 / nullif(src.source_tokens, 0) AS usd_per_1m_source_tokens,
            1000.0 * c.input_tokens / nullif(src.source_tokens, 0) AS input_per_1k_source_tokens
-    FROM sessions s
+    FROM om_internal.sessions s
     LEFT JOIN calls c ON c.session_id = s.session_id
     LEFT JOIN source src ON src.session_id = s.session_id;
 
@@ -37,4 +37,4 @@ CREATE OR REPLACE VIEW run_costs AS
            coalesce(sum(output_tokens), 0) AS output_tokens, sum(cost) AS cost_usd,
            count(*) FILTER (WHERE status = 'ok' AND cost IS NULL) AS unpriced_calls,
            min(started_at) AS first_call_at, max(started_at) AS last_call_at
-    FROM model_calls WHERE run_id IS NOT NULL GROUP BY run_id;
+    FROM om_internal.llm_calls WHERE run_id IS NOT NULL GROUP BY run_id;
