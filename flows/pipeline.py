@@ -269,7 +269,7 @@ def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict
 
 class _ExpectedStageFailures(logging.Filter):
     """Prefect logs every failed task run at ERROR. A failed stage (``StageFailed``) or a stopped run
-    (``RunStopped``) is expected: it is recorded in ``stage_runs`` and summed up by the run's closing
+    (``RunStopped``) is expected: it is recorded in ``om_internal.stages`` and summed up by the run's closing
     lines, so Prefect's own line is left out (unless Prefect's logs were asked for: ``--verbose``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:

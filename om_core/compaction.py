@@ -1,7 +1,7 @@
 """Simulated compactions (SPEC §5, §9): what the extension would have folded at a boundary.
 
 A compaction is a query: the compaction projection at F, rendered without any model, stored in
-``compaction_folds`` with origin ``simulated`` and its ``om.folded`` details. When the projection is
+``om_internal.compactions`` with origin ``simulated`` and its ``om.folded`` details. When the projection is
 empty nothing is persisted as memory; the row records that Pi's native summarizer would have run.
 """
 

@@ -78,7 +78,7 @@ class ChatReply:
 
 @dataclass
 class CallRecord:
-    """One row of ``model_calls``."""
+    """One row of ``om_internal.llm_calls``."""
 
     model: str
     turn: int

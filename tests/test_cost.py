@@ -172,7 +172,7 @@ def test_a_run_stopped_by_the_budget_records_no_half_done_stage(tmp_path, db_pat
         assert server.requests == [] and budget.exhausted
     con = duckdb.connect(str(db_path), read_only=True)
     try:
-        assert con.execute("SELECT count(*) FROM stage_runs").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM stages").fetchone()[0] == 0
         assert con.execute("SELECT count(*) FROM ledger").fetchone()[0] == 0
     finally:
         con.close()

@@ -165,7 +165,7 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     with dbmod.reading(fresh) as con:
         records = con.execute(
             "SELECT r.covers_up_to_id, list(o.obs_id ORDER BY o.item_index), list(o.source_entry_ids) "
-            "FROM ledger_records r JOIN ledger_observations o ON o.session_id = r.session_id AND o.ledger_id = r.ledger_id "
+            "FROM ledger r JOIN observations o ON o.session_id = r.session_id AND o.ledger_id = r.ledger_id "
             "WHERE r.session_id = ? GROUP BY r.ledger_id, r.covers_up_to_id, r.append_seq ORDER BY r.append_seq",
             [session_id]).fetchall()
     before = [ids for covers, ids, _ in records if position[covers] < f]

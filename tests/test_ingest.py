@@ -706,7 +706,7 @@ def test_moved_session_file_takes_over(tmp_path, db_path):
     after = snapshot(db_path, volatile=False)
     assert after["entries"] == before["entries"]
     assert after["branch_entries"] == before["branch_entries"]
-    assert q(db_path, "SELECT file_path, status FROM session_files") == [(str(moved.resolve()), "ingested")]
+    assert q(db_path, "SELECT file_path, status FROM om_internal.session_files") == [(str(moved.resolve()), "ingested")]
 
 
 def test_copy_takes_over_once_the_original_is_deleted(tmp_path, db_path):
@@ -734,10 +734,10 @@ def _rows_of_an_interrupted_ingest(db: Path, path: Path, line_nos: list[int]) ->
     con = duckdb.connect(str(db))
     try:
         for n in line_nos:
-            con.execute("INSERT INTO entries (session_id, entry_id, parent_id, line_no, entry_index, entry_type, "
+            con.execute("INSERT INTO om_internal.entries (session_id, entry_id, parent_id, line_no, entry_index, entry_type, "
                         "is_source, raw, run_id) VALUES (?, ?, NULL, ?, ?, 'message', false, '{}', 'died')",
                         [SID, f"junk{n}", n, n - 1])
-            con.execute("INSERT INTO quarantine (file_path, session_id, line_no, reason, raw, run_id) "
+            con.execute("INSERT INTO om_internal.quarantine (file_path, session_id, line_no, reason, raw, run_id) "
                         "VALUES (?, ?, ?, 'invalid_json', ?, 'died')", [str(path.resolve()), SID, n, b"junk"])
     finally:
         con.close()
@@ -1194,7 +1194,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
         replay_in_process(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
     finally:
         con.close()
-    assert q(db_path, "SELECT count(*) FROM ledger_records WHERE origin = 'pipeline'")[0][0] >= 1
+    assert q(db_path, "SELECT count(*) FROM ledger WHERE origin = 'pipeline'")[0][0] >= 1
 
 
 def test_nesting_deeper_than_the_limit_is_quarantined_in_one_line(tmp_path, db_path, monkeypatch):

@@ -200,7 +200,7 @@ def test_offline_baseline_on_before_compaction(before_compaction, tmp_path, db_p
 
     # every observation cites entries that exist on the branch and are source entries
     with dbmod.reading(db_path) as con:
-        recorded = con.execute("SELECT obs_id, source_entry_ids FROM ledger_observations WHERE session_id = ?",
+        recorded = con.execute("SELECT obs_id, source_entry_ids FROM observations WHERE session_id = ?",
                                [BEFORE_ID]).fetchall()
     for obs_id, sources in recorded:
         assert sources, obs_id
@@ -215,7 +215,7 @@ def test_offline_baseline_on_before_compaction(before_compaction, tmp_path, db_p
             assert set(r.supportingObservationIds) <= active, r
     else:  # a drop after the reflections may retire what they cite: check against the pool before it
         with dbmod.reading(db_path) as con:
-            dropped = {r[0] for r in con.execute("SELECT obs_id FROM ledger_drops WHERE session_id = ?",
+            dropped = {r[0] for r in con.execute("SELECT obs_id FROM drops WHERE session_id = ?",
                                                  [BEFORE_ID]).fetchall()}
         for r in memory.reflections:
             assert set(r.supportingObservationIds) <= active | dropped, r

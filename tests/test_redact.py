@@ -174,7 +174,7 @@ def all_summaries(db_path, tmp_path) -> list[str]:
 
     summaries = []
     with dbmod.reading(db_path) as con:
-        summaries += [r[0] for r in con.execute("SELECT summary FROM compaction_folds WHERE summary IS NOT NULL "
+        summaries += [r[0] for r in con.execute("SELECT summary FROM om_internal.compactions WHERE summary IS NOT NULL "
                                                 "AND origin = 'simulated'").fetchall()]
         entry_ids = [r[0] for r in con.execute("SELECT entry_id FROM entries WHERE session_id = ? AND entry_type "
                                                "= 'message'", [SID]).fetchall()]
@@ -245,8 +245,8 @@ def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
     finally:
         con.close()
     with dbmod.reading(db_path) as con:
-        offline_contents = [r[0] for table in ("ledger_observations", "ledger_reflections") for r in con.execute(
-            f"SELECT o.content FROM {table} o JOIN ledger_records r USING (session_id, ledger_id) "
+        offline_contents = [r[0] for table in ("observations", "reflections") for r in con.execute(
+            f"SELECT o.content FROM {table} o JOIN ledger r USING (session_id, ledger_id) "
             "WHERE r.origin = 'pipeline' AND o.session_id = ?", [SID]).fetchall()]
     assert any(c.startswith("User required:") or c.startswith("User requested:") for c in offline_contents)
     assert_no_secret("\n".join(offline_contents), "the offline baseline's observations")

@@ -106,7 +106,7 @@ def simulated(db_path: str, session_id: str) -> list[tuple]:
         leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [session_id]).fetchone()[0]
         return con.execute(
             "SELECT trigger, anchor_pos, first_kept_pos FROM branch_compactions(?, ?) c "
-            "JOIN compaction_folds f ON f.session_id = ? AND f.compaction_id = c.compaction_id "
+            "JOIN om_internal.compactions f ON f.session_id = ? AND f.compaction_id = c.compaction_id "
             "WHERE c.origin = 'simulated' ORDER BY anchor_pos", [session_id, leaf, session_id]).fetchall()
 
 
@@ -127,7 +127,7 @@ def test_the_extensions_own_fold_in_the_archive_is_kept_not_folded_again(tmp_pat
     db_path = replayed(tmp_path, sb)
     with dbmod.reading(db_path) as con:
         anchors = {r[0]: r[1] for r in con.execute(
-            "SELECT anchor_entry_id, trigger FROM compaction_folds WHERE session_id = ? AND origin = 'simulated'",
+            "SELECT anchor_entry_id, trigger FROM om_internal.compactions WHERE session_id = ? AND origin = 'simulated'",
             [sb.session_id]).fetchall()}
         leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [sb.session_id]).fetchone()[0]
         assert folded_id not in anchors  # what the agent saw there is the extension's own fold

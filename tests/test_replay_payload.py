@@ -26,10 +26,10 @@ SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfter
                     observerChunkMaxTokens=400, observationsPoolMaxTokens=40, observationsPoolTargetTokens=20)
 SID = "0000000a-aaaa-bbbb-cccc-dddddddddddd"
 
-LEDGER = ("SELECT kind, covers_up_to_id, anchor_entry_id, stage_key, ledger_id FROM ledger_records "
+LEDGER = ("SELECT kind, covers_up_to_id, anchor_entry_id, stage_key, ledger_id FROM ledger "
           "WHERE origin = 'pipeline' ORDER BY append_seq")
-ITEMS = "SELECT ledger_id, item_index, obs_id, content FROM ledger_observations ORDER BY ALL"
-FOLDS = ("SELECT compaction_id, anchor_entry_id, first_kept_entry_id, folded, full_fold, summary FROM compaction_folds "
+ITEMS = "SELECT ledger_id, item_index, obs_id, content FROM observations ORDER BY ALL"
+FOLDS = ("SELECT compaction_id, anchor_entry_id, first_kept_entry_id, folded, full_fold, summary FROM om_internal.compactions "
          "WHERE origin = 'simulated' ORDER BY append_seq")
 
 
@@ -89,7 +89,7 @@ def test_a_replay_on_the_payload_appends_what_a_replay_on_the_file_appends(tmp_p
     via_payload = session(tmp_path / "b", with_extension_record)
     replay_on_file(direct, "run-direct")
     result = replay_on_payload(via_payload, "run-payload")
-    assert result.rows["ledger_records"] > 3 and result.rows["compaction_folds"] >= 1
+    assert result.rows["om_internal.ledger"] > 3 and result.rows["om_internal.compactions"] >= 1
     assert rows(via_payload, LEDGER) == rows(direct, LEDGER)  # record for record, in ledger order
     assert rows(via_payload, ITEMS) == rows(direct, ITEMS)
     assert rows(via_payload, FOLDS) == rows(direct, FOLDS)
@@ -98,18 +98,18 @@ def test_a_replay_on_the_payload_appends_what_a_replay_on_the_file_appends(tmp_p
     fold = f"SELECT * FROM full_projection('{SID}', '{leaf}', '{leaf}') ORDER BY ALL"
     assert rows(via_payload, fold) == rows(direct, fold)
     # every appended row carries the run id, and stage runs come along
-    assert rows(via_payload, "SELECT DISTINCT run_id FROM ledger_records WHERE origin = 'pipeline'") == [("run-payload",)]
-    assert rows(via_payload, "SELECT count(*) FROM stage_runs WHERE run_id = 'run-payload'")[0][0] > 0
+    assert rows(via_payload, "SELECT DISTINCT run_id FROM ledger WHERE origin = 'pipeline'") == [("run-payload",)]
+    assert rows(via_payload, "SELECT count(*) FROM stages WHERE run_id = 'run-payload'")[0][0] > 0
 
 
 def test_a_result_committed_twice_changes_nothing(tmp_path):
     db = session(tmp_path)
     result = replay_on_payload(db, "run-1")
-    before = (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stage_runs"))
+    before = (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stages"))
     with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
         written = commit_replayed_rows(con, result)
-    assert "ledger_records" not in written and "compaction_folds" not in written
-    assert (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stage_runs")) == before
+    assert "om_internal.ledger" not in written and "om_internal.compactions" not in written
+    assert (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stages")) == before
 
 
 def test_a_second_replay_of_a_replayed_session_appends_nothing(tmp_path):
@@ -117,7 +117,7 @@ def test_a_second_replay_of_a_replayed_session_appends_nothing(tmp_path):
     replay_on_payload(db, "run-1")
     before = rows(db, LEDGER)
     again = replay_on_payload(db, "run-2")
-    assert again.rows["ledger_records"] == 0 and again.rows["compaction_folds"] == 0
+    assert again.rows["om_internal.ledger"] == 0 and again.rows["om_internal.compactions"] == 0
     assert rows(db, LEDGER) == before
 
 
@@ -128,12 +128,12 @@ def test_new_records_come_after_everything_already_in_the_ledger(tmp_path):
     other = SessionBuilder(session_id="0000000b-aaaa-bbbb-cccc-dddddddddddd", start="2026-03-02T09:00:00")
     other.work_turns(4, "gamma")
     ingest(db, [other.write(tmp_path / "other.jsonl")])
-    imported = rows(db, f"SELECT max(append_seq) FROM ledger_records WHERE session_id = '{SID}'")[0][0]
+    imported = rows(db, f"SELECT max(append_seq) FROM ledger WHERE session_id = '{SID}'")[0][0]
     replay_on_payload(db, "run-1")
-    seqs = [r[0] for r in rows(db, f"SELECT append_seq FROM ledger_records WHERE session_id = '{SID}' "
+    seqs = [r[0] for r in rows(db, f"SELECT append_seq FROM ledger WHERE session_id = '{SID}' "
                                    "AND origin = 'pipeline' ORDER BY append_seq")]
     assert seqs and min(seqs) > imported and len(set(seqs)) == len(seqs)
-    fold_seqs = [r[0] for r in rows(db, "SELECT append_seq FROM compaction_folds WHERE origin = 'simulated'")]
+    fold_seqs = [r[0] for r in rows(db, "SELECT append_seq FROM om_internal.compactions WHERE origin = 'simulated'")]
     assert not set(fold_seqs) & set(seqs)
 
 
@@ -144,8 +144,8 @@ def test_the_payload_holds_only_the_sessions_rows(tmp_path):
     ingest(db, [other.write(tmp_path / "other.jsonl")])
     with Workspace.open(db, settings=SETTINGS).read() as con:
         payload = read_session_payload(con, SID)
-    assert payload.rows["sessions"] == 1 and payload.rows["ledger_records"] == 1
-    assert payload.rows["entries"] == rows(db, f"SELECT count(*) FROM entries WHERE session_id = '{SID}'")[0][0]
+    assert payload.rows["om_internal.sessions"] == 1 and payload.rows["om_internal.ledger"] == 1
+    assert payload.rows["om_internal.entries"] == rows(db, f"SELECT count(*) FROM entries WHERE session_id = '{SID}'")[0][0]
     ws = payload_workspace(payload, SETTINGS)
     try:
         with ws.read() as con:
@@ -160,9 +160,9 @@ def test_a_run_whose_process_is_gone_is_marked_abandoned(tmp_path):
     dead_pid = int(gone.stdout)
     with Workspace.open(db, settings=SETTINGS).write() as con:
         start_run(con, "run-dead", "run", {})
-        con.execute("UPDATE runs SET pid = ? WHERE run_id = 'run-dead'", [dead_pid])
+        con.execute("UPDATE om_internal.runs SET pid = ? WHERE run_id = 'run-dead'", [dead_pid])
         assert mark_abandoned_runs(con) == ["run-dead"]
-        con.execute("UPDATE runs SET status = 'running' WHERE run_id = 'run-dead'")
+        con.execute("UPDATE om_internal.runs SET status = 'running' WHERE run_id = 'run-dead'")
         start_run(con, "run-alive", "run", {})  # a run start marks what is gone; this process is alive
         assert mark_abandoned_runs(con) == []
     status = dict(rows(db, "SELECT run_id, status FROM runs WHERE run_id LIKE 'run-%'"))

@@ -68,7 +68,7 @@ def add_model_calls(path: Path) -> None:
     with dbmod.writing(path) as con:
         for call_id, stage, tin, tout, cached, cost, status in rows:
             con.execute(
-                "INSERT INTO model_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, "
+                "INSERT INTO om_internal.llm_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, "
                 "output_tokens, cached_tokens, cost, latency_ms, status, attempt, started_at) "
                 "VALUES (?, 'run', 'stage-run', ?, ?, 'anthropic/claude-haiku-4-5', 1, ?, ?, ?, ?, 900, ?, 1, ?)",
                 [call_id, WORKED, stage, tin, tout, cached, cost, status, datetime.now(timezone.utc)])

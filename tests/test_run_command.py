@@ -177,7 +177,7 @@ def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path):
     try:
         with ws.write() as con:
             start_run(con, "killed-run", "run", {})
-            con.execute("UPDATE runs SET pid = 999999, child_pids = [?] WHERE run_id = 'killed-run'", [helper.pid])
+            con.execute("UPDATE om_internal.runs SET pid = 999999, child_pids = [?] WHERE run_id = 'killed-run'", [helper.pid])
         assert om(tmp_path, "run", str(folder), "--json").returncode == 0
         helper.wait(timeout=10)  # ended: its command line names what the run started (prefect)
     finally:

@@ -65,12 +65,12 @@ def rows(db, sql: str, params: list | None = None) -> list[tuple]:
 
 
 def records(db) -> list[tuple]:
-    return rows(db, "SELECT kind, covers_up_to_id, anchor_entry_id, origin, ledger_id FROM ledger_records "
+    return rows(db, "SELECT kind, covers_up_to_id, anchor_entry_id, origin, ledger_id FROM ledger "
                     "WHERE session_id = ? ORDER BY append_seq", [SID])
 
 
 def observations_of(db, ledger_id: str) -> list[dict]:
-    got = rows(db, "SELECT obs_id, content, ts, relevance, source_entry_ids, token_count FROM ledger_observations "
+    got = rows(db, "SELECT obs_id, content, ts, relevance, source_entry_ids, token_count FROM observations "
                    "WHERE session_id = ? AND ledger_id = ? ORDER BY item_index", [SID, ledger_id])
     return [dict(zip(("id", "content", "timestamp", "relevance", "sourceEntryIds", "tokenCount"), r)) for r in got]
 
@@ -636,7 +636,7 @@ def test_reflector_rejections_and_record_watermark(server, tmp_path, db_path):
     assert (outcome.outcome, outcome.items, outcome.rejected, outcome.duplicates) == ("recorded", 1, 6, 1)
     kind, covers, anchor, origin, ledger_id = records(db_path)[-1]
     assert (kind, covers, anchor, origin) == (REFL, E[3], E[6], "pipeline")  # = latest observation watermark
-    stored = rows(db_path, "SELECT refl_id, content, supporting_observation_ids, token_count FROM ledger_reflections "
+    stored = rows(db_path, "SELECT refl_id, content, supporting_observation_ids, token_count FROM reflections "
                            "WHERE ledger_id = ?", [ledger_id])
     assert stored == [(mid(good), good, [o["O3"]["id"], o["O4"]["id"]], pi_tokens(good))]
 
@@ -682,7 +682,7 @@ def new_reflection(support: str) -> Reply:
 
 
 def dropped_ids(db) -> list[str]:
-    return [r[0] for r in rows(db, "SELECT obs_id FROM ledger_drops WHERE session_id = ? ORDER BY item_index", [SID])]
+    return [r[0] for r in rows(db, "SELECT obs_id FROM drops WHERE session_id = ? ORDER BY item_index", [SID])]
 
 
 def test_dropper_input_and_maximum(server, tmp_path, db_path):
@@ -822,7 +822,7 @@ def test_a_result_computed_but_not_appended_is_appended_later_without_asking_aga
     with pytest.raises(RuntimeError):
         observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert records(db_path) == [] and len(server.requests) == 1
-    assert rows(db_path, "SELECT stage FROM stage_results WHERE session_id = ?", [SID]) == [("observer",)]
+    assert rows(db_path, "SELECT stage FROM om_internal.stage_results WHERE session_id = ?", [SID]) == [("observer",)]
 
     monkeypatch.setattr(stages_module, "append_record", append_record)
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
@@ -831,7 +831,7 @@ def test_a_result_computed_but_not_appended_is_appended_later_without_asking_aga
     assert len(server.requests) == 1  # no new model call
     [(kind, covers, _, _, _)] = records(db_path)
     assert (kind, covers) == (OBS, E[8])
-    assert rows(db_path, "SELECT count(*) FROM stage_results") == [(0,)]
+    assert rows(db_path, "SELECT count(*) FROM om_internal.stage_results") == [(0,)]
 
 
 # ------------------------------------------------------------------ one call per stage; cached tokens (issue 14)

@@ -1,6 +1,6 @@
 """The evaluation's own model calls: the reader (optionally with ``recall``), the native-style
 summarizer and the approximate judge. Each call goes through ``LiteLLMModel`` (retries, error
-classes, a ``CallRecord`` per attempt) and is written to ``model_calls`` like the workers' calls."""
+classes, a ``CallRecord`` per attempt) and is written to ``om_internal.llm_calls`` like the workers' calls."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def judge(model: ChatModel, instance: Instance, hypothesis: str) -> Judgement:
 
 @dataclass
 class CallLog:
-    """Collects one task's call records; ``write`` puts them in ``model_calls`` with their stage."""
+    """Collects one task's call records; ``write`` puts them in ``om_internal.llm_calls`` with their stage."""
 
     records: list[tuple[str, CallRecord]] = field(default_factory=list)
 
