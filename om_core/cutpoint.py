@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_snake
 
 from om_core.branch_entry import BranchEntry, message_tokens
 
@@ -49,6 +50,10 @@ class CutPoint(BaseModel):
     isSplitTurn: bool
     tokensBefore: int | None = None
     cutPointRules: CutPointRules = DEFAULT_RULES
+
+    def as_json(self) -> dict[str, Any]:
+        """What om prints (`om cutpoint --json`): snake_case; the fields keep Pi's names."""
+        return {to_snake(name): value for name, value in self.model_dump().items()}
 
 
 class NothingToCompact(ValueError):

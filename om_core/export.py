@@ -180,8 +180,10 @@ def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrit
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise InvalidArgument(f"cannot write {out_path}: {exc.strerror or exc}") from None
-    summary = None if compaction is None else {k: compaction[k] for k in ("id", "parentId", "firstKeptEntryId",
-                                                                          "tokensBefore")}
+    # the entry appended, as om reports it (snake_case, like the columns it becomes once ingested)
+    summary = None if compaction is None else {"id": compaction["id"], "parent_id": compaction["parentId"],
+                                               "first_kept_entry_id": compaction["firstKeptEntryId"],
+                                               "tokens_before": compaction["tokensBefore"]}
     return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined), summary, skipped)
 
 

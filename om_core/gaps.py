@@ -44,8 +44,8 @@ class GapSafeBoundary:
         return self.first_kept_pos != self.plain_first_kept_pos
 
     def as_json(self) -> dict[str, Any]:
-        return {"firstKeptEntryId": self.first_kept, "plainFirstKeptEntryId": self.plain_first_kept,
-                "moved": self.moved, "keptTailGrowthTokens": self.kept_tail_growth_tokens, "guard": self.guard}
+        return {"first_kept_entry_id": self.first_kept, "plain_first_kept_entry_id": self.plain_first_kept,
+                "moved": self.moved, "kept_tail_growth_tokens": self.kept_tail_growth_tokens, "guard": self.guard}
 
 
 @dataclass
@@ -147,9 +147,16 @@ class CompactionGap(BaseModel):
     gap_safe: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
+        """Keys spelled like the compaction_gaps view's columns."""
         data = self.model_dump()
         data["class"] = data.pop("class_")
+        for name, column in _GAP_COLUMNS.items():
+            data[column] = data.pop(name)
         return data
+
+
+# CompactionGap's positions by the names of the compaction_gaps view's columns, in --json
+_GAP_COLUMNS = {"compaction_position": "compaction_pos", "first_kept_position": "first_kept_pos", "c_position": "c_pos"}
 
 
 @dataclass

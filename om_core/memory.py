@@ -104,10 +104,10 @@ def replayed_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -
 class FoldRef(BaseModel):
     """The compaction a visible or replayed view comes from."""
 
-    compactionId: str
+    compaction_id: str
     origin: str  # imported (the session file's om.folded compaction) | simulated (the replay's)
-    firstKeptEntryId: str | None
-    fullFold: bool | None
+    first_kept_entry_id: str | None
+    full_fold: bool | None
 
 
 def latest_folds(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> tuple[FoldRef | None, FoldRef | None, int]:
@@ -117,8 +117,8 @@ def latest_folds(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> t
     for row in named_rows(con, "latest_folds", {"session_id": session_id, "tip": tip}):
         simulated = int(row["simulated_folds"])
         refs[bool(row["replayed"])] = None if row["compaction_id"] is None else FoldRef(
-            compactionId=row["compaction_id"], origin=row["origin"], firstKeptEntryId=row["first_kept_entry_id"],
-            fullFold=row["full_fold"])
+            compaction_id=row["compaction_id"], origin=row["origin"], first_kept_entry_id=row["first_kept_entry_id"],
+            full_fold=row["full_fold"])
     return refs.get(False), refs.get(True), simulated
 
 
@@ -165,7 +165,7 @@ class CompactionResult(BaseModel):
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "fullFold": self.fullFold,
+            "full_fold": self.fullFold,
             "observations": self.observationIds,
             "reflections": self.reflectionIds,
             "summary": self.summary,
@@ -200,21 +200,21 @@ def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: 
 
 
 class Drift(BaseModel):
-    observationsOnlyInFull: list[str] = Field(default_factory=list)
-    reflectionsOnlyInFull: list[str] = Field(default_factory=list)
-    visibleNoLongerActive: list[str] = Field(default_factory=list)
+    observations_only_in_full: list[str] = Field(default_factory=list)
+    reflections_only_in_full: list[str] = Field(default_factory=list)
+    visible_no_longer_active: list[str] = Field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return len(self.observationsOnlyInFull) + len(self.reflectionsOnlyInFull) + len(self.visibleNoLongerActive)
+        return len(self.observations_only_in_full) + len(self.reflections_only_in_full) + len(self.visible_no_longer_active)
 
 
 def drift(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, replayed: bool = False) -> Drift:
     """Full memory against visible memory, or against the replayed view with ``replayed``."""
     out = Drift()
-    lists = {"observation_only_in_full": out.observationsOnlyInFull,
-             "reflection_only_in_full": out.reflectionsOnlyInFull,
-             "visible_not_active": out.visibleNoLongerActive}
+    lists = {"observation_only_in_full": out.observations_only_in_full,
+             "reflection_only_in_full": out.reflections_only_in_full,
+             "visible_not_active": out.visible_no_longer_active}
     for row in named_rows(con, "memory_drift", {"session_id": session_id, "tip": tip, "replayed": replayed}):
         lists[row["drift"]].append(row["id"])
     return out
@@ -293,10 +293,10 @@ class ReplayedStatus(BaseModel):
 
     label: str = "replayed"
     compaction: FoldRef | None = None
-    simulatedCompactions: int = 0  # folded simulated compactions on the branch
+    simulated_compactions: int = 0  # folded simulated compactions on the branch
     observations: int = 0
     reflections: int = 0
-    observationTokens: int | float = 0
+    observation_tokens: int | float = 0
     drift: Drift = Field(default_factory=Drift)
 
 
@@ -305,12 +305,12 @@ class MemoryStatus(BaseModel):
     tip: str
     observations: dict[str, int]  # recorded, active, dropped, visible
     reflections: dict[str, int]  # recorded (current), visible
-    visibleCompaction: FoldRef | None = None  # the file's om.folded compaction visible memory comes from
+    visible_compaction: FoldRef | None = None  # the file's om.folded compaction visible memory comes from
     drift: Drift
     replayed: ReplayedStatus = Field(default_factory=ReplayedStatus)
     clocks: dict[str, Clock]
     pools: dict[str, Any]
-    lastErrors: list[dict[str, Any]] = Field(default_factory=list)
+    last_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> MemoryStatus:
@@ -330,21 +330,21 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
         observations={"recorded": len(obs), "active": sum(not r["dropped"] for r in obs),
                       "dropped": sum(bool(r["dropped"]) for r in obs), "visible": len(visible.observations)},
         reflections={"recorded": len(refl), "visible": len(visible.reflections)},
-        visibleCompaction=visible_ref,
+        visible_compaction=visible_ref,
         drift=drift(con, session_id, tip),
-        replayed=ReplayedStatus(compaction=replayed_ref, simulatedCompactions=simulated,
+        replayed=ReplayedStatus(compaction=replayed_ref, simulated_compactions=simulated,
                                 observations=len(replayed.observations), reflections=len(replayed.reflections),
-                                observationTokens=_number(replayed.observation_tokens()),
+                                observation_tokens=_number(replayed.observation_tokens()),
                                 drift=drift(con, session_id, tip, replayed=True)),
         clocks=clocks(con, session_id, tip, settings),
         pools={
-            "activeTokens": _number(active_tokens), "visibleTokens": _number(visible_tokens),
-            "maxTokens": settings.observationsPoolMaxTokens, "targetTokens": settings.pool_target_tokens,
-            "activePressure": round(active_tokens / settings.observationsPoolMaxTokens, 4),
-            "visiblePressure": round(visible_tokens / settings.observationsPoolMaxTokens, 4),
-            "activeOverTarget": active_tokens > settings.pool_target_tokens,
+            "active_tokens": _number(active_tokens), "visible_tokens": _number(visible_tokens),
+            "max_tokens": settings.observationsPoolMaxTokens, "target_tokens": settings.pool_target_tokens,
+            "active_pressure": round(active_tokens / settings.observationsPoolMaxTokens, 4),
+            "visible_pressure": round(visible_tokens / settings.observationsPoolMaxTokens, 4),
+            "active_over_target": active_tokens > settings.pool_target_tokens,
         },
-        lastErrors=errors,
+        last_errors=errors,
     )
 
 

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 
 class RecallSource(BaseModel):
-    entryId: str
+    entry_id: str
     role: str
-    timestamp: str
+    ts: str
     text: str
 
 
@@ -29,36 +29,36 @@ class RecallObservation(BaseModel):
     id: str
     status: Literal["active", "dropped"]
     content: str
-    timestamp: str
+    ts: str
     relevance: str
-    ledgerId: str
+    ledger_id: str
     matched: bool  # False: listed as a supporting observation of a matched reflection
-    sourceEntryIds: list[str]
-    missingSourceEntryIds: list[str] = Field(default_factory=list)
-    nonSourceEntryIds: list[str] = Field(default_factory=list)
+    source_entry_ids: list[str]
+    missing_source_entry_ids: list[str] = Field(default_factory=list)
+    non_source_entry_ids: list[str] = Field(default_factory=list)
     sources: list[RecallSource] = Field(default_factory=list)
-    sessionId: str | None = None
+    session_id: str | None = None
 
 
 class RecallReflection(BaseModel):
     id: str
     content: str
-    supportingObservationIds: list[str]
-    ledgerId: str
-    sessionId: str | None = None
+    supporting_observation_ids: list[str]
+    ledger_id: str
+    session_id: str | None = None
 
 
 class RecallGroup(BaseModel):
     """The matches in one session's branch: collision and partial are judged here, within one branch."""
 
-    sessionId: str
+    session_id: str
     tip: str
     kind: Literal["observation", "reflection", "mixed"] | None = None
     collision: bool = False
     partial: bool = False
     observations: list[RecallObservation] = Field(default_factory=list)
     reflections: list[RecallReflection] = Field(default_factory=list)
-    missingSupportingObservationIds: list[str] = Field(default_factory=list)
+    missing_supporting_observation_ids: list[str] = Field(default_factory=list)
 
 
 class RecallResult(BaseModel):
@@ -74,8 +74,8 @@ class RecallResult(BaseModel):
     partial: bool = False
     observations: list[RecallObservation] = Field(default_factory=list)
     reflections: list[RecallReflection] = Field(default_factory=list)
-    missingSupportingObservationIds: list[str] = Field(default_factory=list)
-    sessionIds: list[str] = Field(default_factory=list)
+    missing_supporting_observation_ids: list[str] = Field(default_factory=list)
+    session_ids: list[str] = Field(default_factory=list)
     sessions: list[RecallGroup] = Field(default_factory=list)
     message: str | None = None
 
@@ -86,20 +86,20 @@ class RecallResult(BaseModel):
 def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row: dict[str, Any], matched: bool,
                  resolved: dict[str, dict[str, Any]]) -> RecallObservation:
     item = RecallObservation(
-        id=row["id"], status=row["status"], content=row["content"], timestamp=row["ts"], relevance=row["relevance"],
-        ledgerId=row["ledger_id"], matched=matched, sourceEntryIds=list(row["source_entry_ids"]), sessionId=session_id,
+        id=row["id"], status=row["status"], content=row["content"], ts=row["ts"], relevance=row["relevance"],
+        ledger_id=row["ledger_id"], matched=matched, source_entry_ids=list(row["source_entry_ids"]), session_id=session_id,
     )
-    for entry_id in item.sourceEntryIds:
+    for entry_id in item.source_entry_ids:
         info = resolved.get(entry_id)
         if info is None or info["position"] is None:
-            item.missingSourceEntryIds.append(entry_id)
+            item.missing_source_entry_ids.append(entry_id)
         elif not info["is_source"]:
-            item.nonSourceEntryIds.append(entry_id)
+            item.non_source_entry_ids.append(entry_id)
         else:
             obj = loads_line(info["raw"])
             role = role_label(info["entry_type"], obj, info.get("role"))
-            item.sources.append(RecallSource(entryId=entry_id, role=role,
-                                             timestamp=minute(obj.get("timestamp")),
+            item.sources.append(RecallSource(entry_id=entry_id, role=role,
+                                             ts=minute(obj.get("timestamp")),
                                              text=entry_text(info["entry_type"], obj)))
     return item
 
@@ -124,16 +124,16 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     resolved = {r["entry_id"]: r for r in named_rows(con, "resolve_entries", {**params, "ids": sorted(cited)})} if cited else {}
 
     result = RecallResult(status="found" if obs_rows or refl_rows else "not_found", id=memory_id,
-                          sessionIds=[session_id] if obs_rows or refl_rows else [])
+                          session_ids=[session_id] if obs_rows or refl_rows else [])
     result.observations = [_observation(con, session_id, tip, r, True, resolved) for r in obs_rows]
-    result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledgerId=r["ledger_id"],
-                                           supportingObservationIds=list(r["supporting_observation_ids"]),
-                                           sessionId=session_id) for r in refl_rows]
-    matched_ids = {(o.id, o.ledgerId) for o in result.observations}
+    result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledger_id=r["ledger_id"],
+                                           supporting_observation_ids=list(r["supporting_observation_ids"]),
+                                           session_id=session_id) for r in refl_rows]
+    matched_ids = {(o.id, o.ledger_id) for o in result.observations}
     for sid in supporting_ids:
         row = first_support.get(sid)
         if row is None:
-            result.missingSupportingObservationIds.append(sid)
+            result.missing_supporting_observation_ids.append(sid)
         elif (row["id"], row["ledger_id"]) not in matched_ids:
             result.observations.append(_observation(con, session_id, tip, row, False, resolved))
     _finish(result, session_id, tip)
@@ -149,15 +149,15 @@ def _finish(result: RecallResult, session_id: str, tip: str) -> None:
     has_obs = any(o.matched for o in result.observations)
     result.kind = _kind(has_obs, bool(result.reflections))
     result.collision = sum(o.matched for o in result.observations) + len(result.reflections) > 1
-    result.partial = bool(result.missingSupportingObservationIds) or any(
-        o.missingSourceEntryIds or o.nonSourceEntryIds for o in result.observations)
+    result.partial = bool(result.missing_supporting_observation_ids) or any(
+        o.missing_source_entry_ids or o.non_source_entry_ids for o in result.observations)
     if result.status == "not_found":
         result.message = f"no observation or reflection with id {result.id} on this branch"
     else:
-        result.sessions = [RecallGroup(sessionId=session_id, tip=tip, kind=result.kind, collision=result.collision,
+        result.sessions = [RecallGroup(session_id=session_id, tip=tip, kind=result.kind, collision=result.collision,
                                        partial=result.partial, observations=result.observations,
                                        reflections=result.reflections,
-                                       missingSupportingObservationIds=result.missingSupportingObservationIds)]
+                                       missing_supporting_observation_ids=result.missing_supporting_observation_ids)]
 
 
 def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str | None = None) -> RecallResult:
@@ -176,11 +176,11 @@ def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str 
             if one.status != "found":
                 continue
             combined.status = "found"
-            combined.sessionIds.append(sid)
+            combined.session_ids.append(sid)
             combined.sessions += one.sessions
             combined.observations += one.observations
             combined.reflections += one.reflections
-            combined.missingSupportingObservationIds += one.missingSupportingObservationIds
+            combined.missing_supporting_observation_ids += one.missing_supporting_observation_ids
         groups = combined.sessions
         combined.kind = _kind(any(g.kind in ("observation", "mixed") for g in groups),
                               any(g.kind in ("reflection", "mixed") for g in groups))

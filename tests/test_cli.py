@@ -367,7 +367,7 @@ def test_cutpoint_budget_defaults_to_the_keep_recent_tokens_setting(two_sessions
     db, ids = two_sessions["db"], two_sessions["ids"]
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--json"], env={"OM_KEEP_RECENT_TOKENS": "150"})
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["firstKeptEntryId"] == ids["u2"]
+    assert json.loads(result.stdout)["first_kept_entry_id"] == ids["u2"]
 
 
 # ------------------------------------------------------------------ cutpoint and session references
@@ -377,17 +377,17 @@ def test_cutpoint_json_shape_and_values(two_sessions):
     db, ids = two_sessions["db"], two_sessions["ids"]
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "50", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"firstKeptEntryId": ids["a2"], "firstKeptPosition": 3,
-                                         "turnStartPosition": 2, "isSplitTurn": True, "tokensBefore": 120,
-                                         "cutPointRules": "pi-1.6"}
+    assert json.loads(result.stdout) == {"first_kept_entry_id": ids["a2"], "first_kept_position": 3,
+                                         "turn_start_position": 2, "is_split_turn": True, "tokens_before": 120,
+                                         "cut_point_rules": "pi-1.6"}
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "150", "--json"])
-    assert json.loads(result.stdout) == {"firstKeptEntryId": ids["u2"], "firstKeptPosition": 2,
-                                         "turnStartPosition": -1, "isSplitTurn": False, "tokensBefore": 120,
-                                         "cutPointRules": "pi-1.6"}
+    assert json.loads(result.stdout) == {"first_kept_entry_id": ids["u2"], "first_kept_position": 2,
+                                         "turn_start_position": -1, "is_split_turn": False, "tokens_before": 120,
+                                         "cut_point_rules": "pi-1.6"}
     result = invoke(["--db", str(db), "cutpoint", SID_A, "--leaf", ids["a1"], "--keep-recent", "50", "--json"])
-    assert json.loads(result.stdout) == {"firstKeptEntryId": ids["a1"], "firstKeptPosition": 1,
-                                         "turnStartPosition": 0, "isSplitTurn": True, "tokensBefore": 120,
-                                         "cutPointRules": "pi-1.6"}
+    assert json.loads(result.stdout) == {"first_kept_entry_id": ids["a1"], "first_kept_position": 1,
+                                         "turn_start_position": 0, "is_split_turn": True, "tokens_before": 120,
+                                         "cut_point_rules": "pi-1.6"}
     text = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "50"])
     assert text.exit_code == 0 and ids["a2"] in text.stdout and "tokensBefore 120" in text.stdout
 
@@ -399,12 +399,12 @@ def test_cutpoint_where_pi_declines_exits_non_zero_with_the_reason(two_sessions,
     assert result.exit_code == 1
     body = json.loads(result.stdout)
     assert body["compacts"] is False and "nothing to summarize" in body["reason"]
-    assert body["sessionId"] == SID_A and body["cutPointRules"] == "pi-1.6"
+    assert body["session_id"] == SID_A and body["cut_point_rules"] == "pi-1.6"
     text = run_om(["--db", str(db), "cutpoint", SID_A], cwd=tmp_path)
     assert text.returncode == 1 and "would not compact" in text.stderr and "Traceback" not in text.stderr
     # the earlier Pi compacts there (cutPoints[0]); --rules or OM_CUT_POINT_RULES pick those rules
     legacy = invoke(["--db", str(db), "cutpoint", SID_A, "--rules", "legacy", "--json"])
-    assert legacy.exit_code == 0 and json.loads(legacy.stdout)["firstKeptPosition"] == 0
+    assert legacy.exit_code == 0 and json.loads(legacy.stdout)["first_kept_position"] == 0
     env = invoke(["--db", str(db), "cutpoint", SID_A, "--json"], env={"OM_CUT_POINT_RULES": "legacy"})
     assert env.exit_code == 0 and env.stdout == legacy.stdout
     bad = invoke(["--db", str(db), "cutpoint", SID_A, "--rules", "pi-9"])
@@ -414,7 +414,7 @@ def test_cutpoint_where_pi_declines_exits_non_zero_with_the_reason(two_sessions,
 def test_session_argument_accepts_id_prefix_and_path(two_sessions, tmp_path, monkeypatch):
     db = two_sessions["db"]
     expected = invoke(["--db", str(db), "cutpoint", SID_A, "--keep-recent", "150", "--json"]).stdout
-    assert json.loads(expected)["firstKeptPosition"] == 2
+    assert json.loads(expected)["first_kept_position"] == 2
     for ref in ("abc1", "abc11111-0000", str(two_sessions["a"])):
         result = invoke(["--db", str(db), "cutpoint", ref, "--keep-recent", "150", "--json"])
         assert result.exit_code == 0, (ref, result.output)
@@ -513,9 +513,9 @@ def test_real_session_cutpoints(real_db, ref, session_id, first_kept, turn_start
         db, "SELECT b.entry_id, e.role, e.line_no FROM branch(?, ?) b JOIN entries e "
             "ON e.session_id = ? AND e.entry_id = b.entry_id WHERE b.position = ?",
         [session_id, leaf, session_id, first_kept])[0]
-    assert got == {"firstKeptEntryId": kept_id, "firstKeptPosition": first_kept, "turnStartPosition": turn_start,
-                   "isSplitTurn": True, "tokensBefore": 177657 if session_id == LARGE_ID else 180820,
-                   "cutPointRules": "pi-1.6"}
+    assert got == {"first_kept_entry_id": kept_id, "first_kept_position": first_kept, "turn_start_position": turn_start,
+                   "is_split_turn": True, "tokens_before": 177657 if session_id == LARGE_ID else 180820,
+                   "cut_point_rules": "pi-1.6"}
     assert kept_role == "assistant"
     assert kept_line == first_kept + 2  # a linear v1 file: position p is line p + 2
     (turn_role,) = q(db, "SELECT e.role FROM branch(?, ?) b JOIN entries e ON e.session_id = ? "
@@ -608,7 +608,7 @@ def test_compact_without_first_kept_uses_pis_cut_point_and_says_so(two_sessions,
     derived = run_om(["--db", db, "compact", SID_A, "--json"], cwd=tmp_path, env=env)
     explicit = run_om(["--db", db, "compact", SID_A, "--first-kept", ids["u2"], "--json"], cwd=tmp_path, env=env)
     data = json.loads(derived.stdout)
-    assert data.pop("cutPoint")["firstKeptEntryId"] == ids["u2"]
+    assert data.pop("cut_point")["first_kept_entry_id"] == ids["u2"]
     assert data == json.loads(explicit.stdout)
     result = run_om(["--db", db, "compact", SID_A, "--first-kept", ids["u2"]], cwd=tmp_path, env=env)
     assert "cut point" not in result.stderr

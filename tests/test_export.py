@@ -158,8 +158,8 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     ingest(fresh, [out])
     cut = json.loads(run(["--db", str(fresh), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
     original = json.loads(run(["--db", str(db_path), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
-    assert cut["firstKeptEntryId"] == original["firstKeptEntryId"]  # the records after the tip change nothing
-    first_kept = cut["firstKeptEntryId"]
+    assert cut["first_kept_entry_id"] == original["first_kept_entry_id"]  # the records after the tip change nothing
+    first_kept = cut["first_kept_entry_id"]
     position = {e["id"]: i for i, e in enumerate(b.entries)}
     f = position[first_kept]
     with dbmod.reading(fresh) as con:
@@ -288,18 +288,18 @@ def test_with_no_folded_compaction_in_the_file_nothing_is_visible(tmp_path):
     # om status: visible counts 0, the replayed block says what the simulation shows, drift is against visible
     status = json.loads(run(["--db", str(db_path), "status", sid, "--json"]))
     assert status["observations"]["visible"] == 0 and status["reflections"]["visible"] == 0
-    assert status["visibleCompaction"] is None and status["pools"]["visibleTokens"] == 0
-    assert status["drift"]["observationsOnlyInFull"] == [o["id"] for o in full["observations"]]
+    assert status["visible_compaction"] is None and status["pools"]["visible_tokens"] == 0
+    assert status["drift"]["observations_only_in_full"] == [o["id"] for o in full["observations"]]
     replayed = status["replayed"]
-    assert replayed["label"] == "replayed" and replayed["simulatedCompactions"] >= 1
-    assert replayed["compaction"]["compactionId"] == cid and replayed["compaction"]["origin"] == "simulated"
+    assert replayed["label"] == "replayed" and replayed["simulated_compactions"] >= 1
+    assert replayed["compaction"]["compaction_id"] == cid and replayed["compaction"]["origin"] == "simulated"
     assert (replayed["observations"], replayed["reflections"]) == (len(simulated["observations"]),
                                                                    len(simulated["reflections"]))
-    assert replayed["observationTokens"] == sum(o["tokenCount"] for o in simulated["observations"])
+    assert replayed["observation_tokens"] == sum(o["tokenCount"] for o in simulated["observations"])
     full_ids = {o["id"] for o in full["observations"]}
-    assert replayed["drift"]["observationsOnlyInFull"] == [
+    assert replayed["drift"]["observations_only_in_full"] == [
         o["id"] for o in full["observations"] if o["id"] not in {s["id"] for s in simulated["observations"]}]
-    assert replayed["drift"]["visibleNoLongerActive"] == [
+    assert replayed["drift"]["visible_no_longer_active"] == [
         o["id"] for o in simulated["observations"] if o["id"] not in full_ids]
     text = run(["--db", str(db_path), "status", sid])
     assert "visible: nothing" in text and "replayed (the replay's simulated compactions" in text
@@ -370,7 +370,7 @@ def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before
     assert simulated["observations"]
     assert view_json(db_path, sid, "--replayed") == simulated
     status = json.loads(run(["--db", str(db_path), "status", sid, "--json"]))
-    assert status["observations"]["visible"] == 0 and status["replayed"]["compaction"]["compactionId"] == cid
+    assert status["observations"]["visible"] == 0 and status["replayed"]["compaction"]["compaction_id"] == cid
     out = tmp_path / "exported.jsonl"
     run(["--db", str(db_path), "export", sid, "--out", str(out)])
     fresh = tmp_path / "fresh.duckdb"
@@ -412,7 +412,7 @@ def test_export_compact_appends_a_compaction_pi_reads_and_it_is_the_visible_memo
     plain_db = tmp_path / "plain.duckdb"
     ingest(plain_db, [without])
     cut = json.loads(run(["--db", str(plain_db), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
-    assert (entry["firstKeptEntryId"], entry["tokensBefore"]) == (cut["firstKeptEntryId"], cut["tokensBefore"])
+    assert (entry["firstKeptEntryId"], entry["tokensBefore"]) == (cut["first_kept_entry_id"], cut["tokens_before"])
     # re-ingested: its last compaction's summary and details equal om compact at that cut, and it is
     # the visible memory
     fresh = tmp_path / "fresh.duckdb"

@@ -249,19 +249,19 @@ def test_compact_at_first_kept_reproduces_the_extensions_compaction(om, first_ke
     if leaf is not None:
         args += ["--leaf", leaf]
     got = om.json(*args)
-    assert got["fullFold"] is details["fullFold"]
+    assert got["full_fold"] is details["fullFold"]
     assert got["observations"] == [x["id"] for x in details["observations"]]
     assert got["reflections"] == [x["id"] for x in details["reflections"]]
     assert got["details"] == details
     assert got["summary"].endswith(
         f"[{details['observations'][-1]['id']}] {details['observations'][-1]['timestamp']} "
         f"[{details['observations'][-1]['relevance']}] {details['observations'][-1]['content']}")
-    assert set(got) == {"fullFold", "observations", "reflections", "summary", "details"}
+    assert set(got) == {"full_fold", "observations", "reflections", "summary", "details"}
 
 
 def test_compact_with_the_default_pool_does_not_fold_at_c2(om):
     got = om.json("compact", SID, "--first-kept", E[20], "--leaf", E[21])  # pool 20000: 168 is far below
-    assert got["fullFold"] is False
+    assert got["full_fold"] is False
     assert got["observations"] == [O1["id"], O2["id"], O3["id"], O4["id"], O5["id"]]
     assert got["reflections"] == []
 
@@ -276,12 +276,12 @@ def test_compact_rejects_a_first_kept_entry_off_the_branch(om):
 
 def test_status_json(om):
     s = om.json("status", SID)
-    assert set(s) >= {"session_id", "tip", "observations", "reflections", "drift", "clocks", "pools", "lastErrors"}
+    assert set(s) >= {"session_id", "tip", "observations", "reflections", "drift", "clocks", "pools", "last_errors"}
     assert (s["session_id"], s["tip"]) == (SID, E[32])
     assert s["observations"] == {"recorded": 8, "active": 5, "dropped": 3, "visible": 5}
     assert s["reflections"] == {"recorded": 3, "visible": 2}
-    assert s["drift"] == {"observationsOnlyInFull": [O8["id"]], "reflectionsOnlyInFull": [R3["id"]],
-                          "visibleNoLongerActive": [O5["id"]]}
+    assert s["drift"] == {"observations_only_in_full": [O8["id"]], "reflections_only_in_full": [R3["id"]],
+                          "visible_no_longer_active": [O5["id"]]}
     clocks = {name: (c["tokens_pi"], c["threshold"], c["due"], c["watermark_entry_id"]) for name, c in s["clocks"].items()}
     assert clocks == {
         "observer": (8, 10_000, False, E[29]),  # E32
@@ -290,10 +290,10 @@ def test_status_json(om):
         "compaction": (27, 81_000, False, E[30]),  # from C3's first kept entry E28: E28 E29 E32
     }
     p = s["pools"]
-    assert (p["activeTokens"], p["visibleTokens"]) == (35 + 33 + 26 + 25 + 25, 157)
-    assert (p["maxTokens"], p["targetTokens"], p["activeOverTarget"]) == (20_000, 10_000, False)
-    assert (p["activePressure"], p["visiblePressure"]) == pytest.approx((144 / 20_000, 157 / 20_000), abs=1e-4)
-    assert s["lastErrors"] == []
+    assert (p["active_tokens"], p["visible_tokens"]) == (35 + 33 + 26 + 25 + 25, 157)
+    assert (p["max_tokens"], p["target_tokens"], p["active_over_target"]) == (20_000, 10_000, False)
+    assert (p["active_pressure"], p["visible_pressure"]) == pytest.approx((144 / 20_000, 157 / 20_000), abs=1e-4)
+    assert s["last_errors"] == []
 
 
 def test_status_at_an_interior_leaf(om):
@@ -301,8 +301,8 @@ def test_status_at_an_interior_leaf(om):
     assert s["tip"] == E[21]
     assert s["observations"] == {"recorded": 5, "active": 3, "dropped": 2, "visible": 3}
     assert s["reflections"] == {"recorded": 2, "visible": 0}
-    assert s["drift"] == {"observationsOnlyInFull": [O5["id"]], "reflectionsOnlyInFull": [R1["id"], R2["id"]],
-                          "visibleNoLongerActive": [O2["id"]]}
+    assert s["drift"] == {"observations_only_in_full": [O5["id"]], "reflections_only_in_full": [R1["id"], R2["id"]],
+                          "visible_no_longer_active": [O2["id"]]}
 
 
 # ---------------------------------------------------------------- om recall
@@ -311,25 +311,25 @@ def test_status_at_an_interior_leaf(om):
 def test_recall_json_of_a_dropped_observation(om):
     got = om.json("recall", O5["id"])  # no --session: every session is searched
     assert {"status", "kind", "collision", "partial", "observations", "reflections",
-            "missingSupportingObservationIds"} <= set(got)
+            "missing_supporting_observation_ids"} <= set(got)
     assert (got["status"], got["kind"], got["collision"], got["partial"]) == ("found", "observation", False, False)
-    assert got["sessionIds"] == [SID]
+    assert got["session_ids"] == [SID]
     [o] = got["observations"]
-    assert {k: o[k] for k in ("id", "status", "sourceEntryIds", "missingSourceEntryIds", "nonSourceEntryIds")} == {
-        "id": O5["id"], "status": "dropped", "sourceEntryIds": [E[12], E[13]], "missingSourceEntryIds": [],
-        "nonSourceEntryIds": []}
-    assert [(x["entryId"], x["text"]) for x in o["sources"]] == [
+    assert {k: o[k] for k in ("id", "status", "source_entry_ids", "missing_source_entry_ids", "non_source_entry_ids")} == {
+        "id": O5["id"], "status": "dropped", "source_entry_ids": [E[12], E[13]], "missing_source_entry_ids": [],
+        "non_source_entry_ids": []}
+    assert [(x["entry_id"], x["text"]) for x in o["sources"]] == [
         (E[12], "Now add rate limiting: 100 requests per minute per API key."),
         (E[13], "Added rate limiting in middleware.ts; over the limit it answers 429 with Retry-After.")]
-    assert got["reflections"] == [] and got["missingSupportingObservationIds"] == []
+    assert got["reflections"] == [] and got["missing_supporting_observation_ids"] == []
 
 
 def test_recall_json_of_a_reflection(om):
     got = om.json("recall", R1["id"], "--session", SID)
     assert (got["status"], got["kind"], got["collision"], got["partial"]) == ("found", "reflection", False, False)
-    assert [{k: r[k] for k in ("id", "content", "supportingObservationIds")} for r in got["reflections"]] == [
-        {"id": R1["id"], "content": R1["content"], "supportingObservationIds": [O3["id"], O4["id"]]}]
-    assert [(o["id"], o["status"], [s["entryId"] for s in o["sources"]]) for o in got["observations"]] == [
+    assert [{k: r[k] for k in ("id", "content", "supporting_observation_ids")} for r in got["reflections"]] == [
+        {"id": R1["id"], "content": R1["content"], "supporting_observation_ids": [O3["id"], O4["id"]]}]
+    assert [(o["id"], o["status"], [s["entry_id"] for s in o["sources"]]) for o in got["observations"]] == [
         (O3["id"], "active", [E[7]]), (O4["id"], "dropped", [E[10], E[11]])]
     # before the reflection was recorded
     before = om("recall", R1["id"], "--session", SID, "--leaf", E[15], "--json", code=1)  # an unknown id: exit 1

@@ -252,7 +252,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     from om_core.memory import status
 
     shown = status(workspace(db), "00000002")
-    assert shown.lastErrors and "BadRequestError" in shown.lastErrors[0]["detail"]
+    assert shown.last_errors and "BadRequestError" in shown.last_errors[0]["detail"]
 
 
 def json_error(status: int):

@@ -98,7 +98,7 @@ def test_cross_boundary_when_a_batch_reaches_past_f(tmp_path):
     assert c.gap_messages == 3  # a1, u2, a2: raw messages in neither the summary nor the kept tail
     [safe] = gaps(workspace(db), gap_safe=True).compactions
     assert (safe.first_kept_position, safe.gap_messages, safe.class_) == (1, 0, "no_gap")
-    assert safe.gap_safe["plainFirstKeptEntryId"] == u3 and safe.gap_safe["keptTailGrowthTokens"] > 0
+    assert safe.gap_safe["plain_first_kept_entry_id"] == u3 and safe.gap_safe["kept_tail_growth_tokens"] > 0
 
 
 def test_gap_safe_moves_f_back_to_the_first_uncovered_message_and_never_forward():
@@ -155,7 +155,7 @@ def test_before_compaction_gaps_with_the_offline_baseline(tmp_path, before_compa
     assert safe["compactions"] and all(c["gap_messages"] == 0 for c in safe["compactions"])
     assert all(c["class"] in ("no_gap", "native_fallback") for c in safe["compactions"])
     moved = [c for c in safe["compactions"] if c["gap_safe"] and c["gap_safe"]["moved"]]
-    assert moved and all(c["gap_safe"]["keptTailGrowthTokens"] > 0 for c in moved)
+    assert moved and all(c["gap_safe"]["kept_tail_growth_tokens"] > 0 for c in moved)
 
 
 def test_compaction_gaps_library_matches_view(tmp_path):

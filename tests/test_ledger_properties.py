@@ -273,7 +273,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
         assert norm(wire(got.observations)) == norm(obs), replayed
         assert norm(wire(got.reflections)) == norm(refl), replayed
         d = memory.drift(con, session_id, tip, replayed)
-        assert (d.observationsOnlyInFull, d.reflectionsOnlyInFull, d.visibleNoLongerActive) == world.drift(tip, replayed)
+        assert (d.observations_only_in_full, d.reflections_only_in_full, d.visible_no_longer_active) == world.drift(tip, replayed)
     # compaction projection at sampled F and pool limits
     for first_kept in rng.sample(path, 1):
         pool = rng.choice(sc["pools"])
@@ -298,7 +298,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
             assert got.collision == expected["collision"]
             assert got.partial == expected["partial"]
             assert [o.status for o in got.observations if o.matched] == expected["observation_statuses"]
-            assert got.missingSupportingObservationIds == expected["missing_support"]
+            assert got.missing_supporting_observation_ids == expected["missing_support"]
 
 
 @pytest.fixture(scope="module")

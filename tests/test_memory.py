@@ -358,7 +358,7 @@ def test_om_compact_json_gives_null_summary_for_an_empty_projection(db_path, tmp
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["summary"] is None
-    assert (data["fullFold"], data["observations"], data["reflections"]) == (False, [], [])
+    assert (data["full_fold"], data["observations"], data["reflections"]) == (False, [], [])
     result = runner.invoke(app, ["--db", str(db_path), "compact", sb.session_id, "--first-kept", E[2]])
     assert result.exit_code == 0 and result.stdout == ""  # nothing rendered; the note goes to stderr
     result = runner.invoke(app, ["--db", str(db_path), "view", sb.session_id])
@@ -437,14 +437,14 @@ def test_visible_counts_only_the_files_compactions_and_replayed_adds_simulated_o
     assert memory.visible_memory(con, sid, E[6]).wire() == file_lists
     assert memory.replayed_memory(con, sid, E[6]).wire() == lists(late)
     d, dr = memory.drift(con, sid, E[6]), memory.drift(con, sid, E[6], replayed=True)
-    assert (d.observationsOnlyInFull, d.total) == ([mid("beta")], 1)
+    assert (d.observations_only_in_full, d.total) == ([mid("beta")], 1)
     assert dr.total == 0
     visible_ref, replayed_ref, simulated = memory.latest_folds(con, sid, E[6])
-    assert (visible_ref.compactionId, visible_ref.origin, visible_ref.firstKeptEntryId) == (E[4], "imported", E[2])
-    assert (replayed_ref.compactionId, replayed_ref.origin, simulated) == (late_id, "simulated", 2)
+    assert (visible_ref.compaction_id, visible_ref.origin, visible_ref.first_kept_entry_id) == (E[4], "imported", E[2])
+    assert (replayed_ref.compaction_id, replayed_ref.origin, simulated) == (late_id, "simulated", 2)
     s = memory.memory_status(con, sid, E[6])
-    assert (s.observations["visible"], s.visibleCompaction.compactionId) == (1, E[4])
-    assert (s.replayed.observations, s.replayed.compaction.compactionId, s.replayed.simulatedCompactions) == (
+    assert (s.observations["visible"], s.visible_compaction.compaction_id) == (1, E[4])
+    assert (s.replayed.observations, s.replayed.compaction.compaction_id, s.replayed.simulated_compactions) == (
         2, late_id, 2)
     assert s.drift == d and s.replayed.drift == dr
     assert memory.latest_folds(con, sid, E[1]) == (None, None, 0)
@@ -468,12 +468,12 @@ def test_drift_lists_the_three_differences(con):
     sb.assistant("four")  # E11
     sid = load(con, sb)
     d = memory.drift(con, sid, E[11])
-    assert d.observationsOnlyInFull == [mid("gamma")]
-    assert d.reflectionsOnlyInFull == [mid("rule two")]
-    assert d.visibleNoLongerActive == [mid("alpha"), mid("epsilon")]
+    assert d.observations_only_in_full == [mid("gamma")]
+    assert d.reflections_only_in_full == [mid("rule two")]
+    assert d.visible_no_longer_active == [mid("alpha"), mid("epsilon")]
     # before the compaction nothing is visible: all of full memory is drift
     d = memory.drift(con, sid, E[4])
-    assert (d.observationsOnlyInFull, d.reflectionsOnlyInFull, d.visibleNoLongerActive) == (
+    assert (d.observations_only_in_full, d.reflections_only_in_full, d.visible_no_longer_active) == (
         [mid("alpha"), mid("beta")], [mid("rule one")], [])
 
 

@@ -95,8 +95,8 @@ def brief(result) -> tuple:
 
 
 def evidence(obs) -> tuple:
-    return (obs.id, obs.status, obs.matched, obs.sourceEntryIds, obs.missingSourceEntryIds, obs.nonSourceEntryIds,
-            [(s.entryId, s.text) for s in obs.sources])
+    return (obs.id, obs.status, obs.matched, obs.source_entry_ids, obs.missing_source_entry_ids, obs.non_source_entry_ids,
+            [(s.entry_id, s.text) for s in obs.sources])
 
 
 # ---------------------------------------------------------------- status
@@ -121,7 +121,7 @@ def test_invalid_id_on_the_command_line(db):
 def test_an_unknown_id_is_not_found(db):
     result = recall(workspace(db), "0123456789ab", S1)
     assert brief(result) == ("not_found", None, False, False)
-    assert (result.observations, result.reflections, result.missingSupportingObservationIds) == ([], [], [])
+    assert (result.observations, result.reflections, result.missing_supporting_observation_ids) == ([], [], [])
     assert brief(recall(workspace(db), "0123456789ab")) == ("not_found", None, False, False)
 
 
@@ -134,7 +134,7 @@ def test_an_observation_with_its_exact_source_text(db):
     assert [evidence(x) for x in result.observations] == [
         (mid(D), "active", True, [E[2]], [], [], [(E[2], "DuckDB it is.")])]
     assert result.reflections == []
-    assert result.sessionIds == [S1]
+    assert result.session_ids == [S1]
 
 
 def test_the_command_prints_source_text_exactly(db):
@@ -152,7 +152,7 @@ def test_an_id_recorded_twice_is_a_collision_listing_both(db):
         (mid(A), "active", True, [E[1], E[2]], [], [], [(E[1], USER_TEXT), (E[2], "DuckDB it is.")]),
         (mid(A), "active", True, [E[6]], [], [], [(E[6], "Also keep the tests offline.")]),
     ]
-    assert [(x.timestamp, x.relevance, x.ledgerId) for x in result.observations] == [
+    assert [(x.ts, x.relevance, x.ledger_id) for x in result.observations] == [
         ("2026-01-15 14:01", "high", E[5]), ("2026-01-15 14:06", "low", E[7])]
 
 
@@ -182,14 +182,14 @@ def test_recall_ignores_watermarks_but_not_validity(db):
 def test_a_reflection_with_supporting_observations_at_their_first_occurrence(db):
     result = recall(workspace(db), mid(R), S1)
     assert brief(result) == ("found", "reflection", False, True)
-    assert [(x.id, x.content, x.supportingObservationIds, x.ledgerId) for x in result.reflections] == [
+    assert [(x.id, x.content, x.supporting_observation_ids, x.ledger_id) for x in result.reflections] == [
         (mid(R), R, [mid(A), mid(C), mid(NEVER)], E[8])]
     assert [evidence(x) for x in result.observations] == [
         (mid(A), "active", False, [E[1], E[2]], [], [], [(E[1], USER_TEXT), (E[2], "DuckDB it is.")]),
         (mid(C), "active", False, [E[6], E[3]], [E[3]], [], [(E[6], "Also keep the tests offline.")]),
     ]
-    assert [x.ledgerId for x in result.observations] == [E[5], E[7]]  # A's first record, not E7
-    assert result.missingSupportingObservationIds == [mid(NEVER)]
+    assert [x.ledger_id for x in result.observations] == [E[5], E[7]]  # A's first record, not E7
+    assert result.missing_supporting_observation_ids == [mid(NEVER)]
 
 
 def test_an_id_that_is_both_kinds_is_mixed(db):
@@ -197,7 +197,7 @@ def test_an_id_that_is_both_kinds_is_mixed(db):
     assert brief(result) == ("found", "mixed", True, True)  # partial: the supporting C cites E3
     assert [(x.id, x.matched) for x in result.observations] == [(mid(X), True), (mid(C), False)]
     assert [x.id for x in result.reflections] == [mid(X)]
-    assert result.missingSupportingObservationIds == []
+    assert result.missing_supporting_observation_ids == []
 
 
 # ---------------------------------------------------------------- the branch, and all sessions
@@ -215,16 +215,16 @@ def test_recall_searches_only_the_branch_to_the_leaf(db):
 def test_without_a_session_every_session_is_searched_and_named(db):
     only_two = recall(workspace(db), mid("Only in session two."))
     assert brief(only_two) == ("found", "observation", False, False)
-    assert only_two.sessionIds == [S2]
-    assert [(x.sessionId, x.sources[0].text) for x in only_two.observations] == [(S2, "We use DuckDB here too.")]
+    assert only_two.session_ids == [S2]
+    assert [(x.session_id, x.sources[0].text) for x in only_two.observations] == [(S2, "We use DuckDB here too.")]
 
     both = recall(workspace(db), mid(A))
     assert brief(both) == ("found", "observation", True, False)  # session one recorded A twice
-    assert both.sessionIds == [S1, S2]
-    assert [(x.sessionId, x.ledgerId, x.sourceEntryIds) for x in both.observations] == [
+    assert both.session_ids == [S1, S2]
+    assert [(x.session_id, x.ledger_id, x.source_entry_ids) for x in both.observations] == [
         (S1, E[5], [E[1], E[2]]), (S1, E[7], [E[6]]), (S2, E[2], [E[1]])]
     # grouped by session, each branch judged on its own
-    assert [(g.sessionId, g.tip, g.kind, g.collision, g.partial, [x.ledgerId for x in g.observations])
+    assert [(g.session_id, g.tip, g.kind, g.collision, g.partial, [x.ledger_id for x in g.observations])
             for g in both.sessions] == [(S1, E[14], "observation", True, False, [E[5], E[7]]),
                                         (S2, E[2], "observation", False, False, [E[2]])]
 
@@ -233,17 +233,17 @@ def test_the_same_content_in_two_sessions_is_no_collision(db):
     # D is recorded once in each session: the same text hashes to the same id, which is not a collision
     got = recall(workspace(db), mid(D))
     assert brief(got) == ("found", "observation", False, False)
-    assert got.sessionIds == [S1, S2]
-    assert [(g.sessionId, g.collision, [(x.sessionId, x.sources[0].text) for x in g.observations])
+    assert got.session_ids == [S1, S2]
+    assert [(g.session_id, g.collision, [(x.session_id, x.sources[0].text) for x in g.observations])
             for g in got.sessions] == [(S1, False, [(S1, "DuckDB it is.")]),
                                        (S2, False, [(S2, "We use DuckDB here too.")])]
     # one session asked for: one group, the same verdict
     one = recall(workspace(db), mid(D), S2)
     assert brief(one) == ("found", "observation", False, False)
-    assert [(g.sessionId, g.tip) for g in one.sessions] == [(S2, E[2])]
+    assert [(g.session_id, g.tip) for g in one.sessions] == [(S2, E[2])]
     # the JSON groups them too, and the command prints each session under its own heading
     data = json.loads(CliRunner().invoke(app, ["--db", str(db), "recall", mid(D), "--json"]).stdout)
-    assert [(g["sessionId"], g["collision"], [x["ledgerId"] for x in g["observations"]])
+    assert [(g["session_id"], g["collision"], [x["ledger_id"] for x in g["observations"]])
             for g in data["sessions"]] == [(S1, False, [E[5]]), (S2, False, [E[2]])]
     assert data["collision"] is False
     text = CliRunner().invoke(app, ["--db", str(db), "recall", mid(D)]).stdout
@@ -261,5 +261,5 @@ def test_a_migrated_hook_message_is_labelled_as_pi_reads_it(tmp_path):
     db = tmp_path / "om.duckdb"
     ingest(db, [sb.write(tmp_path / "v2.jsonl")])
     result = recall(workspace(db), mid("A todo list is kept."), sb.session_id)
-    assert [(s.entryId, s.role, s.text) for s in result.observations[0].sources] == [
+    assert [(s.entry_id, s.role, s.text) for s in result.observations[0].sources] == [
         (hook, "Extension message (todo)", "Remember the todo list.")]

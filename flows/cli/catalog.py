@@ -139,11 +139,11 @@ def cutpoint(
     except PiDeclines as declined:
         if not as_json:
             raise
-        print_json({"compacts": False, "reason": declined.reason, "sessionId": declined.session_id,
-                    "leaf": declined.tip, "cutPointRules": declined.rules})
+        print_json({"compacts": False, "reason": declined.reason, "session_id": declined.session_id,
+                    "leaf": declined.tip, "cut_point_rules": declined.rules})
         raise typer.Exit(declined.exit_code) from None
     if as_json:
-        print_json(result.model_dump())
+        print_json(result.as_json())
     else:
         out.print(
             f"first kept entry {result.firstKeptEntryId} at position {result.firstKeptPosition}; "

@@ -33,7 +33,7 @@ def view(
     summary = result.memory.summary()
     if result.which == "replayed" and result.compaction is not None:
         source = "simulated" if result.compaction.origin == "simulated" else "the session file's own"
-        err.print(f"replayed memory ({source} compaction {result.compaction.compactionId}): what the extension "
+        err.print(f"replayed memory ({source} compaction {result.compaction.compaction_id}): what the extension "
                   "would have shown, not what the agent saw")
     if summary is None:
         what = {"full": "full memory", "replayed": "replayed memory (no folded compaction, simulated or not, on "
@@ -41,7 +41,7 @@ def view(
         err.print(f"{what} is empty at {result.tip}")
         if result.which == "visible":
             err.print("the session file holds no om.folded compaction on this branch" if result.compaction is None
-                      else f"its latest om.folded compaction {result.compaction.compactionId} holds no items")
+                      else f"its latest om.folded compaction {result.compaction.compaction_id} holds no items")
             if result.fullCounts and any(result.fullCounts):
                 err.print(f"full memory holds {result.fullCounts[0]} observation(s) and {result.fullCounts[1]} "
                           "reflection(s): om view --full")
@@ -91,8 +91,8 @@ def compact(
     pool = pool_max if pool_max is not None else settings.observationsPoolMaxTokens
     result = run_compact(ws, session, first_kept, leaf, pool)
     if as_json:
-        print_json({**result.as_json(), **({"cutPoint": cut.model_dump()} if cut else {}),
-                    **({"gapSafe": boundary.as_json()} if boundary else {})})
+        print_json({**result.as_json(), **({"cut_point": cut.as_json()} if cut else {}),
+                    **({"gap_safe": boundary.as_json()} if boundary else {})})
         return
     if boundary is not None:
         err.print(f"gap-safe first kept entry: {boundary.first_kept} (plain {boundary.plain_first_kept}; the kept "
@@ -137,7 +137,7 @@ def _print_recall(result) -> None:
         flags = [f for f, on in (("collision", x.collision), ("partial", x.partial)) if on]
         return f"{x.kind}" + (f" ({', '.join(flags)})" if flags else "")
 
-    out.print(f"[bold]{result.id}[/]: {flagged(result)} in {', '.join(result.sessionIds)}")
+    out.print(f"[bold]{result.id}[/]: {flagged(result)} in {', '.join(result.session_ids)}")
 
     def exact(text: str) -> None:
         # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
@@ -146,26 +146,26 @@ def _print_recall(result) -> None:
 
     for group in result.sessions:  # each session's branch on its own (SPEC §6)
         if len(result.sessions) > 1:
-            out.print(f"\n[bold]session {escape(group.sessionId)}[/] at {escape(group.tip)}: {flagged(group)}")
+            out.print(f"\n[bold]session {escape(group.session_id)}[/] at {escape(group.tip)}: {flagged(group)}")
         for r in group.reflections:
             out.print("\n[bold]reflection[/] ", end="")
             exact(f"[{r.id}] {r.content}")
-            out.print(f"  supported by {', '.join(r.supportingObservationIds)}")
+            out.print(f"  supported by {', '.join(r.supporting_observation_ids)}")
         for o in group.observations:
             label = "observation" if o.matched else "supporting observation"
             out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
-            exact(f"[{o.id}] {o.timestamp} [{o.relevance}] {o.content}")
+            exact(f"[{o.id}] {o.ts} [{o.relevance}] {o.content}")
             for src in o.sources:
                 # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
-                out.print(f"[dim]--- source {escape(src.entryId)} {escape(src.role or '')} "
-                          f"@ {escape(src.timestamp or '')}[/]")
+                out.print(f"[dim]--- source {escape(src.entry_id)} {escape(src.role or '')} "
+                          f"@ {escape(src.ts or '')}[/]")
                 exact(src.text)
-            if o.missingSourceEntryIds:
-                out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missingSourceEntryIds)}")
-            if o.nonSourceEntryIds:
-                out.print(f"  [yellow]not source entries:[/] {', '.join(o.nonSourceEntryIds)}")
-        if group.missingSupportingObservationIds:
-            out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missingSupportingObservationIds)}")
+            if o.missing_source_entry_ids:
+                out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missing_source_entry_ids)}")
+            if o.non_source_entry_ids:
+                out.print(f"  [yellow]not source entries:[/] {', '.join(o.non_source_entry_ids)}")
+        if group.missing_supporting_observation_ids:
+            out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missing_supporting_observation_ids)}")
 
 
 @app.command(epilog=examples('om status SESSION', 'om status SESSION --leaf ID --json'))
@@ -186,23 +186,23 @@ def status(
     out.print(f"observations: {o['recorded']} recorded, {o['active']} active, {o['dropped']} dropped, "
               f"{o['visible']} visible")
     out.print(f"reflections: {r['recorded']} recorded, {r['visible']} visible")
-    out.print(f"drift: {len(s.drift.observationsOnlyInFull)} observation(s) and {len(s.drift.reflectionsOnlyInFull)} "
-              f"reflection(s) only in full memory; {len(s.drift.visibleNoLongerActive)} visible but no longer active")
-    if s.visibleCompaction is None and (o["active"] or r["recorded"]):
+    out.print(f"drift: {len(s.drift.observations_only_in_full)} observation(s) and {len(s.drift.reflections_only_in_full)} "
+              f"reflection(s) only in full memory; {len(s.drift.visible_no_longer_active)} visible but no longer active")
+    if s.visible_compaction is None and (o["active"] or r["recorded"]):
         out.print("visible: nothing (the session file holds no om.folded compaction on this branch; "
                   "full memory: om view --full)")
     x = s.replayed
-    if x.simulatedCompactions and x.compaction is not None:
+    if x.simulated_compactions and x.compaction is not None:
         out.print(f"replayed (the replay's simulated compactions, not what the agent saw): {x.observations} "
                   f"observations, {x.reflections} reflections from {x.compaction.origin} compaction "
-                  f"{x.compaction.compactionId}; {x.drift.total} item(s) of drift: om view --replayed")
+                  f"{x.compaction.compaction_id}; {x.drift.total} item(s) of drift: om view --replayed")
     print_rows(["clock", "tokens", "basis", "threshold", "due", "since"],
                [[c.name, str(c.tokens), c.basis + (f" (fallback: {c.fallback})" if c.fallback else ""),
                  "" if c.threshold is None else str(c.threshold),
                  "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start"]
                 for c in s.clocks.values()])
-    out.print(f"pools: active {p['activeTokens']} / target {p['targetTokens']} / max {p['maxTokens']} tokens "
-              f"({p['activePressure']:.0%}); visible {p['visibleTokens']} ({p['visiblePressure']:.0%})")
-    for e in s.lastErrors:
+    out.print(f"pools: active {p['active_tokens']} / target {p['target_tokens']} / max {p['max_tokens']} tokens "
+              f"({p['active_pressure']:.0%}); visible {p['visible_tokens']} ({p['visible_pressure']:.0%})")
+    for e in s.last_errors:
         out.print(f"[yellow]{e.get('source')}[/]: " + escape(f"{e.get('reason')} {e.get('detail') or ''}"),
                   highlight=False)

@@ -56,8 +56,8 @@ def export(
                   f"{report.relinked} entr(ies) re-linked after records")
         if report.compaction is not None:
             c = report.compaction
-            out.print(f"compaction {c['id']} at the tip: first kept entry {c['firstKeptEntryId']}, "
-                      f"tokensBefore {c['tokensBefore']}")
+            out.print(f"compaction {c['id']} at the tip: first kept entry {c['first_kept_entry_id']}, "
+                      f"tokensBefore {c['tokens_before']}")
         elif report.compaction_skipped:
             err.print(f"[yellow]no compaction written[/]: {escape(report.compaction_skipped)}")
 

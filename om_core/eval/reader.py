@@ -70,9 +70,9 @@ def recall_tool(db: Any, session_id: str, tip: str) -> Callable[[str], str]:
         for r in result.reflections:
             lines.append(f"Reflection [{r.id}]: {r.content} (supported by {', '.join(r.supportingObservationIds)})")
         for o in result.observations:
-            lines.append(f"Observation [{o.id}] {o.timestamp} ({o.status}): {o.content}")
+            lines.append(f"Observation [{o.id}] {o.ts} ({o.status}): {o.content}")
             for s in o.sources:
-                lines.append(f"  [{s.role} @ {s.timestamp}]: {s.text}")
+                lines.append(f"  [{s.role} @ {s.ts}]: {s.text}")
         text = "\n".join(lines)
         if len(text) > RECALL_TEXT_MAX_CHARS:
             text = text[:RECALL_TEXT_MAX_CHARS] + f"\n[… {len(text) - RECALL_TEXT_MAX_CHARS} characters cut]"
