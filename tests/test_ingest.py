@@ -16,6 +16,7 @@ import pytest
 
 from builders import SessionBuilder, incompressible_sessions
 from conftest import SHARED_SESSIONS, shared_session
+from legacy_db import legacy_copy
 from om_core import db as dbmod
 from om_core.ingest import ingest
 
@@ -1234,8 +1235,6 @@ def test_a_database_migrated_from_003_has_the_tree_of_a_fresh_ingest(tmp_path, d
     """A database built at migration 003 (branch_entries was a table, there was no entry_tree) with
     stored entries gets, when migrated forward, the entry_tree a fresh ingest of the same files stores:
     branches, a dangling parent, cycles, a duplicate id."""
-    from om_core.sqlfiles import migrations, query
-
     b = sample_session(SID)
     b.go(b.entries[1]["id"])
     b.user("a second branch")
@@ -1251,21 +1250,7 @@ def test_a_database_migrated_from_003_has_the_tree_of_a_fresh_ingest(tmp_path, d
         paths.append(shared_session("large-session.jsonl"))
     ingest(db_path, paths)
 
-    old = tmp_path / "at003.duckdb"
-    con = duckdb.connect(str(old))
-    try:
-        con.execute(query("create_schema_migrations"))
-        con.execute(query("create_om_meta"))
-        for version, name, script in migrations():
-            if version <= 3:
-                con.execute(script)
-                con.execute(query("record_migration"), {"version": version, "name": name})
-        con.execute("ATTACH ? AS fresh (READ_ONLY)", [str(db_path)])
-        for table in ("sessions", "entries", "session_files"):
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM fresh.{table}")
-        con.execute("DETACH fresh")
-    finally:
-        con.close()
+    old = legacy_copy(db_path, tmp_path / "at003.duckdb", through=3)  # as om stored it at 003
     assert q(old, "SELECT max(version) FROM schema_migrations") == [(3,)]
     dbmod.connect(old).close()  # a writer migrates it forward
 

@@ -313,7 +313,7 @@ def test_valid_observations_are_recorded_with_code_made_ids_and_token_counts(ser
         assert o["id"] == mid(o["content"])
         assert o["tokenCount"] == pi_tokens(f"[{o['id']}] {o['timestamp']} [{o['relevance']}] {o['content']}")
     assert observer_watermark(db_path) == E[8]
-    [receipt] = outcome.receipts  # kept in stage_runs; no request carries it back to the model
+    [receipt] = outcome.receipts  # kept in om_internal.stages; no request carries it back to the model
     assert "1. recorded [24878c7131e3]" in receipt and "2. recorded [901ca7ddd8b1]" in receipt
     [stage] = stages(db_path)
     assert (stage["stage"], stage["outcome"], stage["records"], stage["items"], stage["rejected"]) == (

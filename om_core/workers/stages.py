@@ -3,7 +3,7 @@
 The database is open only to read the input and to write the result; the model runs in between
 with the file released, so an analyst's `om sql` works during long runs. A model or API failure is
 an error, never "nothing to record": nothing is appended, no watermark moves, and the failure is
-kept in ``stage_runs`` (shown by `om status`).
+kept in ``om_internal.stages`` (shown by `om status`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] 
 
 # ------------------------------------------------------------------ writing results
 
-# model_calls columns taken from each call record, with their Arrow types (the rest are the stage's)
+# om_internal.llm_calls columns taken from each call record, with their Arrow types (the rest are the stage's)
 _CALL_COLUMNS = {
     "call_id": pa.string(), "model": pa.string(), "turn": pa.int32(), "input_tokens": pa.int32(),
     "output_tokens": pa.int32(), "cached_tokens": pa.int32(), "cost": pa.float64(), "latency_ms": pa.float64(),
@@ -109,7 +109,7 @@ def _write_calls(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, stage_ru
 
 def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payload: Any, run_id: str | None,
                    started_at: datetime) -> None:
-    """Append the stage's record (if any), its stage_runs row and its model calls, in one transaction."""
+    """Append the stage's record (if any), its om_internal.stages row and its model calls, in one transaction."""
     with dbmod.transaction(con):
         if payload is not None:
             if outcome.stage_key and dbmod.scalar(con, "ledger_has_stage_key",
