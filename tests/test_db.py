@@ -11,11 +11,13 @@ import pytest
 from builders import SessionBuilder
 from fake_openai import text, tool_call
 from legacy_db import RENAMED_BY_008, legacy_copy
+from conftest import workspace
 from typer.testing import CliRunner
+
+from flows.cli.main import app
 
 from om_core import db as dbmod
 from om_core.catalog import run_sql
-from om_core.cli import app
 from om_core.errors import InvalidArgument
 from om_core.ingest import ingest
 from om_core.replay import replay_in_process
@@ -177,7 +179,7 @@ def test_om_sql_reads_views_and_internal_tables_by_their_qualified_name(tmp_path
     sb.user("hello")
     ingest(db, [sb.write(tmp_path / "a.jsonl")])
     for sql in ("SELECT count(*) FROM entries", "SELECT count(*) FROM om_internal.entries"):
-        (result,) = run_sql(db, sql)
+        (result,) = run_sql(workspace(db), sql)
         assert result.rows == [[1]]
     with pytest.raises(InvalidArgument, match="read-only"):
-        run_sql(db, "DELETE FROM om_internal.entries")
+        run_sql(workspace(db), "DELETE FROM om_internal.entries")
