@@ -841,7 +841,7 @@ def test_failed_ingest_after_chunk_commits_leaves_nothing_behind(tmp_path, db_pa
         f = only(ingest(db_path, [path]))
     assert f.status == "error" and "disk full" in f.error
     assert max(tiny_chunks) >= 3  # part of the file had been committed when it failed
-    for table in ("entries", "quarantine", "sessions", "branch_entries", "session_files"):
+    for table in ("entries", "quarantine", "sessions", "branch_entries", "om_internal.session_files"):
         assert q(db_path, f"SELECT count(*) FROM {table}") == [(0,)], table
 
     assert only(ingest(db_path, [path])).status == "new"
