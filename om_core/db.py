@@ -185,17 +185,11 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def one(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> tuple | None:
-    """First row of a named query as a tuple, or None (``named_row`` reads it by column name). Reads the
-    whole result: DuckDB refuses some calls (``register``) while a result is still open."""
-    rows = con.execute(query(name), params or {}).fetchall()
-    return rows[0] if rows else None
-
-
 def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | None = None) -> Any:
-    """The one value of a one-row, one-column query (None when it returns no row)."""
-    row = one(con, name, params)
-    return None if row is None else row[0]
+    """The one value of a one-row, one-column query (None when it returns no row). Reads the whole
+    result: DuckDB refuses some calls (``register``) while a result is still open."""
+    rows = con.execute(query(name), params or {}).fetchall()
+    return rows[0][0] if rows else None
 
 
 def insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, query_name: str,
