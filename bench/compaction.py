@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 from om_core import db as dbmod
+from om_core.settings import Settings
+from om_core.workspace import Workspace
 from om_core.ingest import ingest
 from om_core.memory import compaction_projection
 
@@ -206,7 +208,7 @@ def run(args) -> dict:
     main_file = work / "main.jsonl"
     write_session(main_file, SESSION, entries)
     t = time.perf_counter()
-    ingest(db_path, [main_file])
+    ingest(Workspace.open(db_path, settings=Settings()), [main_file])
     print(f"main branch: {stats} (ingested in {time.perf_counter() - t:.1f} s)")
     tip = entries[-1]["id"]
     first_kept = entries[-200]["id"]
@@ -221,7 +223,7 @@ def run(args) -> dict:
             fill.mkdir(exist_ok=True)
             filler_sessions(fill, other - done, rng, done // 2000)
             t = time.perf_counter()
-            ingest(db_path, [fill])
+            ingest(Workspace.open(db_path, settings=Settings()), [fill])
             print(f"+{other - done:,} other entries ingested in {time.perf_counter() - t:.1f} s")
             done = other
         con = dbmod.connect(db_path, read_only=True)

@@ -509,9 +509,11 @@ def generate(root: Path, total_mb: float, seed: int, *, sizes: tuple[float, floa
 
 def measure_ingest(db_path: Path, archive: Path, threads: int = 2) -> dict:
     from om_core.ingest import ingest
+    from om_core.settings import Settings
+    from om_core.workspace import Workspace
 
     t0 = time.perf_counter()
-    report = ingest(db_path, [archive], threads=threads)
+    report = ingest(Workspace.open(db_path, settings=Settings()), [archive], threads=threads)
     seconds = time.perf_counter() - t0
     summary = report.summary()
     return {"seconds": seconds, "files": summary["files"], "bytes": summary["bytes_read"],
@@ -609,13 +611,15 @@ def child_ingest(file: str, db: str) -> None:
     bound here.
     """
     from om_core.ingest import ingest
+    from om_core.settings import Settings
+    from om_core.workspace import Workspace
     from om_core.tokens import get_encoding
 
     get_encoding()
     start = _rss_kb()
     reset = _reset_hwm()
     t0 = time.perf_counter()
-    report = ingest(db, [file])
+    report = ingest(Workspace.open(db, settings=Settings()), [file])
     seconds = time.perf_counter() - t0
     print(json.dumps({"rss_start_kb": start, "peak_kb": _vm_hwm_kb() if reset else None,
                       "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "rss_end_kb": _rss_kb(),
@@ -650,6 +654,8 @@ def child_breakdown(archive: str, db: str) -> None:
 
     import om_core.db as dbmod
     import om_core.ingest as ing
+    from om_core.settings import Settings
+    from om_core.workspace import Workspace
     import om_core.tokens as tok
     from om_core.ingest import file_ingest, files as ing_files, read_ahead, reader as ing_reader, writer as ing_writer
     from om_core.tokens import get_encoding
@@ -748,7 +754,7 @@ def child_breakdown(archive: str, db: str) -> None:
     dbmod.connect = lambda *a, **k: _Con(connect(*a, **k))
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    report = ing.ingest(db, [archive])
+    report = ing.ingest(Workspace.open(db, settings=Settings()), [archive])
     wall = time.perf_counter() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)

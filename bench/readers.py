@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="om-bench-readers-"))
     paths = make_sessions(work / "sessions", args.sessions)
     db = work / "om.duckdb"
-    ingest(db, paths)
+    ingest(Workspace.open(db, settings=Settings()), paths)
     env = {**os.environ, **SETTINGS_ENV, "PYTHONPATH": str(REPO)}
     idle_library = [library_read(db) for _ in range(args.reads)]
     idle_command = [command_read(db, env) for _ in range(args.commands)]

@@ -67,7 +67,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.duckdb"
-        report = ingest(base, args.sessions)
+        report = ingest(Workspace.open(base, settings=Settings()), args.sessions)
         for f in report.files:
             row = {"session": Path(f.path).name}
             for basis in ("source", "usage"):

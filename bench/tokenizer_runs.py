@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from om_core.ingest import ingest  # noqa: E402
+from om_core.settings import Settings  # noqa: E402
+from om_core.workspace import Workspace  # noqa: E402
 from om_core import tokens  # noqa: E402
 
 VOCAB = ("the service returns order items when retry policy allows cache warm branch merge tests pass "
@@ -73,7 +75,7 @@ def session_file(path: Path, big: str, sid: str) -> Path:
 def time_ingest(path: Path, workdir: Path, run: int) -> float:
     db = workdir / f"{path.stem}-{run}.duckdb"
     t0 = time.perf_counter()
-    report = ingest(db, [path])
+    report = ingest(Workspace.open(db, settings=Settings()), [path])
     elapsed = time.perf_counter() - t0
     assert not report.summary().get("errors"), report.summary()
     db.unlink()
@@ -100,7 +102,7 @@ def main() -> None:
         work = Path(tmp)
         files = {name: session_file(work / f"{i}.jsonl", text, f"7a1e0000-0000-4000-8000-00000000000{i}")
                  for i, (name, text) in enumerate(texts.items())}
-        ingest(work / "warm.duckdb", [files["words"]])  # imports, encoding load, thread pools
+        ingest(Workspace.open(work / "warm.duckdb", settings=Settings()), [files["words"]])  # imports, encoding load, thread pools
         times: dict[str, list[float]] = {name: [] for name in files}
         for run in range(args.runs):
             for name, path in files.items():

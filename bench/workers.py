@@ -257,7 +257,7 @@ def run_one(session_path: Path, mode: str, workdir: Path) -> dict[str, Any]:
     db_path = workdir / f"{session_path.stem}-{mode}.duckdb"
     if db_path.exists():
         db_path.unlink()
-    ingest(db_path, [session_path])
+    ingest(Workspace.open(db_path, settings=Settings()), [session_path])
     sid, leaf = session_facts(db_path)
     settings = Settings()
     run_id = dbmod.new_run_id()

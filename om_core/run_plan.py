@@ -125,8 +125,7 @@ def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: s
         raise TargetsMissing("; ".join(problems))
     plan = RunPlan(errors=list(problems))
     if paths:
-        with ws.write() as con:
-            report = ingest(con, paths, command=command, progress=progress)
+        report = ingest(ws, paths, command=command, progress=progress)
         plan.ingest = {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
         for f in report.files:
             if f.status in ("new", "appended", "rewritten", "unchanged") and f.session_id:

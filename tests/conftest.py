@@ -26,12 +26,18 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def workspace(db, values=None):
-    """A workspace on the database file ``db`` (as the library's entry points take one) with the given
-    Settings, by default om's defaults: no settings file, no OM_* variable."""
+    """A workspace on the database file ``db``, or around the open connection ``db`` (as the library's
+    entry points take one), with the given Settings, by default om's defaults: no settings file, no
+    OM_* variable."""
+    import duckdb
+
     from om_core.settings import Settings
     from om_core.workspace import Workspace
 
-    return Workspace.open(db, settings=values if values is not None else Settings())
+    settings = values if values is not None else Settings()
+    if isinstance(db, duckdb.DuckDBPyConnection):
+        return Workspace.on_connection(db, settings)
+    return Workspace.open(db, settings=settings)
 
 
 def shared_session(name: str) -> Path:

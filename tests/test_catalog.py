@@ -65,7 +65,7 @@ def catalog_db(tmp_path, db_path):
     c_ids["u3"] = c.user("v" * 400)
     c_ids["a3"] = c.assistant("t" * 400)
     path_c = c.write(tmp_path / "sessions" / "c.jsonl")
-    report = ingest(db_path, [tmp_path / "sessions"])
+    report = ingest(workspace(db_path), [tmp_path / "sessions"])
     assert [f.status for f in report.files] == ["new", "new", "new"]
     return {"db": db_path, "a": path_a, "b": path_b, "c": path_c, "a_ids": a_ids, "c_ids": c_ids}
 
@@ -380,7 +380,7 @@ def test_entry_columns_by_type(tmp_path, db_path):
     comp = b.compaction("summary", first_kept=u1)
     b.label(u1, "start")
     b.write(tmp_path / "s.jsonl")
-    ingest(db_path, [tmp_path / "s.jsonl"])
+    ingest(workspace(db_path), [tmp_path / "s.jsonl"])
     got = q(db_path, "SELECT entry_type, role, is_source, tokens_pi, tokens IS NOT NULL, first_kept_entry_id, "
                      "custom_type, CAST(epoch(ts) AS BIGINT) FROM entries ORDER BY line_no")
     assert got == [
@@ -409,7 +409,7 @@ def test_entry_ids_repeat_across_sessions(tmp_path, db_path):
     assert second.entries[0]["id"] == ids["u1"]
     first.write(tmp_path / "a.jsonl")
     second.write(tmp_path / "b.jsonl")
-    ingest(db_path, [tmp_path])
+    ingest(workspace(db_path), [tmp_path])
     assert q(db_path, "SELECT session_id, count(*) FROM entries GROUP BY 1 ORDER BY 1") == [(SID_A, 6), (SID_B, 2)]
     assert q(db_path, "SELECT position, entry_id FROM branch(?, ?) ORDER BY 1", [SID_B, ids["a1"]]) == [
         (0, ids["u1"]), (1, ids["a1"])]
@@ -445,7 +445,7 @@ def test_migration_007_counts_user_images_in_stored_estimates(tmp_path):
     plain = sb.user("no image here")
     sb.assistant("a screenshot")
     db = tmp_path / "om.duckdb"
-    ingest(db, [sb.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db), [sb.write(tmp_path / "s.jsonl")])
     # 14 + 2 * 4800 = 9614 chars -> ceil(9614 / 4) = 2404; 13 chars -> 4; "a screenshot" 12 -> 3
     assert q(db, "SELECT entry_id, tokens_pi FROM entries WHERE role = 'user' ORDER BY 1") == [(shot, 2404), (plain, 4)]
     assert q(db, "SELECT tokens_pi FROM sessions") == [(2404 + 4 + 3,)]

@@ -15,6 +15,7 @@ import pytest
 from builders import SessionBuilder
 from fake_openai import FakeOpenAI, Reply, http_error
 
+from conftest import workspace
 from om_core.circuit import (
     PROVIDER_KEYS,
     CircuitBreaker,
@@ -257,7 +258,7 @@ def session_db(tmp_path: Path, turns: int = 2) -> Path:
     b = SessionBuilder(SID)
     b.work_turns(turns, "circuit")
     db = tmp_path / "om.duckdb"
-    ingest(db, [b.write(tmp_path / "sessions" / "s.jsonl")])
+    ingest(workspace(db), [b.write(tmp_path / "sessions" / "s.jsonl")])
     return db
 
 

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from builders import SessionBuilder
-from conftest import shared_session
+from conftest import shared_session, workspace
 from om_core import db as dbmod
 from flows.cli.main import app
 from om_core.errors import DatabaseBusy, InvalidArgument
@@ -73,7 +73,7 @@ def two_sessions(tmp_path, db_path):
     b.user("hello")
     b.assistant("hi")
     path_b = b.write(tmp_path / "in" / "b.jsonl")
-    ingest(db_path, [path_a, path_b])
+    ingest(workspace(db_path), [path_a, path_b])
     return {"db": db_path, "a": path_a, "b": path_b, "ids": ids}
 
 
@@ -489,7 +489,7 @@ def real_db(tmp_path_factory):
     large = shared_session("large-session.jsonl")
     before = shared_session("before-compaction.jsonl")
     db = tmp_path_factory.mktemp("real_cli") / "om.duckdb"
-    report = ingest(db, [large, before])
+    report = ingest(workspace(db), [large, before])
     assert [f.status for f in report.files] == ["new", "new"]
     return db, large, before
 
@@ -655,7 +655,7 @@ def test_gaps_table_shows_whole_session_ids(tmp_path, db_path):
     b.assistant("w" * 400)
     b.compaction("summary", u2)
     b.user("more")
-    ingest(db_path, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
     result = invoke(["--db", str(db_path), "gaps"])
     assert result.exit_code == 0, result.output
     assert SID_A in result.stdout

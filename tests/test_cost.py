@@ -42,7 +42,7 @@ PRICE = Price("test-model", input=1e-6, output=2e-6, cache_read=1e-7)
 def session(tmp_path, db) -> None:
     b = SessionBuilder(SID)
     b.work_turns(8, "billing")
-    ingest(db, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db), [b.write(tmp_path / "s.jsonl")])
 
 
 def config(server: FakeOpenAI) -> ModelConfig:

@@ -74,7 +74,7 @@ def populated(tmp_path: Path, server) -> Path:
     third.go("deadbeef")  # a dangling parent: kept, with an ingest note
     third.user("And after that?")
     db = tmp_path / "om.duckdb"
-    ingest(db, [path, other.write(tmp_path / "b.jsonl"), third.write(tmp_path / "c.jsonl")])
+    ingest(workspace(db), [path, other.write(tmp_path / "b.jsonl"), third.write(tmp_path / "c.jsonl")])
 
     con = dbmod.connect(db)
     try:
@@ -177,7 +177,7 @@ def test_om_sql_reads_views_and_internal_tables_by_their_qualified_name(tmp_path
     db = tmp_path / "om.duckdb"
     sb = SessionBuilder(SID)
     sb.user("hello")
-    ingest(db, [sb.write(tmp_path / "a.jsonl")])
+    ingest(workspace(db), [sb.write(tmp_path / "a.jsonl")])
     for sql in ("SELECT count(*) FROM entries", "SELECT count(*) FROM om_internal.entries"):
         (result,) = run_sql(workspace(db), sql)
         assert result.rows == [[1]]

@@ -11,6 +11,7 @@ import pytest
 from builders import SessionBuilder
 from typer.testing import CliRunner
 
+from conftest import workspace
 from om_core import db as dbmod
 from flows.cli.main import app
 from om_core.errors import InvalidArgument
@@ -52,7 +53,7 @@ def run(cli_args: list[str]) -> str:
 def replayed_db(tmp_path, path, settings=SETTINGS):
     """The file ingested and replayed in this process with the offline baseline."""
     db_path = tmp_path / "om.duckdb"
-    session_id = ingest(db_path, [path]).files[0].session_id
+    session_id = ingest(workspace(db_path), [path]).files[0].session_id
     con = dbmod.connect(db_path)
     try:
         replay_in_process(Workspace.on_connection(con, settings), session_id,
@@ -70,7 +71,7 @@ def test_round_trip_gives_identical_memory(tmp_path, version):
     report = json.loads(run(["--db", str(db_path), "export", session_id, "--out", str(out), "--json"]))
     assert report["records"] > 3
     fresh = tmp_path / "fresh.duckdb"
-    imported = ingest(fresh, [out]).files[0]
+    imported = ingest(workspace(fresh), [out]).files[0]
     assert imported.ledger["records"] == report["records"] and imported.ledger["invalid"] == 0
     with dbmod.reading(db_path) as con:
         leaves = [r[0] for r in con.execute("SELECT DISTINCT leaf_id FROM branch_entries WHERE session_id = ?",
@@ -144,7 +145,7 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     point renders a summary holding every drained observation of the history before the cut."""
     b, path = finished_sample(tmp_path)
     db_path = tmp_path / "om.duckdb"
-    session_id = ingest(db_path, [path]).files[0].session_id
+    session_id = ingest(workspace(db_path), [path]).files[0].session_id
     con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
@@ -155,7 +156,7 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     out = tmp_path / "exported.jsonl"
     run(["--db", str(db_path), "export", session_id, "--out", str(out)])
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [out])
+    ingest(workspace(fresh), [out])
     cut = json.loads(run(["--db", str(fresh), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
     original = json.loads(run(["--db", str(db_path), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
     assert cut["first_kept_entry_id"] == original["first_kept_entry_id"]  # the records after the tip change nothing
@@ -261,7 +262,7 @@ def test_view_of_an_exported_file_is_what_the_extension_shows(tmp_path):
     out = tmp_path / "exported.jsonl"
     run(["--db", str(db_path), "export", sid, "--out", str(out)])
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [out])
+    ingest(workspace(fresh), [out])
     assert extension_visible(out) == shown
     assert view_json(fresh, sid) == shown
     assert view_json(fresh, sid, "--replayed") == shown  # nothing simulated there
@@ -354,7 +355,7 @@ def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before
     """The shared session holds two of Pi's own compactions and no om.folded one: after a replay the
     simulated folds are the replayed view, the visible view is empty on the archive and on its export."""
     db_path = tmp_path / "om.duckdb"
-    sid = ingest(db_path, [before_compaction]).files[0].session_id
+    sid = ingest(workspace(db_path), [before_compaction]).files[0].session_id
     settings = Settings()
     con = dbmod.connect(db_path)
     try:
@@ -374,7 +375,7 @@ def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before
     out = tmp_path / "exported.jsonl"
     run(["--db", str(db_path), "export", sid, "--out", str(out)])
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [out])
+    ingest(workspace(fresh), [out])
     assert view_json(fresh, sid) == extension_visible(out) == empty
     assert view_json(fresh, sid, "--full") == view_json(db_path, sid, "--full")
     # every exported record is stamped no earlier than its parent entry
@@ -410,13 +411,13 @@ def test_export_compact_appends_a_compaction_pi_reads_and_it_is_the_visible_memo
     without = tmp_path / "plain.jsonl"
     run(["--db", str(db_path), "export", session_id, "--out", str(without)])
     plain_db = tmp_path / "plain.duckdb"
-    ingest(plain_db, [without])
+    ingest(workspace(plain_db), [without])
     cut = json.loads(run(["--db", str(plain_db), "cutpoint", session_id, "--keep-recent", "400", "--json"]))
     assert (entry["firstKeptEntryId"], entry["tokensBefore"]) == (cut["first_kept_entry_id"], cut["tokens_before"])
     # re-ingested: its last compaction's summary and details equal om compact at that cut, and it is
     # the visible memory
     fresh = tmp_path / "fresh.duckdb"
-    imported = ingest(fresh, [out]).files[0]
+    imported = ingest(workspace(fresh), [out]).files[0]
     assert imported.ledger["invalid"] == 0
     compacted = json.loads(run(["--db", str(fresh), "compact", session_id, "--first-kept", entry["firstKeptEntryId"],
                                 "--leaf", entry["parentId"], "--json"]))

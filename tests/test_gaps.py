@@ -46,7 +46,7 @@ def gap_session(tmp_path, covers_key: str, with_record: bool = True):
     ids["c"] = b.compaction("summary", ids["u3"], details=details, from_hook=details is not None)
     path = b.write(tmp_path / "s.jsonl")
     db = tmp_path / "om.duckdb"
-    ingest(db, [path])
+    ingest(workspace(db), [path])
     return db, ids
 
 
@@ -91,7 +91,7 @@ def test_cross_boundary_when_a_batch_reaches_past_f(tmp_path):
     b.assistant("fourth answer")
     b.compaction("summary", u3, details=folded([early]), from_hook=True)
     db = tmp_path / "om.duckdb"
-    ingest(db, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db), [b.write(tmp_path / "s.jsonl")])
     [c] = gaps(workspace(db)).compactions
     # positions: u1 0, a1 1, record 2, u2 3, a2 4, u3 5, a3 6, record 7 -> C = 0, F = 5, reach = 6
     assert (c.class_, c.c_position, c.first_kept_position, c.watermark_reach) == ("cross_boundary", 0, 5, 6)
@@ -127,7 +127,7 @@ def test_gap_safe_moves_f_back_to_the_first_uncovered_message_and_never_forward(
 @pytest.mark.real_sessions
 def test_before_compaction_gaps_with_the_offline_baseline(tmp_path, before_compaction):
     db_path = tmp_path / "om.duckdb"
-    report = ingest(db_path, [before_compaction])
+    report = ingest(workspace(db_path), [before_compaction])
     session_id = report.files[0].session_id
     settings = Settings()
     con = dbmod.connect(db_path)

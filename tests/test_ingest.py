@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from builders import SessionBuilder, incompressible_sessions
-from conftest import SHARED_SESSIONS, shared_session
+from conftest import SHARED_SESSIONS, shared_session, workspace
 from legacy_db import legacy_copy
 from om_core import db as dbmod
 from om_core.ingest import ingest
@@ -133,7 +133,7 @@ def test_raw_lines_and_physical_line_numbers_are_kept(tmp_path, db_path):
         b'{"type":"label","id":"e3","parentId":"e2","timestamp":"2026-01-15T14:03:00.000Z","targetId":"e1","label":"x"}',
     ]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    report = ingest(db_path, [path])
+    report = ingest(workspace(db_path), [path])
     f = only(report)
     assert f.status == "new"
     assert (f.entries_added, f.lines_quarantined) == (3, 1)
@@ -156,7 +156,7 @@ def test_header_line_kept_verbatim(tmp_path, db_path):
             b'"branchedFrom":"/old/file.jsonl"}')
     path = write_lines(tmp_path / "v1.jsonl", [head, b'{"type":"message","timestamp":"2026-01-15T14:01:00.000Z",'
                                                      b'"message":{"role":"user","content":"hi"}}'])
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     (stored,) = q(db_path, "SELECT header FROM sessions WHERE session_id = ?", [SID])[0]
     assert json.loads(stored) == json.loads(head)
     assert stored == head.decode()
@@ -165,7 +165,7 @@ def test_header_line_kept_verbatim(tmp_path, db_path):
 def test_every_line_of_a_built_session_round_trips(tmp_path, db_path):
     b = sample_session()
     path = b.write(tmp_path / "s.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     got = q(db_path, "SELECT line_no, raw FROM entries ORDER BY line_no")
     assert got == [(n, line) for n, line in enumerate(b.lines(), start=1) if n > 1]
 
@@ -178,18 +178,18 @@ def test_second_ingest_changes_nothing(tmp_path, db_path):
     lines = [line.encode() for line in b.lines()]
     lines.insert(5, b"{oops")  # one quarantined line, so that table is not trivially empty
     path = write_lines(tmp_path / "s.jsonl", lines)
-    first = only(ingest(db_path, [path]))
+    first = only(ingest(workspace(db_path), [path]))
     assert first.status == "new" and first.lines_quarantined == 1
     before = snapshot(db_path)
     assert len(before["entries"]) == len(b.entries)
 
-    second = only(ingest(db_path, [path]))
+    second = only(ingest(workspace(db_path), [path]))
     assert second.status == "unchanged"
     assert (second.entries_added, second.lines_quarantined, second.bytes_read) == (0, 0, 0)
     assert snapshot(db_path) == before
 
     bump_mtime(path)  # touched, same bytes
-    third = only(ingest(db_path, [path]))
+    third = only(ingest(workspace(db_path), [path]))
     assert third.status == "unchanged"
     assert (third.entries_added, third.bytes_read) == (0, 0)
     assert snapshot(db_path) == before
@@ -212,7 +212,7 @@ def test_appended_lines_only_are_read(tmp_path, db_path):
     b.user("second")
     old_leaf = b.assistant("two")
     path = b.write(tmp_path / "s.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     n_old = len(b.lines())
 
     b.user("third")
@@ -222,7 +222,7 @@ def test_appended_lines_only_are_read(tmp_path, db_path):
     new_leaf = b.user("go on")
     data = _append(path, b.lines()[n_old:])
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "appended"
     assert f.bytes_read == len(data)
     assert f.entries_added == 4
@@ -238,7 +238,7 @@ def test_appended_lines_only_are_read(tmp_path, db_path):
 
     # the incremental result equals a from-scratch ingest of the whole file
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 
@@ -254,7 +254,7 @@ def test_appended_v1_entries_chain_to_previous_last_entry(tmp_path, db_path):
     b.user("second")
     b.assistant("two")
     path = b.write(tmp_path / "v1.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     (last_id,) = q(db_path, "SELECT entry_id FROM entries ORDER BY line_no DESC LIMIT 1")[0]
     n_old = len(b.lines())
 
@@ -264,7 +264,7 @@ def test_appended_v1_entries_chain_to_previous_last_entry(tmp_path, db_path):
     b.assistant("fine")
     data = _append(path, b.lines()[n_old:])
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "appended"
     assert f.bytes_read == len(data)
     assert f.entries_added == 4
@@ -284,11 +284,11 @@ def test_appended_v1_entries_chain_to_previous_last_entry(tmp_path, db_path):
     assert branch_of(db_path, SID, leaf) == [r[0] for r in got]
 
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
     # deterministic ids: a second fresh database mints the same ids
     fresh2 = tmp_path / "fresh2.duckdb"
-    ingest(fresh2, [path])
+    ingest(workspace(fresh2), [path])
     assert snapshot(fresh2, volatile=False)["entries"] == snapshot(fresh, volatile=False)["entries"]
 
 
@@ -322,7 +322,7 @@ def test_v1_file_rewritten_as_v3_by_pi(tmp_path, db_path):
     b.user("third")
     b.assistant("three")
     path = b.write(tmp_path / "s.jsonl")
-    assert only(ingest(db_path, [path])).status == "new"
+    assert only(ingest(workspace(db_path), [path])).status == "new"
     old_ids = {r[0] for r in q(db_path, "SELECT entry_id FROM entries")}
 
     new_ids = ["a1b2c3d4", "b2c3d4e5", "c3d4e5f6", "d4e5f6a7", "e5f6a7b8", "f6a7b8c9", "0718293a"]
@@ -330,7 +330,7 @@ def test_v1_file_rewritten_as_v3_by_pi(tmp_path, db_path):
     path.write_text("\n".join(migrated) + "\n")
     bump_mtime(path)
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "rewritten"
     assert f.entries_added == 7
     got = q(db_path, "SELECT entry_id, parent_id, line_no, raw, first_kept_entry_id FROM entries ORDER BY line_no")
@@ -347,7 +347,7 @@ def test_v1_file_rewritten_as_v3_by_pi(tmp_path, db_path):
     assert q(db_path, "SELECT count(*) FROM quarantine") == [(0,)]
 
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 
@@ -359,7 +359,7 @@ def test_edited_middle_line_is_a_rewrite(tmp_path, db_path, same_length):
     b.user("second question")
     b.assistant("second answer")
     path = b.write(tmp_path / "s.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
 
     lines = b.lines()
     edited = lines[2].replace("first answer", "FIRST ANSWER" if same_length else "a much longer first answer")
@@ -368,7 +368,7 @@ def test_edited_middle_line_is_a_rewrite(tmp_path, db_path, same_length):
     path.write_text("\n".join(lines) + "\n")
     bump_mtime(path)
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "rewritten"
     assert f.entries_added == 4
     assert entries_of(db_path) == [(e["id"], n, line) for n, (e, line) in
@@ -379,13 +379,13 @@ def test_edited_middle_line_is_a_rewrite(tmp_path, db_path, same_length):
 
 def test_rewritten_with_another_session_forgets_the_old_one(tmp_path, db_path):
     path = sample_session("aaaaaaaa-0000-0000-0000-000000000001").write(tmp_path / "s.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     other = SessionBuilder("bbbbbbbb-0000-0000-0000-000000000002")
     other.user("hello")
     leaf = other.assistant("hi")
     other.write(path)
     bump_mtime(path)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "rewritten"
     assert q(db_path, "SELECT session_id, leaf_id, entry_count FROM sessions") == [(other.session_id, leaf, 2)]
     assert q(db_path, "SELECT DISTINCT session_id FROM entries") == [(other.session_id,)]
@@ -400,9 +400,9 @@ def test_shrunk_file_is_a_rewrite(tmp_path, db_path):
     b.user("more")
     b.assistant("more answer")
     b.write(path)
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     write_lines(path, [line.encode() for line in b.lines()[:3]])
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "rewritten"
     assert q(db_path, "SELECT leaf_id, entry_count FROM sessions") == [(keep, 2)]
     assert q(db_path, "SELECT count(*) FROM branch_entries") == [(2,)]
@@ -414,7 +414,7 @@ def test_shrunk_file_is_a_rewrite(tmp_path, db_path):
 def test_line_that_is_not_json(tmp_path, db_path):
     lines = [header(), msg("e1", None), b'{"type":"message","id":"e2",', msg("e3", "e1", "after"), b"[1, 2"]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "new"
     assert (f.entries_added, f.lines_quarantined) == (2, 2)
     assert entries_of(db_path) == [("e1", 2, lines[1].decode()), ("e3", 4, lines[3].decode())]
@@ -428,7 +428,7 @@ def test_truncated_last_line_is_read_again_once_complete(tmp_path, db_path):
     head, tail = full[:25], full[25:]
     lines = [header(), msg("e1", None), msg("e2", "e1", "answer", role="assistant"), head]
     path = write_lines(tmp_path / "s.jsonl", lines, trailing_newline=False)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "new"
     assert (f.entries_added, f.lines_quarantined) == (2, 1)
     assert f.bytes_read == path.stat().st_size - len(head)
@@ -437,12 +437,12 @@ def test_truncated_last_line_is_read_again_once_complete(tmp_path, db_path):
     assert q(db_path, "SELECT leaf_id FROM sessions") == [("e2",)]
 
     # unchanged file: nothing happens, the provisional row stays
-    assert only(ingest(db_path, [path])).status == "unchanged"
+    assert only(ingest(workspace(db_path), [path])).status == "unchanged"
     assert len(quarantine_of(db_path)) == 1
 
     with open(path, "ab") as fh:
         fh.write(tail + b"\n")
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "appended"
     assert (f.entries_added, f.lines_quarantined) == (1, 0)
     assert f.bytes_read == len(full) + 1
@@ -461,7 +461,7 @@ def test_file_without_valid_header(tmp_path, db_path):
     good_builder.assistant("hi")
     good = good_builder.write(tmp_path / "c_good.jsonl")
 
-    report = ingest(db_path, [bad, no_id, good])
+    report = ingest(workspace(db_path), [bad, no_id, good])
     by_path = {Path(f.path).name: f for f in report.files}
     assert by_path["a_bad.jsonl"].status == "no_header"
     assert by_path["a_bad.jsonl"].lines_quarantined == 3
@@ -484,7 +484,7 @@ def test_header_after_unparsable_lines_is_valid(tmp_path, db_path):
     """Pi requires the first *successfully parsed* object to be the header: junk before it is skipped."""
     lines = [b"garbage", b"", header(), msg("e1", None)]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "new"
     assert entries_of(db_path) == [("e1", 4, lines[3].decode())]
     assert quarantine_of(db_path) == [(str(path.resolve()), 1, "invalid_json", b"garbage")]
@@ -493,11 +493,11 @@ def test_header_after_unparsable_lines_is_valid(tmp_path, db_path):
 def test_no_header_file_later_overwritten_by_pi(tmp_path, db_path):
     """Pi overwrites a header-less file with a fresh session: the old quarantine rows go away."""
     path = write_lines(tmp_path / "s.jsonl", [msg("e1", None), msg("e2", "e1")])
-    assert only(ingest(db_path, [path])).status == "no_header"
+    assert only(ingest(workspace(db_path), [path])).status == "no_header"
     assert len(quarantine_of(db_path)) == 2
     write_lines(path, [header(), msg("n1", None), msg("n2", "n1", role="assistant")])
     bump_mtime(path)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status in ("new", "rewritten")
     assert f.entries_added == 2
     assert quarantine_of(db_path) == []
@@ -514,7 +514,7 @@ def test_unknown_entry_types_are_kept_raw(tmp_path, db_path):
         msg("e5", "e4", "a user message"),
     ]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.entries_added, f.lines_quarantined) == (5, 0)
     got = q(db_path, "SELECT entry_id, line_no, entry_type, role, is_source, tokens_pi IS NULL, tokens IS NULL, raw "
                      "FROM entries ORDER BY line_no")
@@ -538,7 +538,7 @@ def test_duplicate_ids_keep_the_later_entry(tmp_path, db_path):
         msg("c", "dup", "child"),
     ]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.lines_quarantined == 1
     assert entries_of(db_path) == [("r", 2, lines[1].decode()), ("dup", 4, lines[3].decode()),
                                    ("c", 5, lines[4].decode())]
@@ -551,11 +551,11 @@ def test_duplicate_ids_keep_the_later_entry(tmp_path, db_path):
 def test_duplicate_id_arriving_in_an_append(tmp_path, db_path):
     lines = [header(), msg("r", None), msg("a", "r", role="assistant")]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     again = msg("a", "r", "the same id again", role="assistant")
     with open(path, "ab") as fh:
         fh.write(again + b"\n")
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "appended"
     assert entries_of(db_path) == [("r", 2, lines[1].decode()), ("a", 4, again.decode())]
     assert quarantine_of(db_path) == [(str(path.resolve()), 3, "duplicate_id", lines[2])]
@@ -568,7 +568,7 @@ def test_current_branch_when_the_last_entry_has_children(tmp_path, db_path):
     lines = [header(), msg("r", None), msg("d", "r", "old", role="assistant"), msg("c", "d"),
              msg("d", "r", "new", role="assistant")]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     assert q(db_path, "SELECT leaf_id FROM sessions") == [("d",)]
     assert q(db_path, "SELECT position, entry_id FROM branch(?, ?) ORDER BY position", [SID, "d"]) == [(0, "r"), (1, "d")]
     assert q(db_path, "SELECT position, entry_id FROM current_branches ORDER BY position") == [(0, "r"), (1, "d")]
@@ -584,7 +584,7 @@ def test_parent_cycle_terminates_and_keeps_every_entry(tmp_path, db_path):
         msg("z", "a", "last"),
     ]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.entries_added, f.lines_quarantined) == (5, 0)
     assert [r[0] for r in entries_of(db_path)] == ["a", "b", "c", "s", "z"]
     notes = q(db_path, "SELECT kind, entry_id, line_no FROM ingest_notes ORDER BY line_no")
@@ -603,7 +603,7 @@ def test_parent_cycle_terminates_and_keeps_every_entry(tmp_path, db_path):
 def test_dangling_parent_becomes_a_root(tmp_path, db_path):
     lines = [header(), msg("a", None), msg("b", "a", role="assistant"), msg("o", "missing"), msg("p", "o", role="assistant")]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.entries_added, f.lines_quarantined) == (4, 0)
     assert [r[0] for r in entries_of(db_path)] == ["a", "b", "o", "p"]
     assert q(db_path, "SELECT kind, entry_id, line_no FROM ingest_notes") == [("dangling_parent", "o", 4)]
@@ -618,7 +618,7 @@ def test_invalid_utf8_is_read_with_replacement_characters(tmp_path, db_path):
            b'"message":{"role":"user","content":[{"type":"text","text":"caf\xe9 \xff\xfe ok"}]}}')
     lines = [header(), msg("e1", None), bad, msg("e3", "e2", role="assistant")]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.entries_added, f.lines_quarantined) == (3, 0)
     got = entries_of(db_path)
     assert got[1] == ("e2", 3, bad.decode("utf-8", errors="replace"))
@@ -641,7 +641,7 @@ def test_directory_with_good_and_bad_files(tmp_path, db_path):
     (root / "empty.jsonl").write_bytes(b"")
     (root / "notes.txt").write_text(header().decode() + "\n")  # not *.jsonl: ignored
 
-    report = ingest(db_path, [root])
+    report = ingest(workspace(db_path), [root])
     statuses = {Path(f.path).name: f.status for f in report.files}
     assert statuses == {"2026_g1.jsonl": "new", "2026_g2.jsonl": "new", "nohead.jsonl": "no_header",
                         "garbage.jsonl": "no_header", "empty.jsonl": "no_header"}
@@ -656,7 +656,7 @@ def test_directory_with_good_and_bad_files(tmp_path, db_path):
         ("garbage.jsonl", 1, "invalid_json"), ("garbage.jsonl", 2, "invalid_json"),
         ("nohead.jsonl", 1, "no_session_header")]
     # and again: everything unchanged
-    again = ingest(db_path, [root])
+    again = ingest(workspace(db_path), [root])
     assert {f.status for f in again.files} == {"unchanged"}
     assert sorted(Path(f.path).name for f in again.files if f.error) == ["garbage.jsonl", "nohead.jsonl"]
 
@@ -667,7 +667,7 @@ def test_missing_path_is_reported_and_others_ingested(tmp_path, db_path):
     good = b.write(tmp_path / "good.jsonl")
     missing = tmp_path / "nope.jsonl"
     missing_dir = tmp_path / "no_such_dir"
-    report = ingest(db_path, [missing, good, missing_dir])
+    report = ingest(workspace(db_path), [missing, good, missing_dir])
     assert report.missing_paths == [str(missing), str(missing_dir)]
     assert [(Path(f.path).name, f.status) for f in report.files] == [("good.jsonl", "new")]
     assert q(db_path, "SELECT session_id, entry_count FROM sessions") == [(SID, 1)]
@@ -678,13 +678,13 @@ def test_missing_path_is_reported_and_others_ingested(tmp_path, db_path):
 
 def test_copy_of_an_ingested_session_is_skipped(tmp_path, db_path):
     first = sample_session(SID).write(tmp_path / "a" / "s.jsonl")
-    ingest(db_path, [first])
+    ingest(workspace(db_path), [first])
     before = snapshot(db_path)
     copy = tmp_path / "b" / "s.jsonl"
     copy.parent.mkdir()
     shutil.copy(first, copy)
 
-    f = only(ingest(db_path, [copy]))
+    f = only(ingest(workspace(db_path), [copy]))
     assert f.status == "duplicate_session"
     assert f.entries_added == 0
     after = snapshot(db_path)
@@ -695,13 +695,13 @@ def test_copy_of_an_ingested_session_is_skipped(tmp_path, db_path):
 
 def test_moved_session_file_takes_over(tmp_path, db_path):
     first = sample_session(SID).write(tmp_path / "a" / "s.jsonl")
-    ingest(db_path, [first])
+    ingest(workspace(db_path), [first])
     before = snapshot(db_path, volatile=False)
     moved = tmp_path / "b" / "s.jsonl"
     moved.parent.mkdir()
     first.rename(moved)
 
-    f = only(ingest(db_path, [moved]))
+    f = only(ingest(workspace(db_path), [moved]))
     assert f.status == "new"
     assert q(db_path, "SELECT file_path FROM sessions") == [(str(moved.resolve()),)]
     after = snapshot(db_path, volatile=False)
@@ -715,12 +715,12 @@ def test_copy_takes_over_once_the_original_is_deleted(tmp_path, db_path):
     copy = tmp_path / "b" / "s.jsonl"
     copy.parent.mkdir()
     shutil.copy(first, copy)
-    report = ingest(db_path, [first, copy])
+    report = ingest(workspace(db_path), [first, copy])
     assert [f.status for f in report.files] == ["new", "duplicate_session"]
     entries_before = snapshot(db_path, volatile=False)["entries"]
 
     first.unlink()  # the user kept the copy
-    f = only(ingest(db_path, [copy]))
+    f = only(ingest(workspace(db_path), [copy]))
     assert f.status != "duplicate_session"
     assert q(db_path, "SELECT file_path FROM sessions") == [(str(copy.resolve()),)]
     assert snapshot(db_path, volatile=False)["entries"] == entries_before
@@ -777,32 +777,32 @@ def test_rows_left_by_an_interrupted_append_are_replaced(tmp_path, db_path):
     b.user("first")
     b.assistant("one")
     path = b.write(tmp_path / "s.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     n_old = len(b.lines())
     b.user("second")
     b.assistant("two")
     _append(path, b.lines()[n_old:])
     _rows_of_an_interrupted_ingest(db_path, path, [n_old + 1, n_old + 2, n_old + 3])
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.status, f.entries_added, f.lines_quarantined) == ("appended", 2, 0)
     assert entries_of(db_path) == [(e["id"], n, line) for n, (e, line) in
                                    enumerate(zip(b.entries, b.lines()[1:]), start=2)]
     assert quarantine_of(db_path) == []
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 
 def test_rows_left_by_an_interrupted_first_ingest_are_replaced(tmp_path, db_path):
     path = sample_session(SID).write(tmp_path / "s.jsonl")
-    ingest(db_path, [])  # the database exists; the file was never recorded in it
+    ingest(workspace(db_path), [])  # the database exists; the file was never recorded in it
     _rows_of_an_interrupted_ingest(db_path, path, [2, 3, 4])
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "new"
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
     assert q(db_path, "SELECT count(*) FROM entries WHERE entry_id LIKE 'junk%'") == [(0,)]
 
@@ -811,12 +811,12 @@ def test_file_committed_in_chunks_equals_one_transaction(tmp_path, db_path, tiny
     lines = [line.encode() for line in _long_session().lines()]
     lines.insert(7, b"{oops")
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert f.status == "new" and f.lines_quarantined == 1
     assert max(tiny_chunks) > 5  # committed part by part
 
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 
@@ -838,22 +838,22 @@ def test_failed_ingest_after_chunk_commits_leaves_nothing_behind(tmp_path, db_pa
     path = _long_session().write(tmp_path / "s.jsonl")
     with monkeypatch.context() as m:
         _fail_on_insert(m, after=4)
-        f = only(ingest(db_path, [path]))
+        f = only(ingest(workspace(db_path), [path]))
     assert f.status == "error" and "disk full" in f.error
     assert max(tiny_chunks) >= 3  # part of the file had been committed when it failed
     for table in ("entries", "quarantine", "sessions", "branch_entries", "om_internal.session_files"):
         assert q(db_path, f"SELECT count(*) FROM {table}") == [(0,)], table
 
-    assert only(ingest(db_path, [path])).status == "new"
+    assert only(ingest(workspace(db_path), [path])).status == "new"
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 
 def test_failed_append_after_chunk_commits_keeps_the_earlier_state(tmp_path, db_path, tiny_chunks, monkeypatch):
     b = sample_session(SID)
     path = b.write(tmp_path / "s.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     before = snapshot(db_path, volatile=False)
     n_old = len(b.lines())
     for i in range(40):
@@ -861,14 +861,14 @@ def test_failed_append_after_chunk_commits_keeps_the_earlier_state(tmp_path, db_
     _append(path, b.lines()[n_old:])
     with monkeypatch.context() as m:
         _fail_on_insert(m, after=4)
-        assert only(ingest(db_path, [path])).status == "error"
+        assert only(ingest(workspace(db_path), [path])).status == "error"
     assert max(tiny_chunks) >= 3
     assert snapshot(db_path, volatile=False) == before
 
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.status, f.entries_added) == ("appended", 40)
     fresh = tmp_path / "fresh.duckdb"
-    ingest(fresh, [path])
+    ingest(workspace(fresh), [path])
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 
@@ -887,7 +887,7 @@ def test_token_counts_match_tiktoken_for_each_entry(tmp_path, db_path, tiny_chun
     # JSON escapes keep the lone surrogate intact through the file (as JSON.stringify would write it)
     lines = [b.lines()[0].encode()] + [json.dumps(e).encode() for e in b.entries]
     path = write_lines(tmp_path / "s.jsonl", lines)
-    f = only(ingest(db_path, [path]))
+    f = only(ingest(workspace(db_path), [path]))
     assert (f.status, f.entries_added) == ("new", len(ids))
     enc = get_encoding()
     got = dict(q(db_path, "SELECT entry_id, tokens FROM entries"))
@@ -906,7 +906,7 @@ def real_db(tmp_path_factory) -> tuple[Path, Path, Path]:
     large = shared_session("large-session.jsonl")
     before = shared_session("before-compaction.jsonl")
     db = tmp_path_factory.mktemp("real") / "om.duckdb"
-    report = ingest(db, [large, before])
+    report = ingest(workspace(db), [large, before])
     assert [f.status for f in report.files] == ["new", "new"]
     assert report.lines_quarantined == 0
     return db, large, before
@@ -982,7 +982,7 @@ def test_a_file_failing_with_batches_still_queued_does_not_stall_the_read_ahead(
 
     monkeypatch.setattr(file_ingest.FileIngest, "_claim_session", failing_claim)
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(report=ingest(db_path, paths)), daemon=True)
+    worker = threading.Thread(target=lambda: result.update(report=ingest(workspace(db_path), paths)), daemon=True)
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "the ingest waits for ever"
@@ -1024,7 +1024,7 @@ def test_a_full_disk_ends_the_ingest_with_one_line_and_keeps_what_was_committed(
         assert "Traceback" not in done.stderr
     # what was committed is readable and whole: every listed session has all its entries
     reference = tmp_path / "reference.duckdb"
-    ingest(reference, [tmp_path / "in"])
+    ingest(workspace(reference), [tmp_path / "in"])
     listed = _om(["--db", str(db), "sessions", "--json"], tmp_path)
     assert listed.returncode == 0, listed.stderr
     expected = {r[0]: r[1] for r in q(reference, "SELECT session_id, entry_count FROM sessions")}
@@ -1090,7 +1090,7 @@ def test_lone_surrogates_in_ids_and_fields_keep_every_good_line(tmp_path, db_pat
     written = lines + [json.dumps(w) for w in weird]
     assert all("\\ud800" in line for line in written[3:-1])
     path.write_text("\n".join(written) + "\n", encoding="utf-8")
-    report = ingest(db_path, [path])
+    report = ingest(workspace(db_path), [path])
     assert report.summary()["errors"] == []
     assert report.entries_added == 2 + len(weird) and report.lines_quarantined == 0
     rows = {r[0]: r[1:] for r in q(db_path, "SELECT entry_id, parent_id, custom_type, role, ts, raw, line_no "
@@ -1121,7 +1121,7 @@ def test_lone_surrogate_in_a_header_field_keeps_the_file(tmp_path, db_path, fiel
     header_obj = {**json.loads(lines[0]), field: value}
     path = tmp_path / "s.jsonl"
     path.write_text("\n".join([json.dumps(header_obj)] + lines[1:]) + "\n", encoding="utf-8")
-    report = ingest(db_path, [path])
+    report = ingest(workspace(db_path), [path])
     assert report.summary()["errors"] == [] and report.entries_added == 2
     sid = SID if field != "id" else value.replace("\ud800", "\\ud800")
     expected = {"id": ("session_id", sid), "cwd": ("cwd", "/home/\\ud800"), "timestamp": ("started_at", None),
@@ -1153,7 +1153,7 @@ def test_deep_nesting_is_read_as_deep_as_pi(tmp_path, db_path, depth):
     lines[2] = json.dumps(call_obj).replace('"__DEEP__"', "[" * depth + "]" * depth)
     path = tmp_path / "s.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    report = ingest(db_path, [path])
+    report = ingest(workspace(db_path), [path])
     assert report.summary()["errors"] == [] and report.lines_quarantined == 0
     assert report.entries_added == 4
     assert q(db_path, "SELECT tokens_pi, raw FROM entries WHERE entry_id = ?", [deep_call]) == [
@@ -1183,7 +1183,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     lines[2] = json.dumps(call_obj).replace('"__DEEP__"', "[" * depth + "]" * depth)
     path = tmp_path / "s.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     server.add(text("nothing to record"))
     config = ModelConfig(model="openai/fake-model", api_base=server.base_url, retry=RetryPolicy(attempts=1))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config)
@@ -1208,7 +1208,7 @@ def test_nesting_deeper_than_the_limit_is_quarantined_in_one_line(tmp_path, db_p
     lines.append('{"type": "custom", "id": "x", "parentId": null, "data": ' + "[" * 9_000 + "]" * 9_000 + "}")
     path = tmp_path / "s.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    report = ingest(db_path, [path])
+    report = ingest(workspace(db_path), [path])
     assert report.entries_added == 1 and report.lines_quarantined == 1
     ((reason, detail),) = q(db_path, "SELECT reason, detail FROM quarantine")
     assert reason == "too_deep" and "\n" not in detail
@@ -1223,7 +1223,7 @@ def test_an_ingest_error_is_one_line(tmp_path, db_path, monkeypatch):
     monkeypatch.setattr(planmod, "plan_file", broken)
     b = SessionBuilder(SID)
     b.user("hello")
-    report = ingest(db_path, [b.write(tmp_path / "s.jsonl")])
+    report = ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
     (error,) = [f.error for f in report.files]
     assert error == "ValueError: first line second line third line"
 
@@ -1248,7 +1248,7 @@ def test_a_database_migrated_from_003_has_the_tree_of_a_fresh_ingest(tmp_path, d
     paths = [branched, odd]
     if (SHARED_SESSIONS / "large-session.jsonl").exists():
         paths.append(shared_session("large-session.jsonl"))
-    ingest(db_path, paths)
+    ingest(workspace(db_path), paths)
 
     old = legacy_copy(db_path, tmp_path / "at003.duckdb", through=3)  # as om stored it at 003
     assert q(old, "SELECT max(version) FROM schema_migrations") == [(3,)]

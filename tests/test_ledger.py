@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from builders import SessionBuilder
+from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
 from om_core.ingest import ingest
@@ -60,7 +61,7 @@ def load(con, sb: SessionBuilder):
     path: Path = _TMP / f"{sb.session_id}.jsonl"
     text = sb.text().replace(f'"{INFINITY}"', "1e999").replace(f'"{HUGE}"', "1" + "0" * 400)
     path.write_text(text, encoding="utf-8")
-    report = ingest(con, [path])
+    report = ingest(workspace(con), [path])
     assert report.files[0].status == "new", report.files[0]
     return report.files[0]
 
@@ -383,11 +384,11 @@ def test_records_appended_to_a_file_later_are_imported_once(con):
     path = _TMP / f"{sb.session_id}.jsonl"
     with path.open("a", encoding="utf-8") as f:
         f.write("\n".join(sb.lines()[-3:]) + "\n")
-    report = ingest(con, [path]).files[0]
+    report = ingest(workspace(con), [path]).files[0]
     assert report.status == "appended"
     assert report.ledger == {"records": 1, "folded_compactions": 0, "invalid": 1, "ignored_types": 0}
     assert [row[0] for row in ledger_rows(con, sb.session_id)] == ["00000002", "00000003"]
     assert rejects(con, sb.session_id) == [("00000004", DROP)]
-    assert ingest(con, [path]).files[0].status == "unchanged"
+    assert ingest(workspace(con), [path]).files[0].status == "unchanged"
     assert [row[0] for row in ledger_rows(con, sb.session_id)] == ["00000002", "00000003"]
     assert rejects(con, sb.session_id) == [("00000004", DROP)]

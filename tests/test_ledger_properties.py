@@ -21,6 +21,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
 from om_core.ingest import ingest
@@ -211,7 +212,7 @@ def build(con: duckdb.DuckDBPyConnection, tmp: Path, sc: dict) -> tuple[str, Wor
     session_id = f"prop-{next(_counter):06d}-{sc['seed']}"
     path = tmp / f"{session_id}.jsonl"
     write_session(path, session_id, sc)
-    report = ingest(con, [path])
+    report = ingest(workspace(con), [path])
     assert report.files[0].status == "new", report.files[0]
     tokens = dict(con.execute("SELECT entry_id, coalesce(tokens_pi, 0) FROM entries WHERE session_id = ?",
                               [session_id]).fetchall())

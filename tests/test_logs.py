@@ -15,6 +15,7 @@ from fake_openai import FakeOpenAI, http_error, text, tool_call
 from typer.testing import CliRunner
 
 from flows.cli.main import app
+from conftest import workspace
 from om_core.ingest import ingest
 
 SID = "10951111-0000-4000-8000-000000000001"
@@ -32,7 +33,7 @@ def two_sessions(tmp_path):
         b.user(f"Please use {words} for the orders service. My key is {SECRET}")
         b.assistant(f"Using {words}.")
         paths.append(b.write(tmp_path / f"{sid[:8]}.jsonl"))
-    ingest(db, paths)
+    ingest(workspace(db), paths)
     return db, {SID: paths[0], OTHER: paths[1]}
 
 

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from builders import SessionBuilder
+from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
 from flows.cli.main import app
@@ -94,7 +95,7 @@ def con(tmp_path_factory):
 
 def load(con, sb: SessionBuilder) -> str:
     assert _TMP is not None
-    report = ingest(con, [sb.write(_TMP / f"{sb.session_id}.jsonl")])
+    report = ingest(workspace(con), [sb.write(_TMP / f"{sb.session_id}.jsonl")])
     assert report.files[0].status == "new", report.files[0]
     return sb.session_id
 
@@ -352,7 +353,7 @@ def test_om_compact_json_gives_null_summary_for_an_empty_projection(db_path, tmp
     sb = new_session()
     sb.user("one")  # E1
     sb.assistant("two")  # E2
-    ingest(db_path, [sb.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [sb.write(tmp_path / "s.jsonl")])
     runner = CliRunner()
     result = runner.invoke(app, ["--db", str(db_path), "compact", sb.session_id, "--first-kept", E[2], "--json"])
     assert result.exit_code == 0, result.output

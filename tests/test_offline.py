@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from builders import SessionBuilder
+from conftest import workspace
 from om_core import db as dbmod
 from om_core.catalog import resolve_tip
 from flows.cli.main import app
@@ -78,7 +79,7 @@ def by_source(observations) -> dict[tuple[str, ...], list]:
 
 
 def test_offline_observer_rules_on_a_small_session(tmp_path, db_path):
-    ingest(db_path, [work_session().write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [work_session().write(tmp_path / "s.jsonl")])
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, OFFLINE)
     assert (outcome.outcome, outcome.model, outcome.rejected, outcome.turns) == ("recorded", "offline", 0, 0)
     tip, memory, _, _, clock = state(db_path, SID)
@@ -123,7 +124,7 @@ def test_offline_observer_rules_on_a_small_session(tmp_path, db_path):
 
 
 def test_offline_reflector_and_dropper_on_a_small_session(tmp_path, db_path):
-    ingest(db_path, [work_session().write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [work_session().write(tmp_path / "s.jsonl")])
     observe_now(Workspace.open(db_path, settings=Settings()), SID, None, OFFLINE)
     _, before, covered_before, _, _ = state(db_path, SID)
     pool = sum(o.tokenCount for o in before.observations)
@@ -162,7 +163,7 @@ def test_offline_reflector_and_dropper_on_a_small_session(tmp_path, db_path):
 
 
 def test_cli_says_it_uses_the_offline_baseline(tmp_path, db_path):
-    ingest(db_path, [work_session().write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [work_session().write(tmp_path / "s.jsonl")])
     result = invoke(["--db", str(db_path), "observe", SID])
     assert result.exit_code == 0, result.output
     assert "offline baseline" in result.output
@@ -177,7 +178,7 @@ def test_cli_says_it_uses_the_offline_baseline(tmp_path, db_path):
 
 @pytest.mark.real_sessions
 def test_offline_baseline_on_before_compaction(before_compaction, tmp_path, db_path):
-    ingest(db_path, [before_compaction])
+    ingest(workspace(db_path), [before_compaction])
     first = invoke(["--db", str(db_path), "observe", BEFORE_ID])
     assert first.exit_code == 0, first.output
     assert "offline baseline" in first.output

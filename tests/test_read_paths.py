@@ -8,6 +8,7 @@ import sys
 import pytest
 from builders import SessionBuilder
 
+from conftest import workspace
 from om_core.ingest import ingest
 
 PROBE = """
@@ -32,6 +33,6 @@ def test_read_commands_import_no_heavy_library(tmp_path, command):
     b.user("hello")
     b.assistant("hi")
     db = tmp_path / "om.duckdb"
-    ingest(db, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db), [b.write(tmp_path / "s.jsonl")])
     result = subprocess.run([sys.executable, "-c", PROBE, str(db), *command], capture_output=True, text=True, timeout=60)
     assert "HEAVY=\n" in result.stdout, result.stdout + result.stderr

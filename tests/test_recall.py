@@ -85,7 +85,7 @@ def session_two() -> SessionBuilder:
 def db(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recall")
     path = tmp / "om.duckdb"
-    report = ingest(path, [session_one().write(tmp / "one.jsonl"), session_two().write(tmp / "two.jsonl")])
+    report = ingest(workspace(path), [session_one().write(tmp / "one.jsonl"), session_two().write(tmp / "two.jsonl")])
     assert [f.ledger["records"] for f in report.files] == [7, 1]
     return path
 
@@ -259,7 +259,7 @@ def test_a_migrated_hook_message_is_labelled_as_pi_reads_it(tmp_path):
                        "display": True})  # E2
     sb.custom(OBS, {"observations": [o("A todo list is kept.", [hook])], "coversUpToId": hook})  # E3
     db = tmp_path / "om.duckdb"
-    ingest(db, [sb.write(tmp_path / "v2.jsonl")])
+    ingest(workspace(db), [sb.write(tmp_path / "v2.jsonl")])
     result = recall(workspace(db), mid("A todo list is kept."), sb.session_id)
     assert [(s.entry_id, s.role, s.text) for s in result.observations[0].sources] == [
         (hook, "Extension message (todo)", "Remember the todo list.")]

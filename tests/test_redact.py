@@ -193,7 +193,7 @@ def all_summaries(db_path, tmp_path) -> list[str]:
 def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(server, tmp_path, db_path):
     b, ids = leaky_session()
     path = b.write(tmp_path / "leaky.jsonl")
-    ingest(db_path, [path])
+    ingest(workspace(db_path), [path])
     content = "User shared credentials for the orders database."
     server.add(tool_call("record_observations", {"observations": [
         {"timestamp": "2026-01-15 14:01", "content": content, "relevance": "high",
@@ -236,7 +236,7 @@ def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
     from om_core.workers.stages import make_brain
 
     b, _ = leaky_session()
-    ingest(db_path, [b.write(tmp_path / "leaky.jsonl")])
+    ingest(workspace(db_path), [b.write(tmp_path / "leaky.jsonl")])
     settings = Settings(observeAfterTokens=50, reflectAfterTokens=100, compactAfterTokens=200, keepRecentTokens=50,
                         observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)
     con = dbmod.connect(db_path)
@@ -258,7 +258,7 @@ def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
 
 def test_with_redaction_off_the_secret_is_sent(server, tmp_path, db_path):
     b, _ = leaky_session()
-    ingest(db_path, [b.write(tmp_path / "leaky.jsonl")])
+    ingest(workspace(db_path), [b.write(tmp_path / "leaky.jsonl")])
     server.add(text("nothing"))
     observe_now(Workspace.open(db_path, settings=Settings(redactSecrets=False)), SID, None, config(server))
     sent = server.sent_text()
@@ -273,7 +273,7 @@ def test_reflector_prompt_is_redacted_too(server, tmp_path, db_path):
     key = "sk-" + "Abc123Def456Ghi789Jkl012Mno345Pqr678Stu901Vwx"
     b.user(f"You must always use the key {key} for the staging account.")
     b.assistant("Understood.")
-    ingest(db_path, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
     observed = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, ModelConfig(model="offline"))
     assert observed.outcome == "recorded"
     server.add(text("nothing durable"))
@@ -294,7 +294,7 @@ def test_a_private_key_cut_by_the_head_tail_excerpt_does_not_leak(server, tmp_pa
     b = SessionBuilder(SID)
     b.user(big)  # E1: about 850 tokens, alone over a 256-token cap
     b.assistant("Thanks.")
-    ingest(db_path, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
     server.add(text("nothing"))
     observe_now(Workspace.open(db_path, settings=Settings(observerChunkMaxTokens=256)), SID, None, config(server))
     sent = server.sent_text()

@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 from builders import SessionBuilder
+from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
 from om_core.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
@@ -90,7 +91,7 @@ def mid(text: str) -> str:
 
 def replayed(tmp_path, sb: SessionBuilder, settings: Settings = SETTINGS) -> str:
     db_path = tmp_path / "om.duckdb"
-    ingest(db_path, [sb.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db_path), [sb.write(tmp_path / "s.jsonl")])
     con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), settings)

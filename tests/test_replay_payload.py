@@ -13,6 +13,7 @@ import duckdb
 import pytest
 from builders import SessionBuilder
 
+from conftest import workspace
 from om_core import db as dbmod
 from om_core.ingest import ingest
 from om_core.replay import replay_in_process
@@ -44,7 +45,7 @@ def session(tmp_path, with_extension_record: bool = False):
     b.work_turns(5, "beta")
     path = b.write(tmp_path / "s.jsonl")
     db = tmp_path / "om.duckdb"
-    ingest(db, [path])
+    ingest(workspace(db), [path])
     return db
 
 
@@ -127,7 +128,7 @@ def test_new_records_come_after_everything_already_in_the_ledger(tmp_path):
     # another session's records push the database's sequence far ahead of this session's
     other = SessionBuilder(session_id="0000000b-aaaa-bbbb-cccc-dddddddddddd", start="2026-03-02T09:00:00")
     other.work_turns(4, "gamma")
-    ingest(db, [other.write(tmp_path / "other.jsonl")])
+    ingest(workspace(db), [other.write(tmp_path / "other.jsonl")])
     imported = rows(db, f"SELECT max(append_seq) FROM ledger WHERE session_id = '{SID}'")[0][0]
     replay_on_payload(db, "run-1")
     seqs = [r[0] for r in rows(db, f"SELECT append_seq FROM ledger WHERE session_id = '{SID}' "
@@ -141,7 +142,7 @@ def test_the_payload_holds_only_the_sessions_rows(tmp_path):
     db = session(tmp_path, with_extension_record=True)
     other = SessionBuilder(session_id="0000000b-aaaa-bbbb-cccc-dddddddddddd", start="2026-03-02T09:00:00")
     other.work_turns(4, "gamma")
-    ingest(db, [other.write(tmp_path / "other.jsonl")])
+    ingest(workspace(db), [other.write(tmp_path / "other.jsonl")])
     with Workspace.open(db, settings=SETTINGS).read() as con:
         payload = read_session_payload(con, SID)
     assert payload.rows["om_internal.sessions"] == 1 and payload.rows["om_internal.ledger"] == 1

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from builders import SessionBuilder
+from conftest import workspace
 from om_core import db as dbmod
 from om_core.errors import SessionNotFound
 from om_core.ingest import ingest
@@ -78,7 +79,7 @@ def add_model_calls(path: Path) -> None:
 def built(tmp_path_factory) -> tuple[Path, Path, str]:
     root = tmp_path_factory.mktemp("report")
     path = root / "om.duckdb"
-    ingest(path, [worked_session().write(root / "worked.jsonl"), quiet_session().write(root / "quiet.jsonl")])
+    ingest(workspace(path), [worked_session().write(root / "worked.jsonl"), quiet_session().write(root / "quiet.jsonl")])
     con = dbmod.connect(path)
     try:
         brain = make_brain(ModelConfig(model="offline"), SETTINGS)

@@ -13,6 +13,7 @@ from test_cutpoint_pi16 import Branch, usage
 from typer.testing import CliRunner
 
 from flows.cli.main import app
+from conftest import workspace
 from om_core.ingest import ingest
 from om_core.usage_clock import ContextUsage
 
@@ -113,7 +114,7 @@ def test_status_shows_each_clocks_basis_and_the_clocks_at_a_leaf(tmp_path):
     reply = sb.assistant("Started. " * 4)  # usage totalTokens 120 (the builder's)
     sb.user("And now the next part. " * 4)  # 92 chars -> 23
     db = tmp_path / "om.duckdb"
-    ingest(db, [sb.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db), [sb.write(tmp_path / "s.jsonl")])
     runner = CliRunner()
     result = runner.invoke(app, ["--db", str(db), "status", sb.session_id, "--json"])
     assert result.exit_code == 0, result.output

@@ -56,7 +56,7 @@ def config(server: FakeOpenAI, attempts: int = 1) -> ModelConfig:
 
 
 def load(b: SessionBuilder, tmp_path, db) -> None:
-    ingest(db, [b.write(tmp_path / "session.jsonl")])
+    ingest(workspace(db), [b.write(tmp_path / "session.jsonl")])
 
 
 def rows(db, sql: str, params: list | None = None) -> list[tuple]:

@@ -7,6 +7,7 @@ from builders import SessionBuilder
 from typer.testing import CliRunner
 
 from flows.cli.main import app
+from conftest import workspace
 from om_core.errors import OmError
 from om_core.ingest import ingest
 from om_core.settings import Settings
@@ -34,7 +35,7 @@ def test_commands_that_read_no_setting_ignore_a_bad_settings_source(tmp_path, mo
     b.user("hello")
     b.assistant("hi")
     db = tmp_path / "om.duckdb"
-    ingest(db, [b.write(tmp_path / "s.jsonl")])
+    ingest(workspace(db), [b.write(tmp_path / "s.jsonl")])
     base = ["--db", str(db), "--config", str(tmp_path / "missing.toml")]
     runner = CliRunner()
     sql = runner.invoke(app, [*base, "sql", "SELECT count(*) AS n FROM sessions", "--csv"])

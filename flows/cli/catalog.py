@@ -37,7 +37,7 @@ def ingest(
     )
     with progress:
         task = progress.add_task(f"ingesting {len(files)} file(s)", total=total_bytes(files))
-        report = run_ingest(ws.path, paths, progress=lambda n: progress.advance(task, n))
+        report = run_ingest(ws, paths, progress=lambda n: progress.advance(task, n))
     if as_json:
         print_json({**report.summary(), "files": [f.model_dump() for f in report.files]})
     else:

@@ -366,8 +366,7 @@ class _Run:
 
         sessions_dir = self.o.out / "sessions"
         paths = {str(haystacks[i.question_id].write(sessions_dir)): i.question_id for i in chosen}
-        with self.db.write() as con:
-            report = ingest(con, list(paths), command="eval longmemeval")
+        report = ingest(self.db, list(paths), command="eval longmemeval")
         problems = {}
         for f in report.files:
             if f.error or f.status in ("no_header", "duplicate_session", "error"):

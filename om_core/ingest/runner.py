@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -27,9 +28,12 @@ from om_core.ingest.reports import FileReport, IngestReport
 from om_core.runs import finish_run, start_run
 from om_core.tokens import DEFAULT_ENCODING
 
+if TYPE_CHECKING:
+    from om_core.workspace import Workspace
+
 
 def ingest(
-    db: str | os.PathLike | duckdb.DuckDBPyConnection,
+    ws: Workspace,
     paths: Iterable[str | os.PathLike],
     *,
     progress: ProgressFn | None = None,
@@ -37,10 +41,21 @@ def ingest(
     threads: int = 2,
     command: str = "ingest",
 ) -> IngestReport:
-    """Ingest files and directories into ``db`` (a path, or an open write connection).
+    """Ingest files and directories into the workspace's database.
 
+    On the user's file the ingest holds a write connection of its own, with a memory limit, and lets
+    it go between files every few seconds so a waiting reader can take the file; on a workspace
+    around an open connection (a command's step, a test) it writes through that connection.
     One bad file never stops the others; its error is in the report.
     """
+    if ws.path is not None:
+        return _ingest(ws.path, paths, progress, encoding, threads, command)
+    with ws.write() as con:
+        return _ingest(con, paths, progress, encoding, threads, command)
+
+
+def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathLike], progress: ProgressFn | None,
+            encoding: str, threads: int, command: str) -> IngestReport:
     started = time.monotonic()
     files, missing = discover(paths)
     run_id = dbmod.new_run_id()
