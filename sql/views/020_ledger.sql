@@ -72,7 +72,7 @@ CREATE OR REPLACE MACRO branch_records(p_session, p_tip) AS TABLE
 
 -- The compaction order: every compaction on the branch to p_tip in the same branch order, with
 -- where its first kept entry sits (NULL: not on the branch). A macro of its own only because
--- compactions are other rows (the compactions view: Pi's entries and compaction_folds), not
+-- compactions are other rows (the compactions view: Pi's entries and om_internal.compactions), not
 -- because their order differs.
 CREATE OR REPLACE MACRO branch_compactions(p_session, p_tip) AS TABLE
     WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
