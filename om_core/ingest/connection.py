@@ -9,6 +9,7 @@ import time
 import duckdb
 
 from om_core import db as dbmod
+from om_core.sqlfiles import query
 
 # DuckDB's memory limit on connections the ingest opens itself (DuckDB's default is 80% of RAM and
 # its cache grows towards it). Raised for a file with very long lines: a row must fit with room.
@@ -38,7 +39,7 @@ class WriteConnection:
         return con
 
     def _set_memory_limit(self, con: duckdb.DuckDBPyConnection, limit: int) -> None:
-        con.execute(f"SET memory_limit = '{int(limit)}B'")
+        con.execute(query("set_memory_limit"), {"limit": f"{int(limit)}B"})
         self.memory_limit = int(limit)
 
     def make_room(self, line_bytes: int) -> None:

@@ -117,3 +117,7 @@ UPDATE entries SET tokens_pi = $tokens_pi WHERE session_id = $session_id AND ent
 -- name: resum_session_tokens_pi
 UPDATE sessions SET tokens_pi = (SELECT sum(e.tokens_pi) FROM entries e WHERE e.session_id = $session_id)
 WHERE session_id = $session_id;
+
+-- name: set_memory_limit
+-- The memory DuckDB may use on the ingest's own write connection (e.g. '268435456B').
+SET memory_limit = $limit;
