@@ -32,13 +32,18 @@ class SimulatedCompaction:
     gap_safe: GapSafeBoundary | None = None
 
 
+def stored_simulation(con: Any, session_id: str, anchor: str, first_kept: str, trigger: str) -> dict[str, Any] | None:
+    """The compaction an earlier run simulated at ``anchor`` with this plain cut and trigger, if any."""
+    return dbmod.named_row(con, "simulated_compaction_by_seed", {
+        "session_id": session_id, "anchor": anchor, "plain_first_kept": first_kept, "trigger": trigger})
+
+
 def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, first_kept: str, trigger: str,
                         settings: Settings, run_id: str | None = None) -> SimulatedCompaction:
     """Fold the ledger as it stands at ``tip`` into a compaction at ``first_kept``, anchored at ``anchor``."""
     seed = f"{trigger}\x00{anchor}\x00{first_kept}"
     with db.read() as con:
-        existing = dbmod.named_row(con, "simulated_compaction_by_seed", {
-            "session_id": session_id, "anchor": anchor, "plain_first_kept": first_kept, "trigger": trigger})
+        existing = stored_simulation(con, session_id, anchor, first_kept, trigger)
         if existing is not None:
             return SimulatedCompaction(session_id, existing["compaction_id"], anchor, first_kept, trigger,
                                        existing["full_fold"], 0, 0, not existing["folded"], existed=True)

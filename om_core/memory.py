@@ -226,16 +226,19 @@ class Clock(BaseModel):
     tokens_pi: int  # the source-token clock in Pi's estimate
     tokens_tiktoken: int  # the source-token clock in the real tokenizer
     threshold: int | None
-    due: bool | None
+    reached: bool | None  # tokens >= threshold
     watermark_entry_id: str | None
     from_position: int
     basis: Literal["usage", "source"] = "source"  # what ``tokens`` measures (SPEC §7)
     context_tokens: int | None = None  # usage basis: U(t), Pi's context estimate at the tip
     baseline_tokens: int | None = None  # usage basis: the context at the anchor
     fallback: str | None = None  # clockBasis usage, but measured on source tokens: why
+    due: bool | None = None  # `om status`: the next `om run` runs this stage (om_core.status)
+    why: str | None = None  # `om status`: why the stage would not run when its branch is replayed
 
 
 USAGE_CLOCKS = ("observer", "reflector")  # the compaction and dropper clocks always count source tokens
+CLOCK_ORDER = ("observer", "reflector", "dropper", "compaction")  # as `om status` lists them
 
 
 def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> dict[str, Clock]:
@@ -264,10 +267,10 @@ def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: 
         threshold = thresholds[row["clock"]]
         out[row["clock"]] = Clock(
             name=row["clock"], tokens=used, tokens_pi=int(row["tokens_pi"]), tokens_tiktoken=int(row["tokens"]),
-            threshold=threshold, due=None if threshold is None else used >= threshold,
+            threshold=threshold, reached=None if threshold is None else used >= threshold,
             watermark_entry_id=row["watermark_entry_id"], from_position=row["from_pos"], **extra,
         )
-    return out
+    return {name: out[name] for name in sorted(out, key=CLOCK_ORDER.index)}
 
 
 class CoveredObservation(BaseModel):
@@ -398,12 +401,3 @@ def compact(ws: Workspace, session: str, first_kept: str, leaf: str | None = Non
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         return compaction_projection(con, sid, tip, first_kept, pool)
-
-
-def status(ws: Workspace, session: str, leaf: str | None = None) -> MemoryStatus:
-    """Memory status with the workspace's settings (thresholds, pool sizes)."""
-    settings = ws.settings
-    with ws.read() as con:
-        sid = resolve_session(con, session)
-        tip = resolve_tip(con, sid, leaf)
-        return memory_status(con, sid, tip, settings)

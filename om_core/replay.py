@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from om_core.compaction import SimulatedCompaction, simulate_compaction
+from om_core.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
 from om_core.catalog import branch_for_cut_point
 from om_core.db import rows_as_dicts
 from om_core.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
@@ -31,7 +31,7 @@ from om_core.usage_clock import ContextUsage
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
-from om_core.workers.stages import execute_stage
+from om_core.workers.stages import execute_stage, prepare_stage
 
 EventKind = Literal["archive_compaction", "turn_end", "settled"]
 _KIND_ORDER = {"archive_compaction": 0, "turn_end": 1, "settled": 2}
@@ -190,12 +190,32 @@ class BranchReplayer:
             return False
         return self.tokens_between(empty_at + 1, t) < self.settings.observeAfterTokens
 
+    def not_due(self, stage: Stage, t: int) -> str | None:
+        """Why a stage with a clock is not due at turn end t (None: it is due). It is due once its clock
+        reaches its threshold, unless it backs off after an empty result and that backoff holds (SPEC §9)."""
+        clock, threshold = self.clocks(t)[stage.kind], stage.threshold(self.settings)
+        if clock < threshold:
+            return f"below its threshold ({clock:,} of {threshold:,} tokens)"
+        if stage.backs_off and self.backoff_holds(t):
+            empty_at = self.empty_runs[bisect.bisect_right(self.empty_runs, t) - 1]
+            return (f"backed off: it gave an empty result on purpose at {self.branch[empty_at].entry_id} and waits "
+                    f"for another {self.settings.observeAfterTokens:,} source tokens "
+                    f"({self.tokens_between(empty_at + 1, t):,} so far)")
+        return None
+
     def due(self, stage: Stage, t: int) -> bool:
-        """A stage with a clock is due at a turn end once its clock reaches its threshold, unless it
-        backs off after an empty result and that backoff holds (SPEC §9)."""
-        if self.clocks(t)[stage.kind] < stage.threshold(self.settings):
-            return False
-        return not (stage.backs_off and self.backoff_holds(t))
+        return self.not_due(stage, t) is None
+
+    def proactive_cut(self, t: int) -> CutPoint | str:
+        """Where a proactive compaction at settled point t cuts, or why there is none there: the
+        compaction clock is below its threshold, or Pi would not compact (pi-sessions.md §7.4)."""
+        clock, threshold = self.clocks(t)["compaction"], self.settings.compact_threshold
+        if clock < threshold:
+            return f"below its threshold ({clock:,} of {threshold:,} tokens)"
+        try:
+            return self.cut_point(t)
+        except NothingToCompact as exc:
+            return f"Pi would not compact there: {exc}"
 
     # ---------------------------------------------------------------- running
 
@@ -269,11 +289,7 @@ class BranchReplayer:
                     self._compact(report, t, t - 1, first_kept, "archive")
             elif event.kind == "turn_end":
                 self._turn_end(report, t)
-            elif self.clocks(t)["compaction"] >= self.settings.compact_threshold:
-                try:
-                    cut = self.cut_point(t)
-                except NothingToCompact:
-                    continue  # Pi would not compact here (pi-sessions.md §7.4)
+            elif isinstance(cut := self.proactive_cut(t), CutPoint):
                 self._compact(report, t, t, cut.firstKeptEntryId, "proactive")
         if self.drain:
             self._drain(report)
@@ -308,6 +324,56 @@ class BranchReplayer:
         if self.clocks(end)[reflector.kind] > 0:
             self._run(report, end, reflector)
         report.drained = True
+
+
+    # ---------------------------------------------------------------- outlook (om status)
+
+    def outlook(self, model: str) -> Outlook:
+        """What a replay of this branch would do at its end if it ran now with ``model``, by the same
+        rules as ``run`` and the stage runner's own preparation, without running anything."""
+        self._load()
+        end = len(self.branch) - 1
+        if end < 0:
+            return Outlook(None, {stage.kind: "the branch is empty" for stage in CLOCKED_STAGES}, "the branch is empty", 0)
+        turn_ends = [e.position for e in replay_events(self.branch) if e.kind == "turn_end"]
+        stages = {stage.kind: self._stage_outlook(stage, turn_ends[-1], model) if turn_ends
+                  else "no turn has ended on this branch yet" for stage in CLOCKED_STAGES}
+        cut = self.proactive_cut(end)
+        compaction = cut if isinstance(cut, str) else None
+        if compaction is None:
+            with self.db.read() as con:
+                if stored_simulation(con, self.session_id, self.branch[end].entry_id, cut.firstKeptEntryId, "proactive"):
+                    compaction = "an earlier run already simulated this compaction"
+        self.clocks(end)  # the watermarks at the end
+        mark = self._marks.get("observer")
+        return Outlook(self.branch[turn_ends[-1]].entry_id if turn_ends else None, stages, compaction,
+                       self.tokens_between(0 if mark is None else mark + 1, end))
+
+    def _stage_outlook(self, stage: Stage, t: int, model: str) -> str | None:
+        why = self.not_due(stage, t)
+        if why is not None:
+            return why
+        with self.db.read() as con:  # no input, already appended, or this input was answered empty before
+            prepared, outcome = prepare_stage(con, self._request(t, stage), self.settings, model)
+        return None if prepared is not None else outcome.reason
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the next replay of a branch would do at its end (``BranchReplayer.outlook``)."""
+
+    last_turn_end: str | None  # where the clocked stages run last (the entry id; None: no turn ended yet)
+    stages: dict[str, str | None]  # observer, reflector: None if it would run there, else why not
+    compaction: str | None  # None if a proactive compaction would be simulated at the branch end, else why not
+    uncovered_tokens: int  # source tokens after the observer's watermark: what a drain observes in any case
+
+
+def branch_outlook(ws: Any, session_id: str, tip: str, model: str) -> Outlook:
+    """``BranchReplayer.outlook`` of the branch ending at ``tip``, with the workspace's settings."""
+    def run_nothing(req: StageRequest) -> StageOutcome:
+        raise AssertionError("an outlook runs no stage")
+
+    return BranchReplayer(ws, session_id, tip, run_nothing).outlook(model)
 
 
 def session_leaves(ws: Any, session_id: str) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from om_core.db import named_column, named_rows
+from om_core.db import named_column, named_row, named_rows
 from om_core.errors import InvalidArgument, OmError
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -74,6 +74,25 @@ def due_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str], setting
     prints = fingerprints(con, session_ids, settings, model, drain)
     due = [sid for sid in session_ids if sid in prints and prints[sid].now != prints[sid].replayed]
     return due, {sid: printed.now for sid, printed in prints.items()}
+
+
+def replay_decision(con: duckdb.DuckDBPyConnection, session_id: str, settings: Settings, model: str) -> tuple[bool, str]:
+    """Whether `om run` (draining, with ``model``) would replay the session now, by ``due_sessions``'s
+    rule, and why, in words (`om status`)."""
+    if settings.passive:
+        return False, "passive is set: om run only ingests"
+    due, _ = due_sessions(con, [session_id], settings, model, True)
+    last = named_row(con, "last_replay", {"session_id": session_id})
+    if last is None:
+        return True, "never replayed: om run replays it"
+    when = f"run {last['run_id']}, {last['replayed_at']:%Y-%m-%d %H:%M}"
+    if not due:
+        return False, f"unchanged since its last complete replay ({when}): om run replays nothing"
+    if not due_sessions(con, [session_id], settings, model, False)[0]:
+        return True, (f"replayed without draining ({when}) and unchanged since: om run drains it "
+                      "(om run --no-drain replays nothing)")
+    return True, (f"changed since its last complete replay ({when}): new entries, other settings or another model "
+                  f"than {model}: om run replays it")
 
 
 def record_replay(con: duckdb.DuckDBPyConnection, session_id: str, fingerprint: str, run_id: str) -> None:

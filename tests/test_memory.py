@@ -508,7 +508,7 @@ def test_the_four_clocks(con):
                              "compaction": (94, E[9])}  # from E9's first kept entry E6, inclusive
     assert clocks(E[14])["compaction"] == (2, E[13])  # after the compaction entry itself
     c = memory.clocks(con, sid, E[14])["observer"]
-    assert (c.tokens_pi, c.threshold, c.due) == (126, 10_000, False)
+    assert (c.tokens_pi, c.threshold, c.reached) == (126, 10_000, False)
 
 
 # ---------------------------------------------------------------- coverage tiers (SPEC §8)

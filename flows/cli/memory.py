@@ -168,16 +168,25 @@ def _print_recall(result) -> None:
             out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missing_supporting_observation_ids)}")
 
 
-@app.command(epilog=examples('om status SESSION', 'om status SESSION --leaf ID --json'))
+@app.command(epilog=examples('om status SESSION', 'om status SESSION --model openai/gpt-4o-mini',
+                            'om status SESSION --leaf ID --json'))
 def status(
     session: SessionArg,
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Status as of this entry (default: current leaf)."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help="The model om run would use (default: "
+                                        "the configured one, else the offline baseline): due is what that run does."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
-    """Memory status: observation and reflection counts, drift, the four clocks, pool pressure, errors."""
-    from om_core.memory import status as memory_status
+    """Memory status: observation and reflection counts, drift, the four clocks, pool pressure, errors.
 
-    s = memory_status(workspace(), session, leaf)
+    A clock is due when the next om run runs its stage on the memory as it stands: om run replays the
+    session (it changed since its last complete replay) and the replay's rules run the stage at the
+    branch's last turn end. Where a clock passed its threshold and its stage would still not run, the
+    reason is given in words (nothing new since the last replay, backed off after an empty result, this
+    input already answered)."""
+    from om_core.status import status as branch_status
+
+    s = branch_status(workspace(), session, leaf, model)
     if as_json:
         print_json(s.model_dump(mode="json"))
         return
@@ -201,6 +210,15 @@ def status(
                  "" if c.threshold is None else str(c.threshold),
                  "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start"]
                 for c in s.clocks.values()])
+    n = s.next_run
+    out.print(escape(f"next om run ({n.model}): {n.why}"), highlight=False)
+    for c in s.clocks.values():
+        if c.reached and not c.due and c.why:  # past its threshold, yet its stage would not run
+            out.print(escape(f"  {c.name}: past its threshold; " + (f"when replayed, not run: {c.why}" if not n.replays
+                                                                     else f"not run: {c.why}")), highlight=False)
+    if n.replays and n.uncovered_tokens:
+        out.print(f"  its drain observes the {n.uncovered_tokens:,} uncovered source tokens at the branch end "
+                  "(om run --no-drain leaves them to the observer's clock)", highlight=False)
     out.print(f"pools: active {p['active_tokens']} / target {p['target_tokens']} / max {p['max_tokens']} tokens "
               f"({p['active_pressure']:.0%}); visible {p['visible_tokens']} ({p['visible_pressure']:.0%})")
     for e in s.last_errors:

@@ -39,3 +39,7 @@ SELECT (SELECT count(*) FROM om_internal.ledger WHERE run_id = $run_id) AS recor
 -- name: interrupt_run
 UPDATE om_internal.runs SET status = 'interrupted', finished_at = current_timestamp, detail = $detail
 WHERE run_id = $run_id AND status = 'running';
+
+-- name: last_replay
+-- A session's last complete replay: which run, and when (om status).
+SELECT run_id, replayed_at FROM om_internal.session_replays WHERE session_id = $session_id;
