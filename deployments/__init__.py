@@ -44,20 +44,21 @@ def _module_entrypoint():
     return EntrypointType.MODULE_PATH
 
 
-def archive_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any]):
+def archive_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any],
+                       exclude: list[str] | None = None):
     from flows.pipeline import process_sessions
 
     return process_sessions.to_deployment(
         name="om-archive",
         parameters={"targets": [str(Path(directory).resolve())], "db_path": db_path, "model": model,
-                    "settings": settings},
+                    "settings": settings, "exclude": exclude or []},
         description="Ingest and replay an archive of Pi sessions, draining finished branches.",
         tags=["om", "archive"], entrypoint_type=_module_entrypoint(),
     )
 
 
 def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any],
-                           every_seconds: int = 600):
+                           every_seconds: int = 600, exclude: list[str] | None = None):
     from prefect.client.schemas.objects import ConcurrencyLimitConfig
 
     from flows.pipeline import maintain_sessions
@@ -65,7 +66,7 @@ def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any],
     return maintain_sessions.to_deployment(
         name="om-maintain",
         parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": model,
-                    "settings": settings},
+                    "settings": settings, "exclude": exclude or []},
         interval=timedelta(seconds=every_seconds),
         concurrency_limit=ConcurrencyLimitConfig(**_ONE_AT_A_TIME),
         description="Ingest new lines of live Pi sessions and run the memory stages that are due.",
@@ -74,14 +75,14 @@ def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any],
 
 
 def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: dict[str, Any],
-                  settings: dict[str, Any], every_seconds: int = 600) -> None:
+                  settings: dict[str, Any], every_seconds: int = 600, exclude: list[str] | None = None) -> None:
     from prefect import serve
 
     deployments = []
     if archive is not None:
-        deployments.append(archive_deployment(archive, db_path, model, settings))
+        deployments.append(archive_deployment(archive, db_path, model, settings, exclude))
     if live is not None:
-        deployments.append(maintenance_deployment(live, db_path, model, settings, every_seconds))
+        deployments.append(maintenance_deployment(live, db_path, model, settings, every_seconds, exclude))
     # one flow run at a time: every run writes the one database file; a schedule shorter than
     # Prefect's default poll (10 s) is polled as often as it fires
     serve(*deployments, limit=1, print_starting_message=False, query_seconds=min(10.0, max(1.0, every_seconds)))

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", help="litellm model string (default: the model setting, else the offline baseline)")
     parser.add_argument("--api-base", help="base URL of an OpenAI-compatible server (default: the apiBase setting)")
     parser.add_argument("--config", type=Path, help="settings file (TOML; default ./om.toml when present)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                        help="leave out the files the directory walk finds that match GLOB (repeatable)")
     args = parser.parse_args(argv)
     if not (args.archive or args.live):
         parser.error("give --archive and/or --live")
@@ -42,9 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     db = str(Path(args.db).resolve())
     deployments = []
     if args.archive:
-        deployments.append(archive_deployment(args.archive, db, model, settings))
+        deployments.append(archive_deployment(args.archive, db, model, settings, args.exclude))
     if args.live:
-        deployments.append(maintenance_deployment(args.live, db, model, settings, args.every))
+        deployments.append(maintenance_deployment(args.live, db, model, settings, args.every, args.exclude))
     deploy(*deployments, work_pool_name=args.pool, print_next_steps_message=False, ignore_warnings=True)
 
 

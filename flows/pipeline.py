@@ -286,7 +286,7 @@ def _quiet_expected_stage_failures() -> None:
 
 
 def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
-             stage_options: dict[str, Any], command: str, window: int) -> dict[str, Any]:
+             stage_options: dict[str, Any], command: str, window: int, exclude: list[str]) -> dict[str, Any]:
     _quiet_expected_stage_failures()
     ws = Workspace.from_spec(spec)
     settings = ws.settings
@@ -295,7 +295,8 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         with ws.write() as con:
             start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
         model_name = model.get("model") or "offline"
-        plan = plan_run(ws, targets, model=model_name, drain=drain, command=f"{command} {run_id}", strict=False)
+        plan = plan_run(ws, targets, model=model_name, drain=drain, command=f"{command} {run_id}", strict=False,
+                        exclude=exclude)
     except Exception as exc:  # a full disk ends the run with one line
         stored = storage_error(exc, spec.db_path)
         if stored is None:
@@ -369,17 +370,19 @@ def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> Workspace
       validate_parameters=False)
 def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
-                     stage_options: dict[str, Any] | None = None, window: int = 8) -> dict[str, Any]:
-    """Ingest and replay sessions (files, directories, or ingested session ids)."""
+                     stage_options: dict[str, Any] | None = None, window: int = 8,
+                     exclude: list[str] | None = None) -> dict[str, Any]:
+    """Ingest and replay sessions (files, directories, or ingested session ids); ``exclude``: globs
+    leaving out files the directory walk finds."""
     return _process(targets, _spec(db_path, settings), model or {}, drain, run_id, stage_options or {}, "run",
-                    window)
+                    window, exclude or [])
 
 
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
 def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
-                      settings: dict[str, Any] | None = None) -> dict[str, Any]:
+                      settings: dict[str, Any] | None = None, exclude: list[str] | None = None) -> dict[str, Any]:
     """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining."""
-    return _process([directory], _spec(db_path, settings), model or {}, False, None, {}, "maintain", 8)
+    return _process([directory], _spec(db_path, settings), model or {}, False, None, {}, "maintain", 8, exclude or [])
 
 
 __all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT",

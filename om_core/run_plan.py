@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -104,6 +104,7 @@ class RunPlan:
     session_ids: list[str] = field(default_factory=list)  # every session the run covers, largest first
     due: list[str] = field(default_factory=list)  # the ones to replay
     errors: list[str] = field(default_factory=list)  # files that could not be ingested
+    notes: list[str] = field(default_factory=list)  # files skipped as no session (yet), one line each
     ingest: dict[str, Any] = field(default_factory=lambda: {"files": [], "missing": []})
 
     @property
@@ -132,8 +133,9 @@ def check_targets(ws: Any, targets: list[str]) -> tuple[list[str], list[str], li
 
 
 def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: str = "ingest",
-             strict: bool = True, progress: Callable[..., None] | None = None) -> RunPlan:
-    """Check the targets, ingest the paths' new lines, and find the sessions that are due.
+             strict: bool = True, progress: Callable[..., None] | None = None, exclude: Sequence[str] = ()) -> RunPlan:
+    """Check the targets, ingest the paths' new lines (``exclude``: globs leaving out files a directory
+    walk finds), and find the sessions that are due.
 
     ``strict`` (a command): a missing path or unknown session id stops everything, in one line,
     before anything is done; otherwise (a scheduled flow) it is one of the run's errors."""
@@ -144,13 +146,15 @@ def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: s
         raise TargetsMissing("; ".join(problems))
     plan = RunPlan(errors=list(problems))
     if paths:
-        report = ingest(ws, paths, command=command, progress=progress)
+        report = ingest(ws, paths, command=command, progress=progress, exclude=exclude)
         plan.ingest = {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
         for f in report.files:
             if f.status in ("new", "appended", "rewritten", "unchanged") and f.session_id:
                 session_ids.append(f.session_id)
-            elif f.error or f.status in ("no_header", "duplicate_session"):
+            elif f.error or f.status == "duplicate_session":
                 plan.errors.append(f"{f.path}: {f.error or f.status}")
+            else:  # not a session (yet): an empty file, or another program's file a directory walk found
+                plan.notes += [f"{f.path}: {note}" for note in f.notes]
         plan.errors += [f"{p}: no such file or directory" for p in report.missing_paths]
     session_ids = list(dict.fromkeys(session_ids))
     if not session_ids:

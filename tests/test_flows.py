@@ -305,3 +305,22 @@ def test_om_run_on_a_full_disk_ends_with_one_line(prefect_api, tmp_path, small_f
         assert con.execute("SELECT count(*) FROM sessions").fetchone()[0] > 0
     finally:
         con.close()
+
+
+def test_the_flows_and_deployments_take_exclude_globs(tmp_path):
+    from deployments import archive_deployment, maintenance_deployment
+    from flows.pipeline import maintain_sessions
+
+    root = tmp_path / "live"
+    make_sessions(root, count=1)
+    (root / "tool.log.jsonl").write_text('{"level": "info"}\n')
+    db = str(tmp_path / "om.duckdb")
+    passive = Settings(passive=True).model_dump()  # ingest only: no task is submitted, no API is needed
+    seen = lambda result: sorted(Path(f["path"]).name for f in result["ingest"]["files"])  # noqa: E731
+    result = maintain_sessions.fn(str(root), db, {"model": "offline"}, passive)
+    assert seen(result) == ["s0.jsonl", "tool.log.jsonl"] and result["errors"] == []  # skipped, with a note
+    assert seen(maintain_sessions.fn(str(root), db, {"model": "offline"}, passive, exclude=["*.log.jsonl"])) == [
+        "s0.jsonl"]
+    for deployment in (archive_deployment(root, db, {}, passive, ["*.log.jsonl"]),
+                       maintenance_deployment(root, db, {}, passive, 60, ["*.log.jsonl"])):
+        assert deployment.parameters["exclude"] == ["*.log.jsonl"]

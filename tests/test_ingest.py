@@ -645,20 +645,82 @@ def test_directory_with_good_and_bad_files(tmp_path, db_path):
     statuses = {Path(f.path).name: f.status for f in report.files}
     assert statuses == {"2026_g1.jsonl": "new", "2026_g2.jsonl": "new", "nohead.jsonl": "no_header",
                         "garbage.jsonl": "no_header", "empty.jsonl": "no_header"}
-    # lines but no header: an error for that file alone; an empty file may still become a session
-    assert sorted(Path(f.path).name for f in report.files if f.error) == ["garbage.jsonl", "nohead.jsonl"]
-    assert all("not a Pi session" in f.error and "\n" not in f.error for f in report.files if f.error)
-    assert report.missing_paths == []
+    # found by the walk, lines but no header: no session, skipped with one note each, no error
+    skipped = {Path(f.path).name: f.notes for f in report.files if f.status == "no_header"}
+    assert skipped["garbage.jsonl"] == ["not a Pi session file (no valid session header in 2 line(s)): skipped"]
+    assert skipped["nohead.jsonl"] == ["not a Pi session file (no valid session header in 1 line(s)): skipped"]
+    assert skipped["empty.jsonl"] == ["empty file: no session header yet"]  # it may still become a session
+    assert [f for f in report.files if f.error] == [] and report.missing_paths == []
     assert report.entries_added == 3
     assert q(db_path, "SELECT session_id, entry_count FROM sessions ORDER BY 1") == [
         (g1.session_id, 2), (g2.session_id, 1)]
-    assert q(db_path, "SELECT regexp_extract(file_path, '[^/]+$'), line_no, reason FROM quarantine ORDER BY ALL") == [
-        ("garbage.jsonl", 1, "invalid_json"), ("garbage.jsonl", 2, "invalid_json"),
-        ("nohead.jsonl", 1, "no_session_header")]
-    # and again: everything unchanged
+    assert q(db_path, "SELECT count(*) FROM quarantine") == [(0,)]  # foreign lines are not the sessions' to keep
+    # and again: everything unchanged, the same notes
     again = ingest(workspace(db_path), [root])
     assert {f.status for f in again.files} == {"unchanged"}
-    assert sorted(Path(f.path).name for f in again.files if f.error) == ["garbage.jsonl", "nohead.jsonl"]
+    assert [f for f in again.files if f.error] == []
+    assert {Path(f.path).name: f.notes for f in again.files if f.notes} == {
+        "garbage.jsonl": skipped["garbage.jsonl"], "nohead.jsonl": skipped["nohead.jsonl"]}
+    # named on the command line, such a file is an error, and its lines stay in quarantine
+    named_path = shutil.copy(root / "garbage.jsonl", tmp_path / "named.jsonl")
+    [named] = ingest(workspace(db_path), [named_path]).files
+    assert named.error and "not a Pi session" in named.error and "\n" not in named.error
+    assert q(db_path, "SELECT line_no, reason FROM quarantine ORDER BY ALL") == [(1, "invalid_json"),
+                                                                             (2, "invalid_json")]
+    ingest(workspace(db_path), [tmp_path])  # found by a walk later: they go
+    assert q(db_path, "SELECT count(*) FROM quarantine") == [(0,)]
+
+
+def test_exclude_globs_leave_out_what_the_walk_finds(tmp_path, db_path):
+    root = tmp_path / "sessions"
+    for n, where in enumerate(["keep/a.jsonl", "scratch/b.jsonl", "c.log.jsonl", "keep/d.log.jsonl"]):
+        b = SessionBuilder(f"eeeeeeee-0000-0000-0000-00000000000{n}")
+        b.user(where)
+        b.write(root / where)
+    names = lambda report: sorted(Path(f.path).relative_to(root).as_posix() for f in report.files)  # noqa: E731
+    report = ingest(workspace(db_path), [root], exclude=["*.log.jsonl", "scratch/*"])
+    assert names(report) == ["keep/a.jsonl"]
+    # a file named on the command line is read whatever the globs say
+    report = ingest(workspace(db_path), [root, root / "c.log.jsonl"], exclude=["*.log.jsonl", "scratch/*"])
+    assert names(report) == ["c.log.jsonl", "keep/a.jsonl"]
+    assert names(ingest(workspace(db_path), [root])) == ["c.log.jsonl", "keep/a.jsonl", "keep/d.log.jsonl",
+                                                          "scratch/b.jsonl"]
+
+
+def test_om_ingest_of_a_folder_with_a_stray_file_exits_0_with_one_note(tmp_path):
+    root = tmp_path / "sessions"
+    b = SessionBuilder(SID)
+    b.user("hello")
+    b.write(root / "s.jsonl")
+    (root / "tool.log.jsonl").write_text('{"level": "info", "msg": "started"}\n{"level": "info", "msg": "done"}\n')
+    db = tmp_path / "om.duckdb"
+    for _ in range(2):  # and again, unchanged: a cron job does not fail forever
+        done = _om(["--db", str(db), "ingest", str(root)], tmp_path)
+        assert done.returncode == 0, done.stderr
+        notes = [line for line in done.stderr.splitlines() if "tool.log.jsonl" in line]
+        assert len(notes) == 1 and "note" in notes[0] and "not a Pi session file" in notes[0], done.stderr
+    assert q(db, "SELECT count(*) FROM quarantine") == [(0,)]
+    done = _om(["--db", str(db), "ingest", str(root), "--exclude", "*.log.jsonl"], tmp_path)
+    assert done.returncode == 0 and "tool.log.jsonl" not in done.stderr, done.stderr
+    done = _om(["--db", str(db), "ingest", str(root / "tool.log.jsonl")], tmp_path)
+    assert done.returncode == 1 and done.stderr.startswith("error: ") and "not a Pi session" in done.stderr
+
+
+def test_a_run_plan_notes_a_stray_file_and_counts_no_error(tmp_path, db_path):
+    from om_core.run_plan import plan_run
+
+    root = tmp_path / "sessions"
+    b = SessionBuilder(SID)
+    b.user("hello")
+    b.write(root / "s.jsonl")
+    (root / "tool.log.jsonl").write_text('{"level": "info"}\n')
+    (root / "new.jsonl").write_text("")  # Pi created it and has not written its header yet
+    plan = plan_run(workspace(db_path), [str(root)], model="offline", drain=True)
+    assert plan.errors == [] and plan.session_ids == [SID]
+    assert [n.split(": ", 1)[1] for n in sorted(plan.notes)] == [
+        "empty file: no session header yet", "not a Pi session file (no valid session header in 1 line(s)): skipped"]
+    plan = plan_run(workspace(db_path), [str(root)], model="offline", drain=True, exclude=["tool.*"])
+    assert plan.errors == [] and plan.notes == []  # (the empty file is unchanged: nothing new to say)
 
 
 def test_missing_path_is_reported_and_others_ingested(tmp_path, db_path):

@@ -123,6 +123,18 @@ def test_a_missing_path_fails_in_one_line_before_anything_starts(tmp_path):
     assert not (tmp_path / "om.duckdb").exists()  # nothing was ingested either
 
 
+def test_om_run_notes_a_stray_file_in_a_folder_and_takes_exclude(tmp_path):
+    folder = sessions(tmp_path / "sessions", count=1)
+    (folder / "tool.log.jsonl").write_text('{"level": "info"}\n')
+    env = env_for(tmp_path, OM_PASSIVE="true", **NO_API)  # ingest only: no orchestrator
+    done = om(tmp_path, "run", str(folder), env=env, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    notes = [line for line in done.stderr.splitlines() if "tool.log.jsonl" in line]
+    assert len(notes) == 1 and "not a Pi session file" in notes[0]
+    done = om(tmp_path, "run", str(folder), "--exclude", "*.log.jsonl", env=env, timeout=60)
+    assert done.returncode == 0 and "tool.log.jsonl" not in done.stderr, done.stderr[-2000:]
+
+
 def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path):
     folder = sessions(tmp_path / "sessions", count=2)
     first = om(tmp_path, "run", str(folder), "--json")  # the offline baseline

@@ -11,22 +11,28 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import SessionArg, app, err, examples, out, print_json, print_rows, workspace
+from flows.cli.common import ExcludeOpt, SessionArg, app, err, examples, out, print_json, print_rows, workspace
 from om_core.errors import InvalidArgument, OmError
 
 
-@app.command(epilog=examples('om ingest ~/.pi/agent/sessions', 'om ingest session.jsonl other.jsonl --json'))
+@app.command(epilog=examples('om ingest ~/.pi/agent/sessions', 'om ingest session.jsonl other.jsonl --json',
+                            "om ingest ~/sessions --exclude '*.log.jsonl' --exclude 'scratch/*'"))
 def ingest(
     paths: list[Path] = typer.Argument(..., help="Session files, or directories searched recursively for *.jsonl."),
+    exclude: ExcludeOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print the ingest report as JSON."),
 ) -> None:
-    """Ingest Pi session files (lossless, idempotent, incremental) and any memory ledger they hold."""
+    """Ingest Pi session files (lossless, idempotent, incremental) and any memory ledger they hold.
+
+    A file a directory walk finds that is no Pi session (no session header in its lines) is skipped
+    with a note; a file named on the command line that is none is an error (exit 1, its lines kept in
+    quarantine)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from om_core.ingest import discover, ingest as run_ingest, total_bytes
 
     ws = workspace()
-    files, missing = discover(paths)
+    files, missing = discover(paths, exclude or ())
     if not files:  # nothing to read: say so, and do not create an empty database
         if missing:
             raise OmError("no such file or directory: " + ", ".join(missing))
@@ -37,7 +43,7 @@ def ingest(
     )
     with progress:
         task = progress.add_task(f"ingesting {len(files)} file(s)", total=total_bytes(files))
-        report = run_ingest(ws, paths, progress=lambda n: progress.advance(task, n))
+        report = run_ingest(ws, paths, progress=lambda n: progress.advance(task, n), exclude=exclude or ())
     if as_json:
         print_json({**report.summary(), "files": [f.model_dump() for f in report.files]})
     else:

@@ -29,6 +29,9 @@ SessionArg = Annotated[str, typer.Argument(help="Session id, unique id prefix, o
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", envvar="OM_MODEL", help="litellm model string (openai/…, anthropic/…, openrouter/…, ollama/…), or "
     "'offline'")]
+ExcludeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--exclude", metavar="GLOB", help="Leave out the files a directory walk finds whose name or path below the "
+    "directory matches GLOB (repeatable; a file named on the command line is always read).")]
 ApiBaseOpt = Annotated[Optional[str], typer.Option("--api-base", envvar="OM_API_BASE",
                                                    help="Base URL of an OpenAI-compatible server.")]
 

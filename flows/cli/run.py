@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows import progress
-from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, model_config, out, print_json, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, model_config, out, print_json, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.preflight import check_cluster_run
 from flows.runner import prepare_environment, run_pipeline
@@ -28,6 +28,7 @@ from om_core.errors import InvalidArgument
     'om run SESSION --model offline --json'))
 def run(
     targets: list[str] = typer.Argument(..., help="Session files, directories, or ingested session ids."),
+    exclude: ExcludeOpt = None,
     model: ModelOpt = None,
     api_base: ApiBaseOpt = None,
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Sessions processed in parallel."),
@@ -74,7 +75,10 @@ def run(
                   "timeout": config.timeout, "limit": limit, "max_cost": max_cost}
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
     say("checking the targets and ingesting new lines…")
-    plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain)
+    plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain, exclude=exclude or ())
+    if not as_json:
+        for note in plan.notes:
+            err.print(f"  [yellow]note[/] {escape(note)}", highlight=False)
     estimate = None
     if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
         summary = {"run_id": None, "sessions": [], "errors": plan.errors}

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from deployments import resolved_inputs, serve_locally
-from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, print_json, print_rows, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, print_json, print_rows, workspace
 from flows.interrupt import serve_until_signal
 from flows.runner import prepare_environment
 from flows.server import local_server
@@ -26,6 +26,7 @@ def serve(
     archive: Optional[Path] = typer.Option(None, "--archive", help="Directory of archived sessions to process."),
     live: Optional[Path] = typer.Option(None, "--live", help="Live sessions directory to maintain on a schedule."),
     every: int = typer.Option(600, "--every", min=1, help="Seconds between maintenance runs of the live directory."),
+    exclude: ExcludeOpt = None,
     model: ModelOpt = None,
     api_base: ApiBaseOpt = None,
 ) -> None:
@@ -55,7 +56,7 @@ def serve(
     # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
     serve_until_signal(
         lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=model_dict,
-                              settings=settings_dict, every_seconds=every),
+                              settings=settings_dict, every_seconds=every, exclude=exclude or []),
         cleanup=lambda: server.stop() if server is not None else None,
         farewell=lambda code: (f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in "
                                "progress was ended and its next tick redoes it"))

@@ -30,7 +30,7 @@ from om_core.tree import build_forest
 class FileIngest:
     def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, run_id: str, progress: ProgressFn | None,
                  encoding: str, threads: int, make_room: Callable[[int], None] | None = None,
-                 prepared: tuple[Plan, FileReader | None] | None = None) -> None:
+                 prepared: tuple[Plan, FileReader | None] | None = None, walked: bool = False) -> None:
         self.con = con
         self.path = path
         self.key = str(path)
@@ -40,6 +40,7 @@ class FileIngest:
         self.threads = threads
         self.make_room = make_room
         self.prepared = prepared  # the plan (and reader) of the read-ahead thread
+        self.walked = walked  # found by walking a directory (not named): a file that is no session is skipped
         self.reader: FileReader | None = None
         self.writer: BatchWriter | None = None
         self.read_session: str | None = None  # the session whose entries this read writes
@@ -76,8 +77,8 @@ class FileIngest:
         session_id = row.session_id if row else None
         if plan.action == "unchanged":
             report = FileReport(path=self.key, session_id=session_id, status="unchanged")
-            if row.status == "no_header" and row.ingested_lines:  # still not a session: still an error
-                report.error = no_header_error(row.ingested_lines)
+            if row.status == "no_header" and row.ingested_lines:  # still not a session
+                self._not_a_session(report, row.ingested_lines)
             return report
         if plan.action == "touch":
             self.con.execute(query("touch_session_file"), {"file_path": self.key, "size_bytes": plan.stat.st_size,
@@ -170,7 +171,7 @@ class FileIngest:
         elif state.header is None:
             report.status = "no_header"
             if line_no:  # lines, none of them a session header: not a Pi session (an empty file may become one)
-                report.error = no_header_error(line_no)
+                self._not_a_session(report, line_no)
             else:
                 report.notes.append("empty file: no session header yet")
         else:
@@ -188,6 +189,16 @@ class FileIngest:
             "run_id": self.run_id,
         })
         return report
+
+    def _not_a_session(self, report: FileReport, lines: int) -> None:
+        """A file with lines but no session header: skipped with a note when a directory walk found it,
+        an error when it was named (its lines then stay in quarantine)."""
+        if self.walked:  # another program's file in a sessions folder: none of its lines is kept
+            self.con.execute(query("delete_file_quarantine"), {"file_path": self.key})
+            report.lines_quarantined = 0
+            report.notes.append(f"not a Pi session file (no valid session header in {lines} line(s)): skipped")
+        else:
+            report.error = no_header_error(lines)
 
     def _claim_session(self, session_id: str) -> str | None:
         """Another ingested file with the same session id: a copy (skip this one) or a move (take over)."""

@@ -3,6 +3,7 @@ their sizes, the hash of the part already ingested, and their ``session_files`` 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 from collections.abc import Iterable
@@ -37,15 +38,20 @@ def session_file_row(con: duckdb.DuckDBPyConnection, file_path: str) -> SessionF
     return SessionFileRow(**rows[0]) if rows else None
 
 
-def discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]]:
-    """Files to ingest (directories searched recursively for *.jsonl) and paths that do not exist."""
+def discover(paths: Iterable[str | os.PathLike], exclude: Iterable[str] = ()) -> tuple[list[Path], list[str]]:
+    """Files to ingest (directories searched recursively for *.jsonl) and paths that do not exist.
+
+    ``exclude``: globs (fnmatch: ``*`` also matches ``/``) that leave out a file a directory walk finds,
+    matched against its name and its path below that directory; a file named in ``paths`` is kept."""
+    patterns = list(exclude)
     files: list[Path] = []
     missing: list[str] = []
     seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+            found = sorted(p for p in path.rglob("*.jsonl") if p.is_file()
+                           and not _excluded(p.name, p.relative_to(path).as_posix(), patterns))
         elif path.is_file():
             found = [path]
         else:
@@ -57,6 +63,10 @@ def discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]]
                 seen.add(key)
                 files.append(key)
     return files, missing
+
+
+def _excluded(name: str, below: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(below, pattern) for pattern in patterns)
 
 
 def total_bytes(files: Iterable[Path]) -> int:

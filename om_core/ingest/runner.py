@@ -40,8 +40,10 @@ def ingest(
     encoding: str = DEFAULT_ENCODING,
     threads: int = 2,
     command: str = "ingest",
+    exclude: Iterable[str] = (),
 ) -> IngestReport:
-    """Ingest files and directories into the workspace's database.
+    """Ingest files and directories into the workspace's database; ``exclude``: globs that leave out
+    files a directory walk finds (``discover``).
 
     On the user's file the ingest holds a write connection of its own, with a memory limit, and lets
     it go between files every few seconds so a waiting reader can take the file; on a workspace
@@ -49,20 +51,22 @@ def ingest(
     One bad file never stops the others; its error is in the report.
     """
     if ws.path is not None:
-        return _ingest(ws.path, paths, progress, encoding, threads, command)
+        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude)
     with ws.write() as con:
-        return _ingest(con, paths, progress, encoding, threads, command)
+        return _ingest(con, paths, progress, encoding, threads, command, exclude)
 
 
 def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathLike], progress: ProgressFn | None,
-            encoding: str, threads: int, command: str) -> IngestReport:
+            encoding: str, threads: int, command: str, exclude: Iterable[str]) -> IngestReport:
     started = time.monotonic()
-    files, missing = discover(paths)
+    paths = list(paths)
+    files, missing = discover(paths, exclude)
+    named = {Path(p).resolve() for p in paths if Path(p).is_file()}
     run_id = dbmod.new_run_id()
     report = IngestReport(run_id=run_id, missing_paths=missing)
     where = None if isinstance(db, duckdb.DuckDBPyConnection) else db
     try:
-        return _ingest_files(db, files, report, started, progress, encoding, threads, command)
+        return _ingest_files(db, files, named, report, started, progress, encoding, threads, command)
     except Exception as exc:
         # A write error of the storage ends the ingest: every later file would fail the same way.
         stored = storage_error(exc, where)
@@ -72,8 +76,8 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
         raise StorageError(f"{stored} (ingest stopped; {kept} file(s) before it are stored and readable)") from None
 
 
-def _ingest_files(db, files: list[Path], report: IngestReport, started: float, progress: ProgressFn | None,
-                  encoding: str, threads: int, command: str) -> IngestReport:
+def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport, started: float,
+                  progress: ProgressFn | None, encoding: str, threads: int, command: str) -> IngestReport:
     run_id = report.run_id
     holder = WriteConnection(db)
     ahead: ReadAhead | None = None
@@ -88,11 +92,12 @@ def _ingest_files(db, files: list[Path], report: IngestReport, started: float, p
             try:
                 try:
                     result = FileIngest(con, path, run_id, progress, encoding, threads, make_room,
-                                        prepared).run()
+                                        prepared, walked=path not in named).run()
                 except duckdb.OutOfMemoryException:
                     if not holder.after_out_of_memory():
                         raise
-                    result = FileIngest(con, path, run_id, progress, encoding, threads, make_room).run()
+                    result = FileIngest(con, path, run_id, progress, encoding, threads, make_room,
+                                        walked=path not in named).run()
                 report.files.append(result)
             except OmError:
                 raise
