@@ -584,6 +584,92 @@ def test_every_help_has_examples_and_real_placeholders(command):
     assert "SPEC" not in text and "§" not in text
 
 
+@pytest.mark.parametrize("command", ["", *_commands()])
+def test_every_help_wraps_between_words_at_80_columns(command):
+    result = CliRunner().invoke(app, [*command.split(), "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Usage:")) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    prose = lines[start:end]
+    assert max(len(line.rstrip()) for line in prose) <= 80
+    for above, below in zip(prose, prose[1:]):  # within a paragraph, a line ends only where the next word
+        if above.strip() and below.strip() and not below.startswith("  "):  # would not fit (78 columns of
+            # text): never "(source" alone on a line; an indented line is a table of the help's own
+            assert len(above.strip()) + 1 + len(below.split()[0]) > 78, (command, above, below)
+
+
+def test_the_data_file_is_named_as_the_readme_names_it():
+    text = invoke(["eval", "longmemeval", "--help"]).stdout
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "longmemeval_s_cleaned.json" in text and "longmemeval_s_cleaned.json" in readme
+    assert "longmemeval_s.json" not in text and "longmemeval_s.json" not in readme
+
+
+def terminal(monkeypatch, width: int, *modules) -> io.StringIO:
+    """What commands print to stdout, as a terminal of ``width`` columns shows it."""
+    from rich.console import Console
+
+    from flows.cli import common
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=width, color_system=None)
+    for module in (common, *modules):
+        monkeypatch.setattr(module, "out", console)
+    return buffer
+
+
+def assert_fits(text: str, width: int, headers: list[str]) -> None:
+    lines = text.splitlines()
+    assert "…" not in text and max(len(line) for line in lines) <= width, text
+    head = next(line for line in lines if line.startswith("┃"))
+    shown = [cell.strip() for cell in head.strip("┃").split("┃")]
+    assert shown and all(h in headers for h in shown), (shown, text)  # whole names, never 'sessi…' stumps
+
+
+def test_the_closing_table_of_om_run_fits_80_columns_with_numbers_right_aligned(monkeypatch):
+    from flows.cli import run as run_cli
+
+    buffer = terminal(monkeypatch, 80, run_cli)
+    sids = ["5b0e7c1a-3f2d-4e8b-9a61-2c4d7e9f0b13", "8e3f1d26-9c4b-4a7e-b0d5-71a2c6e8f394",
+            "8e3f1d2f-9c4b-4a7e-b0d5-71a2c6e8f394"]
+    rows = [dict(session_id=sid, observations=125 * n, reflections=8, drops=69, compactions=5, model_calls=40,
+                 tokens=123_456, cost=0.0123, errors=0, error=None) for n, sid in enumerate(sids, 1)]
+    run_cli._print_run_table({"run_id": "6722ee52b6f04ca2"}, rows)
+    text = buffer.getvalue()
+    headers = ["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
+               "errors"]
+    assert_fits(text, 80, headers)
+    assert "5b0e7c1a " in text and "8e3f1d26 " in text and "8e3f1d2f " in text  # unique prefixes, 8 at least
+    assert "not shown at this width" in text and "--json has everything" in text
+    body = [line for line in text.splitlines() if line.startswith("│")]
+    ends = {line.index(str(125 * n)) + len(str(125 * n)) for n, line in zip((1, 2, 3), body)}
+    assert len(ends) == 1  # right-aligned: 125, 250 and 375 end in the same column
+    wide = terminal(monkeypatch, 200, run_cli)
+    run_cli._print_run_table({"run_id": "6722ee52b6f04ca2"}, rows)
+    assert all(sid in wide.getvalue() for sid in sids) and "not shown" not in wide.getvalue()
+
+
+def test_om_logs_fits_80_columns(monkeypatch, tmp_path, db_path):
+    from flows.cli import workers as workers_cli
+
+    b = SessionBuilder(SID_A)
+    b.user("hello")
+    ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
+    con = dbmod.connect(db_path)
+    con.execute("INSERT INTO om_internal.llm_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, "
+                "attempt, input_tokens, output_tokens, cached_tokens, cost, latency_ms, status, error_kind, error, "
+                "started_at) VALUES ('c1', 'r', 's', ?, 'reflector', 'openrouter/anthropic/claude-sonnet-4-5', 1, 1, "
+                "123456, 2345, 100000, 0.1234, 12345, 'error', 'transient', 'rate limited', now())", [SID_A])
+    con.close()
+    buffer = terminal(monkeypatch, 80, workers_cli)
+    result = invoke(["--db", str(db_path), "logs"])
+    assert result.exit_code == 0, result.output
+    text = buffer.getvalue()
+    assert_fits(text, 80, ["time", "session", "stage", "model", "status", "in", "out", "cached", "cost", "ms"])
+    assert SID_A[:8] in text and "123456" in text and "$0.1234" in text
+
+
 def test_top_level_help_has_examples_and_no_spec_references():
     text = invoke(["--help"]).stdout
     assert "Examples:" in text and "SPEC" not in text and "<bool>" not in text and "-h" in text

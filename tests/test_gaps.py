@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from conftest import workspace
 from om_core import db as dbmod
 from flows.cli.main import app
-from om_core.gaps import compaction_gaps, gap_safe_position, gaps
+from om_core.gaps import GapReport, compaction_gaps, gap_safe_position, gaps
 from om_core.ingest import ingest
 from om_core.ledger import memory_id
 from om_core.replay import replay_in_process
@@ -164,3 +164,15 @@ def test_compaction_gaps_library_matches_view(tmp_path):
         report = compaction_gaps(con, None)
         view = con.execute("SELECT class, gap_messages FROM compaction_gaps").fetchall()
     assert [(c.class_, c.gap_messages) for c in report.compactions] == view
+
+
+def test_gaps_help_explains_its_columns_and_every_class():
+    import re
+
+    text = CliRunner().invoke(app, ["gaps", "--help"], env={"COLUMNS": "100"}).stdout
+    columns = dict(re.findall(r"^\s+(F|C|gap msgs|gap tokens)\s{2,}(\S.*?)\s*$", text, re.MULTILINE))
+    assert set(columns) == {"F", "C", "gap msgs", "gap tokens"}
+    assert "first kept entry" in columns["F"] and "watermark" in columns["C"]
+    for name in ("no_gap", "cross_boundary", "observer_lag", "native_fallback"):  # every class gaps() counts
+        assert re.search(rf"^\s+{name}\s{{2,}}\S", text, re.MULTILINE), name
+    assert set(GapReport().totals()) == {"no_gap", "cross_boundary", "observer_lag", "native_fallback"}

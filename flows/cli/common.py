@@ -9,14 +9,16 @@ library, print.
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.cells import cell_len
 from rich.table import Table
 
 from flows.cli.placeholders import Group, Typer
@@ -114,35 +116,94 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
+NUMBER = re.compile(r"(?=.*\d)[-+]?\$?(\d[\d,]*)?(\.\d+)?%?")  # 12, 1,234, -0.5, $0.0012, 37%
+
+
 def print_rows(columns: list[str], rows: list[list[str]], fold: set[str] = frozenset(),
-                title: str | None = None) -> None:
-    """A table of plain text whose values are never cut: only the columns in ``fold`` (paths) may fold.
-    On a terminal too narrow for that, one block per row (column, value) instead."""
-    table = Table(title=title)
-    for name in columns:
-        table.add_column(escape(name), no_wrap=name not in fold, overflow="fold")
-    for row in rows:
-        table.add_row(*(escape(v) for v in row))
-    if not out.is_terminal:
-        out.print(table)
+               title: str | None = None, *, wrap: set[str] = frozenset(), short: set[str] = frozenset(),
+               drop: Sequence[str] = (), bold_last: bool = False, console: Console | None = None) -> None:
+    """A table of plain text whose values are never cut (only the columns in ``fold``, paths, may fold;
+    those in ``wrap`` wrap between words), numbers right-aligned. On a terminal too narrow for it, in
+    this order until it fits: the ids in the
+    ``short`` columns become their shortest unique prefix (8 characters at least: a unique prefix is
+    what a SESSION argument takes), then the columns in ``drop`` go, one at a time (a line under the
+    table says what was left out); if it still does not fit, each row prints as a block of
+    (column, value) lines. ``bold_last``: the last row is a total."""
+    console = console or out
+    numeric = {name for i, name in enumerate(columns)
+               if any(row[i] for row in rows) and all(NUMBER.fullmatch(row[i]) for row in rows if row[i])}
+
+    def table(names: list[str], body: list[list[str]]) -> Table:
+        shown = Table(title=title)
+        for name in names:
+            shown.add_column(escape(name), no_wrap=name not in fold | wrap, overflow="fold",
+                             justify="right" if name in numeric else "left")
+        for n, row in enumerate(body):
+            shown.add_row(*(escape(v) for v in row), style="bold" if bold_last and n == len(body) - 1 else None)
+        return shown
+
+    if not console.is_terminal:  # piped: the whole table (the console is as wide as it needs)
+        console.print(table(columns, rows))
         return
-    with out.capture() as captured:
-        out.print(table)
-    text = captured.get()
-    whole = [i for i, name in enumerate(columns) if name not in fold]
-    if all(row[i] in text for row in rows for i in whole):
-        out.file.write(text)
-        out.file.flush()
-        return
+    names, body, left_out = list(columns), [list(row) for row in rows], []
+    shortened = [i for i, name in enumerate(columns) if name in short]
+    for step in [None, "short", *drop]:
+        if step == "short":
+            if not shortened:
+                continue
+            for i in shortened:
+                for row, prefix in zip(body, unique_prefixes([row[i] for row in body])):
+                    row[i] = prefix
+        elif step is not None:
+            i = names.index(step)
+            names.pop(i)
+            for row in body:
+                row.pop(i)
+            left_out.append(step)
+        if _table_width(names, body, fold, wrap) <= console.width:
+            console.print(table(names, body))
+            notes = (["ids shortened to unique prefixes"] if step is not None and shortened else []) + (
+                [f"not shown at this width: {', '.join(left_out)}"] if left_out else [])
+            if notes:
+                console.print(f"[dim]({'; '.join(notes)}; --json has everything)[/]", highlight=False)
+            return
     if title:
-        out.print(escape(title))
+        console.print(escape(title))
     for n, row in enumerate(rows, 1):
-        out.print(f"[bold]-- row {n}[/]")
+        console.print(f"[bold]-- row {n}[/]")
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         for name, value in zip(columns, row):
             grid.add_row(escape(name), escape(value))
-        out.print(grid)
+        console.print(grid)
     if not rows:
-        out.print("(no rows)")
+        console.print("(no rows)")
+
+
+def _table_width(names: list[str], body: list[list[str]], fold: set[str], wrap: set[str], folded: int = 20) -> int:
+    """How narrow a table of these cells can be with no value cut: each column as wide as its widest
+    cell, a column in ``fold`` down to ``folded`` and one in ``wrap`` to its longest word, plus Rich's
+    padding and borders."""
+    def width(i: int, name: str) -> int:
+        cells = [name, *(row[i] for row in body)]
+        if name in wrap:
+            return max(cell_len(word) for cell in cells for word in cell.split() or [""])
+        widest = max(cell_len(cell) for cell in cells)
+        return min(widest, folded) if name in fold else widest
+
+    return sum(width(i, name) for i, name in enumerate(names)) + 3 * len(names) + 1
+
+
+def unique_prefixes(values: list[str], least: int = 8) -> list[str]:
+    """Each value's shortest prefix (``least`` characters at least) that no other value here shares."""
+    distinct = sorted(set(values))
+    out = {}
+    for k, value in enumerate(distinct):
+        size = least
+        for other in distinct[max(k - 1, 0):k + 2]:  # in sorted order, the neighbours share the longest prefixes
+            if other != value:
+                common = next((j for j, (a, b) in enumerate(zip(value, other)) if a != b), min(len(value), len(other)))
+                size = max(size, common + 1)
+        out[value] = value[:size]
+    return [out[v] for v in values]

@@ -21,8 +21,8 @@ from rich.table import Table
 from flows.cli.common import err, out, workspace
 
 eval_app = typer.Typer(name="eval", help="Measure memory quality on public benchmarks.", no_args_is_help=True,
-                       epilog="Examples:\n  om eval longmemeval --data longmemeval_s.json --model offline --reader "
-                       "openai/gpt-4o-mini --limit 20",
+                       epilog="Examples:\n  om eval longmemeval --data longmemeval_s_cleaned.json --model offline "
+                       "--reader openai/gpt-4o-mini --limit 20",
                        add_completion=False, pretty_exceptions_enable=False)
 
 
@@ -33,12 +33,13 @@ def _split(value: Optional[str]) -> Optional[list[str]]:
 
 
 @eval_app.command("longmemeval", epilog="Examples:\n"
-                  "  om eval longmemeval --data longmemeval_s.json --model openai/gpt-4o-mini --reader openai/gpt-4o\n"
-                  "  om eval longmemeval --data longmemeval_s.json --model offline --reader openai/gpt-4o-mini "
+                  "  om eval longmemeval --data longmemeval_s_cleaned.json --model openai/gpt-4o-mini "
+                  "--reader openai/gpt-4o\n"
+                  "  om eval longmemeval --data longmemeval_s_cleaned.json --model offline --reader openai/gpt-4o-mini "
                   "--conditions om,full --limit 20 --json")
 def longmemeval(
-    data: Path = typer.Option(..., "--data", help="The LongMemEval JSON you downloaded (e.g. longmemeval_s.json); "
-                              "nothing is fetched at run time."),
+    data: Path = typer.Option(..., "--data", help="The LongMemEval JSON you downloaded (e.g. "
+                              "longmemeval_s_cleaned.json); nothing is fetched at run time."),
     model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL",
                                         help="Model of the memory workers, needed for the om condition: a litellm "
                                         "model string, or 'offline' for the extractive baseline."),

@@ -4,6 +4,7 @@ for sub-apps (`om eval`) built by their own Typer."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import typer
@@ -35,9 +36,20 @@ def _name_placeholders(params) -> None:
             param.metavar = "" if param.is_flag else _OPTION_METAVARS.get(param.name, by_type)
 
 
+def _reflow(help_text: str | None) -> str | None:
+    """A docstring's paragraphs as single lines, so Rich wraps them between words at any width: Typer
+    joins the lines of the first paragraph only and keeps the source's line breaks in the others. A
+    paragraph that starts with \\b (click's "do not rewrap") is kept as written."""
+    if not help_text:
+        return help_text
+    paragraphs = inspect.cleandoc(help_text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
+
+
 class _Command(TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.help = _reflow(self.help)
         _name_placeholders(self.params)
 
     def get_help_option(self, ctx):
@@ -49,6 +61,7 @@ class _Command(TyperCommand):
 class Group(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.help = _reflow(self.help)
         _name_placeholders(self.params)
         for command in self.commands.values():  # sub-apps (`om eval`) built by their own Typer
             _adopt(command)
@@ -65,10 +78,12 @@ def _adopt(command: Any) -> None:
         command.__class__ = _Command
     elif type(command) is TyperGroup:
         command.__class__ = Group
-        for sub in command.commands.values():
-            _adopt(sub)
     else:
         return
+    command.help = _reflow(command.help)
+    if isinstance(command, Group):
+        for sub in command.commands.values():
+            _adopt(sub)
     _name_placeholders(command.params)
 
 

@@ -19,7 +19,22 @@ def gaps(
     as_json: bool = typer.Option(False, "--json", help='Print {"compactions": [...], "totals": {class: count}}.'),
 ) -> None:
     """Compaction gaps: raw messages in neither the summary nor the kept tail, per compaction
-    (Pi's own, the extension's, simulated) on every branch it appears on, with totals per class."""
+    (Pi's own, the extension's, simulated) on every branch it appears on, with totals per class.
+
+    \b
+    Columns (positions are 0-based on the branch):
+      F           position of the first kept entry: the first entry kept verbatim
+      C           largest watermark of the observations in its summary (-1: none)
+      gap msgs    raw messages after C and before F: neither summarized nor kept
+      gap tokens  their source tokens
+
+    \b
+    Classes:
+      no_gap           no raw message lies between C and F
+      cross_boundary   messages lie between C and F, and an observation record
+                       reaching past F was left out (--gap-safe moves F back)
+      observer_lag     messages lie between C and F; no record reaches that far
+      native_fallback  memory rendered nothing: Pi's own summarizer would run"""
     from om_core.gaps import gaps as run_gaps
 
     report = run_gaps(workspace(), sessions or None, gap_safe)
@@ -30,7 +45,8 @@ def gaps(
                [[c.session_id, c.compaction_id, c.origin + (f"/{c.trigger}" if c.trigger else ""),
                  str(c.first_kept_position), str(c.c_position), str(c.gap_messages), str(c.gap_tokens), c.class_]
                 for c in report.compactions],
-               title="compaction gaps" + (" (gap-safe boundaries)" if gap_safe else ""))
+               title="compaction gaps" + (" (gap-safe boundaries)" if gap_safe else ""), short={"session"},
+               drop=["F", "C", "gap msgs"])
     out.print("totals: " + ", ".join(f"{k} {v}" for k, v in report.totals().items()))
 
 

@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows import progress
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, model_config, out, print_json, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, model_config, out, print_json, \
+    print_rows, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.preflight import check_cluster_run
 from flows.runner import prepare_environment, run_pipeline
@@ -199,10 +200,9 @@ def _print_failures(summary, failures) -> None:
     """Under the closing table: the failed stages, then the run's errors, one line each. A run the
     circuit breaker stopped gets its one line only: every failure then has that one cause."""
     if failures and not summary.get("stopped"):
-        table = Table("stage", "session", "error", "count", title="failed stages")
-        for f in failures:
-            table.add_row(f["stage"], f["session_id"], escape(f["error"]), str(f["count"]))
-        err.print(table)
+        print_rows(["stage", "session", "error", "count"],
+                   [[f["stage"], f["session_id"], f["error"], str(f["count"])] for f in failures],
+                   fold={"error"}, title="failed stages", short={"session"}, console=err)
     for e in summary["errors"]:
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
     for s in summary["sessions"]:
@@ -222,21 +222,19 @@ def _run_rows(ws, summary) -> list[dict]:
 
 
 def _print_run_table(summary, rows, skipped=()) -> None:
-    table = Table("session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
-                  "errors", title=f"run {summary['run_id']}")
-    totals = {k: 0 for k in ("observations", "reflections", "drops", "compactions", "model_calls", "tokens", "errors")}
+    counts = ("observations", "reflections", "drops", "compactions", "model_calls", "tokens")
+    totals = {k: 0 for k in (*counts, "errors")}
     cost = 0.0
+    body = []
     for r in rows:
         for k in totals:
             totals[k] += r[k] or 0
         cost += r["cost"] or 0
-        table.add_row(r["session_id"], *(str(r[k]) for k in ("observations", "reflections", "drops", "compactions",
-                                                            "model_calls", "tokens")),
-                      "" if r["cost"] is None else f"${r['cost']:.4f}",
-                      str(r["errors"]) + (" + session error" if r["error"] else ""))
-    table.add_row("total", *(str(totals[k]) for k in ("observations", "reflections", "drops", "compactions",
-                                                      "model_calls", "tokens")), f"${cost:.4f}", str(totals["errors"]),
-                  style="bold")
-    out.print(table)
+        body.append([r["session_id"], *(str(r[k]) for k in counts), "" if r["cost"] is None else f"${r['cost']:.4f}",
+                     str(r["errors"]) + (" + session error" if r["error"] else "")])
+    body.append(["total", *(str(totals[k]) for k in counts), f"${cost:.4f}", str(totals["errors"])])
+    print_rows(["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
+                "errors"], body, title=f"run {summary['run_id']}", short={"session"},
+               drop=["tokens", "model calls", "cost", "drops"], bold_last=True)
     if skipped:
         out.print(f"{len(skipped)} more session(s) unchanged since their last replay: skipped", highlight=False)

@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from flows.cli.common import (
     ApiBaseOpt,
@@ -21,6 +20,7 @@ from flows.cli.common import (
     model_config,
     out,
     print_json,
+    print_rows,
     workspace,
 )
 
@@ -121,14 +121,14 @@ def logs(
         for c in calls:
             _print_call_text(c)
         return
-    table = Table("time", "session", "stage", "model", "status", "in", "out", "cached", "cost", "ms")
+    rows = []
     for c in calls:
         status = c.status if c.status == "ok" else f"{c.status} ({c.error_kind})"
-        table.add_row(c.started_at.strftime("%Y-%m-%d %H:%M:%S"), (c.session_id or "")[:8], c.stage or "",
-                      escape(c.model), status, *("" if v is None else str(v) for v in
-                                                 (c.input_tokens, c.output_tokens, c.cached_tokens)),
-                      "" if c.cost is None else f"${c.cost:.4f}", f"{c.latency_ms:.0f}")
-    out.print(table)
+        rows.append([c.started_at.strftime("%Y-%m-%d %H:%M:%S"), c.session_id or "", c.stage or "", c.model, status,
+                     *("" if v is None else str(v) for v in (c.input_tokens, c.output_tokens, c.cached_tokens)),
+                     "" if c.cost is None else f"${c.cost:.4f}", f"{c.latency_ms:.0f}"])
+    print_rows(["time", "session", "stage", "model", "status", "in", "out", "cached", "cost", "ms"], rows,
+               wrap={"time", "status"}, short={"session"}, drop=["cached", "ms", "model"])
 
 
 def _print_call_text(c) -> None:
