@@ -209,6 +209,8 @@ def run_sql(ws: Workspace, sql: str, *, allow_files: bool = False) -> list[Query
     """
     if not sql.strip().strip(";").strip():
         raise InvalidArgument("the query is empty")
+    if sql.strip().startswith("."):
+        return [_dot_command(ws, sql.strip().rstrip(";").split())]
     # a read-only connection of its own, opened for this use (waiting out a writer's short hold on the
     # file): `om sql` reads between the uses of a running flow
     with ws.read() as con:
@@ -239,3 +241,23 @@ def run_sql(ws: Workspace, sql: str, *, allow_files: bool = False) -> list[Query
                 raise OmError(f"query failed: {_one_line(exc)}") from None
             results.append(QueryResult(statement=statement.query.strip(), columns=columns, rows=rows))
         return results
+
+
+def _dot_command(ws: Workspace, words: list[str]) -> QueryResult:
+    """The shell's questions about the schema, as the DuckDB and SQLite shells spell them: ``.tables``
+    (every view and macro of the analyst schema) and ``.schema [NAME]`` (their columns and types, a
+    macro's parameters)."""
+    command, args = words[0], words[1:]
+    if command == ".tables" and not args:
+        name, params = "catalog_objects", {}
+    elif command == ".schema" and len(args) <= 1:
+        name, params = "catalog_schema", {"name": args[0] if args else None}
+    else:
+        raise InvalidArgument(f"unknown command {' '.join(words)!r}: om sql takes SQL, .tables or .schema [NAME]")
+    with ws.read() as con:
+        cursor = con.execute(query(name), params)
+        columns = [d[0] for d in cursor.description]
+        rows = [list(r) for r in cursor.fetchall()]
+    if args and not rows:
+        raise OmError(f"no view or macro named {args[0]!r} in the analyst schema (om sql .tables lists them)")
+    return QueryResult(statement=" ".join(words), columns=columns, rows=rows)

@@ -458,3 +458,127 @@ def test_migration_007_counts_user_images_in_stored_estimates(tmp_path):
     assert q(db, "SELECT entry_id, tokens_pi FROM entries WHERE role = 'user' ORDER BY 1") == [(shot, 2404), (plain, 4)]
     assert q(db, "SELECT tokens_pi FROM sessions") == [(2411,)]
     assert q(db, "SELECT count(*) FROM om_internal.schema_migrations WHERE version = 7") == [(1,)]
+
+
+# ------------------------------------------------------------------ the README's schema and entry texts
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_rows(header: str) -> list[list[str]]:
+    """The cells of the README table under the analyst schema whose header row starts with ``header``."""
+    section = README.read_text().split("## The analyst schema", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def _listed_columns(cell: str) -> list[str]:
+    """The backticked names of a cell before its description (after the first ': ' outside parentheses);
+    what a parenthesis says about a column is not a column."""
+    import re
+
+    plain = re.sub(r"\([^()]*\)", "", cell)
+    return re.findall(r"`(\w+)`", plain.split(": ", 1)[0])
+
+
+def test_the_readme_lists_every_view_macro_and_column_of_the_schema(tmp_path, db_path):
+    import re
+
+    b = SessionBuilder(SID_A)
+    b.user("hello")
+    ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
+    views = {name: _listed_columns(columns) for name, columns in
+             ((re.fullmatch(r"`(\w+)`", row[0]).group(1), row[1]) for row in _readme_rows("view"))}
+    catalog_views = {}
+    for name, column in q(db_path, "SELECT table_name, column_name FROM information_schema.columns "
+                                   "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"):
+        catalog_views.setdefault(name, []).append(column)
+    assert set(views) == set(catalog_views), (set(views) ^ set(catalog_views))
+    for name, columns in catalog_views.items():
+        assert views[name] == columns, (name, views[name], columns)  # every column, in the catalog's order
+    macros = {}
+    for row in _readme_rows("macro"):
+        name, params = re.fullmatch(r"`(\w+)\(([\w, ]*)\)`", row[0]).groups()
+        macros[name] = ([p.strip() for p in params.split(",")], _listed_columns(row[1]))
+    catalog_macros = q(db_path, "SELECT function_name, function_type, parameters FROM duckdb_functions() "
+                                "WHERE schema_name = 'main' AND NOT internal AND function_type IN ('macro', 'table_macro')")
+    assert set(macros) == {name for name, _, _ in catalog_macros}, (set(macros) ^ {n for n, _, _ in catalog_macros})
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        for name, kind, params in catalog_macros:
+            listed_params, listed_columns = macros[name]
+            assert listed_params == [p.removeprefix("p_") for p in params], name
+            columns = [] if kind == "macro" else [r[0] for r in con.execute(
+                f"DESCRIBE SELECT * FROM {name}({', '.join('NULL' for _ in params)})").fetchall()]
+            assert listed_columns == columns, (name, listed_columns, columns)
+    finally:
+        con.close()
+
+
+def _every_kind_of_entry() -> SessionBuilder:
+    b = SessionBuilder(SID_A)
+    b.user("plain text with a tab\tand ünïcode ✓")
+    b.user([{"type": "text", "text": "two"}, {"type": "image", "data": "x", "mimeType": "image/png"},
+            {"type": "text", "text": "blocks"}, "not a block", {"type": "image", "data": "y"}])
+    b.assistant("the answer", thinking="first I think", tool_calls=[
+        ("call_1", "read", {"path": "src/é.py", "limit": 2.50, "flags": [True, None], "nested": {"a": 1e5}})])
+    b.assistant(None, thinking="")  # an empty thinking block says nothing
+    b.assistant(None, stop_reason="error", error="overloaded")  # no reply at all
+    b.tool_result("call_1", "read", "contents\nof the file", images=1)
+    b.tool_result("call_2", "bash", "exit 1", is_error=True)
+    b.bash("ls -la", "total 0")
+    b.bash("false", "", exit_code=1)
+    b.message({"role": "bashExecution", "command": "sleep 9", "output": "", "exitCode": None, "cancelled": True})
+    b.custom_message("note", "a string note")
+    b.custom_message("note", [{"type": "text", "text": "a block note"}])
+    b.branch_summary("we tried another way first")
+    b.message({"role": "user", "content": "content as a plain string"})
+    return b
+
+
+def test_entry_texts_is_each_entry_as_recall_prints_it(tmp_path, db_path):
+    from conftest import EXAMPLES
+    from om_core.session import loads_line
+    from om_core.source_text import entry_text  # what om recall prints for a source entry
+
+    paths = [_every_kind_of_entry().write(tmp_path / "kinds.jsonl"), *sorted(EXAMPLES.glob("*.jsonl"))]
+    ingest(workspace(db_path), paths)
+    rows = q(db_path, "SELECT e.entry_id, e.entry_type, e.raw, t.text FROM entries e "
+                      "LEFT JOIN entry_texts t USING (session_id, entry_id) WHERE e.is_source")
+    assert len(rows) > 600
+    for entry_id, entry_type, raw, text in rows:
+        assert text == entry_text(entry_type, loads_line(raw)), entry_id
+    texts = dict(q(db_path, "SELECT entry_id, text FROM entry_texts WHERE session_id = ?", [SID_A]))
+    assert texts["00000003"] == ('(thinking) first I think\nthe answer\n(tool call call_1) read({"path":"src/é.py",'
+                                 '"limit":2.5,"flags":[true,null],"nested":{"a":100000.0}})')
+    assert texts["00000005"] == "(no reply: error: overloaded)"
+    assert texts["00000007"] == "(bash error) exit 1" and texts["0000000a"] == "$ sleep 9\n\n(command cancelled)"
+    assert q(db_path, "SELECT count(*) FROM entry_texts WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.is_source "
+                      "AND e.session_id = entry_texts.session_id AND e.entry_id = entry_texts.entry_id)") == [(0,)]
+
+
+def test_om_sql_answers_tables_and_schema(tmp_path, db_path):
+    b = SessionBuilder(SID_A)
+    b.user("hello")
+    ingest(workspace(db_path), [b.write(tmp_path / "s.jsonl")])
+    [tables] = catalog.run_sql(workspace(db_path), ".tables")
+    listed = dict(tables.rows)
+    assert listed["entry_texts"] == "view" and listed["fold"] == "table macro" and listed["gap_class"] == "macro"
+    [schema] = catalog.run_sql(workspace(db_path), ".schema entry_texts;")
+    assert [r[3] for r in schema.rows] == ["session_id", "entry_id", "line_no", "entry_type", "role", "ts", "text"]
+    [schema] = catalog.run_sql(workspace(db_path), ".schema fold")
+    assert [r[3] for r in schema.rows] == ["p_session", "p_tip", "p_mode", "p_obs_through", "p_refl_through",
+                                           "p_drop_through"]
+    [everything] = catalog.run_sql(workspace(db_path), ".schema")
+    assert {r[0] for r in everything.rows} == set(listed)
+    with pytest.raises(OmError, match="no view or macro named 'nope'"):
+        catalog.run_sql(workspace(db_path), ".schema nope")
+    with pytest.raises(InvalidArgument, match=r"\.tables or \.schema"):
+        catalog.run_sql(workspace(db_path), ".dump")

@@ -81,6 +81,7 @@ def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions 
 
 
 @app.command(epilog=examples(
+    'om sql .tables', 'om sql ".schema entry_texts"',
     'om sql "SELECT class, count(*) FROM compaction_gaps GROUP BY ALL"',
     'om sql --csv "SELECT stage, sum(cost) FROM llm_calls GROUP BY ALL" > cost.csv',
     "om sql - < report.sql",
@@ -94,7 +95,10 @@ def sql(
     allow_files: bool = typer.Option(False, "--allow-files", help="Let queries read files on disk (read_csv, "
                                      "read_json, read_text, ...); off by default."),
 ) -> None:
-    """Run read-only SQL queries against the ledger (tables and views are listed in the README).
+    """Run read-only SQL queries against the ledger (its views and macros are listed in the README).
+
+    .tables lists the views and macros; .schema [NAME] gives their columns and types (a macro: its
+    parameters). Each entry's text, as om recall prints it, is in the view entry_texts.
 
     Only queries run: writes (COPY, EXPORT, ATTACH, INSERT, ...), INSTALL/LOAD and SET are refused.
 

@@ -36,3 +36,25 @@ SET autoinstall_known_extensions = false;
 SET autoload_known_extensions = false;
 SET enable_external_access = false;
 SET lock_configuration = true;
+
+-- name: catalog_objects
+-- `om sql ".tables"`: the analyst schema, every view and macro of main.
+SELECT table_name AS name, 'view' AS kind FROM information_schema.tables WHERE table_schema = 'main'
+UNION ALL
+SELECT DISTINCT function_name, CASE function_type WHEN 'table_macro' THEN 'table macro' ELSE 'macro' END
+FROM duckdb_functions() WHERE schema_name = 'main' AND NOT internal AND function_type IN ('macro', 'table_macro')
+ORDER BY name;
+
+-- name: catalog_schema
+-- `om sql ".schema [NAME]"`: each view's columns and types in order, each macro's parameters ($name
+-- NULL: every object).
+SELECT table_name AS name, 'view' AS kind, ordinal_position AS position, column_name AS "column", data_type AS type
+FROM information_schema.columns
+WHERE table_schema = 'main' AND ($name IS NULL OR table_name = $name)
+UNION ALL
+SELECT f.function_name, CASE f.function_type WHEN 'table_macro' THEN 'table macro' ELSE 'macro' END, p.position,
+       p.parameter, 'parameter'
+FROM duckdb_functions() f, unnest(f.parameters) WITH ORDINALITY AS p(parameter, position)
+WHERE f.schema_name = 'main' AND NOT f.internal AND f.function_type IN ('macro', 'table_macro')
+  AND ($name IS NULL OR f.function_name = $name)
+ORDER BY name, position;
