@@ -80,6 +80,12 @@ def branch_for_cut_point(con: duckdb.DuckDBPyConnection, session_id: str, tip: s
     return branch_entries_from_rows(named_rows(con, "branch_for_cut_point", {"session_id": session_id, "tip": tip}))
 
 
+def file_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> list[BranchEntry]:
+    """The branch as the file om export writes holds it (om's records as entries after their anchors):
+    what Pi's cut point sees in the session file's world."""
+    return branch_entries_from_rows(named_rows(con, "file_branch_for_cut_point", {"session_id": session_id, "tip": tip}))
+
+
 class PiDeclines(OmError):
     """Pi would not compact this branch (pi-sessions.md §7.4): ``reason`` says why."""
 
@@ -91,7 +97,10 @@ class PiDeclines(OmError):
 def cut_point(ws: Workspace, session: str, leaf: str | None = None, keep_recent_tokens: int | None = None,
               rules: CutPointRules | None = None) -> CutPoint:
     """Pi's cut point if it compacted at ``leaf`` (default: the current leaf), by the workspace's
-    keepRecentTokens and cutPointRules unless given; ``PiDeclines`` where Pi would not compact."""
+    keepRecentTokens and cutPointRules unless given; ``PiDeclines`` where Pi would not compact.
+
+    In the session file's world: on the branch as the file om export writes holds it, so F can be one
+    of om's records (positions count them as entries) and equals Pi's cut on the exported file."""
     if keep_recent_tokens is None:
         keep_recent_tokens = ws.settings.keepRecentTokens
     if rules is None:
@@ -101,7 +110,7 @@ def cut_point(ws: Workspace, session: str, leaf: str | None = None, keep_recent_
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        branch = branch_for_cut_point(con, sid, tip)
+        branch = file_branch(con, sid, tip)
     try:
         return compaction_cut_point(branch, keep_recent_tokens, rules=rules)
     except NothingToCompact as exc:

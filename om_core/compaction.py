@@ -54,7 +54,8 @@ def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, firs
             boundary = gap_safe_boundary(con, session_id, below["leaf_id"], compaction_pos=below["position"], seq=None,
                                          simulated=True, first_kept=first_kept, tip_pos=tip_pos, settings=settings)
         kept = boundary.first_kept if boundary else first_kept
-        result = compaction_projection(con, session_id, tip, kept, settings.observationsPoolMaxTokens)
+        # the replay's world: its own earlier simulated compactions set M, as the extension's would have
+        result = compaction_projection(con, session_id, tip, kept, settings.observationsPoolMaxTokens, replayed=True)
     details = parse_folded(result.details()) if result.summary is not None else None
     notes = []
     if details is None:

@@ -169,7 +169,7 @@ def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrit
     compaction, skipped = None, None
     if compact:
         with ws.read() as con:
-            compaction, skipped = tip_compaction(con, sid, lines, records, settings)
+            compaction, skipped = tip_compaction(con, sid, lines, settings)
         if compaction is not None:
             lines.append(_dumps(compaction))
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,7 +187,7 @@ def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrit
     return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined), summary, skipped)
 
 
-def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[str], records: list[dict[str, Any]],
+def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[str],
                    settings: Settings) -> tuple[dict[str, Any] | None, str | None]:
     """The compaction entry to append at the tip of the exported file (None and why where Pi would
     not compact there, or where the projection renders nothing: Pi's own summarizer would run)."""
@@ -211,12 +211,11 @@ def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[
         cut = compaction_cut_point(branch, settings.keepRecentTokens, rules=settings.cutPointRules)
     except NothingToCompact as exc:
         return None, f"Pi would not compact at the tip: {exc}"
+    # The file's world: the compactions it holds, never the ones a replay simulated (not written).
     # F may be one of the records written into the file (absorbed onto the record chain before the
-    # cut): the projection covered through it is the one covered through the entry it follows
-    anchors = {r["ledger_id"]: r["anchor"] for r in records}
-    first_kept_db = anchors.get(cut.firstKeptEntryId, cut.firstKeptEntryId)
+    # cut): the projection resolves it to the entry the record follows.
     leaf = dbmod.scalar(con, "session_leaf", {"session_id": session_id})
-    result = compaction_projection(con, session_id, leaf, first_kept_db, settings.observationsPoolMaxTokens)
+    result = compaction_projection(con, session_id, leaf, cut.firstKeptEntryId, settings.observationsPoolMaxTokens)
     if result.summary is None:
         return None, "the compaction projection is empty: Pi's native summarizer would run (nothing written)"
     entry: dict[str, Any] = {

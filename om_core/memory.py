@@ -140,6 +140,7 @@ class CompactionResult(BaseModel):
     observationIds: list[str]
     reflectionIds: list[str]
     summary: str | None
+    world: Literal["file", "replayed"] = "file"  # which compactions set M (SPEC §4)
     observationWatermarkPosition: int | None = None  # C of SPEC §10: largest watermark included
     normalObservationTokens: float = 0
     _observations: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # projection rows, by column
@@ -165,6 +166,7 @@ class CompactionResult(BaseModel):
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "world": self.world,
             "full_fold": self.fullFold,
             "observations": self.observationIds,
             "reflections": self.reflectionIds,
@@ -173,20 +175,35 @@ class CompactionResult(BaseModel):
         }
 
 
+def kept_entry(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str) -> str:
+    """The branch entry F stands for: F itself, or, for one of this project's records (an entry Pi can
+    keep first in the file om export writes), the entry it is anchored to."""
+    entry = scalar(con, "kept_entry", {"session_id": session_id, "tip": tip, "entry_id": first_kept})
+    if entry is None:
+        raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip} "
+                            "(neither an entry nor one of om's records there)")
+    return entry
+
+
 def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str,
-                          pool_max_tokens: float) -> CompactionResult:
-    """Compaction projection at F with its normal/full-fold decision (SPEC §4), rendered (SPEC §5)."""
-    params = {"session_id": session_id, "tip": tip, "first_kept": first_kept, "pool_max": pool_max_tokens}
+                          pool_max_tokens: float, *, replayed: bool = False) -> CompactionResult:
+    """Compaction projection at F with its normal/full-fold decision (SPEC §4), rendered (SPEC §5).
+
+    By default in the session file's world: M comes from the compactions the file holds, so this is
+    what the extension computes on the file om export writes. ``replayed`` adds the compactions a
+    replay simulated (what the extension would have computed had it lived the session)."""
+    entry = kept_entry(con, session_id, tip, first_kept)
+    params = {"session_id": session_id, "tip": tip, "first_kept": entry, "pool_max": pool_max_tokens,
+              "replayed": replayed}
     decision = named_rows(con, "compaction_decision", params)[0]
-    if decision["f_pos"] is None:
-        raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip}")
     items = named_rows(con, "compaction_projection", {  # in fold order, observations first
-        "session_id": session_id, "tip": tip, "first_kept": first_kept, "others_through": decision["others_through"]})
+        "session_id": session_id, "tip": tip, "first_kept": entry, "others_through": decision["others_through"]})
     observations = [r for r in items if r["item_kind"] == "observation"]
     reflections = [r for r in items if r["item_kind"] == "reflection"]
     result = CompactionResult(
         fullFold=bool(decision["full_fold"]),
         firstKeptEntryId=first_kept,
+        world="replayed" if replayed else "file",
         observationIds=[o["id"] for o in observations],
         reflectionIds=[r["id"] for r in reflections],
         summary=render_summary([reflection_line(r["id"], r["content"]) for r in reflections],
@@ -393,11 +410,11 @@ def view(ws: Workspace, session: str, leaf: str | None = None, full: bool = Fals
 
 
 def compact(ws: Workspace, session: str, first_kept: str, leaf: str | None = None,
-            pool_max_tokens: int | None = None) -> CompactionResult:
-    """The projection at F = ``first_kept``; the pool budget is the workspace's observationsPoolMaxTokens
-    unless given."""
+            pool_max_tokens: int | None = None, *, replayed: bool = False) -> CompactionResult:
+    """The projection at F = ``first_kept`` in the session file's world (``replayed``: the replay's);
+    the pool budget is the workspace's observationsPoolMaxTokens unless given."""
     pool = pool_max_tokens if pool_max_tokens is not None else ws.settings.observationsPoolMaxTokens
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        return compaction_projection(con, sid, tip, first_kept, pool)
+        return compaction_projection(con, sid, tip, first_kept, pool, replayed=replayed)

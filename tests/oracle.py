@@ -192,17 +192,21 @@ class World:
         d = folded[-1].details
         return list(d["observations"]), list(d["reflections"])
 
-    def last_full_fold_position(self, tip: str) -> int | None:
+    def last_full_fold_position(self, tip: str, replayed: bool = False) -> int | None:
+        """M: the latest full fold's first kept entry; the file's compactions only, unless replayed."""
         pos = {e: i for i, e in enumerate(self.branch(tip))}
         for c in reversed(self.branch_compactions(tip)):
+            if c.origin == "simulated" and not replayed:
+                continue
             if c.details is not None and c.details["fullFold"] and c.first_kept in pos:
                 return pos[c.first_kept]
         return None
 
-    def compaction_projection(self, tip: str, first_kept: str, pool_max: float) -> tuple[bool, list[dict], list[dict]]:
+    def compaction_projection(self, tip: str, first_kept: str, pool_max: float,
+                              replayed: bool = False) -> tuple[bool, list[dict], list[dict]]:
         path, pos, recs = self.branch_records(tip)
         f = pos[first_kept]
-        m = self.last_full_fold_position(tip)
+        m = self.last_full_fold_position(tip, replayed)
         normal = [r for r in recs if self._covered(pos, r, f if r.kind == OBS else m)]
         obs, refl = self.fold(normal)
         if sum(o["tokenCount"] for o in obs) >= pool_max:

@@ -256,7 +256,8 @@ def test_compact_at_first_kept_reproduces_the_extensions_compaction(om, first_ke
     assert got["summary"].endswith(
         f"[{details['observations'][-1]['id']}] {details['observations'][-1]['timestamp']} "
         f"[{details['observations'][-1]['relevance']}] {details['observations'][-1]['content']}")
-    assert set(got) == {"full_fold", "observations", "reflections", "summary", "details"}
+    assert set(got) == {"world", "full_fold", "observations", "reflections", "summary", "details"}
+    assert got["world"] == "file"
 
 
 def test_compact_with_the_default_pool_does_not_fold_at_c2(om):

@@ -275,15 +275,16 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
         assert norm(wire(got.reflections)) == norm(refl), replayed
         d = memory.drift(con, session_id, tip, replayed)
         assert (d.observations_only_in_full, d.reflections_only_in_full, d.visible_no_longer_active) == world.drift(tip, replayed)
-    # compaction projection at sampled F and pool limits
+    # compaction projection at sampled F and pool limits, in the file's world and the replayed one
     for first_kept in rng.sample(path, 1):
         pool = rng.choice(sc["pools"])
-        full_fold, obs, refl = world.compaction_projection(tip, first_kept, pool)
-        got = memory.compaction_projection(con, session_id, tip, first_kept, pool)
-        assert got.fullFold == full_fold, (first_kept, pool)
-        assert norm(wire(got.memory.observations)) == norm(obs), (first_kept, pool)
-        assert norm(wire(got.memory.reflections)) == norm(refl), (first_kept, pool)
-        assert (got.summary is None) == (not obs and not refl)
+        for replayed in (False, True):
+            full_fold, obs, refl = world.compaction_projection(tip, first_kept, pool, replayed)
+            got = memory.compaction_projection(con, session_id, tip, first_kept, pool, replayed=replayed)
+            assert got.fullFold == full_fold, (first_kept, pool, replayed)
+            assert norm(wire(got.memory.observations)) == norm(obs), (first_kept, pool, replayed)
+            assert norm(wire(got.memory.reflections)) == norm(refl), (first_kept, pool, replayed)
+            assert (got.summary is None) == (not obs and not refl)
     # clocks and coverage tiers
     clocks = {name: c.tokens_pi for name, c in memory.clocks(con, session_id, tip).items()}
     assert clocks == world.clocks(tip)

@@ -367,8 +367,8 @@ def test_om_compact_json_gives_null_summary_for_an_empty_projection(db_path, tmp
 
 
 def test_simulated_compactions_count_like_the_extensions(con):
-    """Compactions this project stores (anchored like pipeline records) are the replayed view, set M,
-    and move the compaction clock, but are never visible (the file does not hold them); a native
+    """Compactions this project stores (anchored like pipeline records) are the replayed view, set M
+    in the replayed world only, and move the compaction clock, but are never visible (the file does not hold them); a native
     fallback (nothing rendered) moves the clock only."""
     sb = new_session()
     sb.user("one")  # E1
@@ -389,8 +389,12 @@ def test_simulated_compactions_count_like_the_extensions(con):
     assert memory.replayed_memory(con, sid, E[9]).wire() == lists(details)
     assert memory.visible_memory(con, sid, E[9]).empty  # the agent never saw a simulated compaction
     assert memory.replayed_memory(con, sid, E[6]).empty  # anchored after E7: not there yet
-    c = memory.compaction_projection(con, sid, E[9], E[8], 20_000)  # M = E6
-    assert (c.fullFold, c.observationIds, c.reflectionIds) == (False, [mid("beta")], [mid("rule")])
+    c = memory.compaction_projection(con, sid, E[9], E[8], 20_000, replayed=True)  # M = E6
+    assert (c.fullFold, c.observationIds, c.reflectionIds, c.world) == (False, [mid("beta")], [mid("rule")], "replayed")
+    # the file's world has no full fold (the file does not hold the simulated one): no M, so the
+    # reflection and the drop stay out, as the extension folding this file would leave them
+    c = memory.compaction_projection(con, sid, E[9], E[8], 20_000)
+    assert (c.fullFold, c.observationIds, c.reflectionIds, c.world) == (False, [mid("alpha"), mid("beta")], [], "file")
     assert memory.clocks(con, sid, E[9])["compaction"].tokens_pi == 2 + 1 + 10 + 10  # from E6: "three" 2, "four" 1
 
     with dbmod.transaction(con):

@@ -53,7 +53,8 @@ def view(
 
 
 @app.command(epilog=examples(
-    'om compact SESSION', 'om compact SESSION --first-kept ID --gap-safe', 'om compact SESSION --json'))
+    'om compact SESSION', 'om compact SESSION --first-kept ID --gap-safe', 'om compact SESSION --json',
+    'om compact SESSION --replayed'))
 def compact(
     session: SessionArg,
     first_kept: Optional[str] = typer.Option(None, "--first-kept", help="F: the first entry Pi keeps verbatim "
@@ -63,11 +64,18 @@ def compact(
                                            "setting, 20000 unless configured)."),
     gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
                                   "(neither summarized nor kept); reports how much the kept tail grew."),
-    as_json: bool = typer.Option(False, "--json", help="Print fullFold, ids, summary and the om.folded details."),
+    replayed: bool = typer.Option(False, "--replayed", help="The replayed world: the replay's simulated "
+                                  "compactions count too (what the extension would have folded had it lived "
+                                  "the session), like `om view --replayed`."),
+    as_json: bool = typer.Option(False, "--json", help="Print world, fullFold, ids, summary and the om.folded details."),
 ) -> None:
     """The compaction the ledger gives at F (the first entry Pi keeps): deterministic and model-free.
 
+    By default in the session file's world: only the compactions the file holds (Pi's and the
+    extension's om.folded ones) count, so this is what the extension folds on the file `om export`
+    writes. With --replayed the replay's simulated compactions count too (labelled replayed).
     Without --first-kept, F is Pi's own cut point (as `om cutpoint` shows), and the command says so.
+    F may be one of om's records (an entry of the exported file Pi can keep first).
     """
     from om_core.catalog import cut_point
     from om_core.cutpoint import DEFAULT_RULES
@@ -89,7 +97,7 @@ def compact(
         boundary = gap_safe_at(ws, session, first_kept, leaf)
         first_kept = boundary.first_kept
     pool = pool_max if pool_max is not None else settings.observationsPoolMaxTokens
-    result = run_compact(ws, session, first_kept, leaf, pool)
+    result = run_compact(ws, session, first_kept, leaf, pool, replayed=replayed)
     if as_json:
         print_json({**result.as_json(), **({"cut_point": cut.as_json()} if cut else {}),
                     **({"gap_safe": boundary.as_json()} if boundary else {})})
@@ -97,6 +105,9 @@ def compact(
     if boundary is not None:
         err.print(f"gap-safe first kept entry: {boundary.first_kept} (plain {boundary.plain_first_kept}; the kept "
                   f"tail grew by {boundary.kept_tail_growth_tokens} tokens)" + (f"; {boundary.guard}" if boundary.guard else ""))
+    if replayed:
+        err.print("replayed: the replay's simulated compactions count (what the extension would have folded "
+                  "had it lived the session, not what the session file holds)")
     if result.summary is None:
         err.print("the projection is empty: Pi's native summarizer would run instead")
         return

@@ -25,6 +25,23 @@ FROM branch_detail($session_id, $tip) b
 JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 ORDER BY b.position;
 
+-- name: file_branch_for_cut_point
+-- The branch as the file om export writes holds it: each of this project's records is a custom entry
+-- right after the entry it is anchored to (in record order), where Pi's cut point can absorb onto it
+-- as it does on that file. Records add no messages and no tokens.
+WITH entries AS (
+    SELECT b.position, 0 AS rec_order, b.entry_id, b.entry_type, b.role, b.tokens_pi, b.first_kept_entry_id, e.raw
+    FROM branch_detail($session_id, $tip) b
+    JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+), records AS (
+    SELECT anchor_pos, rec_order, ledger_id, 'custom', NULL::VARCHAR, NULL::INTEGER, NULL::VARCHAR,
+           json_object('type', 'custom', 'customType', kind, 'id', ledger_id)::VARCHAR
+    FROM branch_records($session_id, $tip) WHERE origin = 'pipeline'
+)
+SELECT entry_id, entry_type, role, tokens_pi, first_kept_entry_id, raw
+FROM (SELECT * FROM entries UNION ALL SELECT * FROM records)
+ORDER BY position, rec_order;
+
 -- name: sql_sandbox_local_files
 -- `om sql --allow-files`: local files may be read (writes stay refused by statement type)
 SET allowed_directories = ['/'];

@@ -27,9 +27,17 @@ ORDER BY replayed;
 -- name: ledger_at
 SELECT * FROM ledger_at($session_id, $tip) ORDER BY item_kind, fold_order;
 
+-- name: kept_entry
+-- The branch entry a first kept entry F stands for: F itself when it is on the branch; one of this
+-- project's records stands for the entry it is anchored to (in the file om export writes it is an
+-- entry right after that anchor, and no watermark lies between them). NULL: neither.
+SELECT CASE WHEN position_on_branch($session_id, $tip, $entry_id) IS NOT NULL THEN $entry_id
+            ELSE (SELECT anchor_entry_id FROM branch_records($session_id, $tip)
+                  WHERE ledger_id = $entry_id AND origin = 'pipeline') END AS entry_id;
+
 -- name: compaction_decision
 SELECT f_pos, m_pos, normal_tokens, full_fold, others_through, c_pos
-FROM compaction_decision($session_id, $tip, $first_kept, $pool_max);
+FROM compaction_decision($session_id, $tip, $first_kept, $pool_max, $replayed);
 
 -- name: compaction_projection
 -- The items of the compaction projection once compaction_decision has been read: the same fold the

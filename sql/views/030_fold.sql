@@ -109,17 +109,20 @@ CREATE OR REPLACE MACRO replayed_projection(p_session, p_tip) AS TABLE
 -- The compaction decision at F = p_first_kept with pool limit P = p_pool_max (SPEC §4), one row:
 --   f_pos           position of F (NULL: F is not on the branch);
 --   m_entry_id, m_pos  M, the first kept entry of the latest folded full-fold compaction on the
---                   branch whose first kept entry is on the branch (NULL: no full fold yet);
+--                   branch whose first kept entry is on the branch (NULL: no full fold yet). Which
+--                   compactions count is the world: with p_replayed false only those the session
+--                   file holds (Pi's and the extension's om.folded ones: what the extension computes
+--                   on that file); true adds the replay's simulated ones (the replayed world);
 --   normal_tokens   the tokens of the normal projection's observations (covered through F, less
 --                   the drops covered through M);
 --   full_fold       normal_tokens >= P;
 --   others_through  the boundary for reflections and drops that follows: F for a full fold, else M;
 --   c_pos           C of SPEC §10: the largest observation watermark the projection includes.
-CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_pool_max) AS TABLE
+CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_pool_max, p_replayed) AS TABLE
     WITH m AS (
         SELECT first_kept_entry_id AS m_entry_id, first_kept_pos AS m_pos
         FROM branch_compactions(p_session, p_tip)
-        WHERE folded AND full_fold AND first_kept_pos IS NOT NULL
+        WHERE folded AND full_fold AND first_kept_pos IS NOT NULL AND (p_replayed OR origin <> 'simulated')
         ORDER BY compaction_order DESC LIMIT 1
     ),
     normal AS (  -- only its observations count, so reflections are left out of this fold
@@ -135,13 +138,14 @@ CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_po
     FROM f CROSS JOIN normal LEFT JOIN m ON true;
 
 -- Compaction projection at F (SPEC §4): the fold the decision picks, observations covered through F
--- and reflections and drops through the decision's boundary (M, or F for a full fold).
+-- and reflections and drops through the decision's boundary (M, or F for a full fold); p_replayed
+-- as for the decision.
 -- Cost (bench/compaction.py, 10,000-entry branch): deciding first and then folding is about 2x the
 -- former single flat pass (warm, in process: some tens of ms more); `om compact` itself is ~1 s of
 -- process start, so the plain form is kept. om_core.memory reads the decision once and passes
 -- others_through to fold, so a compaction decides once, not twice.
-CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_pool_max) AS TABLE
-    WITH d AS MATERIALIZED (SELECT * FROM compaction_decision(p_session, p_tip, p_first_kept, p_pool_max))
+CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_pool_max, p_replayed) AS TABLE
+    WITH d AS MATERIALIZED (SELECT * FROM compaction_decision(p_session, p_tip, p_first_kept, p_pool_max, p_replayed))
     SELECT p.* EXCLUDE (dropped), (SELECT full_fold FROM d) AS full_fold
     FROM fold(p_session, p_tip, 'watermark', p_first_kept, (SELECT others_through FROM d),
               (SELECT others_through FROM d)) p
