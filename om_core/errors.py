@@ -31,6 +31,10 @@ class AmbiguousSession(OmError):
     pass
 
 
+class AmbiguousMemoryId(OmError):
+    """A prefix that starts several observation or reflection ids."""
+
+
 class EntryNotFound(OmError):
     pass
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 from pydantic import BaseModel, Field
 
 from om_core.catalog import resolve_session, resolve_tip
-from om_core.db import named_rows
+from om_core.db import named_column, named_rows
+from om_core.errors import AmbiguousMemoryId
 from om_core.ledger import is_memory_id
 from om_core.session import loads_line
 from om_core.source_text import entry_text, minute, role_label
@@ -16,6 +18,8 @@ from om_core.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.workspace import Workspace
+
+_HEX_PREFIX = re.compile(r"[0-9a-f]{1,11}")
 
 
 class RecallSource(BaseModel):
@@ -160,11 +164,31 @@ def _finish(result: RecallResult, session_id: str, tip: str) -> None:
                                        missing_supporting_observation_ids=result.missing_supporting_observation_ids)]
 
 
+def expand_memory_id(con: duckdb.DuckDBPyConnection, ref: str, session_id: str | None = None) -> str | None:
+    """The id a unique prefix of an observation or reflection id stands for (in one session, or in
+    all), as a SESSION argument takes a unique prefix; None when no id starts with it. A whole id, or
+    what is no hex prefix at all, is returned as given (recall judges it)."""
+    if is_memory_id(ref) or not _HEX_PREFIX.fullmatch(ref):
+        return ref
+    ids = named_column(con, "memory_ids_by_prefix", {"prefix": ref, "session_id": session_id})
+    if len(ids) > 1:
+        shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+        raise AmbiguousMemoryId(f"{ref!r} starts several memory ids: {shown}; give more characters")
+    return ids[0] if ids else None
+
+
 def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str | None = None) -> RecallResult:
-    """Recall in one session (``--session``), or in every session, each on its own current branch."""
+    """Recall in one session (``--session``), or in every session, each on its own current branch.
+    ``memory_id`` may be a unique prefix of the id (``expand_memory_id``)."""
     with ws.read() as con:
-        if session is not None:
-            sid = resolve_session(con, session)
+        sid = resolve_session(con, session) if session is not None else None
+        expanded = expand_memory_id(con, memory_id, sid)
+        if expanded is None:
+            where = f"session {sid}" if sid else "any ingested session"
+            return RecallResult(status="not_found", id=memory_id,
+                                message=f"no observation or reflection id starts with {memory_id} in {where}")
+        memory_id = expanded
+        if sid is not None:
             return recall_in_session(con, sid, resolve_tip(con, sid, leaf), memory_id)
         if not is_memory_id(memory_id):
             return RecallResult(status="invalid_id", id=memory_id,

@@ -100,7 +100,14 @@ def test_records_are_linked_as_if_appended_live(tmp_path):
     path = branched_session(tmp_path)
     db_path, session_id = replayed_db(tmp_path, path)
     out = tmp_path / "exported.jsonl"
-    run(["--db", str(db_path), "export", session_id, "--out", str(out)])
+    said = run(["--db", str(db_path), "export", session_id, "--out", str(out)])
+    report = json.loads(run(["--db", str(db_path), "export", session_id, "--out", str(out), "--force", "--json"]))
+    entries_word = "entry" if report["entries"] == 1 else "entries"
+    relinked_word = "entry" if report["relinked"] == 1 else "entries"
+    records_word = "ledger record" if report["records"] == 1 else "ledger records"
+    assert (f"{report['entries']} {entries_word} and {report['records']} {records_word}; "
+            f"{report['relinked']} {relinked_word} re-linked") in said
+    assert "(ies)" not in said and "(s)" not in said
     lines = out.read_bytes().split(b"\n")
     header, entries, rejected = parse_lines([line for line in lines if line])
     assert header.version == 3 and rejected == []

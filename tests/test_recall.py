@@ -102,7 +102,7 @@ def evidence(obs) -> tuple:
 # ---------------------------------------------------------------- status
 
 
-@pytest.mark.parametrize("bad", ["XYZ", "ABCDEF012345", "0123456789a", "0123456789abc", "0123456789ag", "",
+@pytest.mark.parametrize("bad", ["XYZ", "ABCDEF012345", "0123456789abc", "0123456789ag", "",
                                  "0123456789ab\n", " 0123456789ab"])
 def test_anything_but_12_lowercase_hex_is_an_invalid_id(db, bad):
     result = recall(workspace(db), bad, S1)
@@ -116,6 +116,26 @@ def test_invalid_id_on_the_command_line(db):
     result = CliRunner().invoke(app, ["--db", str(db), "recall", "NOT-AN-ID", "--json"])
     assert result.exit_code == 2
     assert json.loads(result.stdout)["status"] == "invalid_id"
+
+
+def test_a_unique_prefix_stands_for_its_id_as_a_session_prefix_does(db):
+    from om_core.errors import AmbiguousMemoryId
+
+    ids = [mid(text) for text in (A, B, C, D, X, Y, R)]
+    unique = next(i[:k] for i in ids for k in range(4, 12) if sum(j.startswith(i[:k]) for j in ids) == 1)
+    whole = next(i for i in ids if i.startswith(unique))
+    for session in (S1, None):
+        found = recall(workspace(db), unique, session)
+        assert found.status == "found" and found.id == whole
+        assert found.model_dump(exclude={"id"}) == recall(workspace(db), whole, session).model_dump(exclude={"id"})
+    nowhere = next(p for p in ("fffff", "eeeee", "ddddd") if not any(i.startswith(p) for i in ids))
+    missing = recall(workspace(db), nowhere)
+    assert missing.status == "not_found" and f"no observation or reflection id starts with {nowhere}" in missing.message
+    shared = next(i[:1] for i in ids if sum(j.startswith(i[:1]) for j in ids) > 1)
+    with pytest.raises(AmbiguousMemoryId, match="starts several memory ids"):
+        recall(workspace(db), shared)
+    result = CliRunner().invoke(app, ["--db", str(db), "recall", unique, "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["id"] == whole
 
 
 def test_an_unknown_id_is_not_found(db):

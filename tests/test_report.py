@@ -221,7 +221,35 @@ def test_chart_helpers():
 
 
 def _chromium() -> str | None:
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    names = ("chromium", "chromium-browser", "google-chrome", "chromium-headless-shell")
+    return next((p for p in map(shutil.which, names) if p), None)
+
+
+# Run in the page once it is laid out: each table's right edge against its card's inner right edge.
+_MEASURE = """<script>window.addEventListener('load', () => {
+  const out = [...document.querySelectorAll('table')].map(t => {
+    const card = t.closest('section'), edge = card.getBoundingClientRect().right - parseFloat(getComputedStyle(card)
+      .paddingRight) - parseFloat(getComputedStyle(card).borderRightWidth);
+    return (card.id || card.dataset.session) + ' ' + Math.ceil(t.getBoundingClientRect().right - edge); });
+  const p = document.createElement('pre'); p.id = 'measured'; p.textContent = out.join('\\n');
+  document.body.appendChild(p); });</script>"""
+
+
+def test_every_table_fits_its_card_at_1400_px(built, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no headless Chromium on this machine")
+    _, index, html = built
+    page = index.with_name("measured.html")
+    page.write_text(html.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2400",
+                           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=90, check=False)
+    measured = done.stdout.split('<pre id="measured">', 1)[1].split("</pre>", 1)[0].splitlines()
+    assert len(measured) >= 3, done.stdout[-2000:]
+    over = [line for line in measured if int(line.rsplit(" ", 1)[1]) > 0]
+    assert over == [], over  # pixels past the card's inner edge, per table
 
 
 def test_report_renders_to_png(built, tmp_path):

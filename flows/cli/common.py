@@ -112,6 +112,11 @@ def model_config(settings: Settings, model: str | None, api_base: str | None, as
     return config
 
 
+def counted(n: int, word: str, plural: str | None = None) -> str:
+    """``1 entry``, ``8 entries``: a count and its noun in the right number."""
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 

@@ -116,9 +116,11 @@ def compact(
               f"reflections={len(result.memory.reflections)}")
 
 
-@app.command(epilog=examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c1b2d4e --session SESSION --json'))
+@app.command(epilog=examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c',
+                            'om recall 3f9a0c1b2d4e --session SESSION --json'))
 def recall(
-    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id."),
+    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id, or a unique "
+                                    "prefix of one."),
     session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions)."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Branch ending at this entry (needs --session)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recall result as JSON."),

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import SessionArg, app, err, examples, out, print_json, print_rows, workspace
+from flows.cli.common import SessionArg, app, counted, err, examples, out, print_json, print_rows, workspace
 
 
 @app.command(epilog=examples('om gaps', 'om gaps SESSION --gap-safe', 'om gaps --json'))
@@ -68,8 +68,9 @@ def export(
     if as_json:
         print_json(report.as_json())
     else:
-        out.print(f"wrote {escape(str(report.out))}: {report.entries} entries and {report.records} ledger record(s); "
-                  f"{report.relinked} entr(ies) re-linked after records")
+        out.print(f"wrote {escape(str(report.out))}: {counted(report.entries, 'entry', 'entries')} and "
+                  f"{counted(report.records, 'ledger record')}; {counted(report.relinked, 'entry', 'entries')} "
+                  "re-linked after records")
         if report.compaction is not None:
             c = report.compaction
             out.print(f"compaction {c['id']} at the tip: first kept entry {c['first_kept_entry_id']}, "

@@ -112,8 +112,9 @@ def _badge(cls: str) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Collection[int] = (),
-           raw: Collection[int] = (), total: bool = False) -> str:
-    """A table; cells are escaped unless their column is in ``raw`` (pre-built markup)."""
+           raw: Collection[int] = (), total: bool = False, paths: Collection[int] = ()) -> str:
+    """A table; cells are escaped unless their column is in ``raw`` (pre-built markup); a cell of a
+    column in ``paths`` (file names) may break anywhere, so a long name never widens the table."""
     head = "".join(f'<th class="num">{esc(h)}</th>' if i in numeric else f"<th>{esc(h)}</th>"
                    for i, h in enumerate(headers))
     body = []
@@ -121,7 +122,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Colle
         cells = []
         for i, cell in enumerate(row):
             content = cell if i in raw else esc(cell)
-            cells.append(f'<td class="num">{content}</td>' if i in numeric else f"<td>{content}</td>")
+            kind = ' class="num"' if i in numeric else ' class="path"' if i in paths else ""
+            cells.append(f"<td{kind}>{content}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     if total and body:
         body[-1] = '<tr class="total">' + body[-1][4:]
@@ -363,7 +365,7 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
     parts.append(_table(["session", "file", "branch entries", "source tokens", "observations", "reflections",
                          "dropped", "pool tokens", "compactions in the file", "replayed compactions", "model calls",
                          "model tokens", "cost", "cost / 1M source tokens"],
-                        rows, numeric=set(range(2, 14)), raw={0}))
+                        rows, numeric=set(range(2, 14)), raw={0}, paths={1}))
     parts.append(f'<p class="meta">Pool budget {fmt_int(settings.observationsPoolMaxTokens)} tokens, target '
                  f'{fmt_int(settings.pool_target_tokens)} (observationsPoolMaxTokens, observationsPoolTargetTokens).'
                  '</p></section>')

@@ -84,3 +84,11 @@ SELECT s.session_id, s.leaf_id FROM om_internal.sessions s
 WHERE s.session_id IN (SELECT session_id FROM om_internal.observations WHERE obs_id = $id
                        UNION SELECT session_id FROM om_internal.reflections WHERE refl_id = $id)
 ORDER BY s.session_id;
+
+-- name: memory_ids_by_prefix
+-- `om recall PREFIX`: the observation and reflection ids that start with it, in one session or all.
+SELECT DISTINCT id FROM (
+    SELECT session_id, obs_id AS id FROM om_internal.observations
+    UNION ALL SELECT session_id, refl_id FROM om_internal.reflections
+) WHERE starts_with(id, $prefix) AND ($session_id IS NULL OR session_id = $session_id)
+ORDER BY id LIMIT 6;
