@@ -1,6 +1,8 @@
 """Every SQL statement lives in ``sql/``; this module finds and loads it.
 
-* ``sql/migrations/NNN_name.sql``: schema changes, applied once each, in order, and recorded.
+* ``sql/schema/current.sql``: the schema as it stands, which builds every new database.
+* ``sql/migrations/NNN_name.sql``: schema changes, applied once each, in order, and recorded; they
+  upgrade a database that already exists.
 * ``sql/views/NNN_name.sql``: views and macros, re-created whenever their text changes.
 * ``sql/queries/*.sql``: named statements (``-- name: x`` starts statement ``x``) used by Python.
 """
@@ -33,6 +35,12 @@ def migrations() -> tuple[tuple[int, str, str], ...]:
         number, _, name = path.stem.partition("_")
         out.append((int(number), name, path.read_text()))
     return tuple(out)
+
+
+@cache
+def schema_snapshot() -> str:
+    """The script that creates every table and sequence of a new database (the schema as it stands)."""
+    return (sql_dir() / "schema" / "current.sql").read_text()
 
 
 @cache

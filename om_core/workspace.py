@@ -81,10 +81,7 @@ class MemoryDatabase(ConnectionDatabase):
 
     def __init__(self) -> None:
         # One DuckDB thread: these databases are small and many run side by side.
-        con = duckdb.connect(":memory:", config={"threads": 1})
-        dbmod.apply_migrations(con)
-        dbmod.ensure_views(con)
-        super().__init__(con)
+        super().__init__(dbmod.memory_database({"threads": 1}))
 
 
 class WorkspaceSpec(BaseModel):

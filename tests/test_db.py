@@ -4,6 +4,9 @@ row, constraint and answer."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -23,8 +26,9 @@ from om_core.ingest import ingest
 from om_core.replay import replay_in_process
 from om_core.run_plan import record_replay
 from om_core.settings import Settings
+from om_core.sqlfiles import migrations, schema_snapshot, view_scripts
 from om_core.workers.stages import ModelConfig, make_brain
-from om_core.workspace import Workspace
+from om_core.workspace import MemoryDatabase, Workspace
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
@@ -183,3 +187,211 @@ def test_om_sql_reads_views_and_internal_tables_by_their_qualified_name(tmp_path
         assert result.rows == [[1]]
     with pytest.raises(InvalidArgument, match="read-only"):
         run_sql(workspace(db), "DELETE FROM om_internal.entries")
+
+
+# ---------------------------------------------------------------- the schema snapshot (sql/schema/current.sql)
+
+# What DuckDB's catalog says about a database's own objects, every column but the ids and the
+# database's name (which differ between any two databases with the same schema).
+CATALOG_FUNCTIONS = ("duckdb_schemas", "duckdb_tables", "duckdb_columns", "duckdb_constraints", "duckdb_sequences",
+                     "duckdb_indexes", "duckdb_views", "duckdb_functions", "duckdb_types")
+
+
+# DuckDB holds a star's EXCLUDE list as a set: a macro read back from storage (the template, any file)
+# prints it in another order than the one parsed from sql/views. The list is sorted before comparing;
+# the columns a star gives keep their table's order whatever the list's.
+_EXCLUDE = re.compile(r"EXCLUDE \(([^()]*)\)")
+
+
+def _sorted_excludes(text: str | None) -> str | None:
+    return text and _EXCLUDE.sub(lambda m: f"EXCLUDE ({', '.join(sorted(m.group(1).split(', ')))})", text)
+
+
+def catalog(con: duckdb.DuckDBPyConnection) -> dict[str, set[tuple]]:
+    """Every schema, table, column (type, default, nullability), constraint (keys, not-null, checks),
+    sequence, index, view and macro of the connection's database, and the bookkeeping's rows."""
+    out = {}
+    for function in CATALOG_FUNCTIONS:
+        found = con.execute(f"SELECT COLUMNS(lambda c: c NOT LIKE '%oid' AND c <> 'database_name')::VARCHAR "
+                            f"FROM {function}() WHERE database_name = current_database()")
+        names = [d[0] for d in found.description]
+        out[function] = {tuple((n, _sorted_excludes(v) if n in ("macro_definition", "sql") else v)
+                               for n, v in zip(names, row)) for row in found.fetchall()}
+    out["schema_migrations"] = set(con.execute("SELECT version, name FROM om_internal.schema_migrations").fetchall())
+    out["om_meta"] = set(con.execute("SELECT key, value FROM om_internal.om_meta").fetchall())
+    return out
+
+
+def catalog_difference(got: dict[str, set[tuple]], want: dict[str, set[tuple]]) -> dict[str, dict[str, list]]:
+    """Per catalog function, the rows only one side has (empty when the two schemas are equal)."""
+    return {f: {"only in got": sorted(got[f] - want[f], key=repr), "only in want": sorted(want[f] - got[f], key=repr)}
+            for f in want if got[f] != want[f]}
+
+
+def by_migrations() -> duckdb.DuckDBPyConnection:
+    """A new database built the old way: every migration from 001, then the views and macros."""
+    con = duckdb.connect(":memory:")
+    dbmod.apply_migrations(con)
+    dbmod.ensure_views(con)
+    return con
+
+
+def test_the_snapshot_equals_every_migration_applied(tmp_path):
+    history = by_migrations()
+    want = catalog(history)
+    history.close()
+    # the comparison sees every table of the snapshot (and the bookkeeping's two), view and macro
+    views = "\n".join(script for _, script in view_scripts())
+    assert len(want["duckdb_tables"]) == schema_snapshot().count("CREATE TABLE ") + len(BOOKKEEPING)
+    assert len(want["duckdb_views"]) == views.count("CREATE OR REPLACE VIEW ") > 20
+    assert len(want["duckdb_functions"]) == views.count("CREATE OR REPLACE MACRO ") > 20
+    assert want["duckdb_constraints"] and want["duckdb_sequences"]
+    assert want["schema_migrations"] == {(v, name) for v, name, _ in migrations()}
+
+    in_place = duckdb.connect(":memory:")  # the snapshot itself (what the template is made of)
+    dbmod.build_schema(in_place)
+    memory = MemoryDatabase()  # a replay's database: the template copied into memory
+    dbmod.connect(tmp_path / "om.duckdb").close()  # a new file: a copy of the template file
+    new_file = duckdb.connect(str(tmp_path / "om.duckdb"), read_only=True)
+    try:
+        for built in (in_place, memory.con, new_file):
+            assert catalog_difference(catalog(built), want) == {}
+    finally:
+        in_place.close()
+        memory.close()
+        new_file.close()
+
+
+# Changes made in the snapshot only, and the catalog function that must then tell the two apart.
+SNAPSHOT_ONLY_CHANGES = {
+    "a default": ("status       VARCHAR NOT NULL DEFAULT 'running'", "status       VARCHAR NOT NULL DEFAULT 'queued'",
+                  "duckdb_columns"),
+    "a not-null": ("command      VARCHAR NOT NULL,", "command      VARCHAR,", "duckdb_constraints"),
+    "a primary key": ("run_id       VARCHAR PRIMARY KEY,", "run_id       VARCHAR,", "duckdb_constraints"),
+    "a type": ("pid          INTEGER,", "pid          BIGINT,", "duckdb_columns"),
+    "a check": ("pid          INTEGER,", "pid          INTEGER CHECK (pid > 0),", "duckdb_constraints"),
+    "a sequence": ("ledger_append_seq START 1;", "ledger_append_seq START 2;", "duckdb_sequences"),
+    "an index": ("CREATE TABLE om_internal.session_files", "CREATE INDEX runs_by_host ON om_internal.runs (host);\n"
+                 "CREATE TABLE om_internal.session_files", "duckdb_indexes"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(SNAPSHOT_ONLY_CHANGES))
+def test_a_change_made_in_the_snapshot_only_is_a_difference(monkeypatch, change):
+    old, new, function = SNAPSHOT_ONLY_CHANGES[change]
+    text = schema_snapshot()
+    assert text.count(old) == 1
+    monkeypatch.setattr(dbmod, "schema_snapshot", lambda: text.replace(old, new))
+    history = by_migrations()
+    changed = duckdb.connect(":memory:")
+    dbmod.build_schema(changed)
+    try:
+        assert function in catalog_difference(catalog(changed), catalog(history))
+    finally:
+        history.close()
+        changed.close()
+
+
+@pytest.mark.parametrize("version", range(1, 8))
+def test_a_file_at_version_n_runs_the_migrations_after_n_and_ends_at_the_snapshot(tmp_path, monkeypatch, version):
+    dbmod.connect(tmp_path / "current.duckdb").close()
+    old = legacy_copy(tmp_path / "current.duckdb", tmp_path / f"at_{version}.duckdb", through=version)
+    ran = []
+    apply = dbmod.apply_migrations
+    monkeypatch.setattr(dbmod, "apply_migrations", lambda con: ran.extend(apply(con)) or ran)
+    dbmod.connect(old).close()
+    assert ran == [v for v, _, _ in migrations() if v > version]
+    upgraded = duckdb.connect(str(old), read_only=True)
+    new = MemoryDatabase()
+    try:
+        assert catalog_difference(catalog(upgraded), catalog(new.con)) == {}
+    finally:
+        upgraded.close()
+        new.close()
+
+
+def test_a_new_database_runs_no_migration(tmp_path, monkeypatch):
+    def no_migration(con):
+        raise AssertionError("a new database is built from the snapshot, not by the migrations")
+
+    dbmod.template_path()  # this process's template is built already (by the snapshot: see above)
+    monkeypatch.setattr(dbmod, "apply_migrations", no_migration)
+    dbmod.connect(tmp_path / "om.duckdb").close()
+    MemoryDatabase().close()
+    assert rows(tmp_path / "om.duckdb", "SELECT version FROM om_internal.schema_migrations ORDER BY 1") == [
+        (v,) for v, _, _ in migrations()]
+
+
+def test_memory_databases_are_copies_of_one_template_and_independent():
+    first, second = MemoryDatabase(), MemoryDatabase()
+    try:
+        template = dbmod.template_path()
+        first.con.execute("INSERT INTO om_internal.runs (run_id, command) VALUES ('r1', 'test')")
+        assert second.con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+        assert rows(template, "SELECT count(*) FROM om_internal.runs") == [(0,)]  # the template stays empty
+        assert dbmod.template_path() == template  # built once per process
+        assert not template.with_name(template.name + ".wal").exists()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_deleted_template_is_built_again(tmp_path):
+    template = dbmod.template_path()
+    template.unlink()
+    dbmod.connect(tmp_path / "om.duckdb").close()
+    assert dbmod.template_path().exists()
+    assert rows(tmp_path / "om.duckdb", "SELECT count(*) FROM om_internal.schema_migrations") == [(len(migrations()),)]
+
+
+def test_without_hard_links_a_new_file_is_built_in_place(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(dbmod.os, "link", no_links)
+    folder = tmp_path / "db"
+    dbmod.connect(folder / "om.duckdb").close()
+    con = duckdb.connect(str(folder / "om.duckdb"), read_only=True)
+    history = by_migrations()
+    try:
+        assert catalog_difference(catalog(con), catalog(history)) == {}
+    finally:
+        con.close()
+        history.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["om.duckdb"]  # no copy left beside it
+
+
+def test_a_file_another_process_created_meanwhile_is_kept(tmp_path, monkeypatch):
+    db = tmp_path / "om.duckdb"
+    theirs = tmp_path / "other.duckdb"
+    with dbmod.writing(theirs) as con:
+        con.execute("INSERT INTO om_internal.runs (run_id, command) VALUES ('theirs', 'ingest')")
+    link = dbmod.os.link
+
+    def the_other_process_first(src, dst):  # between our copy and our link, theirs appears at the path
+        link(theirs, dst)
+        raise FileExistsError(17, "File exists", str(dst))
+
+    monkeypatch.setattr(dbmod.os, "link", the_other_process_first)
+    with dbmod.writing(db) as con:
+        assert con.execute("SELECT run_id FROM runs").fetchall() == [("theirs",)]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".new")]
+
+
+def test_a_forked_process_builds_its_own_template_and_leaves_its_parents(tmp_path):
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, sys\n"
+        "from om_core import db\n"
+        "parent = db.template_path()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    db.memory_database().close()\n"
+        "    print(db.template_path() != parent and db.template_path().exists(), flush=True)\n"
+        "    sys.exit(0)  # runs the exit handlers it inherited: the parent's template must survive them\n"
+        "os.waitpid(pid, 0)\n"
+        "print(parent.exists(), flush=True)\n"
+        "db.memory_database().close()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]

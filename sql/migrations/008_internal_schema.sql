@@ -23,8 +23,8 @@
 -- created anew with its columns, constraints and defaults as migrations 001-007 left them, its rows
 -- copied by name, and the old table dropped. The record-order sequence moves too and continues
 -- after every position already taken. The views and macros in main are re-created over the new
--- tables right after the migrations (om_core.db.ensure_views). This file is therefore also the
--- schema as it stands, in one place.
+-- tables right after the migrations (om_core.db.ensure_views). A new database does not run this
+-- file: it is built from sql/schema/current.sql, the schema as it stands.
 
 CREATE SCHEMA IF NOT EXISTS om_internal;  -- the bookkeeping may have created it (om_core.db)
 

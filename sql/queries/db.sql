@@ -28,6 +28,19 @@ INSERT INTO om_internal.om_meta BY NAME SELECT * FROM main.om_meta;
 DROP TABLE main.schema_migrations;
 DROP TABLE main.om_meta;
 
+-- A new database is a copy of a template built once per process from the schema snapshot
+-- (om_core.db): an in-memory one copies it with COPY FROM DATABASE, which copies catalog entries as
+-- they are instead of parsing and binding the snapshot, views and macros again.
+
+-- name: attach_template
+ATTACH $path AS om_template (READ_ONLY);
+
+-- name: copy_template_to_memory
+COPY FROM DATABASE om_template TO memory;
+
+-- name: detach_template
+DETACH om_template;
+
 -- name: applied_migrations
 SELECT version FROM om_internal.schema_migrations ORDER BY version;
 
