@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""CPU of a whole `om run`: the command's process and every process it started (Prefect's local
+API, helpers), per stage and per model call, on a fresh database each run.
+
+Two workloads (both run by default):
+
+* ``offline``: archives made from the two real sample sessions (../shared/sessions), each copied
+  ``--copies`` times under new session ids, replayed with ``--model offline`` at default settings.
+  Reported: CPU milliseconds per stage run (``stages`` rows of the run), everything included
+  (ingest, orchestrator, replay, commits).
+* ``instant``: ``--sessions`` generated sessions (tests/builders.SessionBuilder) with low thresholds
+  and a model that answers at once (the scripted fake model, tests/fake_brains.py, in a process of
+  its own, so its CPU is not om's). Reported: CPU milliseconds per model call (``llm_calls`` rows).
+
+Each workload runs ``--runs`` times (median and every run printed). The CPU is the
+``RUSAGE_CHILDREN`` difference around the `om run` subprocess: its own and its waited-for
+descendants' user + system time. The machine may be shared: compare figures measured side by
+side (``--python``/``--pythonpath`` run another checkout's code with the same workloads).
+
+Usage (from the repository root):
+
+    .venv/bin/python bench/run_cpu.py
+    .venv/bin/python bench/run_cpu.py --workload offline --copies 2 --runs 3
+    .venv/bin/python bench/run_cpu.py --pythonpath /tmp/om-base --json   # another checkout's code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_SESSIONS = REPO.parent / "shared" / "sessions"
+THRESHOLDS = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
+              "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
+              "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20",
+              "OM_CLOCK_BASIS": "source"}
+
+
+def copy_archive(folder: Path, copies: int) -> Path:
+    """The real sessions, each ``copies`` times under a new session id (the header's id)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in sorted(SHARED_SESSIONS.glob("*.jsonl")):
+        lines = source.read_text().splitlines(keepends=True)
+        for n in range(copies):
+            header = json.loads(lines[0])
+            header["id"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"om-bench/{source.name}/{n}"))
+            (folder / f"{source.stem}-{n}.jsonl").write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    return folder
+
+
+def generated_sessions(folder: Path, count: int) -> Path:
+    sys.path[:0] = [str(REPO / "tests")]
+    from builders import SessionBuilder
+
+    for n in range(count):
+        b = SessionBuilder(session_id=f"{n:08x}-cccc-bbbb-cccc-dddddddddddd",
+                           start=f"2026-05-{1 + n % 28:02d}T09:00:00")
+        b.work_turns(4 + n % 6, f"topic{n}")
+        b.write(folder / f"s{n:03d}.jsonl")
+    return folder
+
+
+def fake_model_process() -> tuple[subprocess.Popen, str]:
+    """The scripted fake model, answering at once, in a process of its own."""
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from fake_brains import ScriptedWorkers; from fake_openai import FakeOpenAI\n"
+            "server = FakeOpenAI(responder=ScriptedWorkers()); server.start()\n"
+            "print(server.base_url, flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(REPO / "tests"), str(REPO)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def om_run(python: str, pythonpath: str | None, db: Path, target: Path, model: list[str], env_extra: dict[str, str],
+           home: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_API_URL"))}
+    env.update({"HOME": str(home), "OPENAI_API_KEY": "not-needed", **env_extra})
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    before, t0 = children_cpu(), time.perf_counter()
+    done = subprocess.run([python, "-m", "flows.cli", "--db", str(db), "run", str(target), "--json", *model],
+                          env=env, cwd=home, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - t0, children_cpu() - before
+    if done.returncode != 0:
+        raise SystemExit(f"om run failed ({done.returncode}): {done.stderr[-2000:]}")
+    run_id = json.loads(done.stdout)["run_id"]
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        stages = con.execute("SELECT count(*) FROM stages WHERE run_id = ?", [run_id]).fetchone()[0]
+        calls = con.execute("SELECT count(*) FROM llm_calls WHERE run_id = ?", [run_id]).fetchone()[0]
+        records = con.execute("SELECT count(*) FROM ledger WHERE run_id = ?", [run_id]).fetchone()[0]
+    finally:
+        con.close()
+    return {"cpu_seconds": cpu, "wall_seconds": wall, "stages": stages, "model_calls": calls, "records": records}
+
+
+def workload(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    home = work / f"{name}-home"
+    home.mkdir(parents=True, exist_ok=True)
+    proc = None
+    if name == "offline":
+        target, model, env_extra, per = copy_archive(work / "archive", args.copies), ["--model", "offline"], {}, "stages"
+    else:
+        proc, base_url = fake_model_process()
+        target = generated_sessions(work / "generated", args.sessions)
+        model, env_extra, per = ["--model", "openai/fake-model", "--api-base", base_url], dict(THRESHOLDS), "model_calls"
+    runs = []
+    try:
+        for i in range(args.runs):
+            db = work / f"{name}-{i}.duckdb"
+            r = om_run(args.python, args.pythonpath, db, target, model, env_extra, home)
+            r["cpu_ms_per"] = 1000 * r["cpu_seconds"] / r[per] if r[per] else None
+            runs.append(r)
+            print(f"  {name} run {i + 1}: {r['cpu_seconds']:.1f} CPU-s, {r[per]} {per}, "
+                  f"{r['cpu_ms_per']:.1f} ms per {per[:-1].replace('_', ' ')} (wall {r['wall_seconds']:.1f} s)",
+                  file=sys.stderr, flush=True)
+            db.unlink()
+    finally:
+        if proc is not None:
+            proc.stdin.close()
+            proc.wait(timeout=10)
+    return {"per": per, "runs": runs, "median_cpu_ms_per": statistics.median(r["cpu_ms_per"] for r in runs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["offline", "instant", "both"], default="both")
+    parser.add_argument("--copies", type=int, default=2, help="copies of each real session (offline)")
+    parser.add_argument("--sessions", type=int, default=24, help="generated sessions (instant)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--python", default=sys.executable, help="the interpreter that runs om")
+    parser.add_argument("--pythonpath", default=None, help="run the om code of another checkout")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.workload in ("offline", "both") and not SHARED_SESSIONS.is_dir():
+        parser.error(f"{SHARED_SESSIONS} is absent: the offline workload needs the real sample sessions")
+    work = Path(tempfile.mkdtemp(prefix="om-bench-run-cpu-"))
+    out = {}
+    try:
+        for name in (["offline", "instant"] if args.workload == "both" else [args.workload]):
+            out[name] = workload(name, args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for name, result in out.items():
+            unit = "stage" if result["per"] == "stages" else "model call"
+            print(f"{name}: median {result['median_cpu_ms_per']:.1f} CPU-ms per {unit} over {len(result['runs'])} "
+                  f"run(s) (om run's process and its children, everything included)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
