@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.replay import replay_in_process, replay_session  # noqa: E402
+from om_core.replay.branch import replay_in_process, replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, StageOutcome, make_brain  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402

@@ -76,7 +76,7 @@ from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.memory import ledger_memory  # noqa: E402
 from om_core.model import ChatReply  # noqa: E402
-from om_core.replay import replay_session  # noqa: E402
+from om_core.replay.branch import replay_session  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.tokens import count_tokens  # noqa: E402

@@ -8,7 +8,7 @@
   nothing is drained, since a live session may still grow.
 
 One writer, many workers. Only the flow's own process opens the user's database. For each session
-it reads the session's rows as a payload (``om_core.replay_payload``) and submits a replay task;
+it reads the session's rows as a payload (``om_core.replay.payload``) and submits a replay task;
 the task replays the session on a task-local in-memory DuckDB built from the same ``sql/`` schema,
 views and macros, and returns the rows it appended; the flow commits each result in one short
 transaction as it arrives. So the tasks can run on any machine (a Dask cluster) and an analyst's
@@ -48,10 +48,10 @@ from om_core.cost import run_budget
 from om_core.errors import StorageError, storage_error
 from om_core.memory import clocks as read_clocks
 from om_core.model import ModelError, RetryPolicy
-from om_core.replay import replay_session
-from om_core.replay_payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
+from om_core.replay.branch import replay_session
+from om_core.replay.payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
     replayed_rows
-from om_core.run_plan import fingerprints, plan_run, record_replay
+from om_core.replay.plan import fingerprints, plan_run, record_replay
 from om_core.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -242,7 +242,7 @@ COMMIT_LOCK = threading.Lock()
 
 def commit_session_result(ws: Workspace, result: dict[str, Any], fingerprint: str | None = None) -> dict[str, int]:
     """The flow's one write per session: the replay's rows, and its error or (when it completed)
-    the fingerprint it started from (om_core.run_plan), in one transaction."""
+    the fingerprint it started from (om_core.replay.plan), in one transaction."""
     rows: ReplayedRows = result["rows"]
     with COMMIT_LOCK, ws.write() as con, dbmod.transaction(con):
         written = commit_replayed_rows(con, rows)

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 from om_core.catalog import resolve_session, resolve_tip
 from om_core.memory import MemoryStatus, memory_status
-from om_core.replay import branch_outlook, session_leaves
-from om_core.run_plan import replay_decision
+from om_core.replay.branch import branch_outlook, session_leaves
+from om_core.replay.plan import replay_decision
 
 if TYPE_CHECKING:
     from om_core.workspace import Workspace

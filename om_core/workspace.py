@@ -3,7 +3,7 @@ named ``sql/`` queries that returns named rows.
 
 A command builds one workspace (``Workspace.open``), a flow run builds one from its serialisable form
 (``WorkspaceSpec``), and a session's replay task builds one around an in-memory copy of the session's
-rows (``om_core.replay_payload``). Every library entry point takes a workspace, so nothing below it
+rows (``om_core.replay.payload``). Every library entry point takes a workspace, so nothing below it
 resolves settings or opens files on its own.
 
 Two kinds of database:

@@ -24,7 +24,7 @@ from om_core.catalog import PiDeclines, cut_point
 from om_core.errors import EntryNotFound
 from om_core.ingest import ingest
 from om_core.memory import compact
-from om_core.replay import replay_in_process
+from om_core.replay.branch import replay_in_process
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
 from om_core.workspace import Workspace

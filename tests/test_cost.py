@@ -28,7 +28,7 @@ from om_core.cost import (
 )
 from om_core.ingest import ingest
 from om_core.model import RetryPolicy
-from om_core.replay import replay_session
+from om_core.replay.branch import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, execute_stage, make_brain
 from om_core.workspace import Workspace

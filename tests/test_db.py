@@ -23,8 +23,8 @@ from om_core import db as dbmod
 from om_core.catalog import run_sql
 from om_core.errors import InvalidArgument
 from om_core.ingest import ingest
-from om_core.replay import replay_in_process
-from om_core.run_plan import record_replay
+from om_core.replay.branch import replay_in_process
+from om_core.replay.plan import record_replay
 from om_core.settings import Settings
 from om_core.sqlfiles import migrations, schema_snapshot, view_scripts
 from om_core.workers.stages import ModelConfig, make_brain

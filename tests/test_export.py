@@ -17,7 +17,7 @@ from flows.cli.main import app
 from om_core.errors import InvalidArgument
 from om_core.export import js_iso
 from om_core.ingest import ingest
-from om_core.replay import replay_in_process
+from om_core.replay.branch import replay_in_process
 from om_core.session import parse_lines
 from om_core.settings import Settings
 from om_core.tree import build_forest

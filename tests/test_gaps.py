@@ -14,7 +14,7 @@ from flows.cli.main import app
 from om_core.gaps import GapReport, compaction_gaps, gap_safe_position, gaps
 from om_core.ingest import ingest
 from om_core.ledger import memory_id
-from om_core.replay import replay_in_process
+from om_core.replay.branch import replay_in_process
 from om_core.settings import Settings
 from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain

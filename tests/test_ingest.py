@@ -707,7 +707,7 @@ def test_om_ingest_of_a_folder_with_a_stray_file_exits_0_with_one_note(tmp_path)
 
 
 def test_a_run_plan_notes_a_stray_file_and_counts_no_error(tmp_path, db_path):
-    from om_core.run_plan import plan_run
+    from om_core.replay.plan import plan_run
 
     root = tmp_path / "sessions"
     b = SessionBuilder(SID)
@@ -1228,7 +1228,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     as deep as the ingest did."""
     from fake_openai import text
     from om_core.model import RetryPolicy
-    from om_core.replay import replay_in_process
+    from om_core.replay.branch import replay_in_process
     from om_core.settings import Settings
     from om_core.workers.stages import ModelConfig, make_brain, observe_now
     from om_core.workspace import Workspace

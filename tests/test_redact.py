@@ -232,7 +232,7 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
 
 def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
     """The extractive observer quotes the session; a replay folds its excerpts into compactions."""
-    from om_core.replay import replay_in_process
+    from om_core.replay.branch import replay_in_process
     from om_core.workers.stages import make_brain
 
     b, _ = leaky_session()

@@ -13,7 +13,7 @@ from om_core import db as dbmod
 from om_core import memory
 from om_core.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.ingest import ingest
-from om_core.replay import Event, ReplayEntry, replay_events, replay_in_process
+from om_core.replay.branch import Event, ReplayEntry, replay_events, replay_in_process
 from om_core.settings import Settings
 from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain

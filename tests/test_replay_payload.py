@@ -1,4 +1,4 @@
-"""One writer, many workers (om_core.replay_payload): a session's replay on an in-memory copy of its
+"""One writer, many workers (om_core.replay.payload): a session's replay on an in-memory copy of its
 rows appends exactly what a replay on the database file appends, and the flow's commit of those rows
 is idempotent and keeps the ledger's order."""
 
@@ -16,8 +16,8 @@ from builders import SessionBuilder
 from conftest import workspace
 from om_core import db as dbmod
 from om_core.ingest import ingest
-from om_core.replay import replay_in_process
-from om_core.replay_payload import commit_replayed_rows, payload_workspace, read_session_payload, replayed_rows
+from om_core.replay.branch import replay_in_process
+from om_core.replay.payload import commit_replayed_rows, payload_workspace, read_session_payload, replayed_rows
 from om_core.runs import mark_abandoned_runs, start_run
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain

@@ -17,7 +17,7 @@ from conftest import workspace
 from om_core import db as dbmod
 from om_core.errors import SessionNotFound
 from om_core.ingest import ingest
-from om_core.replay import replay_in_process
+from om_core.replay.branch import replay_in_process
 from om_core.report import GAP_CLASSES, build_report, fmt_cost, fmt_short, nice_max, ticks
 from om_core.settings import Settings
 from om_core.workspace import Workspace

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from om_core import db as dbmod
 from om_core.ingest import ingest
-from om_core.replay import replay_events, replay_session
-from om_core.run_plan import due_sessions, fingerprints, record_replay
+from om_core.replay.branch import replay_events, replay_session
+from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
 from om_core.status import status
 from om_core.workers.llm import LoopResult
@@ -69,7 +69,7 @@ def replay(con, brain: Brain, *, drain: bool = True, record: bool = True,
 
 
 def last_turn_end(sb: SessionBuilder) -> str:
-    from om_core.replay import ReplayEntry
+    from om_core.replay.branch import ReplayEntry
 
     branch = [ReplayEntry(i, e["id"], e["type"], e.get("message", {}).get("role"), 0, 0, True, None)
               for i, e in enumerate(sb.entries)]

@@ -62,7 +62,7 @@ def run(
         raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
     if dask_address:
         runner = "dask"  # an address names a Dask cluster: no other runner can use it
-    from om_core.run_plan import plan_run  # for speed, see above
+    from om_core.replay.plan import plan_run  # for speed, see above
 
     ws = workspace()
     settings = ws.settings

@@ -26,13 +26,13 @@ from typing import Any
 
 from om_core import eval_prompts as P
 from om_core.catalog import branch_for_cut_point, resolve_tip
-from om_core.compaction import simulate_compaction
+from om_core.replay.compaction import simulate_compaction
 from om_core.cutpoint import NothingToCompact, compaction_cut_point
 from om_core.db import named_row
 from om_core.errors import OmError
 from om_core.eval.data import Instance
 from om_core.eval.haystack import Haystack, HistoryTurn
-from om_core.replay import BranchReplayer, session_leaves
+from om_core.replay.branch import BranchReplayer, session_leaves
 from om_core.settings import Settings
 from om_core.tokens import count_text_tokens
 

@@ -4,7 +4,7 @@ A ``Stage`` holds everything that differs between the kinds: the ledger record i
 record's payload model (what its tool calls gave, as checked), how its input is read from the
 database, the check its tool calls go through, which worker of a brain runs it, the record's
 watermark, and when it is not due. Running, exactly-once and recording are the same for every kind
-(``stages``); the replay (``om_core.replay``) schedules by these records. Nothing else branches on a
+(``stages``); the replay (``om_core.replay.branch``) schedules by these records. Nothing else branches on a
 kind, and the rule "the dropper runs only right after a reflector run that appended reflections"
 is ``follow_up``, here and nowhere else.
 """

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from om_core.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
+from om_core.replay.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
 from om_core.catalog import branch_for_cut_point
 from om_core.db import rows_as_dicts
 from om_core.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
