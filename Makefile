@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DB ?= demo.duckdb
 
-.PHONY: demo test venv clean bench
+.PHONY: demo demo-memory test venv clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,18 +16,25 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The pipeline on the project's sample sessions with the offline baseline, then one compaction
-# summary (the visible memory of the longest sample) and one recall. The samples are small, so the
-# demo lowers the thresholds (OM_* settings) to let every worker and a compaction run.
+# summary and one recall (demo-memory). The samples are small, so the demo lowers the thresholds
+# (OM_* settings) to let every worker and a compaction run. The sample files hold no om.folded
+# compaction of their own, so the summary shown is the replay's latest simulated compaction of the
+# longest sample (om view --replayed): what the extension would have shown, labelled as replayed.
 DEMO_ENV := OM_OBSERVE_AFTER_TOKENS=4000 OM_REFLECT_AFTER_TOKENS=8000 OM_COMPACT_AFTER_TOKENS=30000 \
 	OM_OBSERVATIONS_POOL_MAX_TOKENS=3000
+DEMO_SESSION := examples/sessions/harbor-sync-long.jsonl
 demo: $(STAMP)
 	rm -f $(DEMO_DB) $(DEMO_DB).wal
 	$(DEMO_ENV) $(BIN)/om --db $(DEMO_DB) run examples/sessions
-	@echo; echo "== compaction summary: what the agent sees after the last compaction (om view) =="; echo
-	$(BIN)/om --db $(DEMO_DB) view examples/sessions/harbor-sync-long.jsonl
+	@$(MAKE) --no-print-directory demo-memory
+
+# The demo's second half, on the database the run wrote (tests/test_demo.py runs the whole demo).
+demo-memory:
+	@echo; echo "== a compaction summary: the replay's latest simulated compaction (om view --replayed) =="; echo
+	$(BIN)/om --db $(DEMO_DB) view --replayed $(DEMO_SESSION)
 	@echo; echo "== the evidence behind its first observation (om recall) =="; echo
-	$(BIN)/om --db $(DEMO_DB) recall $$($(BIN)/om --db $(DEMO_DB) sql "SELECT id FROM compaction_items \
-		WHERE item_kind = 'observation' ORDER BY compaction_id, item_index LIMIT 1" --csv | tail -n 1)
+	$(BIN)/om --db $(DEMO_DB) recall $$($(BIN)/om --db $(DEMO_DB) view --replayed $(DEMO_SESSION) --json \
+		| $(BIN)/python -c "import json, sys; print(json.load(sys.stdin)['observations'][0]['id'])")
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
