@@ -103,15 +103,23 @@ def gap_safe_boundary(con: duckdb.DuckDBPyConnection, session_id: str, leaf: str
                       settings: Settings) -> GapSafeBoundary:
     """Gap-safe F for a compaction at ``compaction_pos`` whose plain F is ``first_kept``."""
     f_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": leaf, "entry_id": first_kept})
-    if f_pos is None:
-        raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {leaf}")
+    record = f_pos is None  # one of om's records (an entry of the exported file) may be F
+    if record:
+        anchor = dbmod.scalar(con, "kept_entry", {"session_id": session_id, "tip": leaf, "entry_id": first_kept})
+        if anchor is None:
+            raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {leaf}")
+        # it stands right after its anchor: what precedes it is the branch through the anchor
+        f_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": leaf, "entry_id": anchor}) + 1
     watermarks = dbmod.named_column(con, "judged_observation_watermarks", {
         "session_id": session_id, "leaf": leaf, "compaction_pos": compaction_pos, "simulated": simulated,
         "seq": seq if seq is not None else 2**62})
+    if record:
+        watermarks = [w for w in watermarks if w < f_pos]  # a watermark on the entry after the record is past F
     rows = {row.position: row for row in dbmod.rows_as(_Row, con.execute(query("gap_window"), {
         "session_id": session_id, "leaf": leaf, "from_pos": 0, "to_pos": f_pos}))}
     safe_pos = gap_safe_position(rows, watermarks, f_pos)
-    boundary = GapSafeBoundary(rows[safe_pos].entry_id, safe_pos, first_kept, f_pos)
+    kept = first_kept if safe_pos == f_pos else rows[safe_pos].entry_id
+    boundary = GapSafeBoundary(kept, safe_pos, first_kept, f_pos)
     if safe_pos == f_pos:
         return boundary
     boundary.kept_tail_growth_tokens = int(dbmod.scalar(con, "source_tokens_between", {

@@ -127,6 +127,9 @@ def test_a_cut_at_an_om_record_entry_is_accepted(worlds):
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     assert json.loads(a.stdout) == json.loads(b.stdout)
     assert json.loads(a.stdout)["world"] == "file"
+    safe = [CliRunner().invoke(app, ["--db", str(ws.path), *args, "--gap-safe"]) for ws in (replay, fresh)]
+    assert all(r.exit_code == 0 for r in safe), safe[0].output + safe[1].output
+    assert json.loads(safe[0].stdout) == json.loads(safe[1].stdout)
     unknown = CliRunner().invoke(app, ["--db", str(replay.path), "compact", sid, "--first-kept", "feedbeef"])
     assert isinstance(unknown.exception, EntryNotFound) and "not on the branch" in str(unknown.exception)
 
