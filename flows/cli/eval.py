@@ -42,7 +42,8 @@ def longmemeval(
                               "longmemeval_s_cleaned.json); nothing is fetched at run time."),
     model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL",
                                         help="Model of the memory workers, needed for the om condition: a litellm "
-                                        "model string, or 'offline' for the extractive baseline."),
+                                        "model string, or 'offline' for the extractive baseline (default: the "
+                                        "configured model)."),
     reader: str = typer.Option(..., "--reader", help="Model that answers the questions (and writes the native summary)."),
     judge: Optional[str] = typer.Option(None, "--judge", help="Model of the built-in approximate judge (default: the "
                                         "reader); 'off' to only write hypotheses."),
@@ -69,6 +70,8 @@ def longmemeval(
     from om_core.eval.run import EvalOptions
 
     settings = workspace().settings  # --config and the other sources; the evaluation has its own database
+    if model is None and settings.model is not None:  # the workers' model, as `om run` takes it
+        model = settings.model.litellm_name
     options = EvalOptions(data=data, out=out_dir, model=model, reader=reader, judge=judge,
                           conditions=_split(conditions) or [], types=_split(types), limit=limit, api_base=api_base,
                           reader_recall=reader_recall, reader_window=reader_window, concurrency=concurrency,

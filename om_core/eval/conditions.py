@@ -28,7 +28,7 @@ from om_core import eval_prompts as P
 from om_core.catalog import branch_for_cut_point, resolve_tip
 from om_core.replay.compaction import simulate_compaction
 from om_core.cutpoint import NothingToCompact, compaction_cut_point
-from om_core.db import named_row
+from om_core.db import named_row, named_rows
 from om_core.errors import OmError
 from om_core.eval.data import Instance
 from om_core.eval.haystack import Haystack, HistoryTurn
@@ -175,10 +175,8 @@ def om_memory(db: Any, haystack: Haystack, settings: Settings, run_stage: StageR
     failures = [f for r in reports for f in r.failures]
     if failures:
         raise MemoryIncomplete(f"{len(failures)} memory stage(s) failed: {failures[0]}")
-    stages: dict[str, int] = {}
-    for r in reports:
-        for key, count in r.stages.items():
-            stages[key] = stages.get(key, 0) + count
+    with db.read() as con:  # stage runs, not the replay's outcome events (most of those reuse a result)
+        stages = {r["stage_outcome"]: int(r["runs"]) for r in named_rows(con, "eval_stage_runs", {"session_id": sid})}
     tip, first_kept = final_cut(db, sid, settings)
     first_kept = drained_at or first_kept
     if first_kept is None:

@@ -86,7 +86,7 @@ class Instance(BaseModel):
 
     @property
     def abstention(self) -> bool:
-        return self.question_id.endswith("_abs")
+        return "_abs" in self.question_id  # as the official scripts test it
 
     @property
     def asked_at(self) -> datetime:
@@ -156,3 +156,15 @@ def load_dataset(path: str | Path) -> Dataset:
 def select(instances: list[Instance], types: list[str] | None = None, limit: int | None = None) -> list[Instance]:
     chosen = [i for i in instances if not types or i.question_type in types]
     return chosen[:limit] if limit is not None else chosen
+
+
+def require_known_types(instances: list[Instance]) -> None:
+    """Refuse questions of a type the official metrics do not know (their script fails on one), before
+    anything is asked: a score over them could not be compared with any published one."""
+    unknown = [i for i in instances if i.question_type not in QUESTION_TYPES]
+    if unknown:
+        shown = ", ".join(f"{i.question_id} ({i.question_type!r})" for i in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise OmError(f"{len(unknown)} question(s) of a type the official LongMemEval metrics do not know: "
+                      f"{shown}{more}; known types: {', '.join(QUESTION_TYPES)} (fix the file, or choose "
+                      "known ones with --types)")

@@ -1,9 +1,11 @@
 """Scores, cost and time of an evaluation: ``DIR/report.json`` and a short ``DIR/report.html``.
 
 Scores come from the built-in judge, which is approximate (our own prompt, not the official
-evaluator): per question type, the per-question average over all judged questions, and the mean of
-the type averages (the headline Mastra reports). Abstention questions (``_abs``) count in their
-question type and are also shown on their own. Tokens, calls and cost come from ``llm_calls``.
+evaluator), but are computed as the official ``print_qa_metrics.py`` computes them: per question
+type the mean of its verdicts, the per-question average over all judged questions ("Overall
+Accuracy"), the mean of the type averages ("Task-averaged Accuracy", the headline Mastra reports),
+and abstention over the questions whose id contains ``_abs`` (which also count in their type). The
+figures are exact; only the page rounds them. Tokens, calls and cost come from ``llm_calls``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _WORKER_STAGES = {"observer", "reflector", "dropper"}
 
 
 def _ratio(correct: int, total: int) -> float | None:
-    return round(correct / total, 4) if total else None
+    return correct / total if total else None
 
 
 def scores(instances: Iterable[Instance], verdicts: dict[str, bool | None]) -> dict[str, Any]:
@@ -52,7 +54,8 @@ def scores(instances: Iterable[Instance], verdicts: dict[str, bool | None]) -> d
         "judged": total,
         "correct": correct,
         "per_question_average": _ratio(correct, total),
-        "mean_of_type_averages": round(sum(type_averages) / len(type_averages), 4) if type_averages else None,
+        # over the types judged (the official script averages its six; a run of fewer types would be nan there)
+        "mean_of_type_averages": sum(type_averages) / len(type_averages) if type_averages else None,
         "by_type": types,
         "abstention": {**abstention, "accuracy": _ratio(abstention["correct"], abstention["questions"])},
     }

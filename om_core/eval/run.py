@@ -34,7 +34,7 @@ from om_core.eval.conditions import (
     om_memory,
     whole_history,
 )
-from om_core.eval.data import QUESTION_TYPES, Dataset, Instance, load_dataset, select
+from om_core.eval.data import QUESTION_TYPES, Dataset, Instance, load_dataset, require_known_types, select
 from om_core.eval.haystack import Haystack, build_haystack, evidence_turns
 from om_core.eval.report import build_report, write_report
 from om_core.eval.results import ConditionFiles
@@ -170,11 +170,7 @@ class _Run:
                 ctx.notes.append("no evidence session in the haystack: the reader sees only the question")
             return ctx
         if condition == "full":
-            ctx = whole_history("full", inst, hay.turns)
-            if ctx.tokens + ANSWER_RESERVE_TOKENS > self.window:
-                ctx.skipped = (f"the whole history ({ctx.tokens:,} tokens) does not fit the reader's window "
-                               f"({self.window:,} tokens, {self.window_source})")
-            return ctx
+            return whole_history("full", inst, hay.turns)
         if condition == "native":
             tip, first_kept = final_cut(self.db, hay.session_id, self.settings)
             if first_kept is None:
@@ -205,6 +201,15 @@ class _Run:
         ctx.memory = memory.facts
         return ctx
 
+    def fitted(self, ctx: ReaderContext) -> ReaderContext:
+        """Every condition's context is checked against the reader's window: one that does not fit,
+        with room for the answer, is skipped and says so (never sent to overflow)."""
+        if not ctx.skipped and ctx.tokens + ANSWER_RESERVE_TOKENS > self.window:
+            what = "the whole history" if ctx.condition == "full" else f"the {ctx.condition} context"
+            ctx.skipped = (f"{what} ({ctx.tokens:,} tokens, plus {ANSWER_RESERVE_TOKENS:,} for the answer) does not "
+                           f"fit the reader's window ({self.window:,} tokens, {self.window_source})")
+        return ctx
+
     def native(self, hay: Haystack, first_kept: str, record) -> tuple[str, int]:
         turns = hay.turns[: hay.position[first_kept]]
         budget = max(2_048, self.window - NATIVE_RESERVE_TOKENS - ANSWER_RESERVE_TOKENS)
@@ -227,7 +232,7 @@ class _Run:
             self._check()
             hypothesis = files.hypotheses.get(qid)
             if hypothesis is None:
-                ctx = self.context(condition, inst, hay, log)
+                ctx = self.fitted(self.context(condition, inst, hay, log))
                 if ctx.skipped:
                     files.add_skip(qid, {"question_type": inst.question_type, "skipped": ctx.skipped,
                                          **ctx.facts()})
@@ -289,6 +294,7 @@ class _Run:
         o.out.mkdir(parents=True, exist_ok=True)
         _write_invalid(o.out, dataset)
         chosen = select(dataset.instances, o.types, o.limit)
+        require_known_types(chosen)  # before any model call
         self.window, self.window_source = reader_window(o)
         files = {c: ConditionFiles(o.out, self.label(c)).open(self._config(c)) for c in o.conditions}
         haystacks = {i.question_id: build_haystack(i) for i in chosen}

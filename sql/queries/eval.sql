@@ -27,3 +27,10 @@ FROM llm_calls
 WHERE list_contains($session_ids::VARCHAR[], session_id)
 GROUP BY session_id, stage
 ORDER BY session_id, stage;
+
+-- name: eval_stage_runs
+-- The stage runs that made a session's memory, by stage and outcome (resumed runs included): a
+-- stage asked again with an input it already answered is no run, so it is not counted.
+SELECT stage || ':' || outcome AS stage_outcome, count(*) AS runs
+FROM om_internal.stages WHERE session_id = $session_id
+GROUP BY ALL ORDER BY 1;
