@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from flows.cli.main import app
 from conftest import workspace
 from om_core.ingest import ingest
+from om_core.cutpoint import usable_usage
 from om_core.usage_clock import ContextUsage
 
 
@@ -42,6 +43,40 @@ def test_without_watermark_or_compaction_the_clock_is_the_context_itself():
     b.assistant(40, usage(700))  # 2
     b.tool_result(10)  # 3
     assert clock(b, 3, None).tokens == 710
+
+
+def extension_clock(b: Branch, t: int, watermark: int | None) -> int | None:
+    """The extension's realTokensSinceAnchor (progress.ts), written out: with no compaction after the
+    watermark, the context itself when there is no watermark, else its growth since the last usable
+    assistant at or before the watermark (None: none, or a negative growth)."""
+    entries = b.entries()[: t + 1]
+    current = ContextUsage(b.entries()).context_at(t)  # Pi's getContextUsage, checked in test_cutpoint_pi16
+    if watermark is None:
+        return max(0, current)
+    baseline = next((usable_usage(e.messages[0]) for e in reversed(entries[: watermark + 1])
+                     if e.messages and usable_usage(e.messages[0]) is not None), None)
+    return None if baseline is None or current < baseline else current - baseline
+
+
+def test_the_first_measurement_is_the_first_usage_plus_what_follows_it():
+    """At a session's first assistant message with usage (Pi 1.6: a system prompt first): the
+    usage already holds the system prompt and the user's message, so the clock is that usage plus
+    the entries after it, never the estimate of what it covers."""
+    b = Branch()
+    b.system(900)  # 0
+    b.user(40)  # 1
+    b.assistant(40, usage(0), stop="aborted")  # 2: no usable usage
+    b.user(40)  # 3
+    b.assistant(40, usage(1691))  # 4: the first usable usage
+    b.tool_result(50)  # 5
+    assert clock(b, 3, None).tokens == 900 + 40 + 40 + 40 == extension_clock(b, 3, None)  # before it: the estimate
+    assert clock(b, 4, None).tokens == 1691 == extension_clock(b, 4, None)
+    assert clock(b, 5, None).tokens == 1691 + 50 == extension_clock(b, 5, None)
+    # a watermark before the first usable usage: no baseline, the source-token clock decides
+    c = clock(b, 5, 1)
+    assert c.tokens is None and extension_clock(b, 5, 1) is None and "no assistant usage" in c.reason
+    # a watermark at it: the growth since
+    assert clock(b, 5, 4).tokens == 50 == extension_clock(b, 5, 4)
 
 
 def compacted() -> Branch:
