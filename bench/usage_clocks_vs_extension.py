@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from om_core import replay as R  # noqa: E402
+from om_core.replay import branch as R  # noqa: E402
 from om_core.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402

@@ -37,7 +37,7 @@ from om_core.errors import OmError  # noqa: E402
 from om_core.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.memory import compact  # noqa: E402
-from om_core.replay import replay_in_process  # noqa: E402
+from om_core.replay.branch import replay_in_process  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402
