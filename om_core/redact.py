@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from om_core.secret_rules import Rule, anchored, near_word_spans, rules, token_start
+from om_core.secret_values import KEYWORD_KINDS
 
 MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 
@@ -35,45 +36,54 @@ def _lower(text: str) -> str:
 
 
 
-def _matches(rule: Rule, text: str, low: str) -> Iterable[re.Match[str]]:
-    """The rule's accepted matches. A rejected match does not hide the next one inside it
-    (``shared: TOKEN=…`` is first tried with the name ``shared``)."""
+def _matches(rule: Rule, text: str, low: str) -> Iterable[tuple[re.Match[str], str]]:
+    """The rule's accepted matches, each with its kind (the rule's, or the one its check names).
+    A rejected match does not hide the next one inside it (``shared: TOKEN=…`` is first tried with
+    the name ``shared``)."""
     subject = low if rule.lower else text
+
+    def verdict(m: re.Match[str]) -> str | None:
+        if rule.boundary and not token_start(text, m.start()):
+            return None
+        found = True if rule.check is None else rule.check(m, text)
+        return (found if isinstance(found, str) else rule.kind) if found else None
+
     if rule.at_start:
         m = rule.pattern.match(subject)
-        if m is not None and (rule.check is None or rule.check(m, text)):
-            yield m
+        if m is not None and (kind := verdict(m)):
+            yield m, kind
         return
     if rule.needles:
         for m in anchored(rule.pattern, subject, rule.needles, rule.window, low):
-            if (not rule.boundary or token_start(text, m.start())) and (rule.check is None or rule.check(m, text)):
-                yield m
+            if kind := verdict(m):
+                yield m, kind
         return
     if rule.check is None and not rule.boundary:
-        yield from rule.pattern.finditer(subject)
+        for m in rule.pattern.finditer(subject):
+            yield m, rule.kind
         return
     pos = 0
     while (m := rule.pattern.search(subject, pos)) is not None:
-        if (not rule.boundary or token_start(text, m.start())) and (rule.check is None or rule.check(m, text)):
-            yield m
+        if kind := verdict(m):
+            yield m, kind
             pos = max(m.end(), m.start() + 1)
         else:
             pos = m.start() + 1
 
 
 def secret_spans(text: str) -> list[tuple[int, int, str]]:
-    """Non-overlapping (start, end, kind) spans of the secrets in ``text``, in order."""
+    """Non-overlapping (start, end, kind) spans of the secrets in ``text``, in order. Where spans
+    overlap, a shape's kind (``live-key``) wins over a keyword rule's guess (``token``)."""
     low = _lower(text)
     found: list[tuple[int, int, str]] = []
     for rule in rules():
         if rule.keywords and not any(k in low for k in rule.keywords):
             continue
-        for m in _matches(rule, text, low):
+        for m, kind in _matches(rule, text, low):
             start, end = m.span(rule.group(m) if callable(rule.group) else rule.group)
             if start < end:
-                found.append((start, end, rule.kind))
-    for start, end in near_word_spans(text, low):
-        found.append((start, end, "high-entropy-token"))
+                found.append((start, end, kind))
+    found.extend(near_word_spans(text, low))
     if not found:
         return []
     protected = [m.span() for m in MARKER.finditer(text)] if "[REDACTED:" in text else []
@@ -84,7 +94,7 @@ def secret_spans(text: str) -> list[tuple[int, int, str]]:
             continue  # already a marker (redaction is idempotent)
         if merged and start < merged[-1][1]:
             s0, e0, k0 = merged[-1]
-            merged[-1] = (s0, max(e0, end), k0)
+            merged[-1] = (s0, max(e0, end), kind if k0 in KEYWORD_KINDS and kind not in KEYWORD_KINDS else k0)
         else:
             merged.append((start, end, kind))
     return merged

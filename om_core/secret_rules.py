@@ -9,7 +9,12 @@ Where the shapes come from:
   ``/``), more providers (Anthropic, OpenAI project keys, Google, Hugging Face, Slack app tokens,
   Mailgun, npm, …), ``KEY=``/``TOKEN=``/``SECRET=``/``PASSWORD=``/``PASS=`` assignments in any case
   and syntax (env files, ``export``, INI/TOML, YAML, JSON, code literals, CLI flags, query strings),
-  credential files (``.netrc``, ``.pgpass``) and high-entropy tokens next to secret-ish words.
+  credential files (``.netrc``, ``.pgpass``), passwords stated in prose (``the password is …``) and
+  random-looking tokens next to secret-ish words.
+
+The keyword and entropy rules guess; ``om_core.secret_values`` holds their checks and
+``om_core.identifiers`` what they leave alone (paths, UUIDs, commits, versions, placeholders…).
+A check may name the kind (``password`` for ``DB_PASS=…``); a shape's kind wins over a guess's.
 
 ``detect-secrets``' own scanner is not used: it reports lines, not spans, and runs at ~0.05 MB/s;
 the plugins' patterns run in ``om_core.redact``'s one span-collecting pass (see ``bench/redact.py``).
@@ -17,12 +22,15 @@ the plugins' patterns run in ``om_core.redact``'s one span-collecting pass (see 
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+
+from om_core.identifiers import identifier_kind, name_like, placeholder, reference_kind
+from om_core.secret_values import (entropy, guessed_secret, looks_random, name_kind, password_like,
+                                   plausible_value, secret_name, word_kind)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -31,7 +39,8 @@ class Rule:
     group: int | str | Callable[[re.Match[str]], str] = 0  # the part of the match that is the secret
     keywords: tuple[str, ...] = ()  # lowercase literals; the rule runs only when one occurs (empty: always).
     #                                 Not for literal-led patterns: the engine's own search is as fast.
-    check: Callable[[re.Match[str], str], bool] | None = None  # a last look at (match, original text)
+    check: Callable[[re.Match[str], str], bool | str] | None = None  # a last look at (match, original
+    #                                 text); a string it returns is the kind (`password` for `DB_PASS=`)
     lower: bool = False  # the pattern is written for lower-cased text and runs on it (case-insensitive
     #                      patterns defeat the regex engine's literal search: ~30x slower)
     needles: tuple[str, ...] = ()  # the pattern is only tried (anchored) where one of these occurs
@@ -39,81 +48,6 @@ class Rule:
     at_start: bool = False  # tried at the start of the text only (the twin of a rule led by "\n")
     boundary: bool = False  # the match must not be glued to a token before it (checked in Python: a
     #                         leading look-behind would make the engine try every position)
-
-
-# ------------------------------------------------------------------ value checks
-
-
-def entropy(value: str) -> float:
-    """Shannon entropy in bits per character."""
-    if not value:
-        return 0.0
-    n = len(value)
-    return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
-
-
-def looks_random(value: str, min_len: int = 16) -> bool:
-    """A token-like run: long, mixed letters and digits, high entropy, not a path or a word chain."""
-    if len(value) < min_len or value.startswith(("/", "./", "~", "http")) or "//" in value:
-        return False
-    digits = sum(c.isdigit() for c in value)
-    letters = sum(c.isalpha() for c in value)
-    if digits < 2 or letters < 2:
-        return False
-    if re.fullmatch(r"[a-z]+(?:[_.\-][a-z]+)*\d{0,4}", value):  # snake_case / dotted words
-        return False
-    return entropy(value) >= 3.0
-
-
-_PLACEHOLDERS = {
-    "none", "null", "nil", "true", "false", "undefined", "yes", "no", "on", "off", "empty", "required",
-    "optional", "str", "string", "int", "bool", "bytes", "any", "secret", "password", "token", "xxx",
-    "redacted", "hidden", "masked", "example", "placeholder", "changeit", "your", "todo", "tbd", "n/a",
-}
-
-_CODE_VALUE = re.compile(r"[A-Za-z_][A-Za-z_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*|[A-Za-z_][\w.]*[\[(].*|\d{1,7}(?:\.\d+)?")
-
-
-def plausible_value(value: str, *, data_style: bool, quoted: bool) -> bool:
-    """Is ``value`` (assigned to a secret-ish name) a literal secret rather than code or a placeholder?"""
-    v = value.strip()
-    if len(v) < 3 or v.startswith(("$", "%(", "{{", "${", "<", "[REDACTED:", "***", "…", "...", "!")):
-        return False
-    if v.lower().strip("_-.<>*") in _PLACEHOLDERS or set(v) <= set("*x.•#-_X"):
-        return False
-    if quoted or data_style:
-        return not (v.isdigit() and len(v) < 6) and (quoted or re.match(r"[A-Za-z_][\w.]*[\[(]", v) is None)
-    # code: variables, attribute access, calls and small numbers are not secrets
-    return _CODE_VALUE.fullmatch(v) is None
-
-
-# ------------------------------------------------------------------ names
-
-
-_SPLIT = re.compile(r"[_\-.]+|(?<=[a-z0-9])(?=[A-Z])")
-_STRONG = {"password", "passwd", "passphrase", "pwd", "pw", "pass", "secret", "token", "apikey", "auth",
-           "credential", "credentials", "creds", "privatekey", "accesskey", "secretkey", "authtoken"}
-_TRAILING = {"base", "value", "b64", "base64", "hex", "raw", "plain", "str", "string", "enc", "encoded"}
-
-
-def secret_name(name: str) -> str | None:
-    """'strong' for a name that holds a secret (``DB_PASS``, ``apiKey``, ``aws_secret_access_key``),
-    'key' for ``*_KEY``/``KEY`` (secret only when the value looks like one), None otherwise.
-    The secret word must end the name (``PASSWORD_MIN_LENGTH``, ``token_budget`` are not secrets)."""
-    parts = [p.lower() for p in _SPLIT.split(name.strip("\"'`$")) if p]
-    while len(parts) > 1 and parts[-1] in _TRAILING:
-        parts.pop()
-    if not parts:
-        return None
-    last = parts[-1]
-    if last in _STRONG:
-        return "strong"
-    if last == "key":
-        if len(parts) > 1 and parts[-2] in {"api", "secret", "access", "private", "auth", "signing", "encryption",
-                                            "master", "client", "account", "service", "license", "app", "admin"}:
-            return "strong"
-        return "key"
-    return None
 
 
 # ------------------------------------------------------------------ rule callbacks
@@ -124,7 +58,7 @@ _ASSIGN = re.compile(  # on lower-cased text
     r"(?:passw(?:or)?d|passphrase|pass|pwd|pw|secret|token|api_?key|key|auth|cred(?:ential)?s?)"
     r"(?P<tail>[a-z0-9_.\-]{0,30})(?P<nq>\\?[\"']?)"
     r"(?P<sp1>[ \t]*)(?P<op>:=|=>|=|:(?!//))(?P<sp2>[ \t]*)"
-    r"(?:(?P<q>\\?[\"'`])(?P<qv>[^\"'`\n\\]{1,400})(?P=q)|(?P<v>[^\s\"'`\\,;&)\]}]{1,400}))")
+    r"(?:(?P<q>\\?[\"'`])(?P<qv>[^\"'`\n\\]{1,400})(?P=q)|(?P<v>[^\s\"'`\\,;&)\]}]{1,400}(?:&(?![\w.\-]*=)[^\s\"'`\\,;&)\]}=]+)*))")
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-$")
 _NAME_STARTS = frozenset(" \t\r\n;&|(`'\"{,")
 
@@ -155,7 +89,7 @@ def _line_prefix(text: str, at: int) -> str:
     return text[begin:at].strip()
 
 
-def _assignment(m: re.Match[str], text: str) -> bool:
+def _assignment(m: re.Match[str], text: str) -> bool | str:
     start = _name_start(text, m.start())
     if start is None:
         return False
@@ -165,6 +99,11 @@ def _assignment(m: re.Match[str], text: str) -> bool:
         return False
     quoted = m.group("qv") is not None
     value = text[slice(*m.span("qv" if quoted else "v"))]
+    if quoted and m.group("q")[-1] == "`":
+        if not m.group("sp2") and not m.group("nq") and start > 0 and text[start - 1] == "`":
+            return False  # `NAME=` in a code span: the backtick closes it, no value follows
+        if any(c.isspace() for c in value):
+            return False  # a command in a code span (`pass show quayline/live`)
     before = _line_prefix(text, start)
     exported = before.split(" ")[-1] in ("export", "set", "setenv", "ENV")
     # .env / shell / INI / YAML: the name starts its line (or follows `export`), the value is data
@@ -177,9 +116,13 @@ def _assignment(m: re.Match[str], text: str) -> bool:
         return False
     if not quoted and m.end() < len(text) and text[m.end()] == "(":
         return False  # a call
-    if strength == "key":
-        return looks_random(value, 12) or (data_style and len(value) >= 12 and entropy(value) >= 3.0)
-    return True
+    kind = name_kind(name)
+    if kind == "credential" and not quoted and name_like(value):
+        return False  # `auth: oauth2`, `creds: none`: a method, not a credential
+    if strength == "key" and not (identifier_kind(value) is None and (
+            looks_random(value, 12) or (data_style and len(value) >= 12 and entropy(value) >= 3.0))):
+        return False
+    return kind
 
 
 def _assignment_group(m: re.Match[str]) -> str:
@@ -188,22 +131,42 @@ def _assignment_group(m: re.Match[str]) -> str:
 
 # a secret-ish word, a short gap on the same line, then a token-like run (on lower-cased text)
 _NEAR_NEEDLES = ("key", "token", "secret", "passw", "pwd", "credential", "bearer", "auth")
-_NEAR_WORD = re.compile(r"(?:keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|bearer|auth(?:orization)?)\b"
-                        r"[^\n]{0,40}?(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{14,}[a-z0-9]={0,2})")
+_NEAR_WORD = re.compile(r"(?P<w>keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|bearer|auth(?:orization)?)\b"
+                        r"(?P<gap>[^\n]{0,40}?)(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{10,}[a-z0-9]={0,2})")
+# the gap ends in a word that says an id follows (`the key's commit …`, `job id is …`)
+_ID_CONTEXT = re.compile(r"(?:^|\W)(?:ids?|uuid|sha\d*|md5|hash|digest|checksum|etag|commit|rev|revision|version)"
+                         r"\W*(?:is|was|:|=)?\W*$")
+_WORD_BOUNDS = frozenset(" \t\r\n\"'`<>(){},;|\\*")
 
 
-def near_word_spans(text: str, low: str) -> Iterable[tuple[int, int]]:
-    """High-entropy tokens within a few characters after a secret-ish word."""
+def whole_word(text: str, start: int, end: int) -> str:
+    """The whitespace-delimited word holding ``text[start:end]`` (quotes, brackets and trailing
+    punctuation cut off): a path around a run the pattern found, a URL around a query value."""
+    while start > 0 and text[start - 1] not in _WORD_BOUNDS and not _escape_before(text, start):
+        start -= 1
+    while end < len(text) and text[end] not in _WORD_BOUNDS:
+        end += 1
+    return text[start:end].rstrip(".,:;!?")
+
+
+def near_word_spans(text: str, low: str) -> Iterable[tuple[int, int, str]]:
+    """Random-looking tokens within a few characters after a secret-ish word, with the kind the word
+    names; identifiers and placeholders stay (a path, a UUID, a commit, a version)."""
     done = 0
     for m in anchored(_NEAR_WORD, low, _NEAR_NEEDLES):
         if m.start() < done or not token_start(text, m.start()):
             continue
         if text.rfind("[REDACTED:", max(0, m.start() - 40), m.start()) > text.rfind("]", max(0, m.start() - 40), m.start()):
             continue  # the word is part of a marker
-        start, end = m.span(1)
+        start, end = m.span(3)
         glued = text[start - 1] == "\\" and not _escape_before(text, start)
-        if not glued and looks_random(text[start:end], 16):
-            yield start, end
+        gap = m.group("gap")
+        min_len = 12 if not gap.strip() else 16  # right after the word, a shorter token is one too
+        if glued or _ID_CONTEXT.search(gap) or not guessed_secret(text[start:end], min_len):
+            continue
+        word = whole_word(text, start, end)
+        if identifier_kind(word) is None and not placeholder(word):
+            yield start, end, word_kind(m.group("w"))
             done = end
 
 
@@ -218,21 +181,45 @@ def _url_password(m: re.Match[str], text: str) -> bool:
 _NAME_WORDS = ("pass", "pwd", "pw", "secret", "token", "key", "auth", "cred")
 
 
-def _not_a_word(m: re.Match[str], text: str) -> bool:
+def _a_value(m: re.Match[str], text: str) -> bool:
+    """The rule's last group holds a value: not a word, a marker, a placeholder or a reference."""
     value = text[slice(*m.span(m.re.groups))]
-    return not value.isalpha() and not value.startswith("[REDACTED")
+    return not (value.isalpha() or value.startswith("[REDACTED") or placeholder(value)
+                or reference_kind(value) is not None)
+
+
+def _cli_secret(m: re.Match[str], text: str) -> bool | str:
+    value = text[slice(*m.span("v"))]
+    return plausible_value(value, data_style=True, quoted=False) and word_kind(m.group("flag").split("-")[-1])
+
+
+def _netrc_line(m: re.Match[str], text: str) -> bool:
+    """A ``password X`` line is a .netrc's only below its ``machine`` or ``login`` line."""
+    before = text[max(0, m.start() - 300):m.start()].lower()
+    return ("machine" in before or "login" in before) and reference_kind(text[slice(*m.span(1))]) is None
+
+
+# prose: `the password for the orders db is Tr0ub4dor&3` (a token-like secret is the near-word rule's)
+_PROSE_PASSWORD = re.compile(r"(?P<w>passw(?:or)?ds?|passphrases?|pwd|secrets?)\b(?P<gap>(?:[^\n.;!?:=]|\.(?=\S)){0,40}?)"
+                             r"\b(?:is|was)\b[ \t]*:?[ \t]*[\"'`]?(?P<v>[^\s\"'`\\]{3,199}[^\s\"'`\\.,;:)])")
+
+
+def _prose_password(m: re.Match[str], text: str) -> bool | str:
+    return password_like(text[slice(*m.span("v"))]) and word_kind(m.group("w"))
 
 
 # ------------------------------------------------------------------ rules
 
 
-def _line_rules(kind: str, body: str, *, lower: bool = False, escaped: bool = False) -> list[Rule]:
+def _line_rules(kind: str, body: str, *, lower: bool = False, escaped: bool = False,
+                check: Callable[[re.Match[str], str], bool] | None = None) -> list[Rule]:
     """A rule for a whole line: led by a newline (a literal the engine searches fast; ``(?m)^`` is
     tried at every position), by a JSON-escaped newline when ``escaped``, and at the text's start.
     ``body``'s first group is the secret."""
-    rules = [Rule(kind, re.compile("\n" + body), 1, lower=lower), Rule(kind, re.compile(body), 1, lower=lower, at_start=True)]
+    rules = [Rule(kind, re.compile("\n" + body), 1, lower=lower, check=check),
+             Rule(kind, re.compile(body), 1, lower=lower, at_start=True, check=check)]
     if escaped:
-        rules.append(Rule(kind, re.compile(r"\\n" + body), 1, lower=lower))
+        rules.append(Rule(kind, re.compile(r"\\n" + body), 1, lower=lower, check=check))
     return rules
 
 
@@ -241,8 +228,10 @@ def _own_rules() -> list[Rule]:
     e = r"(?![A-Za-z0-9_\-])"
     pgpass = r"[A-Za-z0-9_.\-*]+:(?:\d+|\*):[^\s:\\]+:[^\s:\\]+:([^\s\\]+)"  # host:port:db:user:password
     return [
-        Rule("private-key", r(r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY((?: BLOCK)?)-----.*?"
-                              r"(?:-----END \1PRIVATE KEY\2-----|\Z)", re.DOTALL)),
+        # to its END line; without one (an excerpt) through the key lines that follow the BEGIN line
+        Rule("private-key", r(r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY((?: BLOCK)?)-----(?:.*?-----END \1PRIVATE KEY\2-----"
+                              r"|(?:(?:\\[rn]|\s)+[A-Za-z\-]+: [^\n\\]*)*(?:(?:\\[rn]|\s)+[A-Za-z0-9+/=]{16,})+)",
+                              re.DOTALL)),
         Rule("private-key", r(r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC:\s*\S+|\Z)", re.DOTALL)),
         # base64 key material without its BEGIN line (an excerpt, a `sed -n` of a key file)
         *_line_rules("key-material", r"((?:[A-Za-z0-9+/]{60,76}={0,2}[ \t]*\r?\n){3,}(?:[A-Za-z0-9+/]{4,76}={0,2}(?=\n|$))?)"),
@@ -294,25 +283,27 @@ def _own_rules() -> list[Rule]:
         Rule("connection-password", r(r"://([^\s:/@'\"<>]*):([^\s@'\"<>]+)@(?=[\w\[])"), 2, check=_url_password),
         Rule("query-secret", r(r"[?&;](?:access_token|refresh_token|id_token|auth_token|token|api_?key|key|"
                                r"secret|client_secret|password|passwd|pwd|sig|signature|auth)=([^&\s#'\"\\<>]{6,})"),
-             1, keywords=("=",), check=_not_a_word, lower=True),
-        Rule("bearer-token", r(r"(?:bearer|token)\s+([a-z0-9_\-.~+/]{12,}=*)"), 1,
-             needles=("bearer", "token"), check=_not_a_word, boundary=True, lower=True),
-        Rule("basic-auth", r(r"basic\s+([a-z0-9+/]{12,}={0,2})"), 1, check=_not_a_word,
+             1, keywords=("=",), check=_a_value, lower=True),
+        Rule("bearer-token", r(r"bearer[ \t]+([a-z0-9_\-.~+/]{12,}=*)"), 1,
+             needles=("bearer",), check=_a_value, boundary=True, lower=True),
+        Rule("basic-auth", r(r"basic\s+([a-z0-9+/]{12,}={0,2})"), 1, check=_a_value,
              boundary=True, lower=True),
         Rule("authorization-header", r(r"authorization[\"']?\s*[:=]\s*[\"']?(?:[a-z]+\s+)?"
                                        r"([a-z0-9_\-.~+/]{8,}=*)"), 1,
-             check=_not_a_word, lower=True, needles=("authorization",)),
-        Rule("cli-secret", r(r"--?(?:password|passwd|pass|pwd|token|api[-_]?key|secret|client-secret|"
-                             r"auth-token|access-token)(?:=|\s+)[\"']?([^\s\"'\\-][^\s\"'\\]{2,})"), 1,
-             check=lambda m, text: plausible_value(text[slice(*m.span(1))], data_style=True, quoted=False),
-             boundary=True, lower=True),
+             check=_a_value, lower=True, needles=("authorization",)),
+        Rule("cli-secret", r(r"--?(?P<flag>password|passwd|pass|pwd|token|api[-_]?key|secret|client-secret|"
+                             r"auth-token|access-token)(?:=|\s+)[\"']?(?P<v>[^\s\"'\\-][^\s\"'\\]{2,})"), "v",
+             check=_cli_secret, boundary=True, lower=True),
         Rule("basic-auth", r(r"(?:-u|--user)\s+[\"']?[^\s:\"']+:([^\s\"']{3,})"), 1, boundary=True),
         # credential files
         Rule("netrc-password", r(r"machine\s+\S+\s+(?:login\s+\S+\s+)?password\s+([^\s\\]+)"), 1,
              boundary=True, lower=True),
-        *_line_rules("netrc-password", r"[ \t]*password[ \t]+([^\s\\]+)[ \t]*(?=\n|\\n|$)", lower=True),
+        *_line_rules("netrc-password", r"[ \t]*password[ \t]+([^\s\\]+)[ \t]*(?=\n|\\n|$)", lower=True,
+                     check=_netrc_line),
         *_line_rules("pgpass-password", pgpass + r"(?=\n|\\n|$)", escaped=True),
         Rule("secret-assignment", _ASSIGN, _assignment_group, check=_assignment, lower=True, needles=_NAME_WORDS),
+        Rule("password", _PROSE_PASSWORD, "v", check=_prose_password, lower=True, boundary=True,
+             needles=("passw", "passphrase", "pwd", "secret")),
     ]
 
 

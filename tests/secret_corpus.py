@@ -8,7 +8,9 @@ Each entry: (family, text as it would appear, the secret part(s) that must not l
 from __future__ import annotations
 
 import hashlib
+import json
 import string
+from dataclasses import dataclass, field
 
 ALNUM = string.ascii_letters + string.digits
 LOWER_ALNUM = string.ascii_lowercase + string.digits
@@ -33,6 +35,12 @@ def b64url(seed: str, n: int) -> str:
 
 PEM = "\n".join(rnd(f"pem{i}", 64, B64) for i in range(6)) + "\n" + rnd("pem-last", 24, B64) + "=="
 JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9." + "eyJ" + b64url("jwt-claims", 60) + "." + b64url("jwt-sig", 43))
+def uuid_shaped(seed: str) -> str:
+    h = rnd(seed, 32, HEX)
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-a{h[17:20]}-{h[20:]}"
+
+
+UUID_SECRET, UUID_SECRET_2, UUID_SECRET_3, UUID_SECRET_4 = (uuid_shaped(f"uuid-secret-{i}") for i in range(4))
 AWS_SECRET = rnd("aws-secret-a", 18, ALNUM) + "/" + rnd("aws-secret-b", 10, ALNUM) + "/" + rnd("aws-secret-c", 10, ALNUM)
 
 # family, template ({s} is the secret), secret
@@ -118,6 +126,24 @@ SECRETS: list[tuple[str, str, str]] = [
     ("entropy-near-word", "the api key is {s}, keep it safe", rnd("near", 26, LOWER_ALNUM)),
     ("entropy-near-secret", "secret: {s}", rnd("near2", 32)),
     ("entropy-credentials-prose", "credentials for staging are {s}", rnd("near3", 24)),
+    # issue 23: shapes that reached the model, and secrets that look like identifiers where a secret's
+    # name is assigned (a UUID or hex value assigned to a token's name is the token: Consul, Heroku)
+    ("pgpassword-prose", "run it as PGPASSWORD={s} psql -h db.internal -U orders", rnd("pgpw", 16)),
+    ("pgpassword-backticks", "I used `PGPASSWORD={s} pg_dump orders > dump.sql`", "Pg-" + rnd("pgpw2", 12)),
+    ("mysql-pwd", "MYSQL_PWD={s} mysql -u root orders", rnd("mysqlpwd", 14)),
+    ("mysql-password-flag", "mysql -u root --password={s} orders", rnd("mysqlflag", 14)),
+    ("password-prose-is", "the staging db password is {s} for now", "Winter2026!" + rnd("prose-is", 3)),
+    ("password-prose-for-is", "The password for the orders db is {s}", "Tr0ub4dor&" + rnd("prose-for", 4)),
+    ("password-prose-colon", "Staging password: {s}", "hunter2-" + rnd("prose-colon", 6)),
+    ("passphrase-prose", "the key passphrase was {s}, do not share it", rnd("passphrase", 6) + "#" + rnd("pp2", 5)),
+    ("secret-prose-is", "the webhook secret is {s}.", rnd("webhook", 24)),
+    ("consul-token-prose-colon", "my Consul token: {s}", UUID_SECRET),
+    ("heroku-api-key-uuid", "HEROKU_API_KEY={s}", UUID_SECRET_2),
+    ("yaml-password-uuid", "db:\n  password: {s}\n", UUID_SECRET_3),
+    ("json-token-hex40", '{{"token": "{s}"}}', rnd("hex40", 40, HEX)),
+    ("authorization-uuid", "curl -H 'Authorization: Bearer {s}' https://api.example.com", UUID_SECRET_4),
+    ("bearer-prose", "call it with Bearer {s} in the header", rnd("bearer-prose", 32)),
+    ("yaml-password-ampersand", "staging:\n  password: {s}\n", "Tr0ub4dor&" + rnd("amp", 5)),
 ]
 
 
@@ -178,3 +204,205 @@ NEAR_MISSES = [
     "password: str",
     "if token is None:",
 ]
+
+
+# ------------------------------------------------------------------ identifiers that must pass (issue 23)
+
+def _b64_digest(data: bytes, algorithm: str) -> str:
+    import base64
+
+    return base64.b64encode(hashlib.new(algorithm, data).digest()).decode()
+
+
+SHA1 = hashlib.sha1(b"om corpus commit").hexdigest()
+SHA256 = hashlib.sha256(b"om corpus blob").hexdigest()
+
+# family, value. The memory keeps these verbatim: the observer is asked to copy them exactly.
+IDENTIFIERS: list[tuple[str, str]] = [
+    ("path", "migrations/0042_users.sql"),
+    ("path", ".venv/lib/python3.12/site-packages/httpx/_client.py"),
+    ("path", "/home/dev/harbor-sync/src/harbor_sync/config.py"),
+    ("path", "~/.config/om/settings.json"),
+    ("path", "./scripts/rotate_tokens.sh"),
+    ("path", "packages/api/src/middleware/authToken.test.ts"),
+    ("path", "/tmp/pytest-of-root/pytest-3/test_redaction0/om.duckdb"),
+    ("path", "/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T"),
+    ("path", "/run/secrets/db_password"),
+    ("file-line", "tests/test_check_secrets.py:11"),
+    ("file-line", "src/harbor_sync/config.py:9:5"),
+    ("file-line", "config.py:9"),
+    ("file-line", "om_core/redact.py#L42-L57"),
+    ("test-id", "tests/test_redact.py::test_each_secret_kind_becomes_a_marker[openai]"),
+    ("test-id", "tests/test_auth.py::TestTokenRefresh::test_expired_token_is_refreshed"),
+    ("uuid", "d703a1a9-1b7b-4fb1-b512-c9738b1fe617"),
+    ("uuid", "7c9e6679-7425-40de-944b-e07fc1f90ae7"),
+    ("uuid", "5EC7E700-0000-4000-8000-000000000001"),
+    ("git-sha", "879ecea"),
+    ("git-sha", SHA1[:10]),
+    ("git-sha", SHA1),
+    ("git-sha", SHA256),
+    ("digest", "sha256:" + SHA256),
+    ("digest", "sha512-" + _b64_digest(b"om corpus package", "sha512")),
+    ("digest", "ghcr.io/org/om-worker@sha256:" + hashlib.sha256(b"om image").hexdigest()),
+    ("digest", "md5:d41d8cd98f00b204e9800998ecf8427e"),
+    ("version", "1.2.3-rc.1+build.5a3f9c2"),
+    ("version", "15.0.3+20260115.sha.879ecea"),
+    ("version", "v2.46.1"),
+    ("version", "2026.1.0.dev4+g879ecea"),
+    ("version", "@supabase/ssr@0.5.1"),
+    ("version", "httpx==0.27.2"),
+    ("url", "https://api.example.com/v1/tokens?page=2&per_page=50"),
+    ("url", "https://github.com/org/repo/commit/" + SHA1),
+    ("url", "https://docs.example.com/auth/secrets#rotation"),
+    ("url", "postgres://db.internal.example.com:5432/orders"),
+    ("url", "git@github.com:org/harbor-sync.git"),
+    ("url", "s3://om-stage-results/runs/2026-01-15/"),
+    ("table", "om_internal.compactions"),
+    ("table", "auth_tokens"),
+    ("table", "user_secrets_2026_01"),
+    ("table", "analytics.api_keys_v2"),
+    ("regex", r"qk_(live|test)_[0-9a-f]{20}"),
+    ("regex", r"^sk-[A-Za-z0-9]{48}$"),
+    ("regex", r"(?:AKIA|ASIA)[0-9A-Z]{16}"),
+    ("regex", r"\d{8,10}:[A-Za-z0-9_-]{35}"),
+    ("call-id", "toolu_01" + rnd("toolu", 22)),
+    ("call-id", "call_" + rnd("call", 24)),
+    ("call-id", "chatcmpl-" + rnd("chatcmpl", 29)),
+    ("run-id", "run_" + rnd("run", 24)),
+    ("run-id", "run-20260115-140102"),
+    ("vault-path", "secret/data/prod/orders/db-password"),
+    ("vault-path", "kv/harbor/api-token"),
+    ("vault-path", "projects/123456789012/secrets/quayline-token/versions/3"),
+    ("vault-path", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/orders/db-password-AbC12x"),
+    ("vault-path", "op://Engineering/quayline/credential"),
+    ("vault-path", "vault:secret/data/harbor#api_token"),
+    ("code", "check_secrets.scan_text"),
+    ("code", "settings.api_key"),
+    ("code", "getAccessToken()"),
+    ("code", "AuthTokenProvider"),
+    ("code", "PASSWORD_MIN_LENGTH"),
+    ("code", "self._token_cache"),
+    ("code", "om_core.secret_rules.secret_name"),
+    ("code", "hashPassword2"),
+]
+
+# Random ids (a UUID, a hex id) assigned to a secret's name are that secret (a Consul token is a
+# UUID), so only references and paths are also placed after `word:`.
+ASSIGNABLE = {"path", "file-line", "test-id", "url", "vault-path"}
+SECRET_WORDS = ("auth", "token", "secret", "key", "password", "credentials", "api key", "passphrase")
+PROSE = ("{v}", "See {v} for details.", "Fixed the {w} bug in {v}.", "Use the {w} job {v} for the replay",
+         "the {w} rotation job id is {v}", "the {w} is {v}", "the {w} for staging is {v}")
+
+
+def identifier_texts() -> list[tuple[str, str, str]]:
+    """(family, text, identifier): each identifier alone, right after each secret-ish word, in prose,
+    and (references) as a value of ``word:``."""
+    out = []
+    for family, value in IDENTIFIERS:
+        texts = [p.format(v=value, w="") for p in PROSE[:2]]
+        texts += [f"{w} {value}" for w in SECRET_WORDS]
+        texts += [p.format(v=value, w=w) for p in PROSE[2:] for w in SECRET_WORDS]
+        if family in ASSIGNABLE:
+            texts += [f"{w}: {value}" for w in SECRET_WORDS]
+        out += [(family, text, value) for text in dict.fromkeys(texts)]
+    return out
+
+
+# text that looks like it holds a secret and does not: placeholders and fixtures seen in the real
+# sessions and examples, references assigned to secret names, secret-ish words before ordinary values
+LOOKALIKES = [
+    "export ANTHROPIC_API_KEY=sk-ant-...",
+    "export OPENROUTER_API_KEY=sk-or-...",
+    "OPENAI_API_KEY=<your-key>",
+    "OPENAI_API_KEY=your-api-key-here",
+    'API_TOKEN = "qk_live_…"',
+    'settings = Settings(base_url="https://partner.test/v2", api_token="test-token")',
+    'env = {"HARBOR_API_TOKEN": "not-a-real-token"}',
+    "The example is `HARBOR_API_TOKEN=` and a pointer to `.env.example`.",
+    'assert check_secrets.scan_text("Authorization: Bearer qk_live_") == []',
+    'assert check_secrets.scan_text(f"token = \'{FAKE_LIVE}\'")',
+    "# The partner token lives in pass: `pass show quayline/live`",
+    'assert check_secrets.scan_text("-----BEGIN OPENSSH PRIVATE KEY-----") == [(1, "private key")]',
+    "PWD=/home/dev/harbor-sync",
+    "OLDPWD=/home/dev",
+    "TOKEN_FILE=/run/secrets/quayline_token",
+    "password: ${DB_PASSWORD}",
+    "The password is required.",
+    "the password is stored in 1Password",
+    "the password is base64-encoded",
+    "The token is None until login.",
+    "The secret is in vault at secret/data/prod/orders/db-password",
+    "auth: oauth2",
+    "SESSION_KEY=d703a1a9-1b7b-4fb1-b512-c9738b1fe617",
+    "the token expires at 2026-01-15T14:01:02Z",
+    "use --token-file ~/.config/gh/token",
+    "secret_key_base = Rails.application.credentials.secret_key_base",
+    "api key rotated: see PR #1234 and commit " + SHA1,
+    "tokens used: 123456 of 200000",
+    "cache key users:42:profile:v3",
+    "the key is in ~/.ssh/id_ed25519.pub",
+]
+
+
+# ------------------------------------------------------------------ scoring (issue 23)
+
+@dataclass
+class Score:
+    """Recall over secrets (a secret counts when no piece of it is left) and precision over
+    redactions (a redaction counts when it lies on a secret; one anywhere else is a false one)."""
+    secrets: int = 0
+    found: int = 0
+    redactions: int = 0
+    true_redactions: int = 0
+    missed: list[str] = field(default_factory=list)
+    false: list[str] = field(default_factory=list)
+
+    @property
+    def recall(self) -> float:
+        return self.found / self.secrets if self.secrets else 1.0
+
+    @property
+    def precision(self) -> float:
+        return self.true_redactions / self.redactions if self.redactions else 1.0
+
+    def line(self) -> str:
+        return (f"recall {self.recall:.1%} ({self.found}/{self.secrets} secrets), precision {self.precision:.1%} "
+                f"({self.true_redactions}/{self.redactions} redactions)")
+
+
+def escaped(text: str) -> str:
+    """``text`` as a tool call's JSON arguments carry it (a line of a file being written)."""
+    return "write(" + json.dumps({"path": "notes.txt", "content": f"line one\n{text}\nlast"},
+                                 ensure_ascii=False, separators=(",", ":")) + ")"
+
+
+def score() -> Score:
+    """Every secret and every identifier of the corpus, as written and JSON-escaped, through the
+    redactor (imported here, so a test can swap its rules)."""
+    from om_core.redact import redact, secret_spans
+
+    result = Score()
+    for family, template, secret in SECRETS:
+        for text, shown in ((fill(template, secret), secret), (escaped(fill(template, secret)), json.dumps(secret)[1:-1])):
+            at = text.index(shown)
+            spans = secret_spans(text)
+            out = redact(text)
+            result.secrets += 1
+            if any(part in out for part in secret_parts(shown)):
+                result.missed.append(f"{family}: {out!r}")
+            else:
+                result.found += 1
+            for start, end, kind in spans:
+                result.redactions += 1
+                if start < at + len(shown) and at < end:
+                    result.true_redactions += 1
+                else:
+                    result.false.append(f"{family} [{kind}] {text[start:end]!r} in {text!r}")
+    clean = [(f, t) for f, t, _ in identifier_texts()] + [("lookalike", t) for t in LOOKALIKES] \
+        + [("near-miss", t) for t in NEAR_MISSES]
+    for family, text in clean:
+        for variant in (text, escaped(text)):
+            for start, end, kind in secret_spans(variant):
+                result.redactions += 1
+                result.false.append(f"{family} [{kind}] {variant[start:end]!r} in {variant!r}")
+    return result

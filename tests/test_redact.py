@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -23,7 +24,7 @@ from om_core.ingest import ingest
 from om_core.model import RetryPolicy
 from om_core.recall import recall
 from om_core.redact import redact, redact_messages
-from secret_corpus import NEAR_MISSES, SECRETS, fill, secret_parts
+from secret_corpus import B64, NEAR_MISSES, SECRETS, fill, rnd, score, secret_parts
 from om_core.settings import Settings
 from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, observe_now, reflect_now
@@ -88,6 +89,66 @@ def test_redaction_is_idempotent():
 @pytest.mark.parametrize("line", NEAR_MISSES)
 def test_ordinary_text_and_code_are_untouched(line):
     assert redact(line) == line
+
+
+def test_the_corpus_is_redacted_with_full_precision_and_recall():
+    """Issue 23: every secret of the corpus goes (recall) and nothing else does (precision): each
+    identifier alone, after each secret-ish word, in prose and as a reference's value; the lookalikes;
+    the near misses; each as written and JSON-escaped in a tool call's arguments."""
+    result = score()
+    print(result.line())
+    assert result.secrets >= 2 * len(SECRETS) and result.redactions >= result.secrets
+    assert not result.missed, f"{result.line()}; secrets left:\n" + "\n".join(result.missed)
+    assert not result.false, f"{result.line()}; not secrets:\n" + "\n".join(result.false[:40])
+    assert result.recall == result.precision == 1.0
+
+
+def test_the_score_falls_when_a_rule_breaks(monkeypatch):
+    """The corpus test can fail: an identifier check that no longer knows UUIDs costs precision, a
+    provider rule that is gone costs recall."""
+    import om_core.identifiers as identifiers
+    import om_core.redact as redact_module
+
+    monkeypatch.setattr(identifiers, "_UUID", re.compile(r"(?!)"))
+    broken = score()
+    assert broken.recall == 1.0 and broken.precision < 1.0
+    assert any("uuid" in line and "d703a1a9-1b7b-4fb1-b512-c9738b1fe617" in line for line in broken.false)
+    monkeypatch.undo()
+
+    kept = tuple(r for r in redact_module.rules() if r.kind != "discord-webhook")
+    monkeypatch.setattr(redact_module, "rules", lambda: kept)
+    broken = score()
+    assert broken.recall < 1.0 and any(line.startswith("discord-webhook") for line in broken.missed)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Fixed the auth bug in migrations/0042_users.sql", None),
+    ("Use the session key d703a1a9-1b7b-4fb1-b512-c9738b1fe617 for the replay", None),
+    ("token tests/test_check_secrets.py:11", None),
+    ("PGPASSWORD=hunter2Xq9 psql -h db", "PGPASSWORD=[REDACTED:password] psql -h db"),
+    ("the staging password is Winter2026!q4z for now", "the staging password is [REDACTED:password] for now"),
+    ("export ANTHROPIC_API_KEY=sk-ant-...", None),
+    ("PWD=/home/dev", None),
+])
+def test_identifiers_stay_and_secrets_go_with_their_kind(text, expected):
+    assert redact(text) == (text if expected is None else expected)
+
+
+def test_a_shape_names_the_kind_over_a_keyword_guess():
+    """`API_TOKEN = "qk_live_…"` is found by the assignment rule and the live-key shape: the marker
+    says what the value is."""
+    value = "qk_live_" + "4f9a2c7e1b8d6035a9e2"
+    assert redact(f'API_TOKEN = "{value}"') == 'API_TOKEN = "[REDACTED:live-key]"'
+    assert redact(f"HARBOR_API_TOKEN={value[:8]}{value[8:].upper()}x") == "HARBOR_API_TOKEN=[REDACTED:live-key]"
+
+
+def test_a_begin_line_alone_is_not_a_private_key():
+    """A test that names the BEGIN line holds no key: the rest of the text stays."""
+    line = 'assert scan("-----BEGIN OPENSSH PRIVATE KEY-----") == [(1, "private key")]\nnext line'
+    assert redact(line) == line
+    lines = [rnd(f"k{i}", 64, B64) for i in range(2)]
+    excerpt = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(lines) + "\n[cut]"  # no END line
+    assert redact(excerpt) == "[REDACTED:private-key]\n[cut]"
 
 
 def test_redact_messages_covers_text_parts_and_tool_arguments():
