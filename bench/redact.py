@@ -2,20 +2,25 @@
 """Redactor benchmark: throughput of ``om_core.redact.redact`` in MB/s.
 
 Corpora (MB = 10^6 bytes of UTF-8):
-* ``sessions``: the text of every source entry of the sample sessions in ../shared/sessions
-  (what the observer sends), when present;
+* ``sessions``: the text the observer reads of every source entry of the real sessions in
+  ../shared/sessions (when present) and the project's examples/sessions;
 * ``synthetic``: a seeded mix of prose, Python, shell logs, JSON tool-call arguments and .env lines,
   with one fake secret per ~2 KB (tests/secret_corpus.py);
 * ``no-space``: one long base64 run (minified/encoded tool output);
 * ``one char``: one repeated character, the pathological case for the tokenizer.
 
+Throughput is reported by wall clock and by the process's CPU time (steadier on a shared machine).
 For scale it also times detect-secrets' own line scanner (``scan_line`` with its default plugins)
 on a 200 KB slice: the reason its plugins' patterns run inside om's one-pass span finder instead.
+
+``--list`` prints every redaction on the real sessions and examples instead (file, entry id, kind,
+the text before it, the redacted value): each one should be a secret.
 
 Usage (from the repository root):
 
     .venv/bin/python bench/redact.py              # 3 runs per corpus, ~4 MB each
     .venv/bin/python bench/redact.py --mb 8 --runs 5 --json
+    .venv/bin/python bench/redact.py --list
 """
 
 from __future__ import annotations
@@ -62,22 +67,41 @@ def synthetic(mb: float, seed: int = 7) -> str:
     return "".join(out)
 
 
-def session_text() -> str | None:
-    sessions = ROOT.parent / "shared" / "sessions"
-    if not sessions.is_dir():
-        return None
+def session_entries() -> list[tuple[str, str, str]]:
+    """(file name, entry id, text the observer reads) of every source entry of the real sessions
+    and the examples."""
     from om_core.source_text import entry_text
 
-    texts = []
-    for path in sorted(sessions.glob("*.jsonl")):
+    paths = sorted((ROOT.parent / "shared" / "sessions").glob("*.jsonl")) + sorted((ROOT / "examples" / "sessions").glob("*.jsonl"))
+    entries = []
+    for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 obj = json.loads(line)
             except ValueError:
                 continue
             if obj.get("type") in ("message", "custom_message", "branch_summary"):
-                texts.append(entry_text(obj["type"], obj))
-    return "\n".join(texts)
+                entries.append((path.name, str(obj.get("id")), entry_text(obj["type"], obj, tool_call_ids=False)))
+    return entries
+
+
+def session_text() -> str | None:
+    return "\n".join(text for _, _, text in session_entries()) or None
+
+
+def list_redactions() -> None:
+    from om_core.redact import secret_spans
+
+    entries = session_entries()
+    count, kinds = 0, {}
+    for name, entry_id, text in entries:
+        for start, end, kind in secret_spans(text):
+            count += 1
+            kinds[kind] = kinds.get(kind, 0) + 1
+            before = text[max(0, start - 40):start].replace("\n", "\\n")
+            print(f"{name}\t{entry_id}\t{kind}\t{before!r}\t{text[start:end]!r}")
+    size = sum(len(text.encode()) for _, _, text in entries) / 1e6
+    print(f"{count} redactions in {len(entries)} entries ({size:.2f} MB): {kinds}", file=sys.stderr)
 
 
 def repeat_to(text: str, mb: float) -> str:
@@ -87,14 +111,16 @@ def repeat_to(text: str, mb: float) -> str:
 
 def measure(text: str, runs: int) -> dict:
     size = len(text.encode("utf-8")) / 1e6
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         redact(text)
         times.append(time.perf_counter() - t0)
-    best, median = min(times), statistics.median(times)
+        cpu.append(time.process_time() - c0)
+    best, median, cpu_median = min(times), statistics.median(times), statistics.median(cpu)
     return {"mb": round(size, 2), "runs": runs, "best_s": round(best, 3), "median_s": round(median, 3),
-            "mb_per_s_median": round(size / median, 1), "mb_per_s_best": round(size / best, 1)}
+            "mb_per_s_median": round(size / median, 1), "mb_per_s_best": round(size / best, 1),
+            "mb_per_cpu_s_median": round(size / max(cpu_median, 1e-9), 1)}
 
 
 def detect_secrets_scanner(text: str) -> dict:
@@ -115,7 +141,11 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=4.0, help="size of each corpus in MB (default 4)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--list", action="store_true", help="list every redaction on the real sessions and examples")
     args = parser.parse_args()
+    if args.list:
+        list_redactions()
+        return
     t0 = time.perf_counter()
     rules()  # load the rules (detect-secrets import) outside the timings
     load_s = time.perf_counter() - t0
@@ -136,7 +166,7 @@ def main() -> None:
     for name, r in results.items():
         if "runs" in r:
             print(f"{name:>12}: {r['mb']:6.2f} MB  median {r['median_s']:.3f} s  ->  {r['mb_per_s_median']:6.1f} MB/s "
-                  f"(best {r['mb_per_s_best']:.1f})")
+                  f"(best {r['mb_per_s_best']:.1f}; {r['mb_per_cpu_s_median']:.1f} MB per CPU second)")
         else:
             print(f"{name}: {r['mb_per_s']} MB/s on {r['mb']} MB")
 

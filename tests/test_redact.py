@@ -17,7 +17,8 @@ import re
 import pytest
 
 from builders import SessionBuilder
-from fake_openai import FakeOpenAI, text, tool_call
+from fake_brains import _CHUNK as CHUNK, ScriptedWorkers, stage_of
+from fake_openai import FakeOpenAI, Reply, text, tool_call
 from conftest import workspace
 from om_core import db as dbmod
 from om_core.ingest import ingest
@@ -363,3 +364,125 @@ def test_a_private_key_cut_by_the_head_tail_excerpt_does_not_leak(server, tmp_pa
     assert "-----END RSA PRIVATE KEY-----" in sent or "[REDACTED:" in sent
     leaked = [line for line in key_lines if line in sent]
     assert leaked == [], f"{len(leaked)} of {len(key_lines)} private key lines were sent to the model"
+
+
+# ------------------------------------------------------------------ identifiers end to end (issue 23)
+
+
+EXAMPLE_SECRETS = {"qk_live_4f9a2c7e1b8d6035a9e2", "qk_live_2b81f0c4d7e95a36c1f8", "qk_live_0123456789abcdef0123",
+                   "qk_test_fedcba9876543210"}  # the harbor example's hard-coded partner tokens and fixtures
+
+
+def test_on_the_examples_every_redaction_is_a_secret_and_every_secret_is_redacted():
+    """The example sessions quote paths, ids, placeholders (`api_token="test-token"`, `sk-...`) and
+    four secret-shaped partner tokens: exactly the tokens go, each wherever it occurs."""
+    from pathlib import Path
+
+    from om_core.redact import secret_spans
+    from om_core.source_text import entry_text
+
+    redacted, occurrences = [], 0
+    for path in sorted((Path(__file__).parent.parent / "examples" / "sessions").glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            obj = json.loads(line)
+            if obj.get("type") in ("message", "custom_message", "branch_summary"):
+                observed = entry_text(obj["type"], obj, tool_call_ids=False)
+                redacted += [(observed[a:b], kind) for a, b, kind in secret_spans(observed)]
+                occurrences += sum(observed.count(s) for s in EXAMPLE_SECRETS)
+    assert {value for value, _ in redacted} == EXAMPLE_SECRETS
+    assert {kind for _, kind in redacted} == {"live-key"}
+    assert len(redacted) == occurrences == 14
+
+
+class QuotingWorkers(ScriptedWorkers):
+    """The fake model as the observer prompt asks it to be: every line of its chunk that holds a
+    corpus identifier is copied into an observation exactly; other stages answer as ScriptedWorkers."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def _first_turn(self, body: dict) -> Reply:
+        user = body["messages"][1]["content"]
+        quoted = [line for line in self.lines if line in user] if stage_of(body) == "observer" else []
+        if not quoted:
+            return super()._first_turn(body)
+        first, last = CHUNK.search(user).groups()
+        return tool_call("record_observations", {"observations": [
+            {"timestamp": "2026-01-15 14:00", "content": f"User wrote: {line}", "relevance": "high",
+             "sourceEntryIds": [first, last]} for line in quoted]})
+
+
+def identifier_session() -> tuple[SessionBuilder, list[str]]:
+    """A session whose user lines hold every corpus identifier right after a secret-ish word or in
+    prose, a tool result holding every secret, and the extension's imported observations quoting both."""
+    from secret_corpus import IDENTIFIERS, PROSE, SECRET_WORDS
+
+    lines = []
+    for i, (_, value) in enumerate(IDENTIFIERS):
+        word = SECRET_WORDS[i % len(SECRET_WORDS)]
+        lines.append(f"{word} {value}" if i % 2 else PROSE[2 + i % (len(PROSE) - 2)].format(v=value, w=word))
+    b = SessionBuilder(SID)
+    first = b.user("Let's tidy up the secret handling of the harbor service.")
+    imported_lines = [f"Imported: {line}" for line in lines] + [f"Imported: {t}" for t in _texts(0) + _texts(1)]
+    b.custom("om.observations.recorded", {"observations": [
+        {"id": mid(c), "content": c, "timestamp": "2026-01-15 14:01", "relevance": "high", "sourceEntryIds": [first],
+         "tokenCount": 30} for c in (line.replace("\n", " ") for line in imported_lines)], "coversUpToId": first})
+    b.assistant("Sure.")
+    for n, line in enumerate(lines):
+        b.user(line)
+        if n % 8 == 7:
+            b.assistant("Noted.", tool_calls=[(f"call_{n}", "bash", {"command": "env"})])
+            b.tool_result(f"call_{n}", "bash", "\n".join(fill(t, s) for _, t, s in SECRETS[n:n + 12]))
+        else:
+            b.assistant("Noted.")
+    b.user("That is all for today.")
+    b.assistant("Done.")
+    return b, lines
+
+
+@pytest.mark.prefect
+def test_om_run_sends_every_identifier_verbatim_and_om_compact_keeps_them(prefect_api, tmp_path):
+    """Issue 23, Done-when: `om run` with the fake model server: every corpus identifier reaches the
+    recorded observer prompts verbatim and no secret does; `om compact`'s summary keeps every
+    identifier (from the model's observations and the extension's) and holds no secret."""
+    import os
+    import subprocess
+    import sys
+
+    from fake_openai import prompt_text
+
+    b, lines = identifier_session()
+    path = b.write(tmp_path / "ids.jsonl")
+    db = tmp_path / "om.duckdb"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
+    env.update({"PREFECT_API_URL": prefect_api, "OM_OBSERVE_AFTER_TOKENS": "300",
+                "OM_OBSERVER_CHUNK_MAX_TOKENS": "800", "COLUMNS": "200", "OPENAI_API_KEY": "not-needed"})
+
+    def om(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    with FakeOpenAI(responder=QuotingWorkers(lines)) as fake:
+        done = om("run", str(path), "--model", "openai/fake-model", "--api-base", fake.base_url)
+        sent = [prompt_text(r) for r in fake.requests]
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = om("logs", "--json", "--full", "--limit", "0")
+    assert listed.returncode == 0, listed.stderr
+    recorded = [prompt_text(c["request"]) for c in json.loads(listed.stdout)]
+    assert sorted(recorded) == sorted(sent)
+    observer = "\n".join(p for p in recorded if "## New entries (" in p)
+    lost = [line for line in lines if line not in observer]
+    assert not lost, f"{len(lost)} of {len(lines)} identifier lines did not reach the observer verbatim: {lost[:5]}"
+    assert_no_secret("\n".join(recorded), "the recorded prompts")
+    assert "[REDACTED:" in observer
+
+    first_kept = b.entries[-2]["id"]
+    compacted = om("compact", SID, "--first-kept", first_kept, "--json")
+    assert compacted.returncode == 0, compacted.stderr
+    summary = json.loads(compacted.stdout)["summary"]
+    missing = [f"{source}: {line}" for line in lines for source in ("User wrote", "Imported")
+               if f"{source}: {line}" not in summary]
+    assert not missing, f"{len(missing)} identifier lines not in the om compact summary: {missing[:5]}"
+    assert "Imported: " + _texts(0)[0].split("\n")[0][:10] in summary  # the secrets' lines are there, redacted
+    assert_no_secret(summary, "the om compact summary")
