@@ -112,15 +112,15 @@ def _assignment(m: re.Match[str], text: str) -> bool | str:
     # prefix); elsewhere (INI, YAML, code) a variable, attribute, call or small number is no secret
     tight = m.group("op") == "=" and not m.group("sp1") and not m.group("sp2")
     data_style = exported or (tight and (line_start or name.isupper()))
-    if not plausible_value(value, data_style=data_style, quoted=quoted):
-        return False
+    random = strength != "key" or looks_random(value, 12) or (data_style and len(value) >= 12 and entropy(value) >= 3.0)
+    if not random or not plausible_value(value, data_style=data_style, quoted=quoted):
+        return False  # (a `*_KEY` value must look random; tested first, it is the cheaper test)
     if not quoted and m.end() < len(text) and text[m.end()] == "(":
         return False  # a call
     kind = name_kind(name)
     if kind == "credential" and not quoted and name_like(value):
         return False  # `auth: oauth2`, `creds: none`: a method, not a credential
-    if strength == "key" and not (identifier_kind(value) is None and (
-            looks_random(value, 12) or (data_style and len(value) >= 12 and entropy(value) >= 3.0))):
+    if strength == "key" and identifier_kind(value) is not None:
         return False
     return kind
 
@@ -132,7 +132,7 @@ def _assignment_group(m: re.Match[str]) -> str:
 # a secret-ish word, a short gap on the same line, then a token-like run (on lower-cased text)
 _NEAR_NEEDLES = ("key", "token", "secret", "passw", "pwd", "credential", "bearer", "auth")
 _NEAR_WORD = re.compile(r"(?P<w>keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|bearer|auth(?:orization)?)\b"
-                        r"(?P<gap>[^\n]{0,40}?)(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{10,}[a-z0-9]={0,2})")
+                        r"(?P<gap>[^\n]{0,40}?)(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{14,}[a-z0-9]={0,2})")
 # the gap ends in a word that says an id follows (`the key's commit …`, `job id is …`)
 _ID_CONTEXT = re.compile(r"(?:^|\W)(?:ids?|uuid|sha\d*|md5|hash|digest|checksum|etag|commit|rev|revision|version)"
                          r"\W*(?:is|was|:|=)?\W*$")
@@ -160,9 +160,7 @@ def near_word_spans(text: str, low: str) -> Iterable[tuple[int, int, str]]:
             continue  # the word is part of a marker
         start, end = m.span(3)
         glued = text[start - 1] == "\\" and not _escape_before(text, start)
-        gap = m.group("gap")
-        min_len = 12 if not gap.strip() else 16  # right after the word, a shorter token is one too
-        if glued or _ID_CONTEXT.search(gap) or not guessed_secret(text[start:end], min_len):
+        if glued or _ID_CONTEXT.search(m.group("gap")) or not guessed_secret(text[start:end]):
             continue
         word = whole_word(text, start, end)
         if identifier_kind(word) is None and not placeholder(word):

@@ -51,14 +51,13 @@ def plausible_value(value: str, *, data_style: bool, quoted: bool) -> bool:
     v = value.strip()
     if len(v) < 3 or v.startswith(("$", "%(", "{{", "${", "<", "[REDACTED:", "***", "…", "...", "!")):
         return False
-    if placeholder(v) or reference_kind(v) is not None:
-        return False
     if v.lower().strip("_-.<>*") in _PLACEHOLDERS or set(v) <= set("*x.•#-_X"):
         return False
     if quoted or data_style:
-        return not (v.isdigit() and len(v) < 6) and (quoted or re.match(r"[A-Za-z_][\w.]*[\[(]", v) is None)
-    # code: variables, attribute access, calls and small numbers are not secrets
-    return _CODE_VALUE.fullmatch(v) is None
+        literal = not (v.isdigit() and len(v) < 6) and (quoted or re.match(r"[A-Za-z_][\w.]*[\[(]", v) is None)
+    else:  # code: variables, attribute access, calls and small numbers are not secrets
+        literal = _CODE_VALUE.fullmatch(v) is None
+    return literal and not placeholder(v) and reference_kind(v) is None
 
 
 def guessed_secret(value: str, min_len: int = 16) -> bool:
@@ -138,7 +137,7 @@ def secret_name(name: str) -> str | None:
     if not parts:
         return None
     last = parts[-1]
-    if last in _STRONG or any(last.endswith(s) for s in _SUFFIXES):
+    if last in _STRONG or last.endswith(_SUFFIXES):
         return "strong"
     if last == "key":
         if len(parts) > 1 and parts[-2] in {"api", "secret", "access", "private", "auth", "signing", "encryption",
