@@ -36,6 +36,7 @@ class RecallObservation(BaseModel):
     ts: str
     relevance: str
     ledger_id: str
+    item_index: int = 0  # its place in that record's list
     matched: bool  # False: listed as a supporting observation of a matched reflection
     source_entry_ids: list[str]
     missing_source_entry_ids: list[str] = Field(default_factory=list)
@@ -49,6 +50,7 @@ class RecallReflection(BaseModel):
     content: str
     supporting_observation_ids: list[str]
     ledger_id: str
+    item_index: int = 0  # its place in that record's list
     session_id: str | None = None
 
 
@@ -91,7 +93,7 @@ def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row:
                  resolved: dict[str, dict[str, Any]]) -> RecallObservation:
     item = RecallObservation(
         id=row["id"], status=row["status"], content=row["content"], ts=row["ts"], relevance=row["relevance"],
-        ledger_id=row["ledger_id"], matched=matched, source_entry_ids=list(row["source_entry_ids"]), session_id=session_id,
+        ledger_id=row["ledger_id"], item_index=row["item_index"], matched=matched, source_entry_ids=list(row["source_entry_ids"]), session_id=session_id,
     )
     for entry_id in item.source_entry_ids:
         info = resolved.get(entry_id)
@@ -130,7 +132,7 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     result = RecallResult(status="found" if obs_rows or refl_rows else "not_found", id=memory_id,
                           session_ids=[session_id] if obs_rows or refl_rows else [])
     result.observations = [_observation(con, session_id, tip, r, True, resolved) for r in obs_rows]
-    result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledger_id=r["ledger_id"],
+    result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledger_id=r["ledger_id"], item_index=r["item_index"],
                                            supporting_observation_ids=list(r["supporting_observation_ids"]),
                                            session_id=session_id) for r in refl_rows]
     matched_ids = {(o.id, o.ledger_id) for o in result.observations}

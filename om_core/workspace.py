@@ -169,6 +169,13 @@ class Workspace:
     def write(self):
         return self.db.write()
 
+    @contextmanager
+    def held(self) -> Iterator[Workspace]:
+        """This workspace on one write connection for the block: several steps (an ingest, then the
+        reads that follow it) without letting the file go in between, and without opening it twice."""
+        with self.write() as con:
+            yield Workspace(ConnectionDatabase(con), self.settings)
+
     def rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The named query's rows as dicts (column name -> value)."""
         with self.read() as con:

@@ -85,7 +85,7 @@ CREATE OR REPLACE MACRO recall_reflections(p_session, p_tip, p_id) AS TABLE
 CREATE OR REPLACE MACRO resolve_entries(p_session, p_tip, p_ids) AS TABLE
     WITH wanted AS (SELECT DISTINCT unnest(p_ids) AS entry_id),
     b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
-    SELECT w.entry_id, b.position, e.entry_type, e.role, e.is_source, e.ts, e.raw
+    SELECT w.entry_id, b.position, e.entry_type, e.role, e.is_source, e.ts, e.tokens_pi, e.raw
     FROM wanted w
     LEFT JOIN b ON b.entry_id = w.entry_id
     LEFT JOIN om_internal.entries e ON e.session_id = p_session AND e.entry_id = b.entry_id;
