@@ -19,6 +19,7 @@ import pytest
 from builders import SessionBuilder
 from cluster import REPO, cluster_env, ledger_snapshot
 
+from flows.endpoint import ask, endpoint_file, running_endpoint
 from flows.server import api_healthy, free_port, stop_process_group
 
 pytestmark = pytest.mark.cluster
@@ -99,12 +100,15 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
         stages = _wait_for("observer stage after the appended lines", observed, 120, serve, log)
         assert ("observer", "recorded") in stages
         assert _query(db, "SELECT count(*) FROM observations WHERE session_id = ?", [SESSION])[0][0] > 0
+        announced = running_endpoint(db)  # it answers a live Pi too (the om extension finds it there)
+        assert announced and ask(announced, "info")["db"] == str(db.resolve())
         # stopping om serve (Ctrl-C) stops the server it started
         stopping = time.monotonic()
         serve.send_signal(signal.SIGINT)
         serve.wait(60)
         assert serve.returncode == 130 and time.monotonic() - stopping < 15, log.read_text()[-2000:]
         assert "Traceback" not in log.read_text()
+        assert running_endpoint(db) is None and not endpoint_file(db).exists()
         deadline = time.monotonic() + 20
         while api_healthy(api, timeout=0.5) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -17,9 +17,11 @@ from rich.markup import escape
 from flows.cli import catalog, memory, reports, workers, run, serve  # noqa: F401
 from flows.cli.common import app, err
 from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads inside its command
+from flows.cli.live import live_app  # what a live Pi's extension asks; no litellm, no Prefect
 from om_core.errors import OmError
 
 app.add_typer(eval_app, name="eval")
+app.add_typer(live_app, name="live")
 
 
 def main() -> None:

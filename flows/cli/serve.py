@@ -29,10 +29,13 @@ def serve(
     exclude: ExcludeOpt = None,
     model: ModelOpt = None,
     api_base: ApiBaseOpt = None,
+    endpoint: bool = typer.Option(True, "--endpoint/--no-endpoint", help="Also answer live Pi sessions' "
+                                  "compactions and recalls (the om extension) on 127.0.0.1, as `om live endpoint`."),
 ) -> None:
     """Serve the Prefect deployments from this process: archive processing and scheduled live
     maintenance, with the resolved settings. With no PREFECT_API_URL, a local Prefect server (with its
-    scheduler and UI) is reused or started, and stopped again with this command."""
+    scheduler and UI) is reused or started, and stopped again with this command. It also serves the
+    live endpoint of this database (unless --no-endpoint, or one already runs)."""
     if archive is None and live is None:
         raise InvalidArgument("give --archive DIR and/or --live DIR")
     for path in (archive, live):
@@ -51,15 +54,30 @@ def serve(
     else:
         err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
     prepare_environment()
+    answering = _live_endpoint(ws) if endpoint else None
     what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
     err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
     # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
     serve_until_signal(
         lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=model_dict,
                               settings=settings_dict, every_seconds=every, exclude=exclude or []),
-        cleanup=lambda: server.stop() if server is not None else None,
+        cleanup=lambda: [part.stop() for part in (answering, server) if part is not None],
         farewell=lambda code: (f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in "
                                "progress was ended and its next tick redoes it"))
+
+
+def _live_endpoint(ws):
+    """The live endpoint of this database in a thread, or None (and one line why) when another runs."""
+    from flows.endpoint import LiveEndpoint
+    from om_core.errors import OmError
+
+    try:
+        answering = LiveEndpoint(ws, on_answer=lambda line: err.print(escape(line), highlight=False)).start()
+    except OmError as exc:
+        err.print(f"live endpoint: not started here: {escape(str(exc))}", highlight=False)
+        return None
+    err.print(f"live endpoint: {answering.url} (Pi's om extension finds it)", highlight=False)
+    return answering
 
 
 @app.command("config", epilog=examples('om config', 'om --config team.toml config --json'))

@@ -1,0 +1,140 @@
+"""`om live …`: what a live Pi's extension (deployments/pi/om-memory.ts) asks om, and the endpoint that
+answers it fast. A typer sub-app that flows.cli.main mounts.
+
+Each command ingests the session file's new lines first, like the endpoint; neither imports litellm
+or Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from flows.cli.common import err, examples, out, print_json, state, workspace
+from flows.cli.placeholders import Typer
+from om_core.db import DEFAULT_DB
+from om_core.workspace import FileDatabase, Workspace
+
+EXTENSION = Path(__file__).resolve().parents[2] / "deployments" / "pi" / "om-memory.ts"
+
+live_app = Typer(name="live", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                 help="Memory for a live Pi: the compaction and recall its om extension asks for, and the "
+                 "endpoint that answers them in milliseconds.",
+                 epilog=examples("pi -e $(om live info --extension)", "om live endpoint",
+                                 "om live compact SESSION.jsonl --leaf ID --first-kept ID --tokens-before 91000"))
+
+WaitOpt = typer.Option(2.0, "--wait", min=0, metavar="SECONDS",
+                       help="How long to wait for the database when another process is writing it.")
+
+
+def _live_workspace(wait: float) -> Workspace:
+    ws = workspace()
+    return Workspace(FileDatabase(ws.path, wait), resolve=lambda: ws.resolved)
+
+
+def _db_source() -> str:
+    if os.environ.get("OM_DB") and Path(os.environ["OM_DB"]) == state.db:
+        return "OM_DB"
+    return f"default ./{DEFAULT_DB}" if state.db == Path(DEFAULT_DB) else "--db"
+
+
+@live_app.command("info", epilog=examples("om live info", "om live info --json", "pi -e $(om live info --extension)"))
+def info(
+    extension: bool = typer.Option(False, "--extension", help="Print only the path of the Pi extension file."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"db", "db_source", "db_exists", "settings_files", '
+                                 '"observations_pool_max_tokens", "endpoint", "extension"}.'),
+) -> None:
+    """Which database and settings om uses here (as every om command resolves them), whether an
+    endpoint serves that database, and where the Pi extension file is."""
+    from flows.endpoint import running_endpoint
+
+    if extension:
+        sys.stdout.write(f"{EXTENSION}\n")
+        return
+    ws = workspace()
+    resolved = ws.resolved
+    db = ws.path.resolve()
+    files = sorted({src.split(" (")[0] for src in resolved.sources.values()
+                    if not src.startswith(("env ", "flag", "default"))})
+    found = running_endpoint(db)
+    answer = {"db": str(db), "db_source": _db_source(), "db_exists": db.exists(), "settings_files": files,
+              "observations_pool_max_tokens": resolved.settings.observationsPoolMaxTokens,
+              "endpoint": {"url": found["url"], "pid": found["pid"]} if found else None, "extension": str(EXTENSION)}
+    if as_json:
+        print_json(answer)
+        return
+    out.print(f"database: {escape(str(db))} ({answer['db_source']}{'' if answer['db_exists'] else ', not created yet'})",
+              highlight=False)
+    out.print(f"settings: {escape(', '.join(files)) if files else 'defaults'}", highlight=False)
+    out.print(f"endpoint: {found['url']} (pid {found['pid']})" if found else
+              "endpoint: none (start one with `om live endpoint`, or `om serve`)", highlight=False)
+    out.print(f"extension: {escape(str(EXTENSION))}", highlight=False)
+
+
+@live_app.command("compact", epilog=examples(
+    "om live compact S.jsonl --leaf 9f1c2e3a --first-kept 41aa07b2 --tokens-before 91200 --json"))
+def compact(
+    session_file: Path = typer.Argument(..., metavar="FILE", help="The live session file."),
+    leaf: str = typer.Option(..., "--leaf", help="The branch tip Pi compacts at."),
+    first_kept: str = typer.Option(..., "--first-kept", help="Pi's firstKeptEntryId."),
+    tokens_before: int = typer.Option(0, "--tokens-before", min=0, metavar="N", help="Pi's tokensBefore (returned "
+                                      "as given)."),
+    wait: float = WaitOpt,
+    as_json: bool = typer.Option(False, "--json", help='Print {"session_id", "leaf", "compaction": {"summary", '
+                                 '"firstKeptEntryId", "tokensBefore", "details"} or null, "declined", …}.'),
+) -> None:
+    """Ingest the file's new lines, then the compaction Pi's session_before_compact gets: the memory
+    folded at Pi's cut point (what `om compact FILE --first-kept F --leaf LEAF` gives on that file), or
+    why there is none (then Pi's own summarizer runs)."""
+    from om_core.live import CompactRequest, compact_live
+
+    answer = compact_live(_live_workspace(wait), CompactRequest(
+        session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before))
+    if as_json:
+        print_json(answer.model_dump(mode="json"))
+    elif answer.compaction is None:
+        err.print(f"declined: {escape(answer.declined or '')}", highlight=False)
+    else:
+        sys.stdout.write(answer.compaction["summary"] + "\n")
+
+
+@live_app.command("recall", epilog=examples("om live recall 3f9a0c1b2d4e --file S.jsonl --leaf 9f1c2e3a --json"))
+def recall(
+    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id."),
+    session_file: Path = typer.Option(..., "--file", help="The live session file."),
+    leaf: Optional[str] = typer.Option(None, "--leaf", help="The branch tip (default: the file's current leaf)."),
+    wait: float = WaitOpt,
+    as_json: bool = typer.Option(False, "--json", help='Print the recall tool\'s result: {"content", "details"}.'),
+) -> None:
+    """Ingest the file's new lines, then the result of the `recall` tool (the TypeScript extension's
+    shape): the exact evidence behind the id on that branch."""
+    from om_core.live import RecallRequest, recall_live
+
+    result = recall_live(_live_workspace(wait), RecallRequest(session_file=str(session_file), leaf=leaf,
+                                                              id=memory_id))
+    if as_json:
+        print_json(result)
+    else:
+        sys.stdout.write(result["content"][0]["text"] + "\n")
+
+
+@live_app.command("endpoint", epilog=examples("om live endpoint", "om --db /data/om.duckdb live endpoint --port 7311"))
+def endpoint(
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (default: any free one)."),
+    wait: float = WaitOpt,
+) -> None:
+    """Answer the extension's compactions and recalls on 127.0.0.1 until Ctrl-C, for this database.
+    It announces itself in DB.endpoint.json (URL, token, pid; this user only), where the extension
+    finds it. `om serve` runs the same endpoint; this is for teams without it."""
+    from flows.endpoint import LiveEndpoint
+    from flows.interrupt import serve_until_signal
+
+    served = LiveEndpoint(_live_workspace(wait), port=port, wait_seconds=wait,
+                          on_answer=lambda line: err.print(escape(line), highlight=False)).start()
+    err.print(f"om live endpoint on {served.url} for {escape(str(served.db_path))}; Ctrl-C stops", highlight=False)
+    serve_until_signal(served.serve_forever, cleanup=served.stop, farewell=lambda code: "endpoint stopped")
