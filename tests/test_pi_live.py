@@ -94,11 +94,16 @@ class Live:
     def session_file(self) -> Path:
         return Path(self.pi.call({"type": "get_state"})["data"]["sessionFile"])
 
-    def wait_for_tick(self, since: int) -> str:
-        """The status line of the tick started at or after ``since``, once it finished."""
-        record = self.pi.wait_for(lambda r: r.get("method") == "setStatus" and r.get("statusText")
-                                  and "updating" not in r["statusText"], since, timeout=240)
-        return record["statusText"]
+    def ticks_done(self, timeout: float = 300) -> str:
+        """Wait until no tick runs (the footer's latest status is a result, not "updating"); that result."""
+        time.sleep(2)  # a settle's handler sets "updating" right after Pi reports the settle
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = self.pi.notes(method="setStatus")
+            if statuses and "updating" not in statuses[-1]:
+                return statuses[-1]
+            assert time.monotonic() < deadline, f"the ticks did not end: {statuses}"
+            time.sleep(0.5)
 
     def compact(self) -> tuple[dict, list[str], dict]:
         """Compact now: (Pi's response data, the extension's lines, the compaction entry Pi wrote)."""
@@ -127,7 +132,8 @@ def live(prefect_api, tmp_path_factory):
         for i, text in enumerate(PROMPTS):
             lv.server.add(Reply(text=f"Understood ({i}). " + text.lower()))
             lv.pi.prompt(text)  # the first settle starts a tick; it runs beside the next turns (never blocks them)
-        lv.tick_status = lv.wait_for_tick(0)
+        lv.tick_status = lv.ticks_done()
+        lv.set_om()  # no more ticks: the scenarios below hold the database or take om away
         yield lv
     finally:
         lv.close()
@@ -187,7 +193,6 @@ def _native(live, because: str) -> None:
 
 
 def test_a_locked_database_makes_pi_compact_natively(live):
-    live.set_om()
     holder = duckdb.connect(str(live.db))  # another process writing the database, for as long as it takes
     try:
         _native(live, "is being written by another process")

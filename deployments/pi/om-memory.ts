@@ -97,6 +97,13 @@ function failure(r: { code: number | null; stderr: string; why?: string }): stri
 	return `om failed: ${line ? line.replace(/^error:\s*/, "") : `exit code ${r.code}`}`;
 }
 
+/** The promise's value, or undefined once ``ms`` have passed. */
+function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+	let timer: NodeJS.Timeout | undefined;
+	const late = new Promise<undefined>((r) => (timer = setTimeout(r, ms)));
+	return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 function endpointOf(db: string | undefined): { url: string; token: string } | undefined {
 	if (!db) return undefined;
 	try {
@@ -126,7 +133,7 @@ export default function omMemory(pi: ExtensionAPI) {
 		cli: string[], signal?: AbortSignal): Promise<Answer> {
 		const deadline = Date.now() + o.timeoutMs;
 		info ??= describe(o, ctx.cwd);
-		const known = o.db ? undefined : await Promise.race([info, new Promise<undefined>((r) => setTimeout(r, o.timeoutMs))]);
+		const known = o.db ? undefined : await within(info, o.timeoutMs);
 		const endpoint = endpointOf(o.db ?? (typeof known === "object" ? known?.db : undefined));
 		if (endpoint) {
 			try {
