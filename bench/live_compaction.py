@@ -99,15 +99,23 @@ def summary(values: list[float]) -> dict:
             "max_ms": round(max(values))} if values else {"n": 0}
 
 
+ANSWERED = re.compile(r"^compact \S+ at \S+: .* \((\d+) ms\)$")
+
+
 class Endpoint:
     def __init__(self, db: Path, cwd: Path, env: dict[str, str]) -> None:
+        self.log = cwd / "endpoint.log"
         self.process = subprocess.Popen([str(BIN / "om"), "--db", str(db), "live", "endpoint"], cwd=cwd, env=env,
-                                        stderr=subprocess.DEVNULL)
+                                        stderr=self.log.open("w"))
         deadline = time.monotonic() + 60
         while running_endpoint(db) is None:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the endpoint did not start")
             time.sleep(0.1)
+
+    def answered_ms(self) -> list[float]:
+        """The endpoint's own time for each compaction it answered so far (its log lines)."""
+        return [float(m.group(1)) for m in map(ANSWERED.match, self.log.read_text().splitlines()) if m]
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -144,6 +152,9 @@ def pi_compactions(work: Path, db: Path, files: list[Path], repeat: int) -> dict
                             assert found[-1].group(2) == via, lines
                             times.append(float(found[-1].group(1)))
                         results.setdefault(via, {})[path.name] = summary(times)
+                        if endpoint is not None:  # om's own share of Pi's wait
+                            results.setdefault("the endpoint's own time", {})[path.name] = summary(
+                                endpoint.answered_ms()[-repeat:])
                     finally:
                         pi.close()
             finally:
