@@ -67,7 +67,7 @@ def exported(work: Path, name: str) -> Path:
     out = work / "exported" / name
     if out.exists():
         return out
-    from om_core.replay import replay_in_process
+    from om_core.replay.branch import replay_in_process
     from om_core.workers.stages import ModelConfig, make_brain
 
     out.parent.mkdir(parents=True, exist_ok=True)
