@@ -135,6 +135,12 @@ def endpoint(
     from flows.interrupt import serve_until_signal
 
     served = LiveEndpoint(_live_workspace(wait), port=port, wait_seconds=wait,
-                          on_answer=lambda line: err.print(escape(line), highlight=False)).start()
-    err.print(f"om live endpoint on {served.url} for {escape(str(served.db_path))}; Ctrl-C stops", highlight=False)
-    serve_until_signal(served.serve_forever, cleanup=served.stop, farewell=lambda code: "endpoint stopped")
+                          on_answer=lambda line: err.print(escape(line), highlight=False))
+
+    def serve() -> None:  # started under the signal handling: a signal right after it is announced still cleans up
+        served.start()
+        err.print(f"om live endpoint on {served.url} for {escape(str(served.db_path))}; Ctrl-C stops",
+                  highlight=False)
+        served.serve_forever()
+
+    serve_until_signal(serve, cleanup=served.stop, farewell=lambda code: "endpoint stopped")
