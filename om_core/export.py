@@ -18,6 +18,7 @@ tail; with the extension, its visible memory is that fold.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,7 +34,7 @@ from om_core import db as dbmod
 from om_core.catalog import resolve_session
 from om_core.branch_entry import branch_entry
 from om_core.cutpoint import NothingToCompact, compaction_cut_point
-from om_core.errors import InvalidArgument
+from om_core.errors import InvalidArgument, StorageError
 from om_core.ledger import RECORD_MODELS
 from om_core.memory import compaction_projection
 from om_core.session import JS_WHITESPACE
@@ -172,19 +173,25 @@ def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrit
             compaction, skipped = tip_compaction(con, sid, lines, settings)
         if compaction is not None:
             lines.append(_dumps(compaction))
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".partial")
-    try:
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(out_path)  # never a half-written session file
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise InvalidArgument(f"cannot write {out_path}: {exc.strerror or exc}") from None
+    _write_whole(out_path, "\n".join(lines) + "\n")
     # the entry appended, as om reports it (snake_case, like the columns it becomes once ingested)
     summary = None if compaction is None else {"id": compaction["id"], "parent_id": compaction["parentId"],
                                                "first_kept_entry_id": compaction["firstKeptEntryId"],
                                                "tokens_before": compaction["tokensBefore"]}
     return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined), summary, skipped)
+
+
+def _write_whole(out_path: Path, text: str) -> None:
+    """Write through a ``.partial`` file renamed into place: never a half-written session file."""
+    tmp = out_path.with_name(out_path.name + ".partial")
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out_path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a read-only filesystem refuses the cleanup too
+            tmp.unlink(missing_ok=True)
+        raise StorageError(f"cannot write {out_path}: {exc.strerror or exc}") from None
 
 
 def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[str],

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from longmemeval_builders import TYPES, EvalModel, instance, kind_of, small_dataset, write_dataset
 from om_core.eval.data import load_dataset
 from om_core.eval.haystack import build_haystack
+from om_core.errors import OmError
 from om_core.eval.run import EvalOptions, run_longmemeval
 from om_core.model import RetryPolicy
 from om_core.settings import Settings
@@ -266,6 +267,38 @@ def test_reader_recall_reads_the_ledger(tmp_path, server):
     assert tool_results and "Observation [" in tool_results[0]["content"] and "[User @ " in tool_results[0]["content"]
     assert summary.report["conditions"]["om-recall"]["scores"]["per_question_average"] == 1.0
     assert_no_labels(server)
+
+
+@pytest.mark.parametrize("content", ["every_instance_invalid", "empty_list"])
+def test_a_file_with_no_valid_instance_is_an_error_not_an_empty_report(tmp_path, server, content):
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "lme.json"
+    data.write_text(json.dumps([{"question_id": "x"}, "not an object"] if content == "every_instance_invalid" else []))
+    with pytest.raises(OmError) as caught:
+        run_longmemeval(options(tmp_path, server))
+    assert not (tmp_path / "out" / "report.json").exists()
+    if content == "empty_list":
+        assert str(caught.value) == f"{data} holds no instances"
+        return
+    assert str(caught.value).startswith(f"none of the 2 instance(s) in {data} is valid (the first, at index 0: ")
+    assert len(read_jsonl(tmp_path / "out" / "invalid.jsonl")) == 2
+    # the command: one line and a non-zero exit
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "eval", "longmemeval", "--data", str(data),
+                           "--model", "offline", "--reader", "openai/fake-reader", "--api-base", server.base_url,
+                           "--out", str(tmp_path / "cli-out")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 1 and done.stdout == ""
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [f"error: {caught.value}".replace(
+        str(tmp_path / "out"), str(tmp_path / "cli-out"))]
+
+
+def test_types_that_select_nothing_is_an_error(tmp_path, server):
+    write_dataset(tmp_path / "lme.json", [small_dataset()[0]], broken=False)
+    with pytest.raises(OmError, match="no instance of type knowledge-update in .*1 valid instance"):
+        run_longmemeval(options(tmp_path, server, types=["knowledge-update"]))
 
 
 def test_a_rerun_with_another_reader_is_refused(tmp_path, server):

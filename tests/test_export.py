@@ -449,3 +449,24 @@ def test_export_compact_where_pi_would_not_compact_writes_no_compaction(tmp_path
     # the whole branch fits in the default keepRecentTokens (20000): nothing to summarize
     assert report["compaction"] is None and "would not compact" in report["compaction_skipped"]
     assert json.loads(out.read_text().splitlines()[-1])["type"] != "compaction"
+
+
+# ------------------------------------------------------------------ a target that cannot be written
+
+
+@pytest.mark.parametrize("target", ["exported.jsonl", "new/dir/exported.jsonl"])
+def test_export_to_a_read_only_filesystem_is_one_line(tmp_path, small_fs, target):
+    """A real read-only mount: the write and its cleanup both fail, and the user sees one line."""
+    import subprocess
+    import sys
+
+    mount, remount = small_fs
+    path = branched_session(tmp_path)
+    db_path, session_id = replayed_db(tmp_path, path)
+    remount("ro")
+    out = mount / target
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db_path), "export", session_id,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [f"error: cannot write {out}: Read-only file system"]
+    assert "Traceback" not in done.stderr and not out.exists()

@@ -294,6 +294,8 @@ class _Run:
         o.out.mkdir(parents=True, exist_ok=True)
         _write_invalid(o.out, dataset)
         chosen = select(dataset.instances, o.types, o.limit)
+        if not chosen:  # an empty report with exit 0 would read as a finished evaluation
+            raise OmError(_nothing_to_evaluate(dataset, o))
         require_known_types(chosen)  # before any model call
         self.window, self.window_source = reader_window(o)
         files = {c: ConditionFiles(o.out, self.label(c)).open(self._config(c)) for c in o.conditions}
@@ -392,6 +394,17 @@ class _Run:
                     continue
                 plan.append((condition, inst))
         return plan
+
+
+def _nothing_to_evaluate(dataset: Dataset, o: EvalOptions) -> str:
+    if dataset.instances:
+        return (f"no instance of type {', '.join(o.types or [])} in {dataset.path} "
+                f"({len(dataset.instances)} valid instance(s) of other types)")
+    if not dataset.invalid:
+        return f"{dataset.path} holds no instances"
+    first = dataset.invalid[0]
+    return (f"none of the {len(dataset.invalid)} instance(s) in {dataset.path} is valid (the first, at index "
+            f"{first.index}: {first.reason}); every reason is in {o.out / 'invalid.jsonl'}")
 
 
 def _write_invalid(out: Path, dataset: Dataset) -> None:
