@@ -302,6 +302,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         if stored is None:
             raise
         return _stopped_by_storage(ws, run_id, str(stored), {"files": [], "missing": []})
+    _log_ingest(plan)
     errors, ingested = plan.errors, plan.ingest
     session_ids = plan.due  # sessions unchanged since their last complete replay have nothing to do
     skipped = [sid for sid in plan.session_ids if sid not in set(plan.due)]
@@ -359,6 +360,19 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
             {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
     return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested, "skipped": skipped,
             "stopped": None if stopped is None else str(stopped)}
+
+
+def _log_ingest(plan) -> None:  # noqa: ANN001 - a RunPlan
+    """What the run's ingest saw that is no failure: a rewritten file that lost entries or the evidence
+    of memory records (a warning: `om serve` shows it), a copy of a session file skipped (a note)."""
+    try:
+        logger = get_run_logger()
+    except Exception:  # outside a Prefect run context (tests call the flow's function)
+        return
+    for line in plan.warnings:
+        logger.warning(line)
+    for line in plan.notes:
+        logger.info(line)
 
 
 def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> WorkspaceSpec:

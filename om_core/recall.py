@@ -54,6 +54,27 @@ class RecallReflection(BaseModel):
     session_id: str | None = None
 
 
+class RecallOrphan(BaseModel):
+    """The id in a record of this project that lies on no branch: its source is gone (SPEC §2)."""
+
+    id: str
+    kind: Literal["observation", "reflection"]
+    content: str
+    session_id: str
+    ledger_id: str
+    reason: Literal["session_gone", "anchor_gone"]
+    ts: str | None = None
+    relevance: str | None = None
+    source_entry_ids: list[str] = Field(default_factory=list)
+    supporting_observation_ids: list[str] = Field(default_factory=list)
+
+    @property
+    def why(self) -> str:
+        if self.reason == "session_gone":
+            return f"session {self.session_id} is no longer in any session file"
+        return f"the entries it was recorded after are no longer in the file of session {self.session_id}"
+
+
 class RecallGroup(BaseModel):
     """The matches in one session's branch: collision and partial are judged here, within one branch."""
 
@@ -73,7 +94,7 @@ class RecallResult(BaseModel):
     only when some one branch matched more than once, never for one content hashed alike in two
     sessions."""
 
-    status: Literal["found", "not_found", "invalid_id"]
+    status: Literal["found", "orphaned", "not_found", "invalid_id"]  # orphaned: found only where its source is gone
     id: str
     kind: Literal["observation", "reflection", "mixed"] | None = None
     collision: bool = False
@@ -83,6 +104,7 @@ class RecallResult(BaseModel):
     missing_supporting_observation_ids: list[str] = Field(default_factory=list)
     session_ids: list[str] = Field(default_factory=list)
     sessions: list[RecallGroup] = Field(default_factory=list)
+    orphaned: list[RecallOrphan] = Field(default_factory=list)  # on no branch: kept, their source is gone
     message: str | None = None
 
     def as_json(self) -> dict[str, Any]:
@@ -143,7 +165,19 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
         elif (row["id"], row["ledger_id"]) not in matched_ids:
             result.observations.append(_observation(con, session_id, tip, row, False, resolved))
     _finish(result, session_id, tip)
+    _add_orphaned(con, result, session_id)
     return result
+
+
+def _add_orphaned(con: duckdb.DuckDBPyConnection, result: RecallResult, session_id: str | None) -> None:
+    """The id's occurrences in records whose session file no longer holds their source: kept in the
+    ledger, on no branch. Found only there, the id is ``orphaned`` and the message says why."""
+    result.orphaned = [RecallOrphan(**row) for row in
+                       named_rows(con, "recall_orphaned", {"session_id": session_id, "id": result.id})]
+    if result.status == "not_found" and result.orphaned:
+        result.status = "orphaned"
+        result.message = (f"{result.id} is only in memory records whose source is gone (the session file was "
+                          f"rewritten): {result.orphaned[0].why}")
 
 
 def _kind(has_obs: bool, has_refl: bool) -> str | None:
@@ -214,4 +248,5 @@ def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str 
         combined.partial = any(g.partial for g in groups)
         if combined.status == "not_found":
             combined.message = f"no observation or reflection with id {memory_id} in any ingested session"
+        _add_orphaned(con, combined, None)
         return combined

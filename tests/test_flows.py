@@ -324,3 +324,55 @@ def test_the_flows_and_deployments_take_exclude_globs(tmp_path):
     for deployment in (archive_deployment(root, db, {}, passive, ["*.log.jsonl"]),
                        maintenance_deployment(root, db, {}, passive, 60, ["*.log.jsonl"])):
         assert deployment.parameters["exclude"] == ["*.log.jsonl"]
+
+
+# ------------------------------------------------------------------ ticks of om serve's maintenance flow
+
+
+@pytest.fixture
+def flow_log(capfd, caplog):
+    """The flow run's log lines (level, message): what Prefect's console handler wrote (what `om serve`
+    shows) and what reached the root logger (Prefect's handlers differ with its logging setup)."""
+    def lines() -> list[tuple[str, str]]:
+        out = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("prefect.flow_runs")]
+        for line in capfd.readouterr().err.splitlines():
+            parts = line.split(" | ", 2)
+            if len(parts) == 3:
+                out.append((parts[1].strip(), parts[2].split(" - ", 1)[-1]))
+        caplog.clear()
+        return list(dict.fromkeys(out))
+    return lines
+
+
+def tick(live: Path, db: Path) -> dict:
+    from flows.pipeline import maintain_sessions
+
+    return maintain_sessions(str(live), db_path=str(db), model={"model": "offline"}, settings=SETTINGS.model_dump())
+
+
+def runs_of(db: Path) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT command, status FROM runs ORDER BY started_at").fetchall()
+    finally:
+        con.close()
+
+
+def test_a_tick_notes_a_copied_session_file_and_warns_of_a_rewrite_and_ends_ok(prefect_api, tmp_path, flow_log):
+    live, db = tmp_path / "live", tmp_path / "om.duckdb"
+    [path] = make_sessions(live, count=1)
+    first = tick(live, db)
+    assert first["errors"] == [] and first["sessions"][0]["error"] is None
+    observed = runs_of(db)
+    # Pi's user copies a session file in the live folder, and another one is cut to half its lines
+    (live / "copy.jsonl").write_bytes(path.read_bytes())
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:len(lines) // 2]) + "\n")
+    flow_log()
+    second = tick(live, db)
+    assert second["errors"] == []
+    new_runs = runs_of(db)[len(observed):]  # the flow's row and its ingest's
+    assert sorted(new_runs) == [("maintain", "ok"), (f"maintain {second['run_id']}", "ok")]
+    logged = flow_log()
+    [warning] = [m for level, m in logged if level == "WARNING"]
+    assert warning.startswith(f"{path}: rewritten: {len(lines) - len(lines) // 2} of {len(lines) - 1} entries")

@@ -55,6 +55,8 @@ def ingest(
         for status, count in sorted(s["by_status"].items()):
             out.print(f"  {status}: {count}")
         for f in report.files:
+            for loss in f.replaced:  # what a rewrite took away; nothing of the ledger was deleted
+                err.print(f"[yellow]warning[/] {escape(f'{f.path}: {loss.describe()}')}", highlight=False)
             for note in f.notes[:5]:
                 err.print(f"  [yellow]note[/] {escape(f'{f.path}: {note}')}")
             if f.error:

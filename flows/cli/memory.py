@@ -137,11 +137,15 @@ def recall(
         _print_recall(result)
     if result.status == "invalid_id":
         raise typer.Exit(2)
-    if result.status != "found":
+    if result.status not in ("found", "orphaned"):  # orphaned: the records are shown, their source is gone
         raise typer.Exit(1)
 
 
 def _print_recall(result) -> None:
+    if result.status == "orphaned":
+        out.print(f"[bold]{result.id}[/]: [yellow]its source is gone[/] (the session file was rewritten)")
+        _print_orphaned(result.orphaned)
+        return
     if result.status != "found":
         err.print("error: " + escape(result.message or result.status), highlight=False)
         return
@@ -152,33 +156,45 @@ def _print_recall(result) -> None:
 
     out.print(f"[bold]{result.id}[/]: {flagged(result)} in {', '.join(result.session_ids)}")
 
-    def exact(text: str) -> None:
-        # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
-        out.file.write(text + "\n")
-        out.file.flush()
-
     for group in result.sessions:  # each session's branch on its own (SPEC §6)
         if len(result.sessions) > 1:
             out.print(f"\n[bold]session {escape(group.session_id)}[/] at {escape(group.tip)}: {flagged(group)}")
         for r in group.reflections:
             out.print("\n[bold]reflection[/] ", end="")
-            exact(f"[{r.id}] {r.content}")
+            _exact(f"[{r.id}] {r.content}")
             out.print(f"  supported by {', '.join(r.supporting_observation_ids)}")
         for o in group.observations:
             label = "observation" if o.matched else "supporting observation"
             out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
-            exact(f"[{o.id}] {o.ts} [{o.relevance}] {o.content}")
+            _exact(f"[{o.id}] {o.ts} [{o.relevance}] {o.content}")
             for src in o.sources:
                 # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
                 out.print(f"[dim]--- source {escape(src.entry_id)} {escape(src.role or '')} "
                           f"@ {escape(src.ts or '')}[/]")
-                exact(src.text)
+                _exact(src.text)
             if o.missing_source_entry_ids:
                 out.print(f"  [yellow]missing from branch:[/] {', '.join(o.missing_source_entry_ids)}")
             if o.non_source_entry_ids:
                 out.print(f"  [yellow]not source entries:[/] {', '.join(o.non_source_entry_ids)}")
         if group.missing_supporting_observation_ids:
             out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missing_supporting_observation_ids)}")
+    if result.orphaned:
+        out.print("\n[bold]also in records whose source is gone[/] (the session file was rewritten)")
+        _print_orphaned(result.orphaned)
+
+
+def _exact(text: str) -> None:
+    # recorded text goes out byte for byte: Rich would wrap it, expand tabs and strip control codes
+    out.file.write(text + "\n")
+    out.file.flush()
+
+
+def _print_orphaned(orphans) -> None:
+    for o in orphans:
+        text = f"[{o.id}] {o.ts} [{o.relevance}] {o.content}" if o.kind == "observation" else f"[{o.id}] {o.content}"
+        out.print(f"\n[bold]{o.kind}[/] (orphaned, record {escape(o.ledger_id)}) ", end="")
+        _exact(text)
+        out.print(f"  [yellow]source gone:[/] {escape(o.why)}", highlight=False)
 
 
 @app.command(epilog=examples('om status SESSION', 'om status SESSION --model openai/gpt-4o-mini',

@@ -78,6 +78,8 @@ def run(
     say("checking the targets and ingesting new lines…")
     plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain, exclude=exclude or ())
     if not as_json:
+        for line in plan.warnings:  # a rewritten file that lost entries or the evidence of memory records
+            err.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
         for note in plan.notes:
             err.print(f"  [yellow]note[/] {escape(note)}", highlight=False)
     estimate = None
@@ -95,7 +97,8 @@ def run(
     cost = _run_cost(ws, summary, max_cost, estimate)
     if as_json:
         print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
-                    "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost})
+                    "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost,
+                    "warnings": plan.warnings, "notes": plan.notes})
     else:
         if summary["run_id"] is None:
             why = "passive is set: ingest only" if settings.passive else "nothing changed since the last replay"

@@ -7,6 +7,7 @@ The modules, in the order a file goes through them:
 * ``read_ahead``: the thread that plans and reads ahead of the writer, through a ``queue.Queue``;
 * ``writer``: the bulk DuckDB writes (entries, quarantine, the tree);
 * ``file_ingest``: one file's transaction, from its plan to its ``session_files`` row;
+* ``rewrites``: what re-reading a rewritten file took away (entries, the evidence of memory records);
 * ``runner``: ``ingest()``, many files in one run (``connection``: its write connection);
 * ``reports``: what the caller gets back.
 """

@@ -20,6 +20,7 @@ from om_core.ingest.files import session_file_row
 from om_core.ingest.plan import Plan, state_to_json
 from om_core.ingest.reader import Batch, FileReader, ProgressFn
 from om_core.ingest.reports import FileReport, no_header_error
+from om_core.ingest.rewrites import Before, before_replacing, what_was_lost
 from om_core.ingest.writer import BatchWriter, store_tree
 from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger_candidates
 from om_core.session import ParserState, RejectedLine
@@ -44,6 +45,7 @@ class FileIngest:
         self.reader: FileReader | None = None
         self.writer: BatchWriter | None = None
         self.read_session: str | None = None  # the session whose entries this read writes
+        self.replacing: list[Before] = []  # sessions whose rows this ingest replaced (see rewrites)
 
     def run(self) -> FileReport:
         """The whole file, in one transaction (several for a long file: see ``COMMIT_BYTES``)."""
@@ -109,6 +111,7 @@ class FileIngest:
             self._drop_session_rows(session_id)
 
     def _drop_session_rows(self, session_id: str) -> None:
+        self.replacing.append(before_replacing(self.con, session_id))
         params = {"session_id": session_id}
         self.con.execute(query("delete_session_entries"), params)
         self.con.execute(query("delete_session_tree"), params)
@@ -176,6 +179,7 @@ class FileIngest:
                 report.notes.append("empty file: no session header yet")
         else:
             self._finish_session(state, report)
+        self._report_losses(state.session_id if state.header is not None else None, report)
         self.con.execute(query("upsert_session_file"), {
             "file_path": self.key,
             "session_id": state.session_id,
@@ -199,6 +203,18 @@ class FileIngest:
             report.notes.append(f"not a Pi session file (no valid session header in {lines} line(s)): skipped")
         else:
             report.error = no_header_error(lines)
+
+    def _report_losses(self, now_session_id: str | None, report: FileReport) -> None:
+        """What replacing the sessions' rows took away; a rewrite that lost something is noted for good
+        (its ``ingest_notes`` row stays through later ingests of the file)."""
+        for before in self.replacing:
+            loss = what_was_lost(self.con, before, now_session_id)
+            if not loss.lost_anything:
+                continue
+            report.replaced.append(loss)
+            self.con.execute(query("insert_note"), {"session_id": loss.session_id, "file_path": self.key,
+                                                    "line_no": None, "entry_id": None, "kind": "rewritten",
+                                                    "detail": loss.describe(), "run_id": self.run_id})
 
     def _claim_session(self, session_id: str) -> str | None:
         """Another ingested file with the same session id: a copy (skip this one) or a move (take over)."""

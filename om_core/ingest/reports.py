@@ -7,6 +7,35 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 
+class ReplacedSession(BaseModel):
+    """What re-reading a rewritten file took away from one session it held before (SPEC §2)."""
+
+    session_id: str
+    now_session_id: str | None  # the session the file holds now (the same id: the session was re-read)
+    entries_before: int
+    entries_lost: int  # entry ids no longer in the file
+    entries_changed: int  # entries still there whose line changed
+    orphaned_ledger_ids: list[str] = Field(default_factory=list)  # this project's records orphaned by it
+
+    @property
+    def lost_anything(self) -> bool:
+        return bool(self.entries_lost or self.entries_changed or self.orphaned_ledger_ids)
+
+    def describe(self) -> str:
+        if self.now_session_id == self.session_id:
+            what = f"{self.entries_lost} of {self.entries_before} entries are no longer in the file"
+            if self.entries_changed:
+                what += f" and {self.entries_changed} changed"
+        else:
+            now = f"now holds session {self.now_session_id}" if self.now_session_id else "holds no session now"
+            what = f"{now}; session {self.session_id} and its {self.entries_before} entries are gone"
+        records = len(self.orphaned_ledger_ids)
+        if records:
+            what += (f"; {records} memory record(s) of this project lost their evidence: kept, marked orphaned "
+                     "(the orphaned_records view)")
+        return f"rewritten: {what}"
+
+
 class FileReport(BaseModel):
     path: str
     session_id: str | None = None
@@ -17,6 +46,7 @@ class FileReport(BaseModel):
     ledger: dict[str, int] = Field(default_factory=dict)  # imported records, folded compactions, ignored
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
+    replaced: list[ReplacedSession] = Field(default_factory=list)  # a rewrite that lost entries or evidence
 
 
 class IngestReport(BaseModel):
@@ -57,6 +87,7 @@ class IngestReport(BaseModel):
             "bytes_read": sum(f.bytes_read for f in self.files),
             "missing_paths": self.missing_paths,
             "errors": [{"path": f.path, "error": f.error} for f in self.files if f.error],
+            "rewrites": [{"path": f.path, **r.model_dump()} for f in self.files for r in f.replaced],
             "seconds": round(self.seconds, 3),
         }
 

@@ -104,7 +104,9 @@ class RunPlan:
     session_ids: list[str] = field(default_factory=list)  # every session the run covers, largest first
     due: list[str] = field(default_factory=list)  # the ones to replay
     errors: list[str] = field(default_factory=list)  # files that could not be ingested
-    notes: list[str] = field(default_factory=list)  # files skipped as no session (yet), one line each
+    notes: list[str] = field(default_factory=list)  # no failure, one line each: files skipped as no session
+    # (yet), copies of a session file already ingested
+    warnings: list[str] = field(default_factory=list)  # rewritten files that lost entries or memory evidence
     ingest: dict[str, Any] = field(default_factory=lambda: {"files": [], "missing": []})
 
     @property
@@ -149,10 +151,13 @@ def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: s
         report = ingest(ws, paths, command=command, progress=progress, exclude=exclude)
         plan.ingest = {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
         for f in report.files:
+            plan.warnings += [f"{f.path}: {loss.describe()}" for loss in f.replaced]
             if f.status in ("new", "appended", "rewritten", "unchanged") and f.session_id:
                 session_ids.append(f.session_id)
-            elif f.error or f.status == "duplicate_session":
-                plan.errors.append(f"{f.path}: {f.error or f.status}")
+            elif f.status == "duplicate_session":  # a copy of a file already ingested: skipped, nothing failed
+                plan.notes.append(f"{f.path}: {'; '.join(f.notes) or f.status}")
+            elif f.error:
+                plan.errors.append(f"{f.path}: {f.error}")
             else:  # not a session (yet): an empty file, or another program's file a directory walk found
                 plan.notes += [f"{f.path}: {note}" for note in f.notes]
         plan.errors += [f"{p}: no such file or directory" for p in report.missing_paths]

@@ -27,7 +27,8 @@ DELETE FROM om_internal.entries WHERE session_id = $session_id;
 DELETE FROM om_internal.entry_tree WHERE session_id = $session_id;
 
 -- name: delete_session_notes
-DELETE FROM om_internal.ingest_notes WHERE session_id = $session_id OR file_path = $file_path;
+-- (the notes of the tree, derived anew; a rewrite's note is the file's history and stays)
+DELETE FROM om_internal.ingest_notes WHERE (session_id = $session_id OR file_path = $file_path) AND kind <> 'rewritten';
 
 -- name: delete_session_row
 DELETE FROM om_internal.sessions WHERE session_id = $session_id;
@@ -121,3 +122,9 @@ WHERE session_id = $session_id;
 -- name: set_memory_limit
 -- The memory DuckDB may use on the ingest's own write connection (e.g. '268435456B').
 SET memory_limit = $limit;
+
+-- name: session_entry_hashes
+SELECT entry_id, hash(raw) AS raw_hash FROM om_internal.entries WHERE session_id = $session_id;
+
+-- name: orphaned_ledger_ids
+SELECT ledger_id FROM orphaned_records_in($session_id) ORDER BY ledger_id;

@@ -92,3 +92,22 @@ SELECT DISTINCT id FROM (
     UNION ALL SELECT session_id, refl_id FROM om_internal.reflections
 ) WHERE starts_with(id, $prefix) AND ($session_id IS NULL OR session_id = $session_id)
 ORDER BY id LIMIT 6;
+
+-- name: recall_orphaned
+-- The id in this project's records that lie on no branch any more (their session or anchor entry is
+-- gone from the session file: SPEC §2); a NULL session: in every session.
+WITH hits AS (
+    SELECT session_id, ledger_id, item_index, 'observation' AS kind, obs_id AS id, content, ts, relevance,
+           source_entry_ids, []::VARCHAR[] AS supporting_observation_ids
+    FROM om_internal.observations
+    WHERE obs_id = $id AND ($session_id::VARCHAR IS NULL OR session_id = $session_id::VARCHAR)
+    UNION ALL
+    SELECT session_id, ledger_id, item_index, 'reflection', refl_id, content, NULL, NULL, []::VARCHAR[],
+           supporting_observation_ids
+    FROM om_internal.reflections
+    WHERE refl_id = $id AND ($session_id::VARCHAR IS NULL OR session_id = $session_id::VARCHAR))
+SELECT h.*, r.anchor_entry_id, anchor_gone_reason(r.session_id, r.anchor_entry_id) AS reason
+FROM hits h
+JOIN om_internal.ledger r ON r.session_id = h.session_id AND r.ledger_id = h.ledger_id
+WHERE r.origin = 'pipeline' AND anchor_gone_reason(r.session_id, r.anchor_entry_id) IS NOT NULL
+ORDER BY h.session_id, r.append_seq, h.item_index;

@@ -83,3 +83,37 @@ CREATE OR REPLACE MACRO branch_compactions(p_session, p_tip) AS TABLE
     JOIN b a ON a.entry_id = c.anchor_entry_id
     LEFT JOIN b k ON k.entry_id = c.first_kept_entry_id
     WHERE c.session_id = p_session;
+
+-- Orphaned records (SPEC §2): what this project appended to a session whose file was later rewritten
+-- and no longer holds the record's evidence. They are kept as recorded, never deleted (the file's
+-- own records, origin imported, are read from the file again). A record whose session or anchor
+-- entry is gone lies on no branch: no fold, projection, compaction or branch recall sees it.
+--   session_gone:  the file now holds another session (or none) and no file holds this one;
+--   anchor_gone:   the entry it was appended after is no longer in the session;
+--   sources_gone:  still on its branch, but some of its observations' source entries are gone.
+CREATE OR REPLACE MACRO anchor_gone_reason(p_session, p_anchor) AS CASE
+    WHEN NOT EXISTS (SELECT 1 FROM om_internal.sessions s WHERE s.session_id = p_session) THEN 'session_gone'
+    WHEN NOT EXISTS (SELECT 1 FROM om_internal.entries e WHERE e.session_id = p_session AND e.entry_id = p_anchor)
+        THEN 'anchor_gone'
+END;
+
+-- The orphaned records of one session (p_session NULL: of every session).
+CREATE OR REPLACE MACRO orphaned_records_in(p_session) AS TABLE
+    WITH r AS (
+        SELECT session_id, ledger_id, kind, anchor_entry_id, covers_up_to_id, run_id, created_at,
+               anchor_gone_reason(session_id, anchor_entry_id) AS gone
+        FROM om_internal.ledger
+        WHERE origin = 'pipeline' AND (p_session IS NULL OR session_id = p_session)),
+    gone_sources AS (
+        SELECT o.session_id, o.ledger_id, list(DISTINCT s.entry_id ORDER BY s.entry_id) AS ids
+        FROM om_internal.observations o, unnest(o.source_entry_ids) AS s(entry_id)
+        WHERE (p_session IS NULL OR o.session_id = p_session)
+          AND NOT EXISTS (SELECT 1 FROM om_internal.entries e
+                          WHERE e.session_id = o.session_id AND e.entry_id = s.entry_id)
+        GROUP BY ALL)
+    SELECT r.session_id, r.ledger_id, r.kind, coalesce(r.gone, 'sources_gone') AS reason, r.anchor_entry_id,
+           coalesce(g.ids, []::VARCHAR[]) AS missing_source_entry_ids, r.covers_up_to_id, r.run_id, r.created_at
+    FROM r LEFT JOIN gone_sources g ON g.session_id = r.session_id AND g.ledger_id = r.ledger_id
+    WHERE r.gone IS NOT NULL OR g.ledger_id IS NOT NULL;
+
+CREATE OR REPLACE VIEW orphaned_records AS SELECT * FROM orphaned_records_in(NULL);
