@@ -27,6 +27,7 @@ import logging
 import threading
 import traceback
 import uuid
+from contextlib import ExitStack
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,7 +46,7 @@ from flows.storage import stage_result_storage
 from om_core import db as dbmod
 from om_core.circuit import release_run_breaker, run_breaker
 from om_core.cost import run_budget
-from om_core.errors import StorageError, storage_error
+from om_core.errors import DatabaseBusy, StorageError, storage_error
 from om_core.memory import clocks as read_clocks
 from om_core.model import ModelError, RetryPolicy
 from om_core.replay.branch import replay_session
@@ -375,6 +376,24 @@ def _log_ingest(plan) -> None:  # noqa: ANN001 - a RunPlan
         logger.info(line)
 
 
+def _as_the_writer(spec: WorkspaceSpec, command: str, work) -> dict[str, Any]:  # noqa: ANN001
+    """``work()`` holding the database's writer lock (om_core.writer_lock). Held already by this process
+    (``om run``'s command) it is taken again at once; held by another process (``om run`` beside `om serve`),
+    a scheduled tick is skipped with a line saying so (the next tick does its work), a run fails in one line."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(Workspace.from_spec(spec).one_writer(command))
+        except DatabaseBusy as exc:
+            message = str(exc)
+            try:
+                get_run_logger().warning(("skipped: " if command == "maintain" else "") + message)
+            except Exception:
+                pass
+            return {"run_id": None, "sessions": [], "errors": [] if command == "maintain" else [message],
+                    "ingest": {"files": [], "missing": []}, "skipped": [], "busy": message}
+        return work()
+
+
 def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> WorkspaceSpec:
     typed = settings if isinstance(settings, Settings) else Settings(**(settings or {}))
     return WorkspaceSpec(db_path=str(Path(db_path).resolve()), settings=typed)
@@ -388,15 +407,18 @@ def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict
                      exclude: list[str] | None = None) -> dict[str, Any]:
     """Ingest and replay sessions (files, directories, or ingested session ids); ``exclude``: globs
     leaving out files the directory walk finds."""
-    return _process(targets, _spec(db_path, settings), model or {}, drain, run_id, stage_options or {}, "run",
-                    window, exclude or [])
+    spec = _spec(db_path, settings)
+    return _as_the_writer(spec, "run", lambda: _process(targets, spec, model or {}, drain, run_id, stage_options or {},
+                                                        "run", window, exclude or []))
 
 
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
 def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
                       settings: dict[str, Any] | None = None, exclude: list[str] | None = None) -> dict[str, Any]:
     """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining."""
-    return _process([directory], _spec(db_path, settings), model or {}, False, None, {}, "maintain", 8, exclude or [])
+    spec = _spec(db_path, settings)
+    return _as_the_writer(spec, "maintain", lambda: _process([directory], spec, model or {}, False, None, {},
+                                                             "maintain", 8, exclude or []))
 
 
 __all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict
 
 from om_core import db as dbmod
+from om_core import writer_lock
 from om_core.settings import ResolvedSettings, Settings, load_settings
 
 
@@ -175,6 +176,14 @@ class Workspace:
         reads that follow it) without letting the file go in between, and without opening it twice."""
         with self.write() as con:
             yield Workspace(ConnectionDatabase(con), self.settings)
+
+    def one_writer(self, command: str):
+        """The database's writer lock around a writing command or flow run (``om_core.writer_lock``):
+        ``DatabaseBusy`` (exit 3) when another process holds it. A workspace around an open
+        connection or in memory has no file another process could write."""
+        if self.path is None:
+            return nullcontext()
+        return writer_lock.one_writer(self.path, command, self.db.busy_seconds)
 
     def rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The named query's rows as dicts (column name -> value)."""

@@ -376,3 +376,24 @@ def test_a_tick_notes_a_copied_session_file_and_warns_of_a_rewrite_and_ends_ok(p
     logged = flow_log()
     [warning] = [m for level, m in logged if level == "WARNING"]
     assert warning.startswith(f"{path}: rewritten: {len(lines) - len(lines) // 2} of {len(lines) - 1} entries")
+
+
+def test_a_tick_beside_another_writer_is_skipped_with_a_line(prefect_api, tmp_path, flow_log):
+    """`om run` holds the database (here a process holding its writer lock): the tick waits a few
+    seconds, then ends ok without touching the database, and says so; the next tick does the work."""
+    live, db = tmp_path / "live", tmp_path / "om.duckdb"
+    make_sessions(live, count=1)
+    hold = ("import sys, time\nfrom om_core.writer_lock import one_writer\n"
+            "with one_writer(sys.argv[1], 'run', 0):\n    print('held', flush=True)\n    time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        skipped = tick(live, db)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert skipped["errors"] == [] and skipped["run_id"] is None and not db.exists()
+    assert skipped["busy"].startswith(f"another om process is writing {db} (om run, pid {holder.pid} ")
+    assert ("WARNING", "skipped: " + skipped["busy"]) in flow_log()
+    done = tick(live, db)
+    assert done["errors"] == [] and done["sessions"][0]["error"] is None

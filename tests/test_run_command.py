@@ -4,6 +4,7 @@ orchestrator; failed stages are listed under the closing table."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -196,3 +197,57 @@ def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path):
         if helper.poll() is None:
             helper.kill()
     assert db_rows(tmp_path / "om.duckdb", "SELECT status FROM runs WHERE run_id = 'killed-run'") == [("abandoned",)]
+
+
+def test_two_runs_started_at_once_on_one_database_one_runs_the_other_exits_3(tmp_path):
+    """Two `om run` on one database, started together with one Prefect home (each would start the
+    ephemeral API and migrate its database): the one that takes the writer lock first runs; the other
+    waits a few seconds, then exits 3 in one line, before any Prefect starts. Then a kill -9 of a run
+    leaves no lock behind (not even held by the Prefect server it started): the next run runs."""
+    folder = sessions(tmp_path / "sessions", count=2)
+    command = [sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "run", str(folder),
+               "--model", "offline"]
+    procs = [subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    done = [(p.wait(300), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in done)
+    assert codes == [0, 3], [(code, err[-2000:]) for code, _, err in done]
+    refused = next(err for code, _, err in done if code == 3)
+    lines = [line for line in refused.splitlines() if line.strip() and "offline baseline" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: another om process is writing "), refused
+    assert all("Traceback" not in err for _, _, err in done)
+    ran = next(out for code, out, _ in done if code == 0)
+    assert "run " in ran and "total" in ran
+    assert len(db_rows(tmp_path / "om.duckdb", "SELECT run_id FROM runs WHERE command = 'run'")) == 1
+
+    # kill -9 in the middle of a run (its orchestrator started), then the same command again
+    for n in range(2, 4):
+        b = SessionBuilder(session_id=f"0000000{n}-cccc-bbbb-cccc-dddddddddddd", start=f"2026-04-0{n + 1}T09:00:00")
+        b.work_turns(16, f"topic{n}")
+        b.write(folder / f"s{n}.jsonl")
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:  # until the flow has started
+        try:
+            if db_rows(tmp_path / "om.duckdb", "SELECT count(*) FROM runs WHERE command = 'run'")[0][0] == 2:
+                break
+        except duckdb.IOException:  # the run holds the file for a moment
+            pass
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    import psutil
+
+    helpers = psutil.Process(proc.pid).children(recursive=True)  # its Prefect API server
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    try:
+        # the helpers outlive the kill (issue 26 item 3), but none of them holds the writer lock
+        again = subprocess.run(command, cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True,
+                               timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "another om process" not in again.stderr
+    finally:
+        for helper in helpers:
+            with contextlib.suppress(psutil.Error):
+                helper.kill()

@@ -43,7 +43,8 @@ def ingest(
     )
     with progress:
         task = progress.add_task(f"ingesting {len(files)} file(s)", total=total_bytes(files))
-        report = run_ingest(ws, paths, progress=lambda n: progress.advance(task, n), exclude=exclude or ())
+        with ws.one_writer("ingest"):
+            report = run_ingest(ws, paths, progress=lambda n: progress.advance(task, n), exclude=exclude or ())
     if as_json:
         print_json({**report.summary(), "files": [f.model_dump() for f in report.files]})
     else:

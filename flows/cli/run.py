@@ -75,22 +75,24 @@ def run(
     model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
                   "timeout": config.timeout, "limit": limit, "max_cost": max_cost}
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
-    say("checking the targets and ingesting new lines…")
-    plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain, exclude=exclude or ())
-    if not as_json:
-        for line in plan.warnings:  # a rewritten file that lost entries or the evidence of memory records
-            err.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
-        for note in plan.notes:
-            err.print(f"  [yellow]note[/] {escape(note)}", highlight=False)
-    estimate = None
-    if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
-        summary = {"run_id": None, "sessions": [], "errors": plan.errors}
-    else:
-        estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
-        say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator (Prefect)…")
-        summary = _run_with_display(ws, plan.due, model_dict, settings.model_dump(), concurrency, not no_drain,
-                                    runner, dask_address, as_json, verbose)
-        summary["errors"] = plan.errors + summary["errors"]
+    with ws.one_writer("run"):  # from before the plan's ingest to the last commit: a second run gets exit 3
+        say("checking the targets and ingesting new lines…")
+        plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain, exclude=exclude or ())
+        if not as_json:
+            for line in plan.warnings:  # a rewritten file that lost entries or the evidence of memory records
+                err.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
+            for note in plan.notes:
+                err.print(f"  [yellow]note[/] {escape(note)}", highlight=False)
+        estimate = None
+        if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
+            summary = {"run_id": None, "sessions": [], "errors": plan.errors}
+        else:
+            estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
+            say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator "
+                "(Prefect)…")
+            summary = _run_with_display(ws, plan.due, model_dict, settings.model_dump(), concurrency, not no_drain,
+                                        runner, dask_address, as_json, verbose)
+            summary["errors"] = plan.errors + summary["errors"]
     due = set(plan.due) if not settings.passive else set()
     skipped = [sid for sid in plan.session_ids if sid not in due]
     rows, failures = _run_rows(ws, summary), _run_failures(ws, summary)

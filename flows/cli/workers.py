@@ -70,7 +70,8 @@ def observe(
     from om_core.workers.stages import observe_now
 
     ws, config = _stage_setup(model, api_base, as_json)
-    outcome = observe_now(ws, session, leaf, config)
+    with ws.one_writer("observe"):
+        outcome = observe_now(ws, session, leaf, config)
     _finish([outcome], {**outcome.as_json(), "offline": config.offline} if as_json else None)
 
 
@@ -86,7 +87,8 @@ def reflect(
     from om_core.workers.stages import reflect_now
 
     ws, config = _stage_setup(model, api_base, as_json)
-    outcomes = reflect_now(ws, session, leaf, config)
+    with ws.one_writer("reflect"):
+        outcomes = reflect_now(ws, session, leaf, config)
     _finish(outcomes, {"stages": [o.as_json() for o in outcomes], "offline": config.offline} if as_json else None)
 
 
