@@ -230,7 +230,9 @@ def test_max_cost_stops_om_run_and_a_rerun_resumes_it(prefect_api, tmp_path):
 
 def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     make_sessions(tmp_path / "sessions", count=3)
-    (tmp_path / "sessions" / "broken.jsonl").write_text('{"type": "message"}\nnot json\n')
+    # named, not found by the walk: a file with no session header is then an error for that file
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"type": "message"}\nnot json\n')
     db = tmp_path / "om.duckdb"
     script = ScriptedWorkers()
 
@@ -241,7 +243,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
         return script(body)
 
     with FakeOpenAI(responder=responder) as server:
-        summary = run_flow([tmp_path / "sessions"], db, server)
+        summary = run_flow([tmp_path / "sessions", broken], db, server)
     assert any("broken.jsonl" in e for e in summary["errors"])
     con = duckdb.connect(str(db), read_only=True)
     per_session = dict(con.execute("SELECT session_id, count(*) FROM observations GROUP BY ALL").fetchall())
