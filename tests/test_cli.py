@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from builders import SessionBuilder
+import om_cli
 from conftest import shared_session, workspace
 from om_core import db as dbmod
 from flows.cli.main import app
@@ -40,11 +41,22 @@ def invoke(args: list[str], env: dict[str, str] | None = None):
     return CliRunner().invoke(app, args, env={"COLUMNS": "200", **(env or {})})
 
 
-def run_om(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
-    """`python -m flows.cli ...` in a fresh process, so main()'s error handler is what the user sees."""
+def om_env(env: dict[str, str] | None = None) -> dict[str, str]:
     full_env = {k: v for k, v in os.environ.items() if k != "OM_DB"}
     full_env.update({"COLUMNS": "200", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=full_env,
+    return full_env
+
+
+def run_om(args: list[str], cwd: Path, env: dict[str, str] | None = None, stdin: str = ""):
+    """`om ...` through the console entry point, so main()'s error handler is what the user sees
+    (in this process: tests/om_cli.py)."""
+    return om_cli.run_om(args, cwd, om_env(env), stdin=stdin)
+
+
+def run_om_process(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
+    """`python -m flows.cli ...` in a fresh process: where the process itself is the point (the
+    module's entry point, a terminal's width)."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=om_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -255,10 +267,8 @@ def test_sql_reads_files_only_with_allow_files(two_sessions, tmp_path):
 
 
 def test_sql_reads_the_query_from_stdin(two_sessions, tmp_path):
-    full_env = {k: v for k, v in os.environ.items() if k != "OM_DB"}
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(two_sessions["db"]), "sql", "-",
-                             "--json"], input="SELECT count(*) AS n\nFROM sessions;\n", capture_output=True, text=True,
-                            cwd=tmp_path, env=full_env, timeout=60)
+    result = run_om(["--db", str(two_sessions["db"]), "sql", "-", "--json"], cwd=tmp_path,
+                    stdin="SELECT count(*) AS n\nFROM sessions;\n")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"n": 2}]
 
@@ -335,7 +345,7 @@ def test_empty_query_and_markup_in_values_and_arguments(two_sessions, tmp_path):
 
 
 def test_piped_tables_and_messages_are_not_cut_at_80_columns(two_sessions, tmp_path):
-    result = run_om(["--db", str(two_sessions["db"]), "sessions"], cwd=tmp_path, env={"COLUMNS": ""})
+    result = run_om_process(["--db", str(two_sessions["db"]), "sessions"], cwd=tmp_path, env={"COLUMNS": ""})
     assert SID_A in result.stdout and str(two_sessions["a"]) in result.stdout
 
 
@@ -467,7 +477,7 @@ def test_busy_database_is_a_clear_error(two_sessions, tmp_path):
         assert time.monotonic() - started < 5
         assert str(db) in str(exc.value)
 
-        result = run_om(["--db", str(db), "sql", "SELECT 1"], cwd=tmp_path, timeout=60)
+        result = run_om(["--db", str(db), "sql", "SELECT 1"], cwd=tmp_path)
         assert result.returncode != 0
         message = result.stderr.lower()
         assert "busy" in message or "being written by another process" in message, result.stderr
@@ -543,7 +553,7 @@ def _commands() -> list[str]:
 def test_version_and_short_help(tmp_path):
     from om_core import __version__
 
-    result = run_om(["--version"], cwd=tmp_path)
+    result = run_om_process(["--version"], cwd=tmp_path)  # the module entry point itself
     assert (result.returncode, result.stdout) == (0, f"om {__version__}\n")
     result = run_om(["-h"], cwd=tmp_path)
     assert result.returncode == 0 and "Usage: om [OPTIONS] COMMAND" in result.stdout

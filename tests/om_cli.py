@@ -1,0 +1,51 @@
+"""`om ARGS` in the test's own process, through the console entry point (flows.cli.main.main): the
+same error handler, exit code, stdout and stderr a user gets, without a new interpreter's start
+(a second or more per call on a loaded machine). Tests whose point is the process boundary (a
+signal, kill -9, what a fresh process imports, a terminal's width) start a real process instead."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+
+class _Text(io.StringIO):
+    """A captured stream that, like a pipe, is no terminal (Rich then prints plain text)."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
+           stdin: str = "") -> subprocess.CompletedProcess:
+    """Run `om ARGS` in cwd with exactly the environment ``env`` (default: this process's), as
+    ``subprocess.run([... 'om', *args], env=env, capture_output=True, text=True)`` would."""
+    from flows.cli.main import main
+
+    saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
+    out, err = _Text(), _Text()
+    code: int | str | None = 0
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        os.chdir(cwd)
+        sys.argv = ["om", *map(str, args)]
+        sys.stdin = io.StringIO(stdin)
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv, sys.stdin = saved_argv, saved_stdin
+    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    return subprocess.CompletedProcess(["om", *args], returncode, out.getvalue(), err.getvalue())
