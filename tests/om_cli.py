@@ -6,6 +6,7 @@ signal, kill -9, what a fresh process imports, a terminal's width) start a real 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -21,6 +22,14 @@ class _Text(io.StringIO):
         return False
 
 
+def _stream_handlers() -> list[logging.StreamHandler]:
+    """Every handler that writes to a stream (not a file), on every logger that exists."""
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                     if isinstance(lg, logging.Logger))]
+    return [h for lg in loggers for h in lg.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+
+
 def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
            stdin: str = "") -> subprocess.CompletedProcess:
     """Run `om ARGS` in cwd with exactly the environment ``env`` (default: this process's), as
@@ -30,6 +39,7 @@ def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
     out, err = _Text(), _Text()
     code: int | str | None = 0
+    handlers: dict[logging.StreamHandler, object] = {}
     try:
         if env is not None:
             os.environ.clear()
@@ -37,12 +47,18 @@ def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
         os.chdir(cwd)
         sys.argv = ["om", *map(str, args)]
         sys.stdin = io.StringIO(stdin)
+        # A handler made before this call (litellm's, Prefect's) holds the stream it was given then: in
+        # a real process that is the process's stderr, so here it writes to the captured one too.
+        for h in _stream_handlers():  # assigned, not setStream(): that flushes, and a stream may be closed
+            handlers[h], h.stream = h.stream, (out if h.stream in (sys.stdout, sys.__stdout__) else err)
         with redirect_stdout(out), redirect_stderr(err):
             try:
                 main()
             except SystemExit as exc:
                 code = exc.code
     finally:
+        for handler, stream in handlers.items():
+            handler.stream = stream
         os.environ.clear()
         os.environ.update(saved_env)
         os.chdir(saved_cwd)

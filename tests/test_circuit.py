@@ -15,6 +15,7 @@ import pytest
 from builders import SessionBuilder
 from fake_openai import FakeOpenAI, Reply, http_error
 
+import om_cli
 from conftest import workspace
 from om_core.circuit import (
     PROVIDER_KEYS,
@@ -245,12 +246,25 @@ def test_preflight_rejects_a_base_url_that_cannot_work(base):
 # ------------------------------------------------------------------ the commands
 
 
-def om(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120):
+def om_env(cwd: Path, env: dict[str, str]) -> dict[str, str]:
     full = {k: v for k, v in os.environ.items() if k not in KEY_VARIABLES and not k.startswith("OM_")}
     full.update({"COLUMNS": "200", "HOME": str(cwd), **env})
+    return full
+
+
+def om(args: list[str], cwd: Path, env: dict[str, str]):
+    """The command through its console entry point, in this process (tests/om_cli.py)."""
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=full, capture_output=True,
-                          text=True, timeout=timeout)
+    done = om_cli.run_om(args, cwd, om_env(cwd, env))
+    return done, time.monotonic() - t0
+
+
+def om_process(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300):
+    """`om run` in its own process: the flow's Prefect logging goes to that process's stderr, which
+    must hold one line."""
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=om_env(cwd, env),
+                          capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - t0
 
 
@@ -308,8 +322,8 @@ def test_om_run_stops_every_stage_on_a_rejected_key(prefect_api, tmp_path):
     env = {"PREFECT_API_URL": prefect_api, "OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300",
            "OM_OBSERVER_CHUNK_MAX_TOKENS": "400"}
     with FakeOpenAI(default=http_error(401, "Incorrect API key provided: sk-bad")) as server:
-        done, _ = om(["--db", str(db), "run", str(folder), "--concurrency", "4", "--model", "openai/fake-model",
-                      "--api-base", server.base_url], tmp_path, env, timeout=300)
+        done, _ = om_process(["--db", str(db), "run", str(folder), "--concurrency", "4", "--model",
+                              "openai/fake-model", "--api-base", server.base_url], tmp_path, env)
         calls = len(server.requests)
     assert done.returncode == 1, done.stderr[-2000:]
     assert 1 <= calls <= 4, calls  # at most one in flight per session when the breaker trips
@@ -328,9 +342,10 @@ def test_om_run_stops_every_stage_on_a_rejected_key(prefect_api, tmp_path):
 def test_om_run_without_a_key_fails_before_prefect_starts(server, tmp_path):
     folder = tmp_path / "sessions"
     SessionBuilder(SID).write(folder / "s.jsonl")
-    done, seconds = om(["--db", str(tmp_path / "om.duckdb"), "run", str(folder), "--model", "openai/gpt-4o-mini"],
-                       tmp_path, {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_BASE": server.base_url,
-                                  "PREFECT_API_URL": "http://127.0.0.1:9/api"})  # unreachable: must not be used
+    done, seconds = om_process(["--db", str(tmp_path / "om.duckdb"), "run", str(folder), "--model",
+                                "openai/gpt-4o-mini"], tmp_path,
+                               {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_BASE": server.base_url,
+                                "PREFECT_API_URL": "http://127.0.0.1:9/api"})  # unreachable: must not be used
     assert done.returncode == 1
     [line] = error_lines(done.stderr)
     assert "OPENAI_API_KEY" in line

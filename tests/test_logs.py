@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -15,6 +16,7 @@ from fake_openai import FakeOpenAI, http_error, text, tool_call
 from typer.testing import CliRunner
 
 from flows.cli.main import app
+import om_cli
 from conftest import workspace
 from om_core.ingest import ingest
 
@@ -42,9 +44,8 @@ def invoke(args, env=None):
 
 
 def om_main(db, *args):
-    """The command as a user runs it (main()'s one-line errors)."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), *args], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    """The command as a user runs it (main()'s one-line errors), in this process (tests/om_cli.py)."""
+    return om_cli.run_om(["--db", str(db), *args], Path.cwd(), {**os.environ, "COLUMNS": "200"})
 
 
 def model(server):
