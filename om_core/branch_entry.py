@@ -3,10 +3,12 @@ context and what they weigh in Pi's estimate (pi-sessions.md §2.2, §7.1)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from om_core.js_length import js_json_length, js_len
 from om_core.session import entry_context_messages, loads_line
 from om_core.tokens import estimate_message_tokens
 
@@ -81,3 +83,62 @@ def message_tokens(message: dict, rules: str = "pi-1.6") -> int:
     if "_tokens" in message:  # an entry written in code: its estimate is given
         return message["_tokens"] if rules != "legacy" or message.get("role") != "system" else 0
     return estimate_message_tokens(message, rules)  # type: ignore[arg-type]
+
+
+class CurrentSystemMessage:
+    """Pi 1.6's current system message (pi-ai's ``getCurrentSystemMessage``), built up one system
+    message at a time, and what ``estimateTokens`` counts for it: the contents that are not empty,
+    joined by a blank line; the sections patched by name (null removes one); the tools left after
+    each message's ``toolsRemoved`` and ``toolsAdded`` (by name). There is none, worth 0, while no
+    system message has a ``timestamp`` field and no tool is declared. A message written in code
+    (``_tokens``) counts as content of that many tokens."""
+
+    __slots__ = ("_contents", "_parts", "_sections", "_tools", "_stamped")
+
+    def __init__(self) -> None:
+        self._contents = 0  # characters of the non-empty contents
+        self._parts = 0
+        self._sections: dict[str, int] = {}
+        self._tools: dict[Any, int] = {}  # name -> JSON length of the declaration
+        self._stamped = False
+
+    def add(self, message: dict) -> None:
+        if "_tokens" in message:
+            chars, self._stamped = 4 * message["_tokens"], True
+        else:
+            chars = _content_text_len(message.get("content"))
+            self._stamped = self._stamped or "timestamp" in message  # JSON null counts: not undefined
+        if chars:
+            self._contents += chars
+            self._parts += 1
+        sections = message.get("sections")
+        for name, text in (sections.items() if isinstance(sections, dict) else ()):
+            if text is None:
+                self._sections.pop(name, None)
+            else:
+                self._sections[name] = js_len(text) if isinstance(text, str) else 0
+        for key, keep in (("toolsRemoved", False), ("toolsAdded", True)):
+            tools = message.get(key)
+            for tool in tools if isinstance(tools, list) else ():
+                name = tool.get("name") if isinstance(tool, dict) else None
+                if keep:
+                    self._tools[name] = js_json_length(tool)
+                else:
+                    self._tools.pop(name, None)
+
+    def tokens(self) -> int:
+        if not self._stamped and not self._tools:
+            return 0
+        chars = self._contents + 2 * max(0, self._parts - 1) + sum(self._sections.values())
+        if self._tools:  # JSON.stringify of the list: brackets and commas around the declarations
+            chars += 2 + len(self._tools) - 1 + sum(self._tools.values())
+        return math.ceil(chars / 4)
+
+
+def _content_text_len(content: Any) -> int:
+    """``contentText(content).length``: a string, or its text blocks joined by newlines."""
+    if isinstance(content, str):
+        return js_len(content)
+    blocks = content if isinstance(content, list) else ()
+    texts = [b.get("text") for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
+    return sum(js_len(t) for t in texts if isinstance(t, str)) + max(0, len(texts) - 1)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_snake
 
-from om_core.branch_entry import BranchEntry, message_tokens
+from om_core.branch_entry import BranchEntry, CurrentSystemMessage, message_tokens
 
 DEFAULT_KEEP_RECENT_TOKENS = 20_000
 CutPointRules = Literal["pi-1.6", "legacy"]
@@ -221,9 +221,6 @@ class ProjectedEntry:
             self._tokens = sum(message_tokens(m) for m in self.messages)
         return self._tokens
 
-    def system_tokens(self) -> int:
-        return sum(message_tokens(m) for m in self.messages if m.get("role") == "system")
-
     def is_candidate(self) -> bool:
         return self.entry_type != "compaction" and bool(self.roles & _CUT_ROLES)
 
@@ -361,7 +358,8 @@ def _recovery_suffix(items: Sequence[ProjectedEntry], cut: int, end: int) -> boo
 
 def tokens_before(projection: Projection) -> int:
     """§7.5: the last usable assistant usage after the latest context_edit or compaction, plus the
-    estimates of the messages after it; otherwise the current system message plus every other message."""
+    estimates of the messages after it (system messages too); otherwise the current system message (every
+    system message in the projection replayed into one) plus every other message."""
     items = projection.items
     for k in range(len(items) - 1, -1, -1):
         it = items[k]
@@ -370,15 +368,15 @@ def tokens_before(projection: Projection) -> int:
         usage = it.usage()
         if usage is not None:
             return usage + sum(x.tokens for x in items[k + 1:])
-    system = 0
+    system = CurrentSystemMessage()
     other = 0
     for it in items:
         for message in it.messages:
             if message.get("role") == "system":
-                system = message_tokens(message)  # the current (latest) system message
+                system.add(message)
             else:
                 other += message_tokens(message)
-    return system + other
+    return system.tokens() + other
 
 
 def _pi16_cut_point(branch: Sequence[BranchEntry], keep_recent_tokens: int, after: PreviousCompaction | None) -> CutPoint:

@@ -64,15 +64,17 @@ def _content_chars(content: Any, images: bool) -> int:
 
 def system_message_chars(message: dict) -> int:
     """Pi 1.6 counts a system prompt message: its content, its section texts and the JSON of the
-    tools it adds (pi-sessions.md §7.2)."""
+    tools it adds, ``toolsAdded`` (pi-sessions.md §7.2). (A section that is no string makes Pi's
+    estimate NaN; it counts 0 here.)"""
     chars = _content_chars(message.get("content"), images=True)
     sections = message.get("sections")
     if isinstance(sections, dict):
         for text in sections.values():
             if isinstance(text, str):
                 chars += js_len(text)
-    if message.get("tools") is not None:
-        chars += js_json_length(message["tools"])
+    tools = message.get("toolsAdded")
+    if tools is not None and tools is not False and tools != "":  # JavaScript's truthiness ([] counts)
+        chars += js_json_length(tools)
     return chars
 
 

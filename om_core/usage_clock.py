@@ -5,9 +5,10 @@ At position t of a branch:
 
 * U(t), the current context, is Pi's own ``tokensBefore`` estimate on the branch up to t
   (pi-sessions.md §7.5): the usage of the last assistant message with usable usage after the latest
-  compaction or context_edit, plus the estimates of the entries after it; without such a message,
-  the estimate of the projection. It is unknown when a compaction lies before t and no assistant
-  message with usable usage follows it.
+  compaction or context_edit, plus the estimates of the entries after it, system messages included;
+  without such a message, the current system message (Pi replays every system message into one)
+  plus every other message of the projection. It is unknown when a compaction lies before t and no
+  assistant message with usable usage follows it.
 * the baseline of a worker whose latest watermark is at W, with K the latest compaction before t:
   if K > W, the usable usage of the first assistant message after K; else, with a W, the usable
   usage of the last assistant message at or before W; with neither, 0 (the clock is U(t) itself).
@@ -28,7 +29,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from om_core.branch_entry import BranchEntry, message_tokens
+from om_core.branch_entry import BranchEntry, CurrentSystemMessage, message_tokens
 from om_core.cutpoint import project_branch, tokens_before, usable_usage
 
 
@@ -48,15 +49,17 @@ class ContextUsage:
     def __init__(self, branch: Sequence[BranchEntry]) -> None:
         self.branch = branch
         self.prefix = [0]  # estimates of what each entry contributes (compactions aside)
-        self.system_at: list[int] = []  # positions of system prompt messages
+        self.system_prefix = [0]  # the part of them that system messages contribute
+        self.system_at: list[int] = []  # positions of system messages
+        self.system_tokens: list[int] = []  # the current system message's estimate from each of them on
         self.usable: list[int] = []  # positions of assistant messages with usable usage
         self.usage: dict[int, int] = {}
         self.compactions: list[int] = []
         self.barriers: list[int] = []  # compactions and context edits
         self.edits: list[int] = []
-        self.estimates: list[int] = []
+        current = CurrentSystemMessage()
         for p, entry in enumerate(branch):
-            tokens = 0
+            tokens = system = 0
             if entry.entry_type == "compaction":
                 self.compactions.append(p)
                 self.barriers.append(p)
@@ -65,16 +68,19 @@ class ContextUsage:
                 self.barriers.append(p)
             else:
                 for message in entry.context_messages():
+                    estimate = message_tokens(message)
+                    tokens += estimate
                     if message.get("role") == "system":
+                        system += estimate
+                        current.add(message)
                         self.system_at.append(p)
-                    else:
-                        tokens += message_tokens(message)
+                        self.system_tokens.append(current.tokens())
                     total = usable_usage(message)
                     if total is not None:
                         self.usable.append(p)
                         self.usage[p] = total
-            self.estimates.append(tokens)
             self.prefix.append(self.prefix[-1] + tokens)
+            self.system_prefix.append(self.system_prefix[-1] + system)
 
     @staticmethod
     def _last_at_or_before(positions: list[int], t: int) -> int | None:
@@ -93,13 +99,9 @@ class ContextUsage:
             return self.usage[a] + self._sum(a + 1, t)
         if self._last_at_or_before(self.compactions, t) is not None:
             return None  # no usable usage since the compaction
-        if self._last_at_or_before(self.edits, t) is None:
-            system = self._last_at_or_before(self.system_at, t)
-            system_tokens = 0
-            if system is not None:
-                system_tokens = sum(message_tokens(m) for m in self.branch[system].context_messages()
-                                    if m.get("role") == "system")
-            return system_tokens + self._sum(0, t)
+        if self._last_at_or_before(self.edits, t) is None:  # the current system message + every other message
+            k = bisect.bisect_right(self.system_at, t)
+            return (self.system_tokens[k - 1] if k else 0) + self._sum(0, t) - self.system_prefix[t + 1]
         return tokens_before(project_branch(self.branch[: t + 1]))  # an edit decides: Pi's projection
 
     def clock(self, t: int, watermark: int | None) -> UsageClock:

@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 PI_HOME = REPO / ".ci" / "pi" / "node_modules"
@@ -37,26 +37,29 @@ def missing() -> str | None:
     return None
 
 
-def agent_dir(home: Path, base_url: str, settings: dict[str, Any]) -> Path:
-    """~/.pi/agent under ``home``: the fake model as provider ``fake``, and Pi's settings."""
+def agent_dir(home: Path, base_url: str, settings: dict[str, Any], models: Sequence[str] = ("fake-model",)) -> Path:
+    """~/.pi/agent under ``home``: the fake model (or ``models``, to change between) as provider
+    ``fake``, and Pi's settings."""
     agent = home / ".pi" / "agent"
     agent.mkdir(parents=True, exist_ok=True)
     (agent / "models.json").write_text(json.dumps({"providers": {"fake": {
         "baseUrl": base_url, "api": "openai-completions", "apiKey": "not-needed",
-        "models": [{"id": "fake-model", "contextWindow": 128000, "maxTokens": 4096}]}}}))
+        "models": [{"id": m, "contextWindow": 128000, "maxTokens": 4096} for m in models]}}}))
     (agent / "settings.json").write_text(json.dumps(settings))
     return agent
 
 
 class RpcPi:
-    """One Pi process in RPC mode with the om extension; its stdout records are read by a thread."""
+    """One Pi process in RPC mode with the om extension (or ``extensions``); its stdout records are
+    read by a thread."""
 
     def __init__(self, home: Path, cwd: Path, env: dict[str, str], *, session_dir: Path | None = None,
-                 session_file: Path | None = None) -> None:
+                 session_file: Path | None = None, extensions: Sequence[Path] = (EXTENSION,)) -> None:
         where = ["--session", str(session_file)] if session_file else ["--session-dir", str(session_dir)]
+        loads = [arg for path in extensions for arg in ("-e", str(path))]
         self.process = subprocess.Popen(
             [str(NODE), str(PI_CLI), "--mode", "rpc", *where, "--provider", "fake", "--model", "fake-model",
-             "-e", str(EXTENSION), "--offline"],
+             *loads, "--offline"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
             env={**env, "HOME": str(home), "PI_CODING_AGENT_DIR": str(home / ".pi" / "agent")})
         self.records: list[dict[str, Any]] = []

@@ -15,6 +15,10 @@ from om_core.cutpoint import NothingToCompact, compaction_cut_point, project_bra
 from om_core.session import SessionParser
 
 IMAGE = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
+# Tool declarations as a Pi 1.6 system message lists them (toolsAdded): READ's JSON is 198 characters,
+# [READ] 200; BASH's 99, [READ, BASH] 300.
+READ = {"name": "read", "description": "d" * 166}
+BASH = {"name": "bash", "description": "b" * 67}
 
 
 def text(tokens: int) -> str:
@@ -49,8 +53,10 @@ class Branch:
         return self.message({"role": "toolResult", "toolCallId": "c", "toolName": "read",
                              "content": [{"type": "text", "text": text(tokens)}], "isError": False})
 
-    def system(self, tokens: int) -> int:
-        return self.message({"role": "system", "content": text(tokens), "sections": {}})
+    def system(self, tokens: int, **fields) -> int:
+        """A system prompt message as Pi 1.6 writes it (with a timestamp: Pi counts none without one)."""
+        return self.message({"role": "system", "content": text(tokens), "sections": {}, "timestamp": 1768485600000,
+                             **fields})
 
     def bash(self, tokens: int) -> int:
         return self.message({"role": "bashExecution", "command": "ls", "output": text(tokens)[2:]})
@@ -68,7 +74,8 @@ class Branch:
         obj = {"type": "compaction", "summary": text(summary_tokens),
                "firstKeptEntryId": self.id(first_kept) if first_kept is not None else None, "tokensBefore": 1}
         if system_tokens is not None:
-            obj["systemMessage"] = {"role": "system", "content": text(system_tokens), "sections": {}}
+            obj["systemMessage"] = {"role": "system", "content": text(system_tokens), "sections": {},
+                                    "timestamp": 1768485600000}
         return self.add(obj)
 
     def edit(self, target: int, replacement) -> int:
@@ -410,6 +417,38 @@ def test_tokens_before_from_estimates_without_usable_usage():
     b.user(40)  # 3
     # the system prompt 100 + every other message: 40 + 40 + 40
     assert tokens_before(b) == 220
+
+
+def tools_change_at_the_end() -> Branch:
+    b = Branch()
+    b.system(10)  # 0
+    b.user(40)  # 1
+    b.assistant(40)  # 2
+    b.user(40)  # 3
+    b.assistant(40)  # 4
+    b.system(0, toolsRemoved=[BASH], toolsAdded=[READ])  # 5: a loadout change; its declarations [READ] -> 50
+    return b
+
+
+def test_a_system_messages_tool_declarations_weigh_in_the_budget():
+    b = tools_change_at_the_end()
+    # 5: 50, 4: 90 >= 90 -> cut 4 (an assistant), a split turn from 3. (Without the declarations 5 weighs
+    # nothing: 4, 3, 2: 120 -> cut 2, a split from 1.)
+    assert cut(b, 90) == (4, 3, True)
+    # no usage: the system message Pi replays from 0 and 5: contents 40, tools [READ] 200 -> 60; + 160
+    assert tokens_before(b) == 220
+
+
+def test_tokens_before_replays_every_system_message():
+    b = Branch()
+    b.system(100, sections={"preamble": text(50), "docs": text(20)}, toolsAdded=[READ, BASH])  # 0
+    b.user(40)  # 1
+    b.assistant(40, usage(5000), stop="aborted")  # 2
+    b.system(5, sections={"docs": None}, toolsRemoved=[BASH])  # 3
+    b.user(40)  # 4
+    # one system message: contents 400 + 2 + 20, sections: preamble 200 (docs removed), tools [READ]
+    # 200: 822 chars -> 206; plus 1, 2, 4: 120
+    assert tokens_before(b) == 326
 
 
 def test_tokens_before_ignores_usage_from_before_the_latest_compaction():

@@ -85,9 +85,10 @@ def test_user_images_count_1200_tokens_each_under_pi_16():
 
 
 def test_system_message_counts_content_sections_and_tools_under_pi_16():
-    message = {"role": "system", "content": "You are Pi.", "sections": {"preamble": "Be brief.", "n": 3},
-               "tools": [{"name": "read"}]}
-    # 11 (content) + 9 (the one string section) + 17 (JSON [{"name":"read"}]) = 37 -> 10 tokens
+    message = {"role": "system", "content": "You are Pi.", "sections": {"preamble": "Be brief.", "docs": None},
+               "toolsAdded": [{"name": "read"}], "toolsRemoved": [{"name": "bash"}]}
+    # 11 (content) + 9 (the section with text; Pi skips a null one) + 17 (JSON [{"name":"read"}], what
+    # Pi's estimateTokens counts of the tools: toolsAdded only) = 37 -> 10 tokens
     assert estimate_message_chars(message) == 37
     assert estimate_message_tokens(message) == 10
     assert estimate_message_tokens(message, "legacy") == 0
