@@ -7,7 +7,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { createRequire } from "node:module";
 
-const [piPrefix, extension, outDir] = process.argv.slice(2);
+const [piPrefix, extension, outDir] = process.argv.slice(2).map((p) => path.resolve(p));  // import() needs absolute paths
 const core = path.join(piPrefix, "node_modules/@earendil-works/pi-coding-agent/dist/core");
 const sm = await import(path.join(core, "session-manager.js"));
 const cp = await import(path.join(core, "compaction/compaction.js"));
