@@ -61,6 +61,40 @@ def before_compaction() -> Path:
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "om.duckdb"
 
+
+@pytest.fixture(scope="session")
+def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
+    """before-compaction.jsonl ingested and replayed with the offline baseline on om's defaults: the
+    same replay several tests read, made once per test session (half a minute under load)."""
+    from om_core import db as dbmod
+    from om_core.ingest import ingest
+    from om_core.replay.branch import replay_in_process
+    from om_core.settings import Settings
+    from om_core.workers.stages import ModelConfig, make_brain
+    from om_core.workspace import Workspace
+
+    db = tmp_path_factory.mktemp("before-compaction-offline") / "om.duckdb"
+    session_id = ingest(workspace(db), [shared_session("before-compaction.jsonl")]).files[0].session_id
+    settings = Settings()
+    con = dbmod.connect(db)
+    try:
+        replay_in_process(Workspace.on_connection(con, settings), session_id,
+                          make_brain(ModelConfig(model="offline"), settings))
+    finally:
+        con.close()
+    return db, session_id
+
+
+@pytest.fixture
+def before_compaction_offline(_before_compaction_offline, tmp_path) -> tuple[Path, str]:
+    """(this test's own copy of that database, the session id): a test may write to its copy."""
+    import shutil
+
+    source, session_id = _before_compaction_offline
+    copy = tmp_path / "om.duckdb"
+    shutil.copyfile(source, copy)
+    return copy, session_id
+
 # Prefect: quiet, no telemetry (no network here), one ephemeral API for the whole test session.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")

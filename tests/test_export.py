@@ -358,17 +358,10 @@ def test_records_carry_the_time_they_were_made_never_before_their_parent(tmp_pat
 
 
 @pytest.mark.real_sessions
-def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before_compaction):
+def test_real_session_exported_view_is_what_the_extension_shows(tmp_path, before_compaction, before_compaction_offline):
     """The shared session holds two of Pi's own compactions and no om.folded one: after a replay the
     simulated folds are the replayed view, the visible view is empty on the archive and on its export."""
-    db_path = tmp_path / "om.duckdb"
-    sid = ingest(workspace(db_path), [before_compaction]).files[0].session_id
-    settings = Settings()
-    con = dbmod.connect(db_path)
-    try:
-        replay_in_process(Workspace.on_connection(con, settings), sid, make_brain(ModelConfig(model="offline"), settings))
-    finally:
-        con.close()
+    db_path, sid = before_compaction_offline
     empty = {"observations": [], "reflections": []}
     archived = [json.loads(line) for line in before_compaction.read_text(encoding="utf-8").splitlines()[1:]]
     compactions = [e for e in archived if e.get("type") == "compaction"]

@@ -14,10 +14,6 @@ from flows.cli.main import app
 from om_core.gaps import GapReport, compaction_gaps, gap_safe_position, gaps
 from om_core.ingest import ingest
 from om_core.ledger import memory_id
-from om_core.replay.branch import replay_in_process
-from om_core.settings import Settings
-from om_core.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
 
 
 def obs(content: str, sources: list[str]) -> dict:
@@ -125,17 +121,8 @@ def test_gap_safe_moves_f_back_to_the_first_uncovered_message_and_never_forward(
 
 
 @pytest.mark.real_sessions
-def test_before_compaction_gaps_with_the_offline_baseline(tmp_path, before_compaction):
-    db_path = tmp_path / "om.duckdb"
-    report = ingest(workspace(db_path), [before_compaction])
-    session_id = report.files[0].session_id
-    settings = Settings()
-    con = dbmod.connect(db_path)
-    try:
-        brain = make_brain(ModelConfig(model="offline"), settings)
-        replay_in_process(Workspace.on_connection(con, settings), session_id, brain)
-    finally:
-        con.close()
+def test_before_compaction_gaps_with_the_offline_baseline(before_compaction_offline):
+    db_path, _ = before_compaction_offline
     result = CliRunner().invoke(app, ["--db", str(db_path), "gaps", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
