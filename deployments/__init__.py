@@ -66,7 +66,7 @@ def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any],
     return maintain_sessions.to_deployment(
         name="om-maintain",
         parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": model,
-                    "settings": settings, "exclude": exclude or []},
+                    "settings": settings, "exclude": exclude or [], "every_seconds": every_seconds},
         interval=timedelta(seconds=every_seconds),
         concurrency_limit=ConcurrencyLimitConfig(**_ONE_AT_A_TIME),
         description="Ingest new lines of live Pi sessions and run the memory stages that are due.",

@@ -189,24 +189,55 @@ def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
     return outcome["value"]
 
 
+class _ServeSignals(_Signals):
+    """`om serve`'s: the first signal silences this process's stdout and stderr at once, in the handler.
+    A terminal's Ctrl-C reaches the whole process group, so the flow run's own process (Prefect's runner
+    relays its output through this one) prints its ``KeyboardInterrupt`` traceback a moment later: that
+    must find nowhere to go. Further signals change nothing: the stop under way is bounded, and exiting
+    before it ends would leave the local Prefect server running."""
+
+    stderr: int | None = None
+
+    def handler(self, signum, frame) -> None:  # noqa: ANN001 - the signal module's signature
+        if self.signum is not None:
+            return
+        self.signum = signum
+        self.stderr = silence_stderr()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+
 def serve_until_signal(work: Callable[[], Any], cleanup: Callable[[], None],
-                       farewell: Callable[[int], str]) -> None:
-    """`om serve`: serve in a thread until SIGINT/SIGTERM (or until serving ends); then ``cleanup``
-    (the local Prefect server it started), end every process it started (flow runs in progress
-    included: their database work is one transaction, so nothing is half-written), print
-    ``farewell(code)`` and exit with 130 or 143."""
-    with _Signals() as got:
+                       farewell: Callable[[int], str],
+                       stopped: Callable[[list[int], int], None] | None = None) -> None:
+    """`om serve`: serve in a thread until SIGINT/SIGTERM (or until serving ends); then end every
+    process it started (flow runs in progress included: their database work is one transaction, so
+    nothing is half-written), ``stopped(pids, signum)`` with every child pid seen while serving (to mark
+    their runs interrupted), ``cleanup`` (the local Prefect server it started), print ``farewell(code)``
+    and exit with 130 or 143. Nothing but that line is printed after the signal."""
+    with _ServeSignals() as got:
         thread, outcome = _in_a_thread(work)
+        seen: set[int] = set()
+        ticks = 0
         while thread.is_alive() and got.signum is None:
             thread.join(0.25)
+            ticks += 1
+            if ticks % 4 == 0 and got.signum is None:  # a flow run's process may end on the signal itself
+                seen.update(child_pids())
         if got.signum is None:
             cleanup()
             if "error" in outcome:
                 raise outcome["error"]
             return
         logging.disable(logging.CRITICAL)  # Prefect's shutdown of the abandoned runner is not news
-        stderr = silence_stderr()
-        end_processes(child_pids())
+        children = child_pids()
+        end_processes(children)
+        if stopped is not None:
+            try:
+                stopped(sorted(seen | set(children)), got.signum)
+            except Exception:  # the database is busy or gone: the next run's start marks the rows abandoned
+                pass
         cleanup()
         code = EXIT_CODES.get(got.signum, 128 + got.signum)
-        say_and_exit(stderr, farewell(code), code)
+        say_and_exit(got.stderr if got.stderr is not None else 2, farewell(code), code)

@@ -43,6 +43,7 @@ from prefect.transactions import CommitMode, transaction
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
 from flows.storage import stage_result_storage
+from flows.ticks import announce_tick
 from om_core import db as dbmod
 from om_core.circuit import release_run_breaker, run_breaker
 from om_core.cost import run_budget
@@ -129,6 +130,8 @@ def stage_task(prepared: PreparedStage, model: dict[str, Any], settings: Setting
     if budget is not None and budget.exhausted:
         raise BudgetReached("the run's cost budget (--max-cost) is reached")
     computed = compute_stage(prepared, _brain(model, settings, breaker, budget), settings)
+    for call in computed.outcome.calls:  # persisted with the result: a resuming run records them as this run's
+        call.run_id = run_id
     if computed.outcome.budget_stop and not computed.outcome.calls:
         raise BudgetReached(computed.outcome.reason or "the run's cost budget (--max-cost) is reached")
     if computed.outcome.outcome == "failed":
@@ -414,11 +417,16 @@ def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict
 
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
 def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
-                      settings: dict[str, Any] | None = None, exclude: list[str] | None = None) -> dict[str, Any]:
-    """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining."""
+                      settings: dict[str, Any] | None = None, exclude: list[str] | None = None,
+                      every_seconds: int | None = None) -> dict[str, Any]:
+    """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining.
+    Ends with one line saying what the tick did (and, given its schedule's ``every_seconds``, when the next
+    one is due), on stdout and in the flow run's logs."""
     spec = _spec(db_path, settings)
-    return _as_the_writer(spec, "maintain", lambda: _process([directory], spec, model or {}, False, None, {},
-                                                             "maintain", 8, exclude or []))
+    result = _as_the_writer(spec, "maintain", lambda: _process([directory], spec, model or {}, False, None, {},
+                                                               "maintain", 8, exclude or []))
+    announce_tick(result, every_seconds)
+    return result
 
 
 __all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT",

@@ -95,6 +95,9 @@ class CallRecord:
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     request: str | None = None  # JSON of what was sent (model, messages, tools), when texts are kept
     response: str | None = None  # JSON of the reply (content, tool calls); None for a failed call
+    # the run that made the call: a stage result computed by an interrupted run and recorded by the run
+    # that resumed it still counts the call under the run that paid for it
+    run_id: str | None = None
 
 
 class ChatModel(Protocol):

@@ -64,3 +64,13 @@ def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail:
 
 def finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, detail: dict[str, Any]) -> None:
     con.execute(query("finish_run"), {"run_id": run_id, "status": status, "detail": json.dumps(detail, default=str)})
+
+
+def mark_interrupted_runs(con: duckdb.DuckDBPyConnection, pids: list[int], signal_name: str) -> list[str]:
+    """The runs still ``running`` whose process (on this host) is one of ``pids``, processes a signal
+    ended (`om serve`'s flow runs on Ctrl-C): marked ``interrupted``, as `om run` marks its own."""
+    host, ended = socket.gethostname(), set(pids)
+    hit = [run["run_id"] for run in named_rows(con, "running_runs") if run["host"] == host and run["pid"] in ended]
+    for run_id in hit:
+        con.execute(query("interrupt_run"), {"run_id": run_id, "detail": json.dumps({"signal": signal_name})})
+    return hit

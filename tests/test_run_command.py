@@ -106,6 +106,15 @@ def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path):
                                  text=True, timeout=300)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert len(server.requests) > before
+        made_after = len(server.requests) - before
+    # each model call counts under the run that made it: the stages the interrupted run computed (their
+    # results persisted, recorded by the resumed run) stay the interrupted run's calls and cost
+    runs = dict(db_rows(db, "SELECT status, run_id FROM runs WHERE command = 'run'"))
+    calls = dict(db_rows(db, "SELECT run_id, count(*) FROM llm_calls GROUP BY run_id"))
+    assert set(calls) <= {runs["interrupted"], runs["ok"]}
+    assert calls.get(runs["ok"], 0) == made_after
+    assert calls.get(runs["interrupted"], 0) >= len(early) > 0
+    assert dict(db_rows(db, "SELECT run_id, model_calls FROM run_costs")) == calls
     dup = db_rows(db, "SELECT stage_key, count(*) FROM ledger WHERE origin = 'pipeline' GROUP BY ALL HAVING count(*) > 1")
     assert dup == []
     # no stage computed before the interruption was asked again

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,12 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
 
         first = len(session.entries)
         _wait_for("first ingest", lambda: entries() == first, 120, serve, log)
+        # it names what the workers run on, and says what each tick did and when the next one is due
+        assert "using the offline baseline" in log.read_text()
+        tick = _wait_for("a tick line", lambda: re.search(
+            r"tick \d\d:\d\d:\d\d: 1 session seen, (\d+) lines? ingested, 0 stages run, 0 errors; "
+            r"next tick \d\d:\d\d:\d\d", log.read_text()), 60, serve, log)
+        assert int(tick.group(1)) == first
         assert _query(db, "SELECT count(*) FROM stages WHERE session_id = ?", [SESSION]) == [(0,)]
         before = len(session.entries)
         session.work_turns(2, "beta")  # now about 600 tokens: the observer is due
@@ -99,6 +106,9 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
 
         stages = _wait_for("observer stage after the appended lines", observed, 120, serve, log)
         assert ("observer", "recorded") in stages
+        _wait_for("the observer's tick line", lambda: re.search(r"tick [\d:]+: 1 session seen, \d+ lines? ingested, "
+                                                                r"[1-9]\d* stages? run, 0 errors", log.read_text()),
+                  60, serve, log)
         assert _query(db, "SELECT count(*) FROM observations WHERE session_id = ?", [SESSION])[0][0] > 0
         announced = running_endpoint(db)  # it answers a live Pi too (the om extension finds it there)
         assert announced and ask(announced, "info")["db"] == str(db.resolve())
@@ -116,6 +126,50 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
     finally:
         if serve.poll() is None:
             stop_process_group(serve)
+
+
+def test_ctrl_c_of_om_serve_during_a_tick_marks_its_run_interrupted_and_prints_no_traceback(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: om serve, and the flow run's own process
+    in the middle of a model call. Pressed three times, it leaves one line, exit 130, no traceback (from
+    either process), and the maintenance run's row ``interrupted``, not ``running``."""
+    from fake_openai import FakeOpenAI, Reply
+
+    work, live, home = tmp_path / "work", tmp_path / "live", tmp_path / "home"
+    for d in (work, live, home):
+        d.mkdir()
+    (work / "om.toml").write_text('observeAfterTokens = 300\nclockBasis = "source"\n')
+    session = SessionBuilder(SESSION)
+    session.work_turns(3, "alpha")  # about 600 tokens: the observer is due at the first tick
+    session.write(live / "s.jsonl")
+    db = work / "om.duckdb"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_"))}
+    env.update({"HOME": str(home), "PYTHONPATH": str(REPO), "PREFECT_HOME": str(tmp_path / "prefect-home"),
+                "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    log = tmp_path / "serve.log"
+    with FakeOpenAI(default=Reply(text="{}", delay=300)) as fake:  # the model call outlasts the test
+        serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(db), "serve", "--live", str(live),
+                                  "--every", "5", "--no-endpoint", "--model", "openai/fake-model",
+                                  "--api-base", fake.base_url], cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_for("the model line", lambda: f"model: openai/fake-model at {fake.base_url}" in log.read_text(),
+                      150, serve, log)
+            _wait_for("the tick's first model call", lambda: fake.requests, 180, serve, log)
+            assert _query(db, "SELECT status FROM runs WHERE command = 'maintain'") == [("running",)]
+            for _ in range(3):  # Ctrl-C, and again, and again: the whole group, as a terminal sends it
+                os.killpg(serve.pid, signal.SIGINT)
+                time.sleep(0.3)
+            serve.wait(60)
+            out = log.read_text()
+            assert serve.returncode == 130, out[-3000:]
+            assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+            assert out.rstrip().splitlines()[-1].startswith("stopped (SIGINT)"), out[-3000:]
+            assert _query(db, "SELECT status, detail->>'signal' FROM runs WHERE command = 'maintain'") == [
+                ("interrupted", "SIGINT")]
+        finally:
+            if serve.poll() is None:
+                stop_process_group(serve)
 
 
 def _api(api_url: str, path: str, body: dict | None = None, method: str | None = None):

@@ -55,6 +55,12 @@ def serve(
         err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
     prepare_environment()
     answering = _live_endpoint(ws) if endpoint else None
+    if model_dict["model"] == "offline":
+        err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
+                  "to use a model[/]")
+    else:
+        err.print(f"model: {escape(model_dict['model'])}"
+                  + (f" at {escape(model_dict['api_base'])}" if model_dict.get("api_base") else ""), highlight=False)
     what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
     err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
     # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
@@ -62,8 +68,21 @@ def serve(
         lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=model_dict,
                               settings=settings_dict, every_seconds=every, exclude=exclude or []),
         cleanup=lambda: [part.stop() for part in (answering, server) if part is not None],
+        stopped=lambda pids, signum: _mark_interrupted(ws, pids, signum),
         farewell=lambda code: (f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in "
                                "progress was ended and its next tick redoes it"))
+
+
+def _mark_interrupted(ws, pids: list[int], signum: int) -> None:
+    """The maintenance run a signal ended (its flow run's process was ours) is ``interrupted``, not left
+    ``running``."""
+    import signal
+
+    from om_core.runs import mark_interrupted_runs
+
+    if ws.path is not None and ws.path.exists():
+        with ws.write() as con:
+            mark_interrupted_runs(con, pids, signal.Signals(signum).name)
 
 
 def _live_endpoint(ws):

@@ -88,9 +88,12 @@ _CALL_COLUMNS = {
 _TEXT_COLUMNS = {"call_id": pa.string(), "request": pa.string(), "response": pa.string()}
 
 
-def _calls_table(calls: list[CallRecord], columns: dict[str, pa.DataType], **same: str | None) -> pa.Table:
-    """One row per call: ``columns`` read off each call record, ``same`` repeated on every row."""
+def _calls_table(calls: list[CallRecord], columns: dict[str, pa.DataType], run_id: str | None,
+                 **same: str | None) -> pa.Table:
+    """One row per call: ``columns`` read off each call record, ``same`` repeated on every row, and the
+    run that made the call (``run_id``, the recording run, when the record names none)."""
     table = {name: pa.array([value] * len(calls), pa.string()) for name, value in same.items()}
+    table["run_id"] = pa.array([getattr(c, "run_id", None) or run_id for c in calls], pa.string())
     table.update({name: pa.array([getattr(c, name) for c in calls], kind) for name, kind in columns.items()})
     return pa.table(table)
 

@@ -108,10 +108,15 @@ WHERE f.run_id = $run_id AND f.origin = 'simulated';
 SELECT * FROM om_internal.stages WHERE run_id = $run_id;
 
 -- name: replayed_llm_calls
-SELECT * FROM om_internal.llm_calls WHERE run_id = $run_id;
+-- The model calls of the stages this run recorded, also those an earlier (interrupted) run made, whose
+-- persisted result this run recorded: they keep that run's id.
+SELECT * FROM om_internal.llm_calls
+WHERE stage_run_id IN (SELECT stage_run_id FROM om_internal.stages WHERE run_id = $run_id);
 
 -- name: replayed_llm_call_texts
-SELECT * FROM om_internal.llm_call_texts WHERE run_id = $run_id;
+SELECT * FROM om_internal.llm_call_texts WHERE call_id IN (
+    SELECT call_id FROM om_internal.llm_calls
+    WHERE stage_run_id IN (SELECT stage_run_id FROM om_internal.stages WHERE run_id = $run_id));
 
 -- name: take_append_seqs
 -- Fresh positions in the database's record order for a replay's new records and compactions.

@@ -1,0 +1,72 @@
+"""One line per scheduled maintenance tick (`om serve --live`): what the tick saw and did, and when the
+next one starts. The flow run prints it on its own stdout, which Prefect's runner relays to `om serve`'s
+terminal, and logs it to the flow run's logs (the Prefect UI)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def stages_run(result: dict[str, Any]) -> int:
+    """Stage runs that did something (recorded, empty or failed), not the ones skipped."""
+    return sum(n for session in result.get("sessions", []) for branch in session.get("branches", [])
+               for key, n in branch.get("stages", {}).items() if not key.endswith(":skipped"))
+
+
+def tick_errors(result: dict[str, Any]) -> int:
+    sessions = result.get("sessions", [])
+    return (len(result.get("errors", [])) + sum(1 for s in sessions if s.get("error"))
+            + sum(len(b.get("failures", [])) for s in sessions for b in s.get("branches", [])))
+
+
+def tick_line(result: dict[str, Any], started: datetime, every_seconds: int | None) -> str:
+    """``tick 04:01:10: 3 sessions seen, 120 lines ingested, 2 stages run, 0 errors; next tick 04:11:10``."""
+    at = started.astimezone().strftime("%H:%M:%S")
+    upcoming = ""
+    if every_seconds:
+        upcoming = f"; next tick {(started + timedelta(seconds=every_seconds)).astimezone():%H:%M:%S}"
+    if result.get("busy"):
+        return f"tick {at}: skipped ({result['busy']}){upcoming}"
+    files = result.get("ingest", {}).get("files", [])
+    lines = sum(f.get("entries_added", 0) + f.get("lines_quarantined", 0) for f in files)
+    seen = len({f["session_id"] for f in files if f.get("session_id")})
+    return (f"tick {at}: {_count(seen, 'session')} seen, {_count(lines, 'line')} ingested, "
+            f"{_count(stages_run(result), 'stage')} run, {_count(tick_errors(result), 'error')}{upcoming}")
+
+
+
+def log_to_run(line: str, level: int = logging.INFO) -> None:
+    """``line`` in the current flow (or task) run's logs on the Prefect API, the UI's Logs tab, at INFO
+    although the console shows Prefect's loggers from WARNING only: a logger outside ``prefect`` with the
+    API handler alone. Outside a run context it does nothing."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.logging.handlers import APILogHandler
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return
+    logger = logging.getLogger("om.runs")
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+        logger.addHandler(APILogHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # the terminal has its own lines
+    try:
+        logger.log(level, line)
+    except Exception:  # the API is gone: the run's own lines still say it
+        pass
+
+
+def announce_tick(result: dict[str, Any], every_seconds: int | None) -> str:
+    """Print the tick's line (flushed: the runner relays it as it comes) and log it to the flow run."""
+    from prefect.runtime import flow_run
+
+    started = flow_run.scheduled_start_time or datetime.now(timezone.utc)
+    line = tick_line(result, started, every_seconds)
+    print(line, flush=True)
+    log_to_run(line)
+    return line
