@@ -1,17 +1,31 @@
-"""A thread-safe board of per-session progress that `om run` draws live (in-process runs only)."""
+"""A thread-safe board of per-session progress that `om run` draws live (in-process runs only): each
+session's file name beside its id, the run's elapsed time and an estimate of what is left."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 _lock = threading.Lock()
 _sessions: dict[str, dict[str, Any]] = {}
+_about: dict[str, dict[str, Any]] = {}  # session id -> {"file": name, "entries": count}, from the command
+_clock: dict[str, float] = {}
+
+
+def describe(about: dict[str, dict[str, Any]]) -> None:
+    """What the command knows of the sessions before the run starts (file names, entry counts); the
+    run's clock starts here, so the time Prefect takes to start counts as elapsed."""
+    with _lock:
+        _about.clear()
+        _about.update(about)
+        _clock["start"] = time.monotonic()
 
 
 def start(session_ids: list[str]) -> None:
     with _lock:
         _sessions.clear()
+        _clock.setdefault("start", time.monotonic())
         for sid in session_ids:
             _sessions[sid] = {"session_id": sid, "state": "waiting", "position": 0, "of": 0, "stages": 0,
                               "compactions": 0, "failures": 0, "last": ""}
@@ -41,4 +55,30 @@ def update(event: dict[str, Any]) -> None:
 
 def snapshot() -> list[dict[str, Any]]:
     with _lock:
-        return [dict(row) for row in _sessions.values()]
+        return [{**row, "file": _about.get(row["session_id"], {}).get("file")} for row in _sessions.values()]
+
+
+def done_fraction(rows: list[dict[str, Any]]) -> float:
+    """How much of the run is done: each session weighted by its entries (finished ones count whole,
+    running ones by their position on the branch being replayed, waiting ones not at all)."""
+    total = done = 0.0
+    for row in rows:
+        weight = max(1, int(_about.get(row["session_id"], {}).get("entries") or row["of"] or 1))
+        total += weight
+        if row["state"] in ("done", "error"):
+            done += weight
+        elif row["of"]:
+            done += weight * min(1.0, row["position"] / row["of"])
+    return done / total if total else 0.0
+
+
+def timing(rows: list[dict[str, Any]], now: float | None = None) -> tuple[float, float | None]:
+    """Seconds elapsed since the run started, and an estimate of the seconds left (None until a
+    twentieth of the work is done: earlier, the rate says little)."""
+    now = time.monotonic() if now is None else now
+    with _lock:
+        elapsed = now - _clock.get("start", now)
+    fraction = done_fraction(rows)
+    if fraction < 0.05 or elapsed <= 0:
+        return elapsed, None
+    return elapsed, elapsed * (1 - fraction) / fraction

@@ -755,3 +755,78 @@ def test_gaps_table_shows_whole_session_ids(tmp_path, db_path):
     result = invoke(["--db", str(db_path), "gaps"])
     assert result.exit_code == 0, result.output
     assert SID_A in result.stdout
+
+
+def test_cost_cells_and_the_cost_line_say_one_thing(monkeypatch):
+    """Issue 25 item 6: priced, unknown, or nothing (no model call); never $0.0000 for a cost nobody
+    knows, in the rows, the total row (an unpriced model, the offline baseline) and the closing line."""
+    from flows.cli import run as run_cli
+    from flows.cli.costs import cost_line
+
+    def table(rows):
+        buffer = terminal(monkeypatch, 200, run_cli)
+        run_cli._print_run_table({"run_id": "6722ee52b6f04ca2"}, rows)
+        return [line for line in buffer.getvalue().splitlines() if line.startswith("│")]
+
+    def row(sid, calls, cost, unpriced=0):
+        return dict(session_id=sid, observations=3, reflections=0, drops=0, compactions=0, model_calls=calls,
+                    tokens=1000 * calls, cost=cost, unpriced_calls=unpriced, errors=0, error=None)
+
+    offline = table([row("5b0e7c1a-3f2d", 0, None), row("8e3f1d26-9c4b", 0, None)])
+    assert "$" not in "".join(offline) and "unknown" not in "".join(offline)  # nothing was priced: no figure
+    unpriced = table([row("5b0e7c1a-3f2d", 4, None, 4), row("8e3f1d26-9c4b", 2, None, 2)])
+    assert "$0.0000" not in "".join(unpriced) and unpriced[-1].count("unknown") == 1 and "total" in unpriced[-1]
+    mixed = table([row("5b0e7c1a-3f2d", 4, 0.0123), row("8e3f1d26-9c4b", 2, None, 2)])
+    assert "$0.0123" in mixed[0] and "unknown" in mixed[1] and "$0.0123 + unknown" in mixed[-1]
+    assert cost_line({"model_calls": 0, "cost_usd": None}) is None  # the offline baseline: no cost line
+    # --max-cost below the first call's worst case on a priced model: one line, no 'unknown'
+    stopped = cost_line({"model_calls": 0, "cost_usd": None, "unpriced_calls": 0, "estimated_usd": 0.0266,
+                         "max_cost": 0.001, "stopped_by_max_cost": True})
+    assert "unknown" not in stopped and "$0.0000" not in stopped and len(stopped.splitlines()) == 1
+    assert stopped.startswith("cost: nothing spent: no model call was made; stopped by --max-cost $0.0010")
+    assert stopped.endswith("estimated beforehand for the whole run: $0.0266") and "rerun to resume" in stopped
+    unknown = cost_line({"model_calls": 5, "cost_usd": None, "unpriced_calls": 5, "input_tokens": 900,
+                         "output_tokens": 40})
+    assert unknown.startswith("cost: unknown (litellm has no price for the model) for 5 model calls")
+    priced = cost_line({"model_calls": 5, "cost_usd": 0.0042, "unpriced_calls": 0, "input_tokens": 900,
+                        "cached_tokens": 100, "output_tokens": 40, "estimated_usd": 0.005})
+    assert priced == ("cost: $0.0042 for 5 model calls (900 prompt tokens, 100 of them cached, 40 output); "
+                      "estimated beforehand for the whole run: $0.0050")
+
+
+def test_the_live_board_names_files_shows_elapsed_and_left_and_appears_once_sessions_are_on_it():
+    """Issue 25 item 7: file names beside ids, elapsed time and an estimate of what is left, and no
+    board at all while Prefect starts (the flow has put no session on it yet)."""
+    from rich.console import Console
+
+    from flows import progress
+    from flows.cli.run import LiveBoard, board_table
+
+    a, b = "5b0e7c1a-3f2d-4e8b-9a61-2c4d7e9f0b13", "8e3f1d26-9c4b-4a7e-b0d5-71a2c6e8f394"
+    progress.start([])  # what the previous run left
+    progress.describe({a: {"file": "harbor-sync-long.jsonl", "entries": 300}, b: {"file": "tidewatch.jsonl",
+                                                                                  "entries": 100}})
+    buffer = io.StringIO()
+    board = LiveBoard(Console(file=buffer, force_terminal=True, width=160, color_system=None))
+    board.tick()  # Prefect is starting: nothing on the board yet, so nothing drawn
+    assert not board.started and buffer.getvalue() == ""
+    progress.start([a, b])
+    rows = progress.snapshot()
+    assert progress.timing(rows)[1] is None  # nothing done: no estimate yet
+    progress.update({"session_id": b, "done": True})
+    progress.update({"session_id": a, "stage": "observer", "outcome": "recorded", "position": 149, "of": 300})
+    rows = progress.snapshot()
+    assert progress.done_fraction(rows) == pytest.approx((100 + 150) / 400)
+    start = progress._clock["start"]
+    elapsed, left = progress.timing(rows, now=start + 50)
+    assert elapsed == pytest.approx(50) and left == pytest.approx(30)  # 5/8 done in 50 s: 30 s to go
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(board_table(rows, 50, 30))
+    text = console.file.getvalue()
+    assert "0:50 elapsed" in text and "about 0:30 left" in text
+    assert "harbor-sync-long.jsonl (5b0e7c1a)" in text and "tidewatch.jsonl (8e3f1d26)" in text
+    board.tick()
+    board.tick()
+    board.stop()
+    assert board.started  # one Live, started once the sessions were on the board
+    progress.start([])

@@ -8,6 +8,7 @@ after ``prepare_environment``), for the speed of every other command.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -148,37 +149,83 @@ def _run_cost(ws, summary: dict, max_cost, estimate) -> dict:
         [row] = ws.rows("run_cost", {"run_id": run_id})
     except Exception:  # no database (nothing ingested)
         row = {"model_calls": 0, "cost_usd": None}
-    return {**row, "estimated_usd": None if estimate is None else estimate.usd, "max_cost": max_cost,
+    from flows.cli.costs import cost_status
+
+    return {**row, "status": cost_status(row.get("model_calls") or 0, row.get("cost_usd"), row.get("unpriced_calls") or 0),
+            "estimated_usd": None if estimate is None else estimate.usd, "max_cost": max_cost,
             "stopped_by_max_cost": bool(stopped)}
 
 
 def _print_cost(cost: dict) -> None:
-    if not cost.get("model_calls") and cost.get("estimated_usd") is None:
-        return
-    real = "unknown (litellm has no price)" if cost.get("cost_usd") is None else f"${cost['cost_usd']:.4f}"
-    cached = f", {cost['cached_tokens']:,} of them cached" if cost.get("cached_tokens") else ""
-    err.print(f"cost: {real} for {cost.get('model_calls') or 0} model calls "
-              f"({cost.get('input_tokens') or 0:,} prompt tokens{cached}, {cost.get('output_tokens') or 0:,} output)"
-              + ("" if cost.get("estimated_usd") is None else f"; estimated ${cost['estimated_usd']:.4f}"),
-              highlight=False)
-    if cost.get("stopped_by_max_cost"):
-        err.print(f"[yellow]stopped by --max-cost ${cost['max_cost']:.4f}: nothing half-done was kept; "
-                  "rerun to resume where it stopped[/]")
+    from flows.cli.costs import cost_line
+
+    line = cost_line(cost)
+    if line is not None:
+        err.print(("[yellow]" + escape(line) + "[/]") if cost.get("stopped_by_max_cost") else escape(line),
+                  highlight=False)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def board_table(rows: list[dict], elapsed: float, left: float | None) -> Table:
+    """The live board: a row per session (its file name beside its short id), the run's elapsed time and
+    an estimate of what is left in the title."""
+    title = f"om run · {_clock(elapsed)} elapsed · " + ("estimating what is left" if left is None
+                                                        else f"about {_clock(left)} left")
+    table = Table("session", "state", "entry", "stages", "compactions", "failures", "last", title=title)
+    for row in rows:
+        name = f"{row['file']} ({row['session_id'][:8]})" if row.get("file") else row["session_id"]
+        table.add_row(escape(name), row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
+                      str(row["compactions"]), str(row["failures"]), escape(row["last"]))
+    return table
+
+
+class LiveBoard:
+    """The board, drawn once the run has sessions on it: not while Prefect starts (an empty board then
+    sat there for seconds and was left in the scrollback), and one Live for the whole run."""
+
+    def __init__(self, console) -> None:  # noqa: ANN001 - a rich Console
+        from rich.live import Live
+
+        self.live = Live(console=console, refresh_per_second=4, transient=True)
+        self.started = False
+
+    def table(self) -> Table | None:
+        rows = progress.snapshot()
+        if not rows:
+            return None
+        return board_table(rows, *progress.timing(rows))
+
+    def tick(self) -> None:
+        table = self.table()
+        if table is None:
+            return
+        if not self.started:
+            self.live.start()
+            self.started = True
+        self.live.update(table, refresh=True)
+
+    def stop(self) -> None:
+        if self.started:
+            self.live.stop()
+
+
+def _describe_sessions(ws, session_ids) -> None:
+    """File names and entry counts for the board, read before Prefect starts."""
+    rows = ws.rows("board_sessions", {"session_ids": list(session_ids)})
+    progress.describe({r["session_id"]: {"file": Path(r["file_path"]).name if r["file_path"] else None,
+                                         "entries": r["entry_count"]} for r in rows})
 
 
 def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet,
                       verbose):
     prepare_environment(verbose)  # before Prefect is imported
-    from rich.live import Live
-
     run_id = new_run_id()
-
-    def board() -> Table:
-        table = Table("session", "state", "entry", "stages", "compactions", "failures", "last", title="om run")
-        for row in progress.snapshot():
-            table.add_row(row["session_id"], row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
-                          str(row["compactions"]), str(row["failures"]), row["last"])
-        return table
+    _describe_sessions(ws, session_ids)
 
     def work():
         return run_pipeline(session_ids, db_path=str(ws.path), model=model_dict, settings=settings_dict,
@@ -188,8 +235,11 @@ def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, d
     try:
         if quiet or not err.is_terminal:
             return run_interruptibly(ws, run_id, work)
-        with Live(board(), console=err, refresh_per_second=4, transient=True) as live:
-            return run_interruptibly(ws, run_id, work, on_tick=lambda: live.update(board()))
+        board = LiveBoard(err)
+        try:
+            return run_interruptibly(ws, run_id, work, on_tick=board.tick)
+        finally:
+            board.stop()
     except RunInterrupted as exc:  # not Prefect's shutdown: the flow's thread is abandoned
         say_and_exit(exc.interruption.stderr, exc.interruption.line, exc.interruption.exit_code)
 
@@ -227,17 +277,23 @@ def _run_rows(ws, summary) -> list[dict]:
 
 
 def _print_run_table(summary, rows, skipped=()) -> None:
+    from flows.cli.costs import cost_cell
+
     counts = ("observations", "reflections", "drops", "compactions", "model_calls", "tokens")
-    totals = {k: 0 for k in (*counts, "errors")}
+    totals = {k: 0 for k in (*counts, "errors", "unpriced_calls")}
     cost = 0.0
     body = []
     for r in rows:
         for k in totals:
-            totals[k] += r[k] or 0
+            totals[k] += r.get(k) or 0
         cost += r["cost"] or 0
-        body.append([r["session_id"], *(str(r[k]) for k in counts), "" if r["cost"] is None else f"${r['cost']:.4f}",
+        body.append([r["session_id"], *(str(r[k]) for k in counts),
+                     cost_cell(r["model_calls"] or 0, r["cost"], r.get("unpriced_calls") or 0),
                      str(r["errors"]) + (" + session error" if r["error"] else "")])
-    body.append(["total", *(str(totals[k]) for k in counts), f"${cost:.4f}", str(totals["errors"])])
+    priced = any(r["cost"] is not None for r in rows)
+    body.append(["total", *(str(totals[k]) for k in counts),
+                 cost_cell(totals["model_calls"], cost if priced else None, totals["unpriced_calls"]),
+                 str(totals["errors"])])
     print_rows(["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
                 "errors"], body, title=f"run {summary['run_id']}", short={"session"},
                drop=["tokens", "model calls", "cost", "drops"], bold_last=True)
