@@ -283,3 +283,16 @@ def test_a_migrated_hook_message_is_labelled_as_pi_reads_it(tmp_path):
     result = recall(workspace(db), mid("A todo list is kept."), sb.session_id)
     assert [(s.entry_id, s.role, s.text) for s in result.observations[0].sources] == [
         (hook, "Extension message (todo)", "Remember the todo list.")]
+
+
+def test_the_eval_reader_s_recall_tool_prints_a_reflection_with_its_supporting_ids(db):
+    """The LongMemEval reader's recall (om_core.eval.reader) reads the recalled reflection's supporting
+    ids as recall gives them (it read the extension's camelCase name and failed on every reflection)."""
+    from om_core.eval.reader import recall_tool
+
+    ws = workspace(db)
+    with ws.read() as con:
+        leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [S1]).fetchone()[0]
+    text = recall_tool(ws, S1, leaf)(mid(R))
+    assert text.splitlines()[0] == f"Reflection [{mid(R)}]: {R} (supported by {mid(A)}, {mid(C)}, {mid(NEVER)})"
+    assert f"Observation [{mid(A)}]" in text

@@ -68,7 +68,7 @@ def recall_tool(db: Any, session_id: str, tip: str) -> Callable[[str], str]:
             return result.message or result.status
         lines = []
         for r in result.reflections:
-            lines.append(f"Reflection [{r.id}]: {r.content} (supported by {', '.join(r.supportingObservationIds)})")
+            lines.append(f"Reflection [{r.id}]: {r.content} (supported by {', '.join(r.supporting_observation_ids)})")
         for o in result.observations:
             lines.append(f"Observation [{o.id}] {o.ts} ({o.status}): {o.content}")
             for s in o.sources:
