@@ -8,8 +8,9 @@ cluster) are ended, and the caller exits at once with 130 (SIGINT) or 143 (SIGTE
 Prefect's own shutdown. In-flight replays are abandoned: their rows were never committed, and the
 stage results they computed are in the result storage, so rerunning the same command resumes.
 
-The helper processes' pids are kept in the run row, so that after a kill -9 of ``om`` the next
-run's start ends those still alive (om_core.runs).
+The helper processes are noted (pid and start time) in the writer lock file from before the flow's
+work begins and every second after, so that after a kill -9 of ``om`` the next writer's start ends
+those still alive (om_core.writer_lock, om_core.helpers); the run's row names them too.
 """
 
 from __future__ import annotations
@@ -159,14 +160,20 @@ class _Signals:
             signal.signal(s, h)
 
 
+def _record_helpers(ws: Any) -> None:
+    """Note the run's helper processes in the writer lock file, for the next start after a kill -9
+    (the run's row got those already running when the flow inserted it: om_core.runs.start_run)."""
+    from om_core import writer_lock
+
+    if ws.path is not None:
+        writer_lock.record_helpers(ws.path)
+
+
 def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
                       on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
-    from om_core.sqlfiles import query
-
     with _Signals() as got:
         thread, outcome = _in_a_thread(work)
-        recorded: set[int] = set()
         ticks = 0
         while thread.is_alive():
             thread.join(0.25)
@@ -174,16 +181,9 @@ def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
                 raise RunInterrupted(_interrupt(ws, run_id, got.signum))
             if on_tick is not None:
                 on_tick()
+            if ticks % 4 == 0:  # every second: remember the helper processes, for after a kill -9
+                _record_helpers(ws)
             ticks += 1
-            if ticks % 8 == 0:  # every 2 s: remember the helper processes, for after a kill -9
-                pids = set(child_pids())
-                if pids - recorded:
-                    try:
-                        with ws.write() as con:
-                            con.execute(query("set_run_children"), {"run_id": run_id, "child_pids": sorted(pids)})
-                        recorded = pids
-                    except Exception:  # busy: next time
-                        pass
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

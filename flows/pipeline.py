@@ -45,6 +45,7 @@ from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_g
 from flows.storage import stage_result_storage
 from flows.ticks import announce_tick
 from om_core import db as dbmod
+from om_core import writer_lock
 from om_core.circuit import release_run_breaker, run_breaker
 from om_core.cost import run_budget
 from om_core.errors import DatabaseBusy, StorageError, storage_error
@@ -296,8 +297,12 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     settings = ws.settings
     run_id = run_id or dbmod.new_run_id()
     try:
+        # before any work: the helpers Prefect started for this flow (its local API server) are noted
+        # where the next writer finds them after a kill -9 (the lock file), and in the run's row
+        helpers = writer_lock.record_helpers(spec.db_path)
         with ws.write() as con:
-            start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")})
+            start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")},
+                      [h["pid"] for h in helpers])
         model_name = model.get("model") or "offline"
         plan = plan_run(ws, targets, model=model_name, drain=drain, command=f"{command} {run_id}", strict=False,
                         exclude=exclude)

@@ -47,6 +47,12 @@ def _open(path: Path, read_only: bool, busy_seconds: float) -> duckdb.DuckDBPyCo
     while True:
         try:
             return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.ConnectionException as exc:
+            # another thread of this process holds the file open the other way (a read beside a write,
+            # e.g. an interrupted run's row written while the flow reads): it lets go within moments
+            if "different configuration" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 stored = storage_error(exc, path)

@@ -56,10 +56,13 @@ def mark_abandoned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [run["run_id"] for run in gone]
 
 
-def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail: dict[str, Any]) -> None:
+def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail: dict[str, Any],
+              child_pids: list[int] | None = None) -> None:
+    """The run's row, with the helper processes already running (Prefect's local API server starts
+    before the flow's first line): the poll of ``flows.interrupt`` adds later ones to this row."""
     mark_abandoned_runs(con)
     con.execute(query("start_run"), {"run_id": run_id, "command": command, "detail": json.dumps(detail, default=str),
-                                     "pid": os.getpid(), "host": socket.gethostname()})
+                                     "pid": os.getpid(), "host": socket.gethostname(), "child_pids": child_pids})
 
 
 def finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, detail: dict[str, Any]) -> None:

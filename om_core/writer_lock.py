@@ -11,7 +11,9 @@ The lock is ``flock`` on a descriptor that no child process inherits: the kernel
 the holder ends, a kill -9 included, so a lock never outlives its process. Within one process it is
 re-entrant: ``om run`` holds it around its plan and the flow it starts, which takes it too.
 The file itself stays (removing a lock file races with the next writer opening it); it holds the
-holder's pid, host, command and start, for the second writer's message.
+holder's pid, host, command and start, for the second writer's message, and the helper processes
+the holder started (``record_helpers``): the next writer to take the lock ends those of a holder
+that is gone (a kill -9), so no Prefect server outlives om (om_core.helpers).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from om_core import helpers as helper_procs
 from om_core.errors import DatabaseBusy, OmError, storage_error
 
-_held: dict[str, list[int]] = {}  # lock file -> [descriptor, depth], of this process
+_held: dict[str, list] = {}  # lock file -> [descriptor, depth, holder], of this process
 _guard = threading.Lock()
 _POLL_SECONDS = 0.1
 
@@ -46,19 +49,54 @@ def one_writer(db_path: str | os.PathLike, command: str, wait_seconds: float) ->
     with _guard:  # held while acquiring: this process's threads share the one lock
         entry = _held.get(path)
         if entry is None:
-            entry = _held[path] = [_acquire(Path(path), command, wait_seconds), 0]
-        entry[1] += 1
+            entry = _held[path] = [*_acquire(Path(path), command, wait_seconds), 0]
+        entry[2] += 1
     try:
         yield
     finally:
         with _guard:
-            entry[1] -= 1
-            if entry[1] == 0:
+            entry[2] -= 1
+            if entry[2] == 0:
                 del _held[path]
                 os.close(entry[0])  # releases the lock
 
 
-def _acquire(path: Path, command: str, wait_seconds: float) -> int:
+def record_helpers(db_path: str | os.PathLike) -> list[dict]:
+    """Note this process's helper processes in the lock it holds (no-op when it holds none); the helpers."""
+    path = str(lock_path(db_path))
+    with _guard:
+        entry = _held.get(path)
+        if entry is None:
+            return []
+        found = helper_procs.helper_processes()
+        if found != entry[1].get("helpers"):
+            entry[1]["helpers"] = found
+            _write_holder(entry[0], entry[1])
+        return found
+
+
+def _write_holder(fd: int, holder: dict) -> None:
+    try:
+        data = json.dumps(holder).encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError:
+        pass  # a full disk: the lock holds all the same, only its holder goes unnamed
+
+
+def _end_helpers_of_a_gone_holder(fd: int) -> None:
+    """A kill -9 left the previous holder's helpers running (its Prefect server): end them now."""
+    try:
+        previous = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        return
+    if not isinstance(previous, dict) or not previous.get("helpers") or previous.get("host") != socket.gethostname():
+        return
+    if helper_procs.holder_gone(previous):
+        helper_procs.end_helpers(previous["helpers"])
+
+
+def _acquire(path: Path, command: str, wait_seconds: float) -> tuple[int, dict]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes (PEP 446)
@@ -77,14 +115,11 @@ def _acquire(path: Path, command: str, wait_seconds: float) -> int:
                 raise DatabaseBusy(f"another om process is writing {db} ({holder}); it admits one writer at a "
                                    "time: try again when that one finishes") from None
             time.sleep(_POLL_SECONDS)
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-              "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-    except OSError:
-        pass  # a full disk: the lock holds all the same, only its holder goes unnamed
-    return fd
+    _end_helpers_of_a_gone_holder(fd)
+    holder = {"pid": os.getpid(), "pid_started": helper_procs.started(), "host": socket.gethostname(),
+              "command": command, "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "helpers": []}
+    _write_holder(fd, holder)
+    return fd, holder
 
 
 def _holder(fd: int) -> str:

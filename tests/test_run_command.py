@@ -251,11 +251,12 @@ def test_two_runs_started_at_once_on_one_database_one_runs_the_other_exits_3(tmp
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     try:
-        # the helpers outlive the kill (issue 26 item 3), but none of them holds the writer lock
+        # none of the helpers the kill left behind holds the writer lock, and the next start ends them
         again = subprocess.run(command, cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True,
                                timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "another om process" not in again.stderr
+        assert [h.pid for h in helpers if h.is_running()] == []
     finally:
         for helper in helpers:
             with contextlib.suppress(psutil.Error):

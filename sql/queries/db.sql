@@ -66,8 +66,8 @@ SELECT count(*) > 0 FROM duckdb_tables() WHERE table_name = $name AND NOT tempor
 SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND NOT internal;
 
 -- name: start_run
-INSERT INTO om_internal.runs (run_id, command, status, detail, pid, host)
-VALUES ($run_id, $command, 'running', $detail, $pid, $host);
+INSERT INTO om_internal.runs (run_id, command, status, detail, pid, host, child_pids)
+VALUES ($run_id, $command, 'running', $detail, $pid, $host, $child_pids);
 
 -- name: running_runs
 SELECT run_id, pid, host, child_pids FROM om_internal.runs WHERE status = 'running';

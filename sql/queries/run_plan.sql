@@ -22,12 +22,6 @@ SELECT stage, session_id, coalesce(error, '') AS error, count(*) AS count
 FROM om_internal.stages WHERE run_id = $run_id AND outcome = 'failed'
 GROUP BY ALL ORDER BY session_id, stage, count DESC;
 
--- name: set_run_children
-UPDATE om_internal.runs SET child_pids = $child_pids WHERE run_id = $run_id;
-
--- name: run_children
-SELECT child_pids FROM om_internal.runs WHERE run_id = $run_id;
-
 -- name: run_outcome
 -- How much one run recorded: records and compactions committed, sessions touched.
 SELECT (SELECT count(*) FROM om_internal.ledger WHERE run_id = $run_id) AS records,
