@@ -18,7 +18,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from om_core.redact import redact
+from om_core.redact import redact, redact_line
 
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput, SourceEntry
@@ -185,11 +185,21 @@ def drop_candidates(inp: DropperInput, check: DropCheck) -> list[str]:
     return sorted(safe, key=check.safety_key)[: inp.max_drops]
 
 
+def _redact_value(text: str) -> str:
+    """Most strings of an entry are short and recur (roles, types, names, paths: three in four calls
+    on the real sessions), so they go through the cached ``redact_line``; long texts do not, to keep
+    the cache small."""
+    return redact_line(text) if len(text) <= _CACHED_LENGTH else redact(text)
+
+
+_CACHED_LENGTH = 256
+
+
 def redact_strings(value: Any) -> Any:
     """``value`` (parsed JSON) with every string redacted; iterative, since entries can nest
     deeper than Python's recursion limit."""
     if isinstance(value, str):
-        return redact(value)
+        return _redact_value(value)
     if not isinstance(value, (dict, list)):
         return value
     out: dict | list = {} if isinstance(value, dict) else []
@@ -201,7 +211,7 @@ def redact_strings(value: Any) -> Any:
                 child: Any = {} if isinstance(item, dict) else []
                 stack.append((item, child))
             else:
-                child = redact(item) if isinstance(item, str) else item
+                child = _redact_value(item) if isinstance(item, str) else item
             if isinstance(dst, dict):
                 dst[key] = child
             else:
@@ -231,7 +241,7 @@ class OfflineBrain:
     def reflect(self, inp: ReflectorInput, check: ReflectionCheck) -> LoopResult:
         if self.redact_secrets:
             inp = dataclasses.replace(inp, covered=[c.model_copy(update={"observation": c.observation.model_copy(
-                update={"content": redact(c.observation.content)})}) for c in inp.covered])
+                update={"content": _redact_value(c.observation.content)})}) for c in inp.covered])
         return LoopResult(turns=0, finished=True, receipts=[check.submit({"reflections": reflect_observations(inp)})])
 
     def drop(self, inp: DropperInput, check: DropCheck) -> LoopResult:
