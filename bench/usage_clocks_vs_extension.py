@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from om_core.replay import branch as R  # noqa: E402
+from om_core.replay.stage_runner import StageRunner  # noqa: E402
 from om_core.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
@@ -69,7 +70,7 @@ def main() -> None:
     brain = make_brain(ModelConfig(model="offline"), settings)
     for f in ingest(ws, args.sessions).files:
         for leaf in R.session_leaves(ws, f.session_id):
-            RecordingReplayer(ws, f.session_id, leaf, lambda req: R.execute_stage(ws, req, brain)).run()
+            RecordingReplayer(ws, f.session_id, leaf, StageRunner(ws, brain)).run()
         export_session(ws, f.session_id, args.out / f"{f.session_id}.export.jsonl", overwrite=True)
     (args.out / "measures.json").write_text(json.dumps(RecordingReplayer.measures))
     print(f"{len(RecordingReplayer.measures)} measurements in {args.out / 'measures.json'}")

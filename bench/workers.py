@@ -82,7 +82,8 @@ from om_core.settings import Settings  # noqa: E402
 from om_core.tokens import count_tokens  # noqa: E402
 from om_core.workers.llm import ModelBrain  # noqa: E402
 from om_core.workers.offline import OfflineBrain  # noqa: E402
-from om_core.workers.stages import ModelConfig, StageRequest, execute_stage, make_brain  # noqa: E402
+from om_core.replay.stage_runner import execute_stage
+from om_core.workers.stages import ModelConfig, StageRequest, make_brain  # noqa: E402
 
 SHARED = (REPO.parent / "shared" / "sessions").resolve()
 SAMPLES = [SHARED / "before-compaction.jsonl", SHARED / "large-session.jsonl"]

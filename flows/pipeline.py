@@ -9,26 +9,26 @@
 
 One writer, many workers. Only the flow's own process opens the user's database. For each session
 it reads the session's rows as a payload (``om_core.replay.payload``) and submits a replay task;
-the task replays the session on a task-local in-memory DuckDB built from the same ``sql/`` schema,
-views and macros, and returns the rows it appended; the flow commits each result in one short
-transaction as it arrives. So the tasks can run on any machine (a Dask cluster) and an analyst's
-``om sql`` gets the file between commits.
+the task runs the replay engine (``om_core.replay.engine``, the same code a test runs without
+Prefect) on a task-local in-memory DuckDB built from the same ``sql/`` schema, views and macros,
+and returns the rows it appended; the flow commits each result in one short transaction as it
+arrives. So the tasks can run on any machine (a Dask cluster) and an analyst's ``om sql`` gets the
+file between commits.
 
-Stages within a branch run strictly in order: each stage task (the model calls) is called from its
-session's task. Its computed result is persisted in Prefect's result storage under the stage key,
-so a rerun after a crash (of the flow, or of a worker) repeats no model call for a stage already
-computed. Transient model errors are retried by Prefect with backoff and jitter; permanent ones
-fail the stage at once. One failing session never stops the others.
+Stages within a branch run strictly in order, through the one stage runner
+(``om_core.replay.stage_runner``); each stage's model run is a task of its own (``stage_task``),
+called from its session's task. Its computed result is kept in Prefect's result storage under the
+stage key (``flows.storage.PrefectStageResults``), so a rerun after a crash (of the flow, or of a
+worker) repeats no model call for a stage already computed. Transient model errors are retried
+inside the model call with backoff and jitter (each attempt an llm_calls row; the stage succeeds or
+fails once); permanent ones fail the stage at once. One failing session never stops the others.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import traceback
 import uuid
 from contextlib import ExitStack
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,199 +37,77 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
-from prefect.tasks import exponential_backoff
-from prefect.transactions import CommitMode, transaction
 
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
-from flows.storage import stage_result_storage
+from flows.storage import PrefectStageResults, stage_result_storage
 from flows.ticks import announce_tick
 from om_core import db as dbmod
 from om_core import writer_lock
 from om_core.circuit import release_run_breaker, run_breaker
 from om_core.cost import run_budget
 from om_core.errors import DatabaseBusy, StorageError, storage_error
-from om_core.memory import clocks as read_clocks
 from om_core.model import ModelError, RetryPolicy
-from om_core.replay.branch import replay_session
-from om_core.replay.payload import ReplayedRows, commit_replayed_rows, payload_workspace, read_session_payload, \
-    replayed_rows
+from om_core.replay.engine import replay_payload
+from om_core.replay.payload import ReplayedRows, commit_replayed_rows, read_session_payload
 from om_core.replay.plan import fingerprints, plan_run, record_replay
 from om_core.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.sqlfiles import query
-from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, StageOutcome, StageRequest, \
-    compute_stage, make_brain, prepare_stage, record_stage
+from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, compute_stage, make_brain
 from om_core.workspace import Workspace, WorkspaceSpec
-
-
-class RunStopped(Exception):
-    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
-
-
-class StageFailed(RuntimeError):
-    """A stage's model run failed; it carries the failed outcome (with its model calls). Transient
-    failures are retried by Prefect; a failed result is never persisted, so a rerun asks again."""
-
-    def __init__(self, outcome: StageOutcome) -> None:
-        super().__init__(outcome.error)
-        self.outcome = outcome
-
-    @property
-    def transient(self) -> bool:
-        return self.outcome.error_kind == "transient"
-
-
-class BudgetReached(Exception):
-    """The run's --max-cost stopped a stage before its model call: the session's replay ends there,
-    cleanly (no error), and a rerun resumes it (om_core.cost)."""
-
-
-def _retry_transient(task, task_run, state) -> bool:  # noqa: ANN001 - Prefect's hook signature
-    try:
-        state.result()
-    except StageFailed as exc:
-        return exc.transient
-    except Exception:
-        return False
-    return False
-
 
 _MODEL_KEYS = ("model", "api_base", "api_key", "thinking", "timeout", "stream")
 
 
 def _config(model: dict[str, Any]) -> ModelConfig:
-    return ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
+    config = ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
+    # transient errors are retried inside the model call (each attempt an llm_calls row), never by
+    # Prefect: a stage that succeeds after retries is one recorded stage
+    config.retry = RetryPolicy(**(model.get("retry") or {}))
+    return config
 
 
-def _brain(model: dict[str, Any], settings: Settings, breaker=None, budget=None):
-    """A brain for one stage (it records that stage's model calls; litellm is imported only once)."""
+def _brain(model: dict[str, Any], settings: Settings, run_id: str):
+    """A brain for one session's replay task, with the run's breaker and budget (per process; the
+    stage runner checks them before each stage, the model before each call)."""
     config = _config(model)
-    config.retry = RetryPolicy(attempts=1)  # Prefect retries the whole stage instead
-    gate = None if config.offline else model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
-    return make_brain(config, settings, gate=gate, breaker=breaker, budget=budget)
+    if config.offline:
+        return make_brain(config, settings, breaker=run_breaker(run_id))
+    gate = model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
+    budget = run_budget(run_id, model.get("max_cost"), model.get("model"))
+    return make_brain(config, settings, gate=gate, breaker=run_breaker(run_id), budget=budget)
 
 
-def _stage_key(context, parameters: dict[str, Any]) -> str:  # noqa: ANN001 - Prefect's cache-key hook
-    return parameters["prepared"].stage_key
+@task(name="memory-stage", persist_result=False, cache_policy=NO_CACHE)
+def stage_task(prepared: PreparedStage, brain: Any, settings: Settings) -> ComputedStage:
+    """One observer, reflector or dropper model run on a prepared input; touches no database. Called
+    by the stage runner (om_core.replay.stage_runner) inside its session's replay task, so each stage
+    is a task run of its own in Prefect; exactly-once is the runner's (``PrefectStageResults``)."""
+    return compute_stage(prepared, brain, settings)
 
 
-@task(name="memory-stage", retries=4, retry_delay_seconds=exponential_backoff(backoff_factor=1.0),
-      retry_jitter_factor=0.5, retry_condition_fn=_retry_transient, persist_result=True, cache_key_fn=_stage_key)
-def stage_task(prepared: PreparedStage, model: dict[str, Any], settings: Settings, run_id: str,
-               attempts: list[StageOutcome] | None = None) -> ComputedStage:
-    """One observer, reflector or dropper model run on a prepared input; touches no database.
-
-    Its result is kept in Prefect's result storage under the stage key (exactly-once). ``attempts``
-    collects failed attempts, so each one's model calls are recorded. With ``model["max_cost"]`` the
-    run's stages share one cost budget (per process): a stage it stops before its first call
-    raises ``BudgetReached``, and nothing is persisted for it."""
-    breaker = run_breaker(run_id)  # fail fast: a permanent provider error stops every stage of the run
-    if breaker.tripped:
-        raise RunStopped(str(breaker.reason))
-    budget = None if _config(model).offline else run_budget(run_id, model.get("max_cost"), model.get("model"))
-    if budget is not None and budget.exhausted:
-        raise BudgetReached("the run's cost budget (--max-cost) is reached")
-    computed = compute_stage(prepared, _brain(model, settings, breaker, budget), settings)
-    for call in computed.outcome.calls:  # persisted with the result: a resuming run records them as this run's
-        call.run_id = run_id
-    if computed.outcome.budget_stop and not computed.outcome.calls:
-        raise BudgetReached(computed.outcome.reason or "the run's cost budget (--max-cost) is reached")
-    if computed.outcome.outcome == "failed":
-        if attempts is not None:
-            attempts.append(computed.outcome)
-        raise StageFailed(computed.outcome)
-    return computed
-
-
-def _failed(req: StageRequest, model: str, exc: BaseException) -> StageOutcome:
-    return StageOutcome(req.stage, "failed", req.session_id, req.tip, model, error=f"{type(exc).__name__}: {exc}",
-                        error_kind="permanent")
-
-
-class SessionReplayer:
-    """The stage runner of one replay task: prepare on the in-memory workspace, compute through the
-    stage task, record into the in-memory workspace."""
-
-    def __init__(self, ws: Workspace, model: dict[str, Any], run_id: str, stage_options: dict[str, Any],
-                 result_storage: Any) -> None:
-        self.ws = ws
-        self.model = model
-        self.model_name = model.get("model") or "offline"
-        self.run_id = run_id
-        self.staged = stage_task.with_options(result_storage=result_storage, **stage_options)
-
-    def __call__(self, req: StageRequest) -> StageOutcome:
-        breaker = run_breaker(self.run_id)
-        if breaker.tripped:  # stop here rather than in a stage task (Prefect would log its failure)
-            raise RunStopped(str(breaker.reason))
-        with self.ws.read() as con:
-            prepared, outcome = prepare_stage(con, req, self.ws.settings, self.model_name)
-        if prepared is None:
-            return outcome
-        started = datetime.now(timezone.utc)
-        attempts: list[StageOutcome] = []
-        try:
-            # Committed at once, not when the session's task ends: a result survives a crash of the
-            # flow or of the worker mid-session (Prefect defers a nested task's commit otherwise).
-            with transaction(commit_mode=CommitMode.EAGER):
-                computed = self.staged(prepared, self.model, self.ws.settings, self.run_id, attempts)
-        except (RunStopped, BudgetReached):
-            raise
-        except StageFailed as exc:
-            computed = ComputedStage(exc.outcome)
-            attempts = attempts[:-1]  # the last attempt is the failure itself
-        except Exception as exc:  # a task that could not run at all (e.g. result storage unreachable)
-            computed = ComputedStage(_failed(req, self.model_name, exc))
-        with self.ws.write() as con:
-            for earlier in attempts:  # retried attempts: their failures and model calls are kept too
-                record_stage(con, ComputedStage(earlier), self.run_id, started)
-            return record_stage(con, computed, self.run_id, started)
-
-
-def _due_source_tokens(ws: Workspace, session_id: str) -> int:
-    """Source tokens not yet covered by an observation on the session's current leaf."""
-    with ws.read() as con:
-        leaf = dbmod.scalar(con, "session_leaf", {"session_id": session_id})
-        if leaf is None:
-            return 0
-        return read_clocks(con, session_id, leaf, ws.settings)["observer"].tokens
+def _log_session_error(message: str, trace: str) -> None:
+    try:
+        get_run_logger().error("%s\n%s", message, trace)
+    except Exception:  # outside a Prefect run context (tests call the task's function)
+        pass
 
 
 @task(name="replay-session", persist_result=False, cache_policy=NO_CACHE)
 def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings, drain: bool, run_id: str,
-                        stage_options: dict[str, Any], result_storage: Any) -> dict[str, Any]:
-    """Every branch of one session, stage after stage, on an in-memory copy of its rows. Returns the
-    rows it appended; errors are returned, never raised."""
-    session_id = payload.session_id
-    ws = payload_workspace(payload, settings)
-    error, stopped, budget_stop = None, False, None
-    reports: list = []
-    try:
-        due = _due_source_tokens(ws, session_id)
-        reports = replay_session(ws, session_id, SessionReplayer(ws, model, run_id, stage_options, result_storage),
-                                 drain=drain, run_id=run_id, progress=progress_board.update)
-        if drain and due > 0 and not any(r.stages for r in reports):
-            error = (f"the replay ran no stage although {due} source tokens are not yet observed "
-                     f"({len(reports)} branch(es) found)")
-    except RunStopped as exc:  # the reason is the run's one error line
-        error, stopped = f"stopped: {exc}", True
-    except BudgetReached as exc:  # --max-cost: what was appended is kept; a rerun resumes here
-        budget_stop = str(exc)
-    except Exception as exc:  # one failing session never stops the others
-        error = f"{type(exc).__name__}: {exc}"
-        try:
-            get_run_logger().error("session %s failed: %s\n%s", session_id, error, traceback.format_exc())
-        except Exception:  # outside a Prefect run context (tests call the task's function)
-            pass
-    try:
-        with ws.read() as con:
-            rows = replayed_rows(con, session_id, run_id)  # what it appended before any error is kept
-    finally:
-        ws.close()
-    progress_board.update({"session_id": session_id, **({"error": error} if error else {"done": True})})
-    return {"session_id": session_id, "error": error, "stopped": stopped, "budget_stop": budget_stop,
-            "branches": [asdict(r) for r in reports], "rows": rows}
+                        result_storage: Any) -> dict[str, Any]:
+    """Every branch of one session on an in-memory copy of its rows (om_core.replay.engine); returns
+    the rows it appended. Errors are returned, never raised."""
+    brain = _brain(model, settings, run_id)
+    result = replay_payload(payload, settings, brain, PrefectStageResults(result_storage), drain=drain, run_id=run_id,
+                            compute=lambda prepared: stage_task(prepared, brain, settings),
+                            progress=progress_board.update,
+                            on_error=lambda message, trace: _log_session_error(
+                                f"session {payload.session_id} failed: {message}", trace))
+    error = result["error"]
+    progress_board.update({"session_id": payload.session_id, **({"error": error} if error else {"done": True})})
+    return result
 
 
 def _record_session_error(con, session_id: str, run_id: str, message: str) -> None:
@@ -272,27 +150,8 @@ def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict
     return {"run_id": run_id, "sessions": [], "errors": [message], "ingest": ingested, "stopped": message}
 
 
-class _ExpectedStageFailures(logging.Filter):
-    """Prefect logs every failed task run at ERROR. A failed stage (``StageFailed``) or a stopped run
-    (``RunStopped``) is expected: it is recorded in ``om_internal.stages`` and summed up by the run's closing
-    lines, so Prefect's own line is left out (unless Prefect's logs were asked for: ``--verbose``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Finished in state Failed") and ("StageFailed" in message
-                                                                        or "RunStopped" in message))
-
-
-def _quiet_expected_stage_failures() -> None:
-    logger = logging.getLogger("prefect.task_runs")
-    if logger.getEffectiveLevel() > logging.INFO and not any(isinstance(f, _ExpectedStageFailures)
-                                                             for f in logger.filters):
-        logger.addFilter(_ExpectedStageFailures())
-
-
 def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
-             stage_options: dict[str, Any], command: str, window: int, exclude: list[str]) -> dict[str, Any]:
-    _quiet_expected_stage_failures()
+             command: str, window: int, exclude: list[str]) -> dict[str, Any]:
     ws = Workspace.from_spec(spec)
     settings = ws.settings
     run_id = run_id or dbmod.new_run_id()
@@ -356,7 +215,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         with ws.read() as con:
             payload = read_session_payload(con, sid)
             prints[sid] = fingerprints(con, [sid], settings, model_name, drain)[sid].now
-        pending.append(replay_session_task.submit(payload, model, settings, drain, run_id, stage_options, storage))
+        pending.append(replay_session_task.submit(payload, model, settings, drain, run_id, storage))
     for future in as_completed(pending):
         collect(future)
     order = {sid: i for i, sid in enumerate(session_ids)}
@@ -411,12 +270,12 @@ def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> Workspace
       validate_parameters=False)
 def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
-                     stage_options: dict[str, Any] | None = None, window: int = 8,
+                     window: int = 8,
                      exclude: list[str] | None = None) -> dict[str, Any]:
     """Ingest and replay sessions (files, directories, or ingested session ids); ``exclude``: globs
     leaving out files the directory walk finds."""
     spec = _spec(db_path, settings)
-    return _as_the_writer(spec, "run", lambda: _process(targets, spec, model or {}, drain, run_id, stage_options or {},
+    return _as_the_writer(spec, "run", lambda: _process(targets, spec, model or {}, drain, run_id,
                                                         "run", window, exclude or []))
 
 
@@ -428,7 +287,7 @@ def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[st
     Ends with one line saying what the tick did (and, given its schedule's ``every_seconds``, when the next
     one is due), on stdout and in the flow run's logs."""
     spec = _spec(db_path, settings)
-    result = _as_the_writer(spec, "maintain", lambda: _process([directory], spec, model or {}, False, None, {},
+    result = _as_the_writer(spec, "maintain", lambda: _process([directory], spec, model or {}, False, None,
                                                                "maintain", 8, exclude or []))
     announce_tick(result, every_seconds)
     return result

@@ -41,7 +41,7 @@ def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
 
 def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], settings: dict[str, Any],
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
-                 stage_options: dict[str, Any] | None = None, window: int | None = None,
+                 window: int | None = None,
                  task_runner_override: Any = None, run_id: str | None = None,
                  on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
@@ -63,7 +63,7 @@ def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], set
         thread.start()
     try:
         return flow(targets, db_path=db_path, model=model, settings=settings, drain=drain,
-                    stage_options=stage_options or {}, window=window or 2 * concurrency, run_id=run_id)
+                    window=window or 2 * concurrency, run_id=run_id)
     finally:
         done.set()
         if thread:

@@ -42,3 +42,30 @@ def stage_result_storage(settings: Settings, db_path: str) -> Path | str:
 def is_shared_storage(settings: Settings) -> bool:
     """Whether workers on other machines can reach the stage results (a cluster needs that)."""
     return bool(settings.resultStorage)
+
+
+class PrefectStageResults:
+    """Exactly-once for a flow run (om_core.replay.stage_runner.StageResults): a computed stage is
+    written to Prefect's result storage under its stage key, as soon as it is computed, and found
+    there again by a rerun, also on another worker of a cluster."""
+
+    def __init__(self, storage: Path | str) -> None:
+        self.storage = storage
+        self._store = None
+
+    @property
+    def store(self):  # noqa: ANN201 - a Prefect ResultStore, resolved where the task runs
+        if self._store is None:
+            from prefect.results import ResultStore, resolve_result_storage
+
+            self._store = ResultStore(result_storage=resolve_result_storage(self.storage, _sync=True),
+                                      cache_result_in_memory=False)
+        return self._store
+
+    def get(self, prepared):  # noqa: ANN001, ANN201 - PreparedStage -> ComputedStage | None
+        if not self.store.exists(prepared.stage_key):
+            return None
+        return self.store.read(prepared.stage_key).result
+
+    def put(self, prepared, computed) -> None:  # noqa: ANN001 - PreparedStage, ComputedStage
+        self.store.write(computed, key=prepared.stage_key)

@@ -1,7 +1,7 @@
 """Model cost (issue 14, item 4): prices from litellm's local cost map, the estimate before a run,
 the budget that stops a run before it would pass --max-cost, and the cost views.
 
-The budget tests replay a session through ``execute_stage`` against the fake model server (no
+The budget tests replay a session through the stage runner (``execute_stage``) against the fake model server (no
 Prefect): the stop is clean (nothing half-done is appended) and a rerun resumes where it stopped."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from om_core.ingest import ingest
 from om_core.model import RetryPolicy
 from om_core.replay.branch import replay_session
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, execute_stage, make_brain
+from om_core.replay.stage_runner import BudgetReached, execute_stage
+from om_core.workers.stages import ModelConfig, make_brain
 from om_core.workspace import Workspace
 
 SID = "0c057000-0000-4000-8000-000000000001"
@@ -57,6 +58,8 @@ def replay(db, server: FakeOpenAI, budget: CostBudget | None):
             return execute_stage(ws, request, make_brain(config(server), SETTINGS, [], budget=budget), "run-1")
 
         return replay_session(ws, SID, run_stage, drain=True, run_id="run-1")
+    except BudgetReached:  # the stage runner stops the replay there; a rerun resumes it
+        return None
     finally:
         ws.close()
 

@@ -29,7 +29,7 @@ SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfter
 SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
                 "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
                 "OM_OBSERVATIONS_POOL_MAX_TOKENS": "40", "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "20"}
-FAST_RETRIES = {"retries": 5, "retry_delay_seconds": [0.02, 0.05, 0.1, 0.2, 0.4], "retry_jitter_factor": 0.5}
+FAST_RETRIES = {"attempts": 6, "base_seconds": 0.02, "max_seconds": 0.4}  # the model call's RetryPolicy
 
 
 def make_sessions(folder: Path, count: int = 4) -> list[Path]:
@@ -63,9 +63,10 @@ def snapshot(db: Path) -> dict:
 def run_flow(paths, db: Path, server: FakeOpenAI | None, runner: str = "threads", concurrency: int = 4) -> dict:
     from flows.runner import run_pipeline
 
-    model = {"model": "openai/fake-model", "api_base": server.base_url} if server else {"model": "offline"}
+    model = ({"model": "openai/fake-model", "api_base": server.base_url, "retry": FAST_RETRIES} if server
+             else {"model": "offline"})
     return run_pipeline([str(p) for p in paths], db_path=str(db), model=model, settings=SETTINGS.model_dump(),
-                        concurrency=concurrency, runner=runner, stage_options=FAST_RETRIES)
+                        concurrency=concurrency, runner=runner)
 
 
 def assert_ledger_sound(db: Path) -> None:

@@ -1236,7 +1236,8 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     from om_core.model import RetryPolicy
     from om_core.replay.branch import replay_in_process
     from om_core.settings import Settings
-    from om_core.workers.stages import ModelConfig, make_brain, observe_now
+    from om_core.replay.stage_runner import observe_now
+    from om_core.workers.stages import ModelConfig, make_brain
     from om_core.workspace import Workspace
 
     depth = 10_000

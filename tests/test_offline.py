@@ -21,7 +21,8 @@ from om_core.ingest import ingest
 from om_core.memory import clocks, coverage, ledger_memory
 from om_core.settings import Settings
 from om_core.workspace import Workspace
-from om_core.workers.stages import ModelConfig, observe_now, reflect_now
+from om_core.replay.stage_runner import observe_now, reflect_now
+from om_core.workers.stages import ModelConfig
 
 SID = "0ff11e00-0000-4000-8000-000000000001"
 BEFORE_ID = "ffae836b-9420-4060-ac13-7745215f90ff"

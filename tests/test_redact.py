@@ -28,7 +28,8 @@ from om_core.redact import redact, redact_messages
 from secret_corpus import B64, NEAR_MISSES, SECRETS, fill, rnd, score, secret_parts
 from om_core.settings import Settings
 from om_core.workspace import Workspace
-from om_core.workers.stages import ModelConfig, observe_now, reflect_now
+from om_core.replay.stage_runner import observe_now, reflect_now
+from om_core.workers.stages import ModelConfig
 
 SID = "5ec7e700-0000-4000-8000-000000000001"
 

@@ -12,12 +12,15 @@ import sys
 import duckdb
 import pytest
 from builders import SessionBuilder
+from fake_brains import ScriptedWorkers
+from fake_openai import FakeOpenAI
 
 from conftest import workspace
 from om_core import db as dbmod
 from om_core.ingest import ingest
 from om_core.replay.branch import replay_in_process
-from om_core.replay.payload import commit_replayed_rows, payload_workspace, read_session_payload, replayed_rows
+from om_core.replay.engine import replay_payload
+from om_core.replay.payload import commit_replayed_rows, payload_workspace, read_session_payload
 from om_core.runs import mark_abandoned_runs, start_run
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
@@ -66,21 +69,36 @@ def replay_on_file(db, run_id):
         con.close()
 
 
-def replay_on_payload(db, run_id):
-    """What the flow and a replay task do: read the payload, replay in memory, commit the rows."""
+class KeptResults:
+    """StageResults in a dict (the flow's are in Prefect's result storage): exactly-once across replays."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, bytes] = {}
+
+    def get(self, prepared):
+        return pickle.loads(self.kept[prepared.stage_key]) if prepared.stage_key in self.kept else None
+
+    def put(self, prepared, computed):
+        self.kept[prepared.stage_key] = pickle.dumps(computed)  # as Prefect's result storage keeps it
+
+
+def replay_task(db, run_id, brain=None, results=None, commit=True):
+    """What the flow and its replay task do, without Prefect: read the payload, run the replay engine
+    (om_core.replay.engine, the replay task's own code) on it, commit the rows."""
     with Workspace.open(db, settings=SETTINGS).read() as con:
         payload = read_session_payload(con, SID)
     payload = pickle.loads(pickle.dumps(payload))  # it crosses a process boundary on a cluster
-    ws = payload_workspace(payload, SETTINGS)
-    try:
-        replay_in_process(ws, SID, make_brain(ModelConfig(model="offline"), SETTINGS), run_id=run_id)
-        with ws.read() as con:
-            result = replayed_rows(con, SID, run_id)
-    finally:
-        ws.close()
-    with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
-        commit_replayed_rows(con, result)
-    return result
+    brain = brain or make_brain(ModelConfig(model="offline"), SETTINGS)
+    result = replay_payload(payload, SETTINGS, brain, results or KeptResults(), drain=True, run_id=run_id)
+    assert result["error"] is None, result["error"]
+    if commit:
+        with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
+            commit_replayed_rows(con, result["rows"])
+    return result["rows"]
+
+
+def replay_on_payload(db, run_id):
+    return replay_task(db, run_id)
 
 
 @pytest.mark.parametrize("with_extension_record", [False, True])
@@ -178,3 +196,26 @@ def test_a_workspace_resolves_settings_from_every_source(tmp_path, isolated_home
     assert (ws.settings.observeAfterTokens, ws.settings.reflectAfterTokens) == (1234, 4321)
     spec = ws.spec()
     assert Workspace.from_spec(spec.model_dump()).settings == ws.settings  # what flows and deployments carry
+
+
+def test_a_replay_task_lost_before_its_commit_is_redone_without_a_model_call(tmp_path):
+    """The replay engine's exactly-once (the flow's, with its results in Prefect's result storage): a
+    replay whose rows were never committed (a worker lost, the flow killed) is replayed again, and
+    every stage it computed comes from the results, not from the model; the ledger is a clean run's."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    lost, clean = session(tmp_path / "a"), session(tmp_path / "b")
+    config = ModelConfig(model="openai/fake-model", api_key="not-needed")
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        config.api_base = server.base_url
+        replay_task(clean, "run-clean", make_brain(config, SETTINGS))
+        asked = len(server.requests)
+    results = KeptResults()
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        config.api_base = server.base_url
+        replay_task(lost, "run-1", make_brain(config, SETTINGS), results, commit=False)
+        assert len(server.requests) == asked and len(results.kept) > 3
+        assert rows(lost, LEDGER) == []  # nothing reached the database
+        replay_task(lost, "run-2", make_brain(config, SETTINGS), results)
+        assert len(server.requests) == asked  # the rerun called no model
+    strip = lambda found: [r[:4] for r in found]  # noqa: E731 - ledger ids are random per run
+    assert strip(rows(lost, LEDGER)) == strip(rows(clean, LEDGER))

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -185,6 +186,45 @@ def test_failed_stages_are_listed_and_the_exit_code_is_1(tmp_path):
         assert all("BadRequestError" in f["error"] for f in body["failures"])
         table = om(tmp_path, "run", str(folder), "--model", "openai/fake-model", "--api-base", server.base_url)
     assert "failed stages" in table.stderr  # the failed session is still due: it runs (and fails) again
+
+
+LEDGER = "SELECT session_id, kind, covers_up_to_id, anchor_entry_id, stage_key FROM ledger ORDER BY ALL"
+
+
+def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tmp_path):
+    """Issue 21: three 429s at the start of a run, retried: every stage succeeds, so the run does
+    (exit 0, no failure listed); the failed attempts stay recorded as attempts (llm_calls rows)."""
+    folder = sessions(tmp_path / "sessions", count=3)
+    script, lock, seen = ScriptedWorkers(), threading.Lock(), []
+
+    def responder(body):
+        with lock:
+            seen.append(1)
+            first = len(seen) <= 3
+        return http_error(429, "rate limited") if first else script(body)
+
+    with FakeOpenAI(responder=responder) as server:
+        result = om(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
+                    "--api-base", server.base_url)
+    assert result.returncode == 0, result.stderr[-2000:]
+    body = json.loads(result.stdout)
+    assert body["failures"] == [] and body["errors"] == [] and all(s["error"] is None for s in body["sessions"])
+    db = tmp_path / "om.duckdb"
+    attempts = db_rows(db, "SELECT error_kind, attempt FROM llm_calls WHERE status = 'error'")
+    assert [kind for kind, _ in attempts] == ["transient"] * 3
+    assert db_rows(db, "SELECT count(*) FROM stages WHERE outcome = 'failed'") == [(0,)]
+    # every failed attempt is followed, in its stage, by the attempt that succeeded
+    assert db_rows(db, "SELECT count(*) FROM llm_calls e WHERE e.status = 'error' AND NOT EXISTS (SELECT 1 FROM "
+                       "llm_calls ok WHERE ok.stage_run_id = e.stage_run_id AND ok.status = 'ok' "
+                       "AND ok.attempt > e.attempt)") == [(0,)]
+    assert body["cost"]["model_calls"] == len(seen) - 3  # the calls answered; the 429s are attempts
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        again = om(clean, "run", str(folder), "--json", "--model", "openai/fake-model", "--api-base", server.base_url,
+                   env=env_for(clean))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert db_rows(db, LEDGER) == db_rows(clean / "om.duckdb", LEDGER)  # the ledger of a run without 429s
 
 
 def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path):

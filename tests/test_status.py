@@ -18,7 +18,7 @@ from om_core.settings import Settings
 from om_core.status import status
 from om_core.workers.llm import LoopResult
 from om_core.workers.offline import OfflineBrain
-from om_core.workers.stages import execute_stage
+from om_core.replay.stage_runner import execute_stage
 from om_core.workspace import Workspace
 
 SID = "5a7e0000-0000-4000-8000-000000000001"

@@ -29,7 +29,8 @@ from om_core.recall import recall
 from om_core.settings import Settings
 from om_core.workers.inputs import dropper_input, max_drops
 from om_core.workspace import Workspace
-from om_core.workers.stages import ModelConfig, observe_now, reflect_now
+from om_core.replay.stage_runner import observe_now, reflect_now
+from om_core.workers.stages import ModelConfig
 
 SID = "0b5e1111-0000-4000-8000-000000000001"
 OBS, REFL, DROP = "om.observations.recorded", "om.reflections.recorded", "om.observations.dropped"

@@ -67,7 +67,7 @@ def observe(
     as_json: bool = typer.Option(False, "--json", help="Print the stage outcome as JSON."),
 ) -> None:
     """Run one observer stage now on the oldest uncovered chunk, even below the threshold."""
-    from om_core.workers.stages import observe_now
+    from om_core.replay.stage_runner import observe_now
 
     ws, config = _stage_setup(model, api_base, as_json)
     with ws.one_writer("observe"):
@@ -84,7 +84,7 @@ def reflect(
     as_json: bool = typer.Option(False, "--json", help="Print the stage outcomes as JSON."),
 ) -> None:
     """Run the reflector now, then the dropper if it added reflections and the pool is over target."""
-    from om_core.workers.stages import reflect_now
+    from om_core.replay.stage_runner import reflect_now
 
     ws, config = _stage_setup(model, api_base, as_json)
     with ws.one_writer("reflect"):

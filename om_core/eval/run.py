@@ -41,7 +41,8 @@ from om_core.eval.results import ConditionFiles
 from om_core.model import LiteLLMModel, ModelError, RetryPolicy
 from om_core.settings import Settings
 from om_core.workspace import Workspace
-from om_core.workers.stages import ModelConfig, StageRequest, execute_stage, make_brain
+from om_core.replay.stage_runner import execute_stage
+from om_core.workers.stages import ModelConfig, StageRequest, make_brain
 
 DEFAULT_READER_WINDOW = 128_000
 ANSWER_RESERVE_TOKENS = 2_048  # room left in the reader's window for its answer

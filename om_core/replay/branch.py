@@ -11,8 +11,8 @@ taken from the same branch rows (prefix sums), so a 1,000-entry branch costs a h
 With ``clockBasis`` usage (SPEC §7) the observer and reflector clocks are the provider's context
 growth since their watermark, from running sums over the branch (``ContextUsage``), falling back to
 the source-token clock where usage cannot measure it.
-Stages run through a ``StageRunner`` (the Prefect flow wraps them as tasks; tests call them
-directly), compactions through ``simulate_compaction``.
+Stages run through a ``StageRunner`` (om_core.replay.stage_runner, the one runner of commands, tests
+and the flow's replay tasks), compactions through ``simulate_compaction``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from om_core.usage_clock import ContextUsage
 from om_core.settings import Settings
 from om_core.sqlfiles import query
 from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
-from om_core.workers.stages import execute_stage, prepare_stage
+from om_core.replay.stage_runner import StageRunner
+from om_core.workers.stages import prepare_stage
 
 EventKind = Literal["archive_compaction", "turn_end", "settled"]
 _KIND_ORDER = {"archive_compaction": 0, "turn_end": 1, "settled": 2}
@@ -80,7 +81,7 @@ def replay_events(branch: list[ReplayEntry]) -> list[Event]:
     return sorted(events, key=lambda e: (e.position, _KIND_ORDER[e.kind]))
 
 
-StageRunner = Callable[[StageRequest], StageOutcome]
+RunStage = Callable[[StageRequest], StageOutcome]
 Compactor = Callable[..., SimulatedCompaction]
 Progress = Callable[[dict[str, Any]], None]
 
@@ -105,7 +106,7 @@ class BranchReport:
 
 
 class BranchReplayer:
-    def __init__(self, ws: Any, session_id: str, leaf: str, run_stage: StageRunner, *,
+    def __init__(self, ws: Any, session_id: str, leaf: str, run_stage: RunStage, *,
                  drain: bool = True, compactor: Compactor = simulate_compaction, run_id: str | None = None,
                  progress: Progress | None = None) -> None:
         self.db = ws  # the workspace: its database and its settings
@@ -383,7 +384,7 @@ def session_leaves(ws: Any, session_id: str) -> list[str]:
                                                                      {"session_id": session_id}))]
 
 
-def replay_session(ws: Any, session_id: str, run_stage: StageRunner, *, drain: bool = True,
+def replay_session(ws: Any, session_id: str, run_stage: RunStage, *, drain: bool = True,
                    run_id: str | None = None, progress: Progress | None = None) -> list[BranchReport]:
     """Replay every branch of a session, in file order, one stage at a time, with the workspace's settings."""
     return [BranchReplayer(ws, session_id, leaf, run_stage, drain=drain, run_id=run_id, progress=progress).run()
@@ -392,7 +393,7 @@ def replay_session(ws: Any, session_id: str, run_stage: StageRunner, *, drain: b
 
 def replay_in_process(ws: Any, session_id: str, brain: Any, *, drain: bool = True, run_id: str | None = None,
                       progress: Progress | None = None) -> list[BranchReport]:
-    """Replay a session in this process, each stage run at once against the workspace (commands,
-    tests, benchmarks; the pipeline runs stages as Prefect tasks instead)."""
-    return replay_session(ws, session_id, lambda req: execute_stage(ws, req, brain, run_id), drain=drain,
+    """Replay a session in this process with the one stage runner, exactly-once through the workspace's
+    ``stage_results`` (tests, benchmarks; the flow replays a payload instead: om_core.replay.engine)."""
+    return replay_session(ws, session_id, StageRunner(ws, brain, run_id=run_id), drain=drain,
                           run_id=run_id, progress=progress)

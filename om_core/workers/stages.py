@@ -4,6 +4,9 @@ The database is open only to read the input and to write the result; the model r
 with the file released, so an analyst's `om sql` works during long runs. A model or API failure is
 an error, never "nothing to record": nothing is appended, no watermark moves, and the failure is
 kept in ``om_internal.stages`` (shown by `om status`).
+
+These are the stage runner's parts (prepare, compute, record); the runner that puts them together,
+with exactly-once and the run's breaker and budget, is ``om_core.replay.stage_runner``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from om_core import db as dbmod
-from om_core.catalog import resolve_session, resolve_tip
-from om_core.circuit import CircuitBreaker, preflight_model
+from om_core.circuit import preflight_model
 from om_core.ledger import append_record
 from om_core.cost import CostBudget
 from om_core.model import OFFLINE, CallRecord, LiteLLMModel, RetryPolicy
@@ -26,7 +28,7 @@ from om_core.settings import Settings
 from om_core.sqlfiles import query
 from om_core.workers.llm import ModelBrain
 from om_core.workers.offline import OfflineBrain
-from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
+from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest
 
 
 @dataclass
@@ -64,7 +66,9 @@ def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] 
     and consults ``breaker`` (om_core.circuit) and ``budget`` (a run's --max-cost, om_core.cost)
     before every call."""
     if config.offline:
-        return OfflineBrain(redact_secrets=settings.redactSecrets)
+        brain = OfflineBrain(redact_secrets=settings.redactSecrets)
+        brain.breaker, brain.budget = breaker, None  # a run's breaker stops offline stages too (a full disk)
+        return brain
     calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
@@ -72,6 +76,7 @@ def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] 
     brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
                        closing_turn=settings.agentClosingTurn)
     brain.calls = calls
+    brain.breaker = breaker  # the stage runner checks these before a stage starts (om_core.replay.stage_runner)
     brain.budget = budget
     return brain
 
@@ -150,7 +155,7 @@ class PreparedStage:
     input: Any  # ObserverInput | ReflectorInput | DropperInput
     stage_key: str
     model: str
-    cached_result: str | None = None  # a result computed earlier but not appended (commands only)
+    cached_result: str | None = None  # a result in stage_results, computed but not appended (TableStageResults)
 
 
 @dataclass
@@ -198,75 +203,7 @@ def compute_stage(prepared: PreparedStage, brain: Brain, settings: Settings) -> 
     return ComputedStage(outcome, payload)
 
 
-def budget_stopped(req: StageRequest, model: str) -> StageOutcome:
-    """A stage not run because the run's --max-cost is reached (nothing is recorded for it)."""
-    return StageOutcome(req.stage, "skipped", req.session_id, req.tip, model, budget_stop=True,
-                        reason="the run's cost budget (--max-cost) is reached; rerun to resume")
-
-
-def _from_cached(prepared: PreparedStage) -> ComputedStage:
-    req = prepared.request
-    stage = STAGES[req.stage]
-    payload = stage.payload.model_validate_json(prepared.cached_result)
-    outcome = StageOutcome(req.stage, "recorded", req.session_id, req.tip, prepared.model, stage_key=prepared.stage_key,
-                           reason="computed by an earlier run; appended without calling the model again",
-                           covers_up_to_id=payload.coversUpToId, items=stage.items(payload))
-    return ComputedStage(outcome, payload)
-
-
 def record_stage(con: duckdb.DuckDBPyConnection, computed: ComputedStage, run_id: str | None,
                  started_at: datetime) -> StageOutcome:
     record_outcome(con, computed.outcome, computed.payload, run_id, started_at)
     return computed.outcome
-
-
-def execute_stage(ws: Any, req: StageRequest, brain: Brain, run_id: str | None = None) -> StageOutcome:
-    """Read the input, run the worker (unless this exact input was already computed), append.
-
-    Exactly-once for a command (the one process that writes the database): a record already
-    appended for this stage key is not appended again, and a result computed but not yet appended
-    (a crash in between) is persisted in ``stage_results`` and appended without calling the model
-    again. The pipeline has its own form of this (Prefect's result storage, flows/pipeline.py).
-    """
-    started = datetime.now(timezone.utc)
-    budget = getattr(brain, "budget", None)
-    if budget is not None and budget.exhausted:  # the run reached --max-cost: stop here, resumable
-        return budget_stopped(req, brain.name)
-    with ws.read() as con:
-        prepared, outcome = prepare_stage(con, req, ws.settings, brain.name)
-    if prepared is None:
-        return outcome
-    computed = _from_cached(prepared) if prepared.cached_result is not None else compute_stage(prepared, brain, ws.settings)
-    if computed.outcome.budget_stop and not computed.outcome.calls:
-        return computed.outcome  # stopped before its first call: nothing to record, a rerun starts here
-    with ws.write() as con:
-        if computed.payload is not None and prepared.cached_result is None:
-            # persisted first, in its own transaction: a crash before the append does not pay twice
-            con.execute(query("put_stage_result"), {"session_id": req.session_id, "stage_key": prepared.stage_key,
-                                                    "stage": req.stage, "result": computed.payload.model_dump_json()})
-        return record_stage(con, computed, run_id, started)
-
-
-# ------------------------------------------------------------------ manual stages (om observe / om reflect)
-
-
-def _session_and_tip(ws: Any, session: str, leaf: str | None) -> tuple[str, str]:
-    with ws.read() as con:
-        sid = resolve_session(con, session)
-        return sid, resolve_tip(con, sid, leaf)
-
-
-def observe_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
-                run_id: str | None = None) -> StageOutcome:
-    """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
-    sid, tip = _session_and_tip(ws, session, leaf)
-    brain = make_brain(config, ws.settings, [], breaker=CircuitBreaker())
-    return execute_stage(ws, StageRequest(sid, tip, "observer"), brain, run_id)
-
-
-def reflect_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
-                run_id: str | None = None) -> list[StageOutcome]:
-    """The reflector now; then the dropper if it appended reflections and the pool is over target."""
-    sid, tip = _session_and_tip(ws, session, leaf)
-    brain = make_brain(config, ws.settings, [], breaker=CircuitBreaker())
-    return run_in_order(lambda req: execute_stage(ws, req, brain, run_id), StageRequest(sid, tip, "reflector"))
