@@ -41,7 +41,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
 from flows.storage import PrefectStageResults, stage_result_storage
-from flows.ticks import announce_tick
+from flows.run_names import replay_name, run_summary, session_label, session_summary, session_tags, \
+    stage_name
+from flows.ticks import announce_tick, log_to_run
 from om_core import db as dbmod
 from om_core import writer_lock
 from om_core.circuit import release_run_breaker, run_breaker
@@ -100,8 +102,14 @@ def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings,
     """Every branch of one session on an in-memory copy of its rows (om_core.replay.engine); returns
     the rows it appended. Errors are returned, never raised."""
     brain = _brain(model, settings, run_id)
+    label = session_label(payload.file_path, payload.session_id)
+
+    def compute(prepared: PreparedStage) -> ComputedStage:  # a task run named and tagged by what it does
+        return stage_task.with_options(task_run_name=stage_name(prepared, label), tags=session_tags(
+            payload.session_id, prepared.request.stage))(prepared, brain, settings)
+
     result = replay_payload(payload, settings, brain, PrefectStageResults(result_storage), drain=drain, run_id=run_id,
-                            compute=lambda prepared: stage_task(prepared, brain, settings),
+                            compute=compute,
                             progress=progress_board.update,
                             on_error=lambda message, trace: _log_session_error(
                                 f"session {payload.session_id} failed: {message}", trace))
@@ -206,7 +214,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         progress_board.update({"session_id": result["session_id"],
                                **({"error": result["error"]} if result["error"] else {"done": True})})
 
-    pending = []
+    pending, labels = [], {}
     for sid in session_ids:
         while len(pending) >= window:  # bounded: payloads are read just before their task starts
             done = next(as_completed(pending))
@@ -215,7 +223,10 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         with ws.read() as con:
             payload = read_session_payload(con, sid)
             prints[sid] = fingerprints(con, [sid], settings, model_name, drain)[sid].now
-        pending.append(replay_session_task.submit(payload, model, settings, drain, run_id, storage))
+        labels[sid] = session_label(payload.file_path, sid)
+        pending.append(replay_session_task.with_options(
+            task_run_name=replay_name(labels[sid]), tags=session_tags(sid, "replay")).submit(
+                payload, model, settings, drain, run_id, storage))
     for future in as_completed(pending):
         collect(future)
     order = {sid: i for i, sid in enumerate(session_ids)}
@@ -226,8 +237,17 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     failed = bool(errors) or any(r["error"] for r in results)
     _finish(ws, run_id, "failed" if failed else "ok",
             {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
+    for r in results:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
+        log_to_run(session_summary(labels.get(r["session_id"], r["session_id"][:8]), r))
+    log_to_run(run_summary(run_id, results, len(skipped), errors))
     return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested, "skipped": skipped,
-            "stopped": None if stopped is None else str(stopped)}
+            "stopped": None if stopped is None else str(stopped), "flow_run_id": _flow_run_id()}
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return flow_run.id
 
 
 def _log_ingest(plan) -> None:  # noqa: ANN001 - a RunPlan

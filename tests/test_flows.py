@@ -6,6 +6,7 @@ Prefect's ephemeral API is started once for the test session (the ``prefect_api`
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -400,3 +401,47 @@ def test_a_tick_beside_another_writer_is_skipped_with_a_line(prefect_api, tmp_pa
     assert ("WARNING", "skipped: " + skipped["busy"]) in flow_log()
     done = tick(live, db)
     assert done["errors"] == [] and done["sessions"][0]["error"] is None
+
+
+def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
+    """Issue 25 item 5, read through the Prefect client as the UI reads it: task runs named by what
+    they do (``replay · <file>``, ``observer · <file> · entries a–b``), tagged with the session id and
+    the stage, and the run's summary in the flow run's logs."""
+    import asyncio
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    paths = make_sessions(tmp_path / "sessions", count=2)
+    result = run_flow(paths, tmp_path / "om.duckdb", None)
+    assert result["errors"] == [] and result["flow_run_id"]
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]])))
+            logs = await client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result["flow_run_id"]])))
+        return runs, logs
+
+    deadline = time.monotonic() + 30
+    while True:  # logs reach the API in batches
+        runs, logs = asyncio.run(read())
+        if any("sessions replayed" in log.message for log in logs) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    names = sorted(r.name for r in runs)
+    assert "replay · s0.jsonl" in names and "replay · s1.jsonl" in names, names
+    observers = [r for r in runs if r.name.startswith("observer · ")]
+    assert observers and all(re.fullmatch(r"observer · s[01]\.jsonl · entries [0-9a-f]{8}–[0-9a-f]{8}", r.name)
+                             for r in observers), [r.name for r in observers]
+    stages = {r.name.split(" · ")[0] for r in runs}
+    assert {"replay", "observer", "reflector"} <= stages, stages
+    for r in runs:
+        sid = "00000000-aaaa-bbbb-cccc-dddddddddddd" if "s0.jsonl" in r.name else "00000001-aaaa-bbbb-cccc-dddddddddddd"
+        assert f"session:{sid}" in r.tags and f"stage:{r.name.split(' · ')[0]}" in r.tags, (r.name, r.tags)
+    summary = [log.message for log in logs if "sessions replayed" in log.message]
+    assert summary and summary[0].startswith(f"run {result['run_id']}: 2 sessions replayed"), [m.message for m in logs]
+    per_session = [log.message for log in logs if log.message.startswith("s0.jsonl (00000000):")]
+    assert per_session and "observer " in per_session[0] and "stages run" in per_session[0], per_session

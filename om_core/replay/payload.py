@@ -79,6 +79,17 @@ class SessionPayload:
     def nbytes(self) -> int:
         return sum(len(b) for b in self.tables.values())
 
+    @property
+    def file_path(self) -> str | None:
+        """The session's file (what a run shows beside its id), from the payload's sessions row."""
+        data = self.tables.get("om_internal.sessions")
+        if data is None:
+            return None
+        table = _from_ipc(data)
+        if table.num_rows == 0 or "file_path" not in table.column_names:
+            return None
+        return table.column("file_path")[0].as_py()
+
 
 @dataclass
 class ReplayedRows:

@@ -1,0 +1,61 @@
+"""What the Prefect UI shows of a run: task runs named by what they do and tagged with the session and
+the stage, and the run's summary in the flow run's logs (flows.ticks.log_to_run), so the UI alone tells
+what a run did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def session_label(file_path: str | None, session_id: str) -> str:
+    """The session's file name, or its short id when it has none (an ingested session's file is gone)."""
+    from pathlib import PurePath
+
+    return PurePath(file_path).name if file_path else session_id[:8]
+
+
+def session_tags(session_id: str, stage: str) -> list[str]:
+    return [f"session:{session_id}", f"stage:{stage}"]
+
+
+def replay_name(label: str) -> str:
+    return f"replay · {label}"
+
+
+def stage_name(prepared: Any, label: str) -> str:
+    """``observer · s0.jsonl · entries 0000000a–0000001f``; the reflector and dropper: ``· at <tip>``."""
+    stage = prepared.request.stage
+    chunk = getattr(prepared.input, "chunk", None)
+    if chunk:
+        return f"{stage} · {label} · entries {chunk[0].entry_id}–{chunk[-1].entry_id}"
+    return f"{stage} · {label} · at {prepared.request.tip}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def session_summary(label: str, result: dict[str, Any]) -> str:
+    """``s0.jsonl (00000000): observer 3, reflector 1 (4 stages run), 2 compactions, 0 errors``."""
+    per_stage: dict[str, int] = {}
+    compactions = failures = 0
+    for branch in result.get("branches", []):
+        compactions += branch.get("compactions", 0)
+        failures += len(branch.get("failures", []))
+        for key, n in branch.get("stages", {}).items():
+            stage, _, outcome = key.partition(":")
+            if outcome != "skipped":
+                per_stage[stage] = per_stage.get(stage, 0) + n
+    stages = ", ".join(f"{stage} {n}" for stage, n in per_stage.items()) or "no stage"
+    errors = failures + (1 if result.get("error") else 0)
+    line = (f"{label} ({result['session_id'][:8]}): {stages} ({_count(sum(per_stage.values()), 'stage')} run), "
+            f"{_count(compactions, 'compaction')}, {_count(errors, 'error')}")
+    return line + (f": {result['error']}" if result.get("error") else "")
+
+
+def run_summary(run_id: str, results: list[dict[str, Any]], skipped: int, errors: list[str]) -> str:
+    stages = sum(n for r in results for b in r.get("branches", []) for k, n in b.get("stages", {}).items()
+                 if not k.endswith(":skipped"))
+    failed = len(errors) + sum(1 for r in results if r.get("error"))
+    return (f"run {run_id}: {_count(len(results), 'session')} replayed, {skipped} unchanged (skipped), "
+            f"{_count(stages, 'stage')} run, {_count(failed, 'error')}")
