@@ -80,23 +80,15 @@ def child_pids() -> list[int]:
 def end_processes(pids: list[int], timeout: float = 3.0) -> None:
     import psutil
 
+    from om_core.helpers import terminate_then_kill
+
     procs = []
     for pid in pids:
         try:
             procs.append(psutil.Process(pid))
         except psutil.Error:
             pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    terminate_then_kill(procs, timeout)
 
 
 def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:

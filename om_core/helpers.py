@@ -74,6 +74,14 @@ def end_helpers(helpers: list[dict[str, Any]], timeout: float = 5.0) -> list[int
                 procs.append(_process(int(helper["pid"])))
         except (psutil.Error, KeyError, TypeError, ValueError):
             pass
+    terminate_then_kill(procs, timeout)
+    return [p.pid for p in procs]
+
+
+def terminate_then_kill(procs: list[Any], timeout: float) -> None:
+    """SIGTERM each psutil process, then SIGKILL what is still alive after ``timeout`` seconds."""
+    import psutil
+
     for p in procs:
         try:
             p.terminate()
@@ -86,4 +94,3 @@ def end_helpers(helpers: list[dict[str, Any]], timeout: float = 5.0) -> list[int
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=timeout)
-    return [p.pid for p in procs]
