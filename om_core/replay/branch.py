@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from om_core.replay.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
@@ -33,6 +33,10 @@ from om_core.sqlfiles import query
 from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
 from om_core.replay.stage_runner import StageRunner
 from om_core.workers.stages import prepare_stage
+
+# Stages whose input is read from the ledger on the branch alone (not from the entries after a
+# watermark): the reflector's (its current reflections, active observations, observation watermark).
+LEDGER_INPUT = frozenset({"reflector"})
 
 EventKind = Literal["archive_compaction", "turn_end", "settled"]
 _KIND_ORDER = {"archive_compaction": 0, "turn_end": 1, "settled": 2}
@@ -121,6 +125,8 @@ class BranchReplayer:
         self._clock_at: int | None = None
         self._clock_from: dict[str, int] = {}
         self._marks: dict[str, int | None] = {}
+        self._version = 0  # counts this replay's own changes to the ledger and the compactions
+        self._unchanged: dict[str, tuple[int, int, StageOutcome]] = {}  # stage -> (position, version, outcome)
 
     # ---------------------------------------------------------------- branch facts
 
@@ -154,6 +160,7 @@ class BranchReplayer:
     def _changed(self, position: int) -> None:
         bisect.insort(self.changes, position)
         self._clock_at = None
+        self._version += 1
 
     # ---------------------------------------------------------------- clocks
 
@@ -220,8 +227,29 @@ class BranchReplayer:
 
     # ---------------------------------------------------------------- running
 
+    def _repeat(self, t: int, req: StageRequest) -> StageOutcome | None:
+        """The outcome a stage whose input is the ledger alone (``LEDGER_INPUT``) gave at an earlier
+        position, where nothing changed the ledger since: the same input, so the same stage key and the
+        same answer from the exactly-once state (already appended, or empty before). The profile's
+        largest cost was the reflector read again at every turn end while due, only to find this."""
+        last = self._unchanged.get(req.stage)
+        if last is None or req.reflection_watermark is not None or req.chunk_until is not None:
+            return None
+        position, version, outcome = last
+        k = bisect.bisect_right(self.changes, position)
+        if version != self._version or position > t or (k < len(self.changes) and self.changes[k] <= t):
+            return None
+        check = getattr(self.run_stage, "check", None)
+        if check is not None:
+            check()  # the run's breaker and budget stop a repeated stage as they stop any other
+        return replace(outcome, tip=req.tip, receipts=[], calls=[])
+
     def _stage(self, report: BranchReport, t: int, req: StageRequest) -> StageOutcome:
-        outcome = self.run_stage(req)
+        outcome = self._repeat(t, req)
+        if outcome is None:
+            outcome = self.run_stage(req)
+            if req.stage in LEDGER_INPUT and outcome.outcome in ("skipped", "empty") and not outcome.ledger_id:
+                self._unchanged[req.stage] = (t, self._version, outcome)
         report.count(outcome)
         if outcome.ledger_id:
             self._changed(t)
