@@ -52,7 +52,7 @@ from om_core.errors import DatabaseBusy, StorageError, storage_error
 from om_core.model import ModelError, RetryPolicy
 from om_core.replay.engine import replay_payload
 from om_core.replay.payload import ReplayedRows, commit_replayed_rows, read_session_payload
-from om_core.replay.plan import fingerprints, plan_run, record_replay
+from om_core.replay.plan import RunPlan, plan_run, record_replay
 from om_core.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.sqlfiles import query
@@ -159,7 +159,9 @@ def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict
 
 
 def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
-             command: str, window: int, exclude: list[str]) -> dict[str, Any]:
+             command: str, window: int, exclude: list[str], plan: RunPlan | None = None) -> dict[str, Any]:
+    """The run: planned here (a deployment, a scheduled tick) unless ``plan`` is the caller's (``om run``
+    planned it, ingest included, and reported its errors, warnings and notes): one plan per run either way."""
     ws = Workspace.from_spec(spec)
     settings = ws.settings
     run_id = run_id or dbmod.new_run_id()
@@ -170,22 +172,27 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         with ws.write() as con:
             start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")},
                       [h["pid"] for h in helpers])
-        model_name = model.get("model") or "offline"
-        plan = plan_run(ws, targets, model=model_name, drain=drain, command=f"{command} {run_id}", strict=False,
-                        exclude=exclude)
+        planned_here = plan is None
+        if planned_here:
+            plan = plan_run(ws, targets, model=model.get("model") or "offline", drain=drain,
+                            command=f"{command} {run_id}", strict=False, exclude=exclude)
     except Exception as exc:  # a full disk ends the run with one line
         stored = storage_error(exc, spec.db_path)
         if stored is None:
             raise
         return _stopped_by_storage(ws, run_id, str(stored), {"files": [], "missing": []})
-    _log_ingest(plan)
-    errors, ingested = plan.errors, plan.ingest
+    if planned_here:
+        _log_ingest(plan)
+    # the run's row and the flow run's log count the plan's errors; the result lists them only when the flow
+    # planned (om run reports its own plan's errors, so they are not listed twice)
+    errors, ingested = list(plan.errors), plan.ingest
+    listed = errors if planned_here else []
     session_ids = plan.due  # sessions unchanged since their last complete replay have nothing to do
     skipped = [sid for sid in plan.session_ids if sid not in set(plan.due)]
     if settings.passive:  # the extension's "no background work": ingest only
         with ws.write() as con:
             finish_run(con, run_id, "ok", {"sessions": 0, "passive": True})
-        return {"run_id": run_id, "sessions": [], "errors": errors, "ingest": ingested, "passive": True,
+        return {"run_id": run_id, "sessions": [], "errors": listed, "ingest": ingested, "passive": True,
                 "skipped": plan.session_ids}
     if not _config(model).offline and model.get("limit") == "prefect":
         ensure_model_call_limit(settings.modelConcurrency)
@@ -193,7 +200,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     progress_board.start(session_ids)
     results: list[dict[str, Any]] = []
 
-    prints: dict[str, str] = {}
+    prints = plan.fingerprints  # taken by the plan: no session is fingerprinted twice in a run
     breaker = run_breaker(run_id)
 
     def collect(future) -> None:  # noqa: ANN001 - a Prefect future
@@ -222,7 +229,6 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
             collect(done)
         with ws.read() as con:
             payload = read_session_payload(con, sid)
-            prints[sid] = fingerprints(con, [sid], settings, model_name, drain)[sid].now
         labels[sid] = session_label(payload.file_path, sid)
         pending.append(replay_session_task.with_options(
             task_run_name=replay_name(labels[sid]), tags=session_tags(sid, "replay")).submit(
@@ -234,13 +240,15 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
     stopped = release_run_breaker(run_id)
     if stopped is not None:
         errors.insert(0, f"model calls stopped: {stopped}" if isinstance(stopped, ModelError) else str(stopped))
+        if not planned_here:
+            listed.insert(0, errors[0])
     failed = bool(errors) or any(r["error"] for r in results)
     _finish(ws, run_id, "failed" if failed else "ok",
             {"sessions": len(results), "errors": errors + [r["error"] for r in results if r["error"]]})
     for r in results:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
         log_to_run(session_summary(labels.get(r["session_id"], r["session_id"][:8]), r))
     log_to_run(run_summary(run_id, results, len(skipped), errors))
-    return {"run_id": run_id, "sessions": results, "errors": errors, "ingest": ingested, "skipped": skipped,
+    return {"run_id": run_id, "sessions": results, "errors": listed, "ingest": ingested, "skipped": skipped,
             "stopped": None if stopped is None else str(stopped), "flow_run_id": _flow_run_id()}
 
 
@@ -290,13 +298,17 @@ def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> Workspace
       validate_parameters=False)
 def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
-                     window: int = 8,
-                     exclude: list[str] | None = None) -> dict[str, Any]:
+                     window: int = 8, exclude: list[str] | None = None, plan: RunPlan | None = None,
+                     spec: WorkspaceSpec | None = None) -> dict[str, Any]:
     """Ingest and replay sessions (files, directories, or ingested session ids); ``exclude``: globs
-    leaving out files the directory walk finds."""
-    spec = _spec(db_path, settings)
+    leaving out files the directory walk finds.
+
+    ``om run`` passes its typed values: ``spec`` (the database and settings: ``db_path`` and
+    ``settings`` are then not read) and ``plan`` (its RunPlan: the targets are ``plan.due``, nothing is
+    planned or fingerprinted again). A deployment passes JSON (``db_path``, ``settings``) and the flow plans."""
+    spec = spec if spec is not None else _spec(db_path, settings)
     return _as_the_writer(spec, "run", lambda: _process(targets, spec, model or {}, drain, run_id,
-                                                        "run", window, exclude or []))
+                                                        "run", window, exclude or [], plan))
 
 
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)

@@ -39,13 +39,16 @@ def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
     raise ValueError(f"unknown task runner {kind!r}: use threads or dask")
 
 
-def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], settings: dict[str, Any],
+def run_pipeline(targets: list[str], *, model: dict[str, Any], db_path: str | None = None,
+                 settings: dict[str, Any] | None = None, spec: Any = None, plan: Any = None,
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
                  window: int | None = None,
                  task_runner_override: Any = None, run_id: str | None = None,
                  on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
 
+    ``spec`` (a WorkspaceSpec) and ``plan`` (the caller's RunPlan) go to the flow as values; without
+    them the flow builds the spec from ``db_path`` and ``settings`` and plans the run itself.
     ``window``: sessions in flight at once (their payloads are read just before they start;
     default twice the concurrency)."""
     from flows.pipeline import process_sessions
@@ -62,7 +65,8 @@ def run_pipeline(targets: list[str], *, db_path: str, model: dict[str, Any], set
     if thread:
         thread.start()
     try:
-        return flow(targets, db_path=db_path, model=model, settings=settings, drain=drain,
+        return flow(targets, db_path=db_path or "om.duckdb", model=model, settings=settings, drain=drain,
+                    spec=spec, plan=plan,
                     window=window or 2 * concurrency, run_id=run_id)
     finally:
         done.set()

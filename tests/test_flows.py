@@ -445,3 +445,44 @@ def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
     assert summary and summary[0].startswith(f"run {result['run_id']}: 2 sessions replayed"), [m.message for m in logs]
     per_session = [log.message for log in logs if log.message.startswith("s0.jsonl (00000000):")]
     assert per_session and "observer " in per_session[0] and "stages run" in per_session[0], per_session
+
+
+def test_om_run_plans_once_and_fingerprints_each_session_once(prefect_api, tmp_path, monkeypatch):
+    """Issue 21 item 3: om run's RunPlan and WorkspaceSpec reach the flow as values: one plan for the
+    run (the CLI's; the flow plans nothing again) and one fingerprint per session, which the flow
+    records when the replay completes (a rerun then has nothing to do)."""
+    import flows.pipeline
+    import om_core.replay.plan as planmod
+    from om_cli import run_om
+
+    paths = make_sessions(tmp_path / "sessions", count=3)
+    plans: list = []
+    printed: list[str] = []
+    real_plan, real_prints = planmod.plan_run, planmod.fingerprints
+
+    def plan_spy(*args, **kwargs):
+        plans.append(args[1])
+        return real_plan(*args, **kwargs)
+
+    def prints_spy(con, session_ids, *args, **kwargs):
+        printed.extend(session_ids)
+        return real_prints(con, session_ids, *args, **kwargs)
+
+    monkeypatch.setattr(planmod, "plan_run", plan_spy)
+    monkeypatch.setattr(flows.pipeline, "plan_run", plan_spy)
+    monkeypatch.setattr(planmod, "fingerprints", prints_spy)
+    monkeypatch.setattr(flows.pipeline, "fingerprints", prints_spy, raising=False)  # where a flow took its own
+    db = tmp_path / "om.duckdb"
+    env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api, "OM_DB": str(db)}
+    result = run_om(["run", str(tmp_path / "sessions"), "--json", "--model", "offline"], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    body = json.loads(result.stdout)
+    assert len(body["sessions"]) == 3 and all(s["error"] is None for s in body["sessions"])
+    assert plans == [[str(tmp_path / "sessions")]]  # one plan, the command's
+    assert sorted(printed) == sorted(s["session_id"] for s in body["sessions"])  # one fingerprint each
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        recorded = con.execute("SELECT count(*) FROM om_internal.session_replays").fetchone()[0]
+    finally:
+        con.close()
+    assert recorded == len(paths)  # the plan's fingerprints were recorded: a rerun replays nothing

@@ -91,7 +91,7 @@ def run(
             estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
             say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator "
                 "(Prefect)…")
-            summary = _run_with_display(ws, plan.due, model_dict, settings.model_dump(), concurrency, not no_drain,
+            summary = _run_with_display(ws, plan, model_dict, concurrency, not no_drain,
                                         runner, dask_address, as_json, verbose)
             summary["errors"] = plan.errors + summary["errors"]
     due = set(plan.due) if not settings.passive else set()
@@ -221,14 +221,15 @@ def _describe_sessions(ws, session_ids) -> None:
                                          "entries": r["entry_count"]} for r in rows})
 
 
-def _run_with_display(ws, session_ids, model_dict, settings_dict, concurrency, drain, runner, dask_address, quiet,
+def _run_with_display(ws, plan, model_dict, concurrency, drain, runner, dask_address, quiet,
                       verbose):
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
-    _describe_sessions(ws, session_ids)
+    _describe_sessions(ws, plan.due)
 
     def work():
-        return run_pipeline(session_ids, db_path=str(ws.path), model=model_dict, settings=settings_dict,
+        # planned once: the flow takes this plan (and the workspace's spec) as values, and plans nothing again
+        return run_pipeline(plan.due, spec=ws.spec(), plan=plan, model=model_dict,
                             concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
                             run_id=run_id)
 

@@ -108,6 +108,8 @@ class RunPlan:
     # (yet), copies of a session file already ingested
     warnings: list[str] = field(default_factory=list)  # rewritten files that lost entries or memory evidence
     ingest: dict[str, Any] = field(default_factory=lambda: {"files": [], "missing": []})
+    # session id -> its fingerprint now (taken once, here): the flow records it when the replay completes
+    fingerprints: dict[str, str] = field(default_factory=dict)
 
     @property
     def nothing_due(self) -> bool:
@@ -166,5 +168,5 @@ def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: s
         return plan
     with ws.read() as con:
         plan.session_ids = named_column(con, "sessions_largest_first", {"session_ids": session_ids})
-        plan.due, _ = due_sessions(con, plan.session_ids, ws.settings, model, drain)
+        plan.due, plan.fingerprints = due_sessions(con, plan.session_ids, ws.settings, model, drain)
     return plan
