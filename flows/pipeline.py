@@ -37,6 +37,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, model_call_gate
@@ -100,13 +101,18 @@ def _log_session_error(message: str, trace: str) -> None:
 def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings, drain: bool, run_id: str,
                         result_storage: Any) -> dict[str, Any]:
     """Every branch of one session on an in-memory copy of its rows (om_core.replay.engine); returns
-    the rows it appended. Errors are returned, never raised."""
+    the rows it appended. Errors are returned, never raised.
+
+    It passes stage_task's parameters in ``quote``: they hold no Prefect futures, and Prefect
+    otherwise walks every field of the prepared input, the brain and the settings twice per stage
+    (to resolve futures and to record task inputs), half of a stage task's orchestration CPU in the
+    profile. (Not this task's own: Dask's serialisation turns a quote into a plain tuple.)"""
     brain = _brain(model, settings, run_id)
     label = session_label(payload.file_path, payload.session_id)
 
     def compute(prepared: PreparedStage) -> ComputedStage:  # a task run named and tagged by what it does
         return stage_task.with_options(task_run_name=stage_name(prepared, label), tags=session_tags(
-            payload.session_id, prepared.request.stage))(prepared, brain, settings)
+            payload.session_id, prepared.request.stage))(quote(prepared), quote(brain), quote(settings))
 
     result = replay_payload(payload, settings, brain, PrefectStageResults(result_storage), drain=drain, run_id=run_id,
                             compute=compute,
