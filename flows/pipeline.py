@@ -75,11 +75,12 @@ def _brain(model: dict[str, Any], settings: Settings, run_id: str):
     """A brain for one session's replay task, with the run's breaker and budget (per process; the
     stage runner checks them before each stage, the model before each call)."""
     config = _config(model)
+    breaker = run_breaker(run_id, settings.breakerFailures)  # a provider down for good stops the run
     if config.offline:
-        return make_brain(config, settings, breaker=run_breaker(run_id))
+        return make_brain(config, settings, breaker=breaker)
     gate = model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
     budget = run_budget(run_id, model.get("max_cost"), model.get("model"))
-    return make_brain(config, settings, gate=gate, breaker=run_breaker(run_id), budget=budget)
+    return make_brain(config, settings, gate=gate, breaker=breaker, budget=budget)
 
 
 @task(name="memory-stage", persist_result=False, cache_policy=NO_CACHE)
@@ -156,7 +157,11 @@ def _finish(ws: Workspace, run_id: str, status: str, detail: dict[str, Any]) -> 
             finish_run(con, run_id, status, detail)
     except Exception as exc:
         if storage_error(exc) is None:
-            raise  # a full disk: the run's error line says so; the row cannot be written
+            raise
+        # a full disk: the run's error line says so; the row is written by the next writer's start, from
+        # the lock file (its block is allocated already)
+        if ws.path is not None:
+            writer_lock.note_unwritten_outcome(ws.path, run_id, status, detail)
 
 
 def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict[str, Any]) -> dict[str, Any]:

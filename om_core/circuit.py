@@ -5,7 +5,9 @@ A permanent provider error that no retry can fix (a rejected or missing key, no 
 unknown model, a base URL that cannot work) fails every later call of the run the same way. The
 first such error trips the run's breaker; from then on every model call of that run fails at once
 with the original reason and sends no request. Connection failures (nothing listens at the
-address, the host does not resolve) trip it after a few in a row with no success in between.
+address, the host does not resolve) trip it after a few in a row with no success in between, and
+any transient failure (500s, 429s, timeouts of a server that hangs) after ``breakerFailures`` in a
+row across the run's stages: a provider down for good would otherwise be retried stage after stage.
 
 Call points: ``preflight_model`` before anything starts (it needs litellm, imported only for a
 configured model); ``run_breaker(run_id)`` gives the breaker a run's stages share in this process
@@ -34,11 +36,13 @@ class CircuitOpen(ModelError):
 class CircuitBreaker:
     """Thread-safe; shared by every stage of one run in this process."""
 
-    def __init__(self, unreachable_limit: int = 3) -> None:
+    def __init__(self, unreachable_limit: int = 3, failure_limit: int = 0) -> None:
         self.unreachable_limit = unreachable_limit
+        self.failure_limit = failure_limit  # transient failures in a row that stop the run; 0: never
         self._lock = threading.Lock()
         self._reason: OmError | None = None  # a ModelError, or a StorageError the run stopped on
         self._unreachable = 0  # connection failures in a row
+        self._failing = 0  # transient failures in a row (any stage; a success in between resets it)
 
     @property
     def reason(self) -> OmError | None:
@@ -58,7 +62,7 @@ class CircuitBreaker:
         """After a call: None for a success, else its classified error."""
         with self._lock:
             if error is None:
-                self._unreachable = 0
+                self._unreachable = self._failing = 0
                 return
             if isinstance(error, CircuitOpen) or self._reason is not None:
                 return
@@ -69,6 +73,14 @@ class CircuitBreaker:
                 if self._unreachable >= self.unreachable_limit:
                     self._reason = ModelError(f"{error} ({self._unreachable} attempts in a row)", "permanent",
                                               error.status, "unreachable")
+                    return
+            if error.kind == "transient":
+                self._failing += 1
+                if self.failure_limit and self._failing >= self.failure_limit:
+                    self._reason = ModelError(
+                        f"the provider kept failing: {self._failing} model calls in a row failed (breakerFailures), "
+                        f"the last with {error}; rerun when it answers again", "permanent", error.status,
+                        error.category)
 
     def trip(self, error: OmError) -> None:
         """Stop the run's model calls for a reason found outside them (a full disk)."""
@@ -81,12 +93,16 @@ _RUNS: dict[str, CircuitBreaker] = {}
 _RUNS_LOCK = threading.Lock()
 
 
-def run_breaker(run_id: str | None) -> CircuitBreaker:
-    """The breaker of a run in this process (a new one for a run without an id)."""
+def run_breaker(run_id: str | None, failure_limit: int | None = None) -> CircuitBreaker:
+    """The breaker of a run in this process (a new one for a run without an id); ``failure_limit``:
+    the run's ``breakerFailures`` (None keeps what it has: a caller that does not know the settings)."""
     if run_id is None:
-        return CircuitBreaker()
+        return CircuitBreaker(failure_limit=failure_limit or 0)
     with _RUNS_LOCK:
-        return _RUNS.setdefault(run_id, CircuitBreaker())
+        breaker = _RUNS.setdefault(run_id, CircuitBreaker())
+        if failure_limit is not None:
+            breaker.failure_limit = failure_limit
+        return breaker
 
 
 def release_run_breaker(run_id: str) -> OmError | None:

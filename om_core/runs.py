@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from om_core import writer_lock
 from om_core.db import named_rows
 from om_core.sqlfiles import query
 
@@ -47,6 +48,11 @@ def _end_left_behind(pids: list[int] | None) -> None:
 
 
 def mark_abandoned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Rows left ``running``: how the run ended when its own process could not write it (a full disk:
+    the lock file kept it, om_core.writer_lock), else ``abandoned`` when its process is gone."""
+    for outcome in writer_lock.unwritten_outcomes():  # a run id is unique: another database's is a no-op
+        con.execute(query("finish_unwritten_run"), {"run_id": outcome["run_id"], "status": outcome["status"],
+                                                    "detail": json.dumps(outcome["detail"], default=str)})
     host = socket.gethostname()
     gone = [run for run in named_rows(con, "running_runs")
             if run["host"] == host and (run["pid"] is None or not _alive(run["pid"]))]
@@ -59,7 +65,7 @@ def mark_abandoned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, command: str, detail: dict[str, Any],
               child_pids: list[int] | None = None) -> None:
     """The run's row, with the helper processes already running (Prefect's local API server starts
-    before the flow's first line): the poll of ``flows.interrupt`` adds later ones to this row."""
+    before the flow's first line)."""
     mark_abandoned_runs(con)
     con.execute(query("start_run"), {"run_id": run_id, "command": command, "detail": json.dumps(detail, default=str),
                                      "pid": os.getpid(), "host": socket.gethostname(), "child_pids": child_pids})

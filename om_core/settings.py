@@ -71,6 +71,9 @@ class Settings(BaseModel):
     storePrompts: bool = True  # keep each model call's request and response text (om logs --full)
     requestTimeoutSeconds: float = Field(120.0, gt=0)
     modelConcurrency: int = Field(8, ge=1)  # model calls in flight at once across a whole run
+    # transient model-call failures in a row (500s, 429s, timeouts; across stages, no success in
+    # between) that stop the run (exit 1, one line; a rerun resumes); 0: never
+    breakerFailures: int = Field(12, ge=0)
     apiBase: str | None = None
     # where the pipeline keeps computed stage results (a folder, an fsspec URL, or a Prefect block slug);
     # unset: a folder next to the database

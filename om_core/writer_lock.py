@@ -32,7 +32,8 @@ from pathlib import Path
 from om_core import helpers as helper_procs
 from om_core.errors import DatabaseBusy, OmError, storage_error
 
-_held: dict[str, list] = {}  # lock file -> [descriptor, depth, holder], of this process
+_held: dict[str, list] = {}  # lock file -> [descriptor, holder, depth], of this process
+_previous: dict[str, dict] = {}  # lock file -> what its previous holder left in it
 _guard = threading.Lock()
 _POLL_SECONDS = 0.1
 
@@ -75,6 +76,23 @@ def record_helpers(db_path: str | os.PathLike) -> list[dict]:
         return found
 
 
+def note_unwritten_outcome(db_path: str | os.PathLike, run_id: str, status: str, detail: dict) -> None:
+    """A run's end that the database could not take (a full disk): kept in the lock file it holds, for
+    the next writer to record (``unwritten_outcomes``)."""
+    path = str(lock_path(db_path))
+    with _guard:
+        entry = _held.get(path)
+        if entry is not None:
+            entry[1].setdefault("unwritten", []).append({"run_id": run_id, "status": status, "detail": detail})
+            _write_holder(entry[0], entry[1])
+
+
+def unwritten_outcomes() -> list[dict]:
+    """The run ends that the previous holders of the locks this process took could not write."""
+    with _guard:
+        return [outcome for previous in _previous.values() for outcome in previous.get("unwritten") or []]
+
+
 def _write_holder(fd: int, holder: dict) -> None:
     try:
         data = json.dumps(holder).encode()
@@ -84,13 +102,17 @@ def _write_holder(fd: int, holder: dict) -> None:
         pass  # a full disk: the lock holds all the same, only its holder goes unnamed
 
 
-def _end_helpers_of_a_gone_holder(fd: int) -> None:
-    """A kill -9 left the previous holder's helpers running (its Prefect server): end them now."""
+def _take_over(fd: int, path: Path) -> None:
+    """Keep what the previous holder left (run ends it could not write); a kill -9 left its helpers
+    running (its Prefect server): end them now."""
     try:
         previous = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
     except (OSError, ValueError):
         return
-    if not isinstance(previous, dict) or not previous.get("helpers") or previous.get("host") != socket.gethostname():
+    if not isinstance(previous, dict):
+        return
+    _previous[str(path)] = previous
+    if not previous.get("helpers") or previous.get("host") != socket.gethostname():
         return
     if helper_procs.holder_gone(previous):
         helper_procs.end_helpers(previous["helpers"])
@@ -115,7 +137,7 @@ def _acquire(path: Path, command: str, wait_seconds: float) -> tuple[int, dict]:
                 raise DatabaseBusy(f"another om process is writing {db} ({holder}); it admits one writer at a "
                                    "time: try again when that one finishes") from None
             time.sleep(_POLL_SECONDS)
-    _end_helpers_of_a_gone_holder(fd)
+    _take_over(fd, path)
     holder = {"pid": os.getpid(), "pid_started": helper_procs.started(), "host": socket.gethostname(),
               "command": command, "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "helpers": []}
     _write_holder(fd, holder)

@@ -351,3 +351,20 @@ def test_om_run_without_a_key_fails_before_prefect_starts(server, tmp_path):
     assert "OPENAI_API_KEY" in line
     assert server.requests == []
     assert not (tmp_path / "om.duckdb").exists()  # nothing started
+
+
+def test_transient_failures_in_a_row_across_stages_trip_the_breaker_at_its_limit():
+    breaker = CircuitBreaker(failure_limit=4)
+    for _ in range(3):
+        breaker.record(ModelError("InternalServerError: 500", "transient", 500, "server"))
+    breaker.record(None)  # a success in between starts the count again
+    for n in range(4):
+        assert not breaker.tripped, n
+        breaker.record(ModelError("RateLimitError: 429", "transient", 429, "rate_limit"))
+    assert breaker.tripped and "4 model calls in a row failed" in str(breaker.reason)
+    with pytest.raises(CircuitOpen):
+        breaker.check()
+    never = CircuitBreaker(failure_limit=0)
+    for _ in range(50):
+        never.record(ModelError("Timeout", "transient", None, "timeout"))
+    assert not never.tripped

@@ -147,3 +147,118 @@ def test_sigterm_in_a_retry_storm_leaves_the_interrupted_row_and_line(tmp_path):
     assert [status for status, _ in run_row(tmp_path)] == ["interrupted"]
     _, alive = psutil.wait_procs(helpers, timeout=10)
     assert alive == [], [p.pid for p in alive]
+
+
+# ------------------------------------------------------------------ a provider down for good (item 1)
+
+LEDGER = ("SELECT l.session_id, l.kind, l.stage, l.stage_key, l.covers_up_to_id, l.anchor_entry_id, "
+          "list(o.content ORDER BY o.item_index) FILTER (WHERE o.content IS NOT NULL) "
+          "FROM ledger l LEFT JOIN observations o USING (session_id, ledger_id) WHERE l.origin = 'pipeline' "
+          "GROUP BY ALL ORDER BY ALL")
+
+
+def healthy_run(tmp_path: Path, folder: Path):
+    from fake_brains import ScriptedWorkers
+
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        done = subprocess.run(om_command(tmp_path, folder, "--model", "openai/fake-model", "--api-base",
+                                         server.base_url), cwd=tmp_path, env=env_for(tmp_path), capture_output=True,
+                              text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return db_rows(tmp_path / "om.duckdb", LEDGER)
+
+
+@pytest.fixture(scope="module")
+def reference_ledger(tmp_path_factory):
+    """The ledger of an uninterrupted run on a healthy provider."""
+    tmp = tmp_path_factory.mktemp("reference")
+    return healthy_run(tmp, sessions(tmp / "sessions", count=2))
+
+
+FAULTS = {"500-forever": (http_error(500, "upstream down"), {}),
+          "429-forever": (http_error(429, "slow down"), {}),
+          "hang": (Reply(text="(never in time)", delay=60), {"OM_REQUEST_TIMEOUT_SECONDS": "2"})}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_provider_down_for_good_trips_the_breaker_and_a_rerun_resumes(tmp_path, fault, reference_ledger):
+    folder = sessions(tmp_path / "sessions", count=2)
+    reply, extra = FAULTS[fault]
+    with FakeOpenAI(default=reply) as server:
+        done = subprocess.run(om_command(tmp_path, folder, "--model", "openai/fake-model", "--api-base",
+                                         server.base_url), cwd=tmp_path,
+                              env=env_for(tmp_path, OM_BREAKER_FAILURES="6", **extra), capture_output=True,
+                              text=True, timeout=400)
+        calls = len(server.requests)
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("cost:")]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("error: model calls stopped: the provider kept failing: 6 model calls in a row"), lines
+    assert "Traceback" not in done.stderr
+    assert 6 <= calls <= 6 + 8, calls  # the limit, plus at most the calls in flight (modelConcurrency)
+    assert [s for (s, _) in run_row(tmp_path)] == ["failed"]
+    assert healthy_run(tmp_path, folder) == reference_ledger
+
+
+# ------------------------------------------------------------------ a full disk (item 2)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 MB tmpfs (root only): the database and Prefect's result storage on it."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_full_disk_stops_the_model_calls_at_once(tmp_path, small_disk):
+    from fake_brains import ScriptedWorkers
+
+    folder = sessions(tmp_path / "sessions", count=4)
+    script = ScriptedWorkers(delay=0.2)
+    calls = {"after": 0}
+
+    def responder(body):
+        if "filled" in calls:
+            calls["after"] += 1
+        elif len(server.requests) >= 3:  # the disk fills during the run
+            fill(small_disk)
+            calls["filled"] = True
+        return script(body)
+
+    db = small_disk / "om.duckdb"
+    with FakeOpenAI(responder=responder) as server:
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), "run", str(folder), "--model",
+                               "openai/fake-model", "--api-base", server.base_url, "--concurrency", "2"],
+                              cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True, timeout=400)
+    assert calls.get("filled"), "the disk never filled: the run made fewer than 3 model calls"
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("cost:")]
+    assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr[-3000:]
+    # no stage starts after the first write failure: only the calls already in flight (modelConcurrency 8)
+    assert calls["after"] <= 8, calls
+    (small_disk / "filler").unlink()
+    # the run's end the full disk could not take is written by the next writer's start (from the lock file)
+    after = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), "ingest", str(folder)], cwd=tmp_path,
+                           env=env_for(tmp_path), capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after.stderr[-2000:]
+    status = db_rows(db, "SELECT status, detail FROM runs WHERE command = 'run'")
+    assert [s for s, _ in status] == ["failed"] and "No space left on device" in status[0][1], status

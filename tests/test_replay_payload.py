@@ -219,3 +219,45 @@ def test_a_replay_task_lost_before_its_commit_is_redone_without_a_model_call(tmp
         assert len(server.requests) == asked  # the rerun called no model
     strip = lambda found: [r[:4] for r in found]  # noqa: E731 - ledger ids are random per run
     assert strip(rows(lost, LEDGER)) == strip(rows(clean, LEDGER))
+
+
+class FullDisk(KeptResults):
+    """Result storage on a disk that fills after ``room`` results."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+        self.refused = 0
+
+    def put(self, prepared, computed):
+        if len(self.kept) >= self.room:
+            self.refused += 1
+            raise OSError(28, "No space left on device")
+        super().put(prepared, computed)
+
+
+def test_a_result_storage_write_failure_stops_every_later_stage_at_the_stage_runner(tmp_path):
+    """Issue 26 item 2 in the one stage runner: the first stage whose result cannot be kept fails
+    (its model calls stay recorded), the run's breaker trips with the storage error, and no stage
+    starts after it (RunStopped at the runner's check: the replay ends 'stopped')."""
+    from om_core.circuit import CircuitBreaker
+
+    db = session(tmp_path)
+    with Workspace.open(db, settings=SETTINGS).read() as con:
+        payload = read_session_payload(con, SID)
+    breaker = CircuitBreaker()
+    brain = make_brain(ModelConfig(model="offline"), SETTINGS, breaker=breaker)
+    results = FullDisk(room=1)
+    result = replay_payload(payload, SETTINGS, brain, results, drain=True, run_id="run-full")
+    assert results.refused == 1  # no stage was computed after the failed write
+    assert breaker.tripped and "No space left on device" in str(breaker.reason)
+    assert [f for branch in result["branches"] for f in branch["failures"]], result["branches"]
+    # the run's next stage (here: another replay task of the run) is refused at the runner's check
+    again = replay_payload(payload, SETTINGS, brain, results, drain=True, run_id="run-full")
+    assert again["stopped"] and "No space left on device" in again["error"] and results.refused == 1
+    with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
+        commit_replayed_rows(con, result["rows"])
+    stages = rows(db, "SELECT stage, outcome, error FROM om_internal.stages WHERE run_id = 'run-full' "
+                      "ORDER BY started_at")
+    assert [outcome for _, outcome, _ in stages] == ["recorded", "failed"], stages  # nothing after the failure
+    assert "No space left on device" in stages[-1][2]

@@ -4,7 +4,8 @@ Every stage om runs goes through ``StageRunner``: `om observe`/`om reflect` on t
 the tests' and benchmarks' in-process replays, and the flow's replay tasks on a task-local
 in-memory database (``om_core.replay.engine``). The run's circuit breaker and its cost budget are
 checked here, before a stage is prepared, and nowhere else (the model consults the same breaker
-and budget before each of its calls, mid-stage).
+and budget before each of its calls, mid-stage). A result that cannot be kept for a storage error
+(a full disk) trips the breaker here too: no stage of the run starts after the first write failure.
 
 Exactly-once sits behind ``StageResults``: a result computed but not yet appended is found again
 by its stage key, so a crash between the model's answer and the append never pays twice. A command
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 from om_core.catalog import resolve_session, resolve_tip
 from om_core.circuit import CircuitBreaker
+from om_core.errors import StorageError, storage_error
 from om_core.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
 from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, compute_stage, make_brain, \
@@ -112,6 +114,11 @@ class StageRunner:
         if budget is not None and budget.exhausted:
             raise BudgetReached("the run's cost budget (--max-cost) is reached; rerun to resume")
 
+    def _stop(self, reason: StorageError) -> None:
+        breaker = getattr(self.brain, "breaker", None)
+        if breaker is not None:
+            breaker.trip(reason)
+
     def __call__(self, req: StageRequest) -> StageOutcome:
         self.check()
         started = datetime.now(timezone.utc)
@@ -131,6 +138,9 @@ class StageRunner:
                 try:
                     self.results.put(prepared, computed)
                 except Exception as exc:  # e.g. result storage unreachable: fail the stage, keep its calls
+                    stored = storage_error(exc)
+                    if stored is not None:  # a full disk: the run's breaker stops every later stage (check)
+                        self._stop(stored)
                     computed = _failed(prepared, computed, exc)
         with self.ws.write() as con:
             return record_stage(con, computed, self.run_id, started)

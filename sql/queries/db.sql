@@ -77,6 +77,11 @@ SELECT run_id, pid, host, child_pids FROM om_internal.runs WHERE status = 'runni
 UPDATE om_internal.runs SET status = 'abandoned', finished_at = coalesce(finished_at, current_timestamp)
 WHERE run_id = $run_id AND status = 'running';
 
+-- name: finish_unwritten_run
+-- A run's end its own process could not write (a full disk), written by the next run's start.
+UPDATE om_internal.runs SET finished_at = coalesce(finished_at, current_timestamp), status = $status, detail = $detail
+WHERE run_id = $run_id AND status = 'running';
+
 -- name: finish_run
 UPDATE om_internal.runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;
 
