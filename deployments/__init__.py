@@ -26,15 +26,20 @@ _ONE_AT_A_TIME = {"limit": 1, "collision_strategy": "CANCEL_NEW"}
 
 
 def resolved_inputs(settings: Settings, model: str | None = None,
-                    api_base: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The flow's ``model`` and ``settings`` parameters from the user's resolved settings (a workspace's)."""
+                    api_base: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """The flow's ``model`` (a ModelConfig) and ``settings`` (JSON) parameters from the user's resolved
+    settings (a workspace's)."""
     from om_core.workers.stages import ModelConfig  # the workers' modules: only when a deployment is made
 
-    chosen = ModelConfig.from_settings(settings, model, api_base)
     # deployments run on workers in several processes: the model-call limit is Prefect's global one
-    model_dict = {"model": chosen.model or "offline", "api_base": chosen.api_base, "thinking": chosen.thinking,
-                  "timeout": chosen.timeout, "limit": "prefect"}
-    return model_dict, settings.model_dump(mode="json")
+    return ModelConfig.from_settings(settings, model, api_base, limit="prefect"), settings.model_dump(mode="json")
+
+
+def _model_json(model: Any) -> dict[str, Any]:
+    """A deployment carries the ModelConfig as JSON (no API key: a worker reads its own credentials)."""
+    from om_core.workers.stages import ModelConfig
+
+    return ModelConfig.model_validate(model).model_dump(mode="json")
 
 
 def _module_entrypoint():
@@ -44,20 +49,20 @@ def _module_entrypoint():
     return EntrypointType.MODULE_PATH
 
 
-def archive_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any],
+def archive_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
                        exclude: list[str] | None = None):
     from flows.pipeline import process_sessions
 
     return process_sessions.to_deployment(
         name="om-archive",
-        parameters={"targets": [str(Path(directory).resolve())], "db_path": db_path, "model": model,
+        parameters={"targets": [str(Path(directory).resolve())], "db_path": db_path, "model": _model_json(model),
                     "settings": settings, "exclude": exclude or []},
         description="Ingest and replay an archive of Pi sessions, draining finished branches.",
         tags=["om", "archive"], entrypoint_type=_module_entrypoint(),
     )
 
 
-def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any], settings: dict[str, Any],
+def maintenance_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
                            every_seconds: int = 600, exclude: list[str] | None = None):
     from prefect.client.schemas.objects import ConcurrencyLimitConfig
 
@@ -65,7 +70,7 @@ def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any],
 
     return maintain_sessions.to_deployment(
         name="om-maintain",
-        parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": model,
+        parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": _model_json(model),
                     "settings": settings, "exclude": exclude or [], "every_seconds": every_seconds},
         interval=timedelta(seconds=every_seconds),
         concurrency_limit=ConcurrencyLimitConfig(**_ONE_AT_A_TIME),
@@ -74,7 +79,7 @@ def maintenance_deployment(directory: Path, db_path: str, model: dict[str, Any],
     )
 
 
-def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: dict[str, Any],
+def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: Any,
                   settings: dict[str, Any], every_seconds: int = 600, exclude: list[str] | None = None) -> None:
     from prefect import serve
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from pydantic import ValidationError
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -49,8 +50,8 @@ from om_core import db as dbmod
 from om_core import writer_lock
 from om_core.circuit import release_run_breaker, run_breaker
 from om_core.cost import run_budget
-from om_core.errors import DatabaseBusy, StorageError, storage_error
-from om_core.model import ModelError, RetryPolicy
+from om_core.errors import DatabaseBusy, InvalidArgument, StorageError, storage_error
+from om_core.model import ModelError
 from om_core.replay.engine import replay_payload
 from om_core.replay.payload import ReplayedRows, commit_replayed_rows, read_session_payload
 from om_core.replay.plan import RunPlan, plan_run, record_replay
@@ -60,26 +61,14 @@ from om_core.sqlfiles import query
 from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, compute_stage, make_brain
 from om_core.workspace import Workspace, WorkspaceSpec
 
-_MODEL_KEYS = ("model", "api_base", "api_key", "thinking", "timeout", "stream")
-
-
-def _config(model: dict[str, Any]) -> ModelConfig:
-    config = ModelConfig(**{k: v for k, v in model.items() if k in _MODEL_KEYS})
-    # transient errors are retried inside the model call (each attempt an llm_calls row), never by
-    # Prefect: a stage that succeeds after retries is one recorded stage
-    config.retry = RetryPolicy(**(model.get("retry") or {}))
-    return config
-
-
-def _brain(model: dict[str, Any], settings: Settings, run_id: str):
+def _brain(config: ModelConfig, settings: Settings, run_id: str):
     """A brain for one session's replay task, with the run's breaker and budget (per process; the
     stage runner checks them before each stage, the model before each call)."""
-    config = _config(model)
     breaker = run_breaker(run_id, settings.breakerFailures)  # a provider down for good stops the run
     if config.offline:
         return make_brain(config, settings, breaker=breaker)
-    gate = model_call_gate(model.get("limit", "process"), settings.modelConcurrency)
-    budget = run_budget(run_id, model.get("max_cost"), model.get("model"))
+    gate = model_call_gate(config.limit, settings.modelConcurrency)
+    budget = run_budget(run_id, config.max_cost, config.model)
     return make_brain(config, settings, gate=gate, breaker=breaker, budget=budget)
 
 
@@ -99,7 +88,7 @@ def _log_session_error(message: str, trace: str) -> None:
 
 
 @task(name="replay-session", persist_result=False, cache_policy=NO_CACHE)
-def replay_session_task(payload: Any, model: dict[str, Any], settings: Settings, drain: bool, run_id: str,
+def replay_session_task(payload: Any, model: ModelConfig, settings: Settings, drain: bool, run_id: str,
                         result_storage: Any) -> dict[str, Any]:
     """Every branch of one session on an in-memory copy of its rows (om_core.replay.engine); returns
     the rows it appended. Errors are returned, never raised.
@@ -169,7 +158,7 @@ def _stopped_by_storage(ws: Workspace, run_id: str, message: str, ingested: dict
     return {"run_id": run_id, "sessions": [], "errors": [message], "ingest": ingested, "stopped": message}
 
 
-def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], drain: bool, run_id: str | None,
+def _process(targets: list[str], spec: WorkspaceSpec, model: ModelConfig, drain: bool, run_id: str | None,
              command: str, window: int, exclude: list[str], plan: RunPlan | None = None) -> dict[str, Any]:
     """The run: planned here (a deployment, a scheduled tick) unless ``plan`` is the caller's (``om run``
     planned it, ingest included, and reported its errors, warnings and notes): one plan per run either way."""
@@ -181,11 +170,11 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
         # where the next writer finds them after a kill -9 (the lock file), and in the run's row
         helpers = writer_lock.record_helpers(spec.db_path)
         with ws.write() as con:
-            start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.get("model")},
+            start_run(con, run_id, command, {"targets": targets, "drain": drain, "model": model.name},
                       [h["pid"] for h in helpers])
         planned_here = plan is None
         if planned_here:
-            plan = plan_run(ws, targets, model=model.get("model") or "offline", drain=drain,
+            plan = plan_run(ws, targets, model=model.name, drain=drain,
                             command=f"{command} {run_id}", strict=False, exclude=exclude)
     except Exception as exc:  # a full disk ends the run with one line
         stored = storage_error(exc, spec.db_path)
@@ -205,7 +194,7 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: dict[str, Any], dra
             finish_run(con, run_id, "ok", {"sessions": 0, "passive": True})
         return {"run_id": run_id, "sessions": [], "errors": listed, "ingest": ingested, "passive": True,
                 "skipped": plan.session_ids}
-    if not _config(model).offline and model.get("limit") == "prefect":
+    if not model.offline and model.limit == "prefect":
         ensure_model_call_limit(settings.modelConcurrency)
     storage = stage_result_storage(settings, spec.db_path)
     progress_board.start(session_ids)
@@ -300,6 +289,17 @@ def _as_the_writer(spec: WorkspaceSpec, command: str, work) -> dict[str, Any]:  
         return work()
 
 
+def _model(model: ModelConfig | dict[str, Any] | None) -> ModelConfig:
+    """The flow's one ModelConfig: the caller's (om run), or validated once from a deployment's JSON."""
+    if isinstance(model, ModelConfig):
+        return model
+    try:
+        return ModelConfig.model_validate(model or {})
+    except ValidationError as exc:  # a deployment's stale or mistyped parameter: one line, nothing started
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'model'}: {e['msg']}" for e in exc.errors())
+        raise InvalidArgument(f"the flow's model parameter: {problems}") from None
+
+
 def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> WorkspaceSpec:
     typed = settings if isinstance(settings, Settings) else Settings(**(settings or {}))
     return WorkspaceSpec(db_path=str(Path(db_path).resolve()), settings=typed)
@@ -307,7 +307,7 @@ def _spec(db_path: str, settings: dict[str, Any] | Settings | None) -> Workspace
 
 @flow(name="om-process-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=False,
       validate_parameters=False)
-def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
+def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: ModelConfig | dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
                      window: int = 8, exclude: list[str] | None = None, plan: RunPlan | None = None,
                      spec: WorkspaceSpec | None = None) -> dict[str, Any]:
@@ -318,19 +318,21 @@ def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: dict
     ``settings`` are then not read) and ``plan`` (its RunPlan: the targets are ``plan.due``, nothing is
     planned or fingerprinted again). A deployment passes JSON (``db_path``, ``settings``) and the flow plans."""
     spec = spec if spec is not None else _spec(db_path, settings)
-    return _as_the_writer(spec, "run", lambda: _process(targets, spec, model or {}, drain, run_id,
+    config = _model(model)
+    return _as_the_writer(spec, "run", lambda: _process(targets, spec, config, drain, run_id,
                                                         "run", window, exclude or [], plan))
 
 
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
-def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: dict[str, Any] | None = None,
+def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: ModelConfig | dict[str, Any] | None = None,
                       settings: dict[str, Any] | None = None, exclude: list[str] | None = None,
                       every_seconds: int | None = None) -> dict[str, Any]:
     """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining.
     Ends with one line saying what the tick did (and, given its schedule's ``every_seconds``, when the next
     one is due), on stdout and in the flow run's logs."""
     spec = _spec(db_path, settings)
-    result = _as_the_writer(spec, "maintain", lambda: _process([directory], spec, model or {}, False, None,
+    config = _model(model)
+    result = _as_the_writer(spec, "maintain", lambda: _process([directory], spec, config, False, None,
                                                                "maintain", 8, exclude or []))
     announce_tick(result, every_seconds)
     return result

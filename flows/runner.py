@@ -39,7 +39,7 @@ def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
     raise ValueError(f"unknown task runner {kind!r}: use threads or dask")
 
 
-def run_pipeline(targets: list[str], *, model: dict[str, Any], db_path: str | None = None,
+def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
                  settings: dict[str, Any] | None = None, spec: Any = None, plan: Any = None,
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
                  window: int | None = None,
@@ -47,6 +47,7 @@ def run_pipeline(targets: list[str], *, model: dict[str, Any], db_path: str | No
                  on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
 
+    ``model`` is a ModelConfig (om run's, built once) or its JSON form (a dict, validated once by the flow).
     ``spec`` (a WorkspaceSpec) and ``plan`` (the caller's RunPlan) go to the flow as values; without
     them the flow builds the spec from ``db_path`` and ``settings`` and plans the run itself.
     ``window``: sessions in flight at once (their payloads are read just before they start;

@@ -486,3 +486,77 @@ def test_om_run_plans_once_and_fingerprints_each_session_once(prefect_api, tmp_p
     finally:
         con.close()
     assert recorded == len(paths)  # the plan's fingerprints were recorded: a rerun replays nothing
+
+
+def test_om_run_builds_one_model_config_and_the_flow_carries_it_to_every_replay(prefect_api, tmp_path, monkeypatch):
+    """The model config is one typed value: built once from the settings by `om run` (with its
+    model-call limit and --max-cost), taken by the flow as that value (not validated again from a
+    dict) and handed to each session's replay task, whose brain is made from it (no rebuilding)."""
+    import flows.pipeline
+    from om_cli import run_om
+    from om_core.workers.stages import ModelConfig
+
+    make_sessions(tmp_path / "sessions", count=3)
+    built: list[ModelConfig] = []
+    validated: list = []
+    brains: list[ModelConfig] = []
+    real_from_settings, real_validate, real_brain = ModelConfig.from_settings, ModelConfig.model_validate, \
+        flows.pipeline._brain
+
+    def from_settings_spy(cls, *args, **kwargs):
+        built.append(real_from_settings(*args, **kwargs))
+        return built[-1]
+
+    def validate_spy(cls, *args, **kwargs):
+        validated.append(args)
+        return real_validate(*args, **kwargs)
+
+    def brain_spy(config, settings, run_id):
+        brains.append(config)
+        return real_brain(config, settings, run_id)
+
+    monkeypatch.setattr(ModelConfig, "from_settings", classmethod(from_settings_spy))
+    monkeypatch.setattr(ModelConfig, "model_validate", classmethod(validate_spy))
+    monkeypatch.setattr(flows.pipeline, "_brain", brain_spy)
+    db = tmp_path / "om.duckdb"
+    env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api, "OM_DB": str(db),
+           "OPENAI_API_KEY": "not-needed"}
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        base_url = server.base_url
+        result = run_om(["run", str(tmp_path / "sessions"), "--json", "--model", "openai/gpt-4o-mini",
+                         "--api-base", base_url, "--max-cost", "5"], cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert server.requests  # the model was called through the config's base URL
+    body = json.loads(result.stdout)
+    assert len(body["sessions"]) == 3 and all(s["error"] is None for s in body["sessions"])
+    assert len(built) == 1 and validated == []  # built once by the command; the flow validated no dict
+    (config,) = built
+    assert (config.model, config.api_base, config.limit, config.max_cost) == (
+        "openai/gpt-4o-mini", base_url, "process", 5.0)
+    assert len(brains) == 3 and all(b is config for b in brains)  # a replay task per session, each given that value
+
+
+def test_a_model_config_travels_as_json_without_its_key_and_a_bad_one_is_one_line():
+    """What a deployment carries: the ModelConfig's JSON (retry policy included, never the API key),
+    which the flow validates back into the same config; a mistyped field is one clear error."""
+    from deployments import archive_deployment
+    from flows.pipeline import _model
+    from om_core.errors import InvalidArgument
+    from om_core.model import RetryPolicy
+    from om_core.workers.stages import ModelConfig
+
+    config = ModelConfig(model="openai/fake-model", api_base="http://127.0.0.1:9/v1", api_key="sk-secret-value",
+                         retry=RetryPolicy(attempts=2, base_seconds=0.5), limit="prefect", max_cost=1.5)
+    carried = archive_deployment(Path("/tmp"), "/tmp/om.duckdb", config, Settings().model_dump(mode="json"))
+    as_json = carried.parameters["model"]
+    assert json.loads(json.dumps(as_json)) == as_json and "sk-secret-value" not in json.dumps(as_json)
+    back = _model(as_json)
+    assert back.api_key is None and back.key is None
+    assert back.model_dump(exclude={"api_key"}) == config.model_dump(exclude={"api_key"})
+    assert (back.retry.attempts, back.retry.base_seconds, back.limit, back.max_cost) == (2, 0.5, "prefect", 1.5)
+    assert _model(config) is config  # om run's value is taken as it is
+    assert _model(None).offline and _model({"model": "offline"}).name == "offline"
+    with pytest.raises(InvalidArgument) as bad:
+        _model({"model": "openai/fake-model", "limit": "everywhere", "retries": 3})
+    message = str(bad.value)
+    assert "\n" not in message and "limit" in message and "retries" in message

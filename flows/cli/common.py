@@ -99,12 +99,13 @@ def workspace(flags: Mapping[str, Any] | None = None) -> Workspace:
     return Workspace.open(state.db, config=state.config, flags=flags)
 
 
-def model_config(settings: Settings, model: str | None, api_base: str | None, as_json: bool):
-    """The workers' model from --model/--api-base and the settings, checked before any work
-    (credentials, provider, base URL); says so when it is the offline baseline."""
+def model_config(settings: Settings, model: str | None, api_base: str | None, as_json: bool, **run: Any):
+    """The workers' model from --model/--api-base and the settings (``run``: om run's model-call limit and
+    --max-cost), checked before any work (credentials, provider, base URL); says so when it is the offline
+    baseline."""
     from om_core.workers.stages import ModelConfig  # the workers' modules: only for commands that run them
 
-    config = ModelConfig.from_settings(settings, model, api_base)
+    config = ModelConfig.from_settings(settings, model, api_base, **run)
     config.preflight()
     if config.offline and not as_json:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "

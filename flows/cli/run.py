@@ -69,16 +69,15 @@ def run(
     settings = ws.settings
     if dask_address:  # before any work (no database opened): workers elsewhere need a server and shared results
         check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"), settings.resultStorage)
-    config = model_config(settings, model, api_base, as_json)  # before Prefect starts
     limit = model_limit or ("prefect" if dask_address else "process")
     if limit not in ("process", "prefect"):
         raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
-    model_dict = {"model": config.model or "offline", "api_base": config.api_base, "thinking": config.thinking,
-                  "timeout": config.timeout, "limit": limit, "max_cost": max_cost}
+    # the run's one ModelConfig, built here from the settings and carried to the flow as that value
+    config = model_config(settings, model, api_base, as_json, limit=limit, max_cost=max_cost)  # before Prefect
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
     with ws.one_writer("run"):  # from before the plan's ingest to the last commit: a second run gets exit 3
         say("checking the targets and ingesting new lines…")
-        plan = plan_run(ws, targets, model=model_dict["model"], drain=not no_drain, exclude=exclude or ())
+        plan = plan_run(ws, targets, model=config.name, drain=not no_drain, exclude=exclude or ())
         if not as_json:
             for line in plan.warnings:  # a rewritten file that lost entries or the evidence of memory records
                 err.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
@@ -91,7 +90,7 @@ def run(
             estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
             say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator "
                 "(Prefect)…")
-            summary = _run_with_display(ws, plan, model_dict, concurrency, not no_drain,
+            summary = _run_with_display(ws, plan, config, concurrency, not no_drain,
                                         runner, dask_address, as_json, verbose)
             summary["errors"] = plan.errors + summary["errors"]
     due = set(plan.due) if not settings.passive else set()
@@ -221,7 +220,7 @@ def _describe_sessions(ws, session_ids) -> None:
                                          "entries": r["entry_count"]} for r in rows})
 
 
-def _run_with_display(ws, plan, model_dict, concurrency, drain, runner, dask_address, quiet,
+def _run_with_display(ws, plan, config, concurrency, drain, runner, dask_address, quiet,
                       verbose):
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
@@ -229,7 +228,7 @@ def _run_with_display(ws, plan, model_dict, concurrency, drain, runner, dask_add
 
     def work():
         # planned once: the flow takes this plan (and the workspace's spec) as values, and plans nothing again
-        return run_pipeline(plan.due, spec=ws.spec(), plan=plan, model=model_dict,
+        return run_pipeline(plan.due, spec=ws.spec(), plan=plan, model=config,
                             concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
                             run_id=run_id)
 

@@ -42,7 +42,7 @@ def serve(
         if path is not None and not path.is_dir():
             raise InvalidArgument(f"{path} is not a directory")
     ws = workspace()
-    model_dict, settings_dict = resolved_inputs(ws.settings, model, api_base)
+    config, settings_dict = resolved_inputs(ws.settings, model, api_base)
     server = None
     if not os.environ.get("PREFECT_API_URL"):  # the ephemeral API runs no schedules: use a real server
         home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
@@ -55,17 +55,17 @@ def serve(
         err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
     prepare_environment()
     answering = _live_endpoint(ws) if endpoint else None
-    if model_dict["model"] == "offline":
+    if config.offline:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
     else:
-        err.print(f"model: {escape(model_dict['model'])}"
-                  + (f" at {escape(model_dict['api_base'])}" if model_dict.get("api_base") else ""), highlight=False)
+        err.print(f"model: {escape(config.model)}"
+                  + (f" at {escape(config.api_base)}" if config.api_base else ""), highlight=False)
     what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
     err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
     # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
     serve_until_signal(
-        lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=model_dict,
+        lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=config,
                               settings=settings_dict, every_seconds=every, exclude=exclude or []),
         cleanup=lambda: [part.stop() for part in (answering, server) if part is not None],
         stopped=lambda pids, signum: _mark_interrupted(ws, pids, signum),

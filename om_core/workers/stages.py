@@ -12,12 +12,13 @@ with exactly-once and the run's breaker and budget, is ``om_core.replay.stage_ru
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 import duckdb
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
 
 from om_core import db as dbmod
 from om_core.circuit import preflight_model
@@ -31,33 +32,58 @@ from om_core.workers.offline import OfflineBrain
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest
 
 
-@dataclass
-class ModelConfig:
-    """Which model the workers use; ``offline`` (or nothing configured) means the extractive baseline."""
+class ModelConfig(BaseModel):
+    """Which model the workers use and how a run calls it; ``offline`` (or nothing configured) means the
+    extractive baseline. One typed value: the CLI builds it once from the settings (``from_settings``) and
+    the flow takes it as a parameter (a deployment carries it as JSON: ``model_dump(mode="json")``)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     api_base: str | None = None
-    api_key: str | None = None
+    api_key: SecretStr | None = None  # never written out: a flow run's parameters are stored by Prefect
     thinking: str = "off"
     timeout: float = 120.0
     stream: bool = False
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # transient errors are retried inside the model call (each attempt an llm_calls row), never by Prefect:
+    # a stage that succeeds after retries is one recorded stage
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    limit: Literal["process", "prefect"] = "process"  # the model-call limit: this process's, or Prefect's global one
+    max_cost: float | None = None  # the run's --max-cost (om_core.cost)
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: str | None = None, api_base: str | None = None) -> ModelConfig:
+    def from_settings(cls, settings: Settings, model: str | None = None, api_base: str | None = None,
+                      **run: Any) -> ModelConfig:
         chosen = model or (settings.model.litellm_name if settings.model else None)
         return cls(model=chosen, api_base=api_base or settings.apiBase,
                    thinking=settings.model.thinking if settings.model else "off",
-                   timeout=settings.requestTimeoutSeconds)
+                   timeout=settings.requestTimeoutSeconds, **run)
+
+    @field_serializer("api_key", when_used="json")
+    def _no_key_out(self, key: SecretStr | None) -> None:  # a deployment's worker reads its own credentials
+        return None
+
+    @field_serializer("retry")
+    def _retry_out(self, retry: RetryPolicy) -> dict[str, Any]:  # its sleep (a test's clock) stays in the process
+        return {"attempts": retry.attempts, "base_seconds": retry.base_seconds, "max_seconds": retry.max_seconds}
 
     @property
     def offline(self) -> bool:
         return not self.model or self.model == OFFLINE
 
+    @property
+    def name(self) -> str:
+        """The model as the plan's fingerprints and the stage keys name it."""
+        return OFFLINE if self.offline else self.model
+
+    @property
+    def key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
     def preflight(self) -> None:
         """Fail before anything starts on what can be checked offline (om_core.circuit)."""
         if not self.offline:
-            preflight_model(self.model, self.api_base, self.api_key)
+            preflight_model(self.model, self.api_base, self.key)
 
 
 def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] | None = None,
@@ -70,7 +96,7 @@ def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] 
         brain.breaker, brain.budget = breaker, None  # a run's breaker stops offline stages too (a full disk)
         return brain
     calls = [] if calls is None else calls
-    model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.api_key, thinking=config.thinking,
+    model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
                          gate=gate, breaker=breaker, keep_texts=settings.storePrompts, budget=budget)
     brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
