@@ -127,11 +127,12 @@ def _record_session_error(con, session_id: str, run_id: str, message: str) -> No
 COMMIT_LOCK = threading.Lock()
 
 
-def commit_session_result(ws: Workspace, result: dict[str, Any], fingerprint: str | None = None) -> dict[str, int]:
+def commit_session_result(con, result: dict[str, Any], fingerprint: str | None = None) -> dict[str, int]:  # noqa: ANN001
     """The flow's one write per session: the replay's rows, and its error or (when it completed)
-    the fingerprint it started from (om_core.replay.plan), in one transaction."""
+    the fingerprint it started from (om_core.replay.plan), in one transaction on ``con`` (a write
+    connection, held with COMMIT_LOCK)."""
     rows: ReplayedRows = result["rows"]
-    with COMMIT_LOCK, ws.write() as con, dbmod.transaction(con):
+    with dbmod.transaction(con):
         written = commit_replayed_rows(con, rows)
         if result["error"]:
             _record_session_error(con, result["session_id"], rows.run_id, result["error"])
@@ -203,38 +204,54 @@ def _process(targets: list[str], spec: WorkspaceSpec, model: ModelConfig, drain:
     prints = plan.fingerprints  # taken by the plan: no session is fingerprinted twice in a run
     breaker = run_breaker(run_id)
 
+    pending, labels = [], {}
+    queue = list(session_ids)
+
+    def submit_next(con) -> None:  # noqa: ANN001 - a connection to the user's database
+        sid = queue[0]
+        payload = read_session_payload(con, sid)
+        labels[sid] = session_label(payload.file_path, sid)
+        pending.append(replay_session_task.with_options(
+            task_run_name=replay_name(labels[sid]), tags=session_tags(sid, "replay")).submit(
+                payload, model, settings, drain, run_id, storage))
+        queue.pop(0)
+
     def collect(future) -> None:  # noqa: ANN001 - a Prefect future
+        """Commit a finished replay and read the next session's payload (bounded: payloads are read
+        just before their task starts) in one open of the file: opening and closing a DuckDB file
+        costs ~20 ms of CPU, the largest part of the one writer's work per session."""
         result = future.result()
         # a replay with a failed stage is not complete: the session stays due, so a rerun retries it
         complete = (not result["error"] and not result.get("budget_stop")
                     and not any(b["failures"] for b in result["branches"]))
+        waiting = len(queue)
         if not isinstance(breaker.reason, StorageError):  # after a full disk nothing more is written
             try:
-                commit_session_result(ws, result, prints.get(result["session_id"]) if complete else None)
+                with COMMIT_LOCK, ws.write() as con:
+                    commit_session_result(con, result, prints.get(result["session_id"]) if complete else None)
+                    if queue:
+                        submit_next(con)
             except Exception as exc:
                 stored = storage_error(exc, spec.db_path)
                 if stored is None:
                     raise
                 breaker.trip(stored)  # a full disk: stop the other sessions before their model calls
+        if queue and len(queue) == waiting:  # not read with the commit (a full disk): read it alone
+            with ws.read() as con:
+                submit_next(con)
         results.append({k: v for k, v in result.items() if k != "rows"})
         # the board is drawn here too: a replay on a cluster worker cannot update this process's board
         progress_board.update({"session_id": result["session_id"],
                                **({"error": result["error"]} if result["error"] else {"done": True})})
 
-    pending, labels = [], {}
-    for sid in session_ids:
-        while len(pending) >= window:  # bounded: payloads are read just before their task starts
-            done = next(as_completed(pending))
-            pending.remove(done)
-            collect(done)
-        with ws.read() as con:
-            payload = read_session_payload(con, sid)
-        labels[sid] = session_label(payload.file_path, sid)
-        pending.append(replay_session_task.with_options(
-            task_run_name=replay_name(labels[sid]), tags=session_tags(sid, "replay")).submit(
-                payload, model, settings, drain, run_id, storage))
-    for future in as_completed(pending):
-        collect(future)
+    if queue:
+        with ws.read() as con:  # the first window's payloads in one read
+            while queue and len(pending) < window:
+                submit_next(con)
+    while pending:
+        done = next(as_completed(pending))
+        pending.remove(done)
+        collect(done)
     order = {sid: i for i, sid in enumerate(session_ids)}
     results.sort(key=lambda r: order[r["session_id"]])
     stopped = release_run_breaker(run_id)
