@@ -160,3 +160,22 @@ def small_fs(tmp_path):
 
     yield mount, remount
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+# `make test` runs the suite on every core with pytest-xdist (-n auto --dist loadgroup). Tests that
+# share a costly fixture go to one worker, so that each worker does not build it again: the real
+# Prefect server (and the cluster tests' reference run on it), the offline replay of
+# before-compaction.jsonl, the ingest of the two real sessions, Pi's live conversation. Everything
+# else spreads test by test; a Prefect test harness per worker is cheaper than a queue behind one.
+XDIST_GROUPS = {"prefect_server": "prefect-server", "_before_compaction_offline": "before-compaction-offline",
+                "live": "pi-live"}
+XDIST_MODULE_GROUPS = {"real_db", "worlds", "built"}  # module-scoped fixtures of a few seconds or more
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        names = set(item.fixturenames)
+        group = next((g for f, g in XDIST_GROUPS.items() if f in names), None) or \
+            next((f"{item.module.__name__}:{f}" for f in sorted(XDIST_MODULE_GROUPS & names)), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))

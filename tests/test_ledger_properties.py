@@ -323,10 +323,17 @@ def prop_db(tmp_path_factory):
 OTHER_LEAVES_PER_EXAMPLE = 1
 
 
-# Example count from the profile in conftest.py (50 by default, 300 in CI).
-@settings(phases=PHASES)
+# Example count from the profile in conftest.py (50 by default, 300 in CI), drawn by SHARDS tests of
+# a part each, each from its own random seed: one test of 300 examples was 8 minutes on one core,
+# the shards let pytest-xdist spread them over both (the total stays the profile's count).
+SHARDS = 6
+EXAMPLES_PER_SHARD = -(-settings.default.max_examples // SHARDS)
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+@settings(phases=PHASES, max_examples=EXAMPLES_PER_SHARD)
 @given(sc=scenario())
-def test_sql_matches_oracle(prop_db, sc):
+def test_sql_matches_oracle(prop_db, sc, shard):
     con, tmp = prop_db
     session_id, world = build(con, tmp, sc)
     rng = random.Random(sc["seed"])

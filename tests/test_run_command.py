@@ -1,6 +1,10 @@
 """`om run` under interruption and in its first seconds (a real process, real signals, the fake model):
 Ctrl-C stops it cleanly and a rerun resumes; a missing path and a rerun with nothing to do start no
-orchestrator; failed stages are listed under the closing table."""
+orchestrator; failed stages are listed under the closing table.
+
+A run whose own local Prefect API is not what the test checks talks to the test session's API
+(``prefect_api``): starting a local API costs a run 10-15 s under load. The Ctrl-C and kill -9 tests
+keep their own local API, whose processes they check end."""
 
 from __future__ import annotations
 
@@ -146,9 +150,10 @@ def test_om_run_notes_a_stray_file_in_a_folder_and_takes_exclude(tmp_path):
     assert done.returncode == 0 and "tool.log.jsonl" not in done.stderr, done.stderr[-2000:]
 
 
-def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path):
+def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path, prefect_api):
     folder = sessions(tmp_path / "sessions", count=2)
-    first = om(tmp_path, "run", str(folder), "--json")  # the offline baseline
+    api = env_for(tmp_path, PREFECT_API_URL=prefect_api)
+    first = om(tmp_path, "run", str(folder), "--json", env=api)  # the offline baseline
     assert first.returncode == 0, first.stderr[-2000:]
     again = om(tmp_path, "run", str(folder), "--json", env=env_for(tmp_path, **NO_API), timeout=60)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -162,14 +167,15 @@ def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path):
                                                     "timestamp": "2026-04-01T12:00:00.000Z",
                                                     "message": {"role": "user", "content": "One more thing.",
                                                                 "timestamp": 1775044800000}})]) + "\n")
-    third = om(tmp_path, "run", str(folder), "--json")
+    third = om(tmp_path, "run", str(folder), "--json", env=api)
     assert third.returncode == 0, third.stderr[-2000:]
     body = json.loads(third.stdout)
     assert [s["session_id"] for s in body["sessions"]] == ["00000000-cccc-bbbb-cccc-dddddddddddd"]
 
 
-def test_failed_stages_are_listed_and_the_exit_code_is_1(tmp_path):
+def test_failed_stages_are_listed_and_the_exit_code_is_1(tmp_path, prefect_api):
     folder = sessions(tmp_path / "sessions", count=2)
+    api = env_for(tmp_path, PREFECT_API_URL=prefect_api)
     script = ScriptedWorkers()
 
     def responder(body):
@@ -179,19 +185,20 @@ def test_failed_stages_are_listed_and_the_exit_code_is_1(tmp_path):
 
     with FakeOpenAI(responder=responder) as server:
         result = om(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
-                    "--api-base", server.base_url)
+                    "--api-base", server.base_url, env=api)
         assert result.returncode == 1, result.stderr[-2000:]
         body = json.loads(result.stdout)
         assert body["failures"] and {f["session_id"] for f in body["failures"]} == {"00000001-cccc-bbbb-cccc-dddddddddddd"}
         assert all("BadRequestError" in f["error"] for f in body["failures"])
-        table = om(tmp_path, "run", str(folder), "--model", "openai/fake-model", "--api-base", server.base_url)
+        table = om(tmp_path, "run", str(folder), "--model", "openai/fake-model", "--api-base", server.base_url,
+                   env=api)
     assert "failed stages" in table.stderr  # the failed session is still due: it runs (and fails) again
 
 
 LEDGER = "SELECT session_id, kind, covers_up_to_id, anchor_entry_id, stage_key FROM ledger ORDER BY ALL"
 
 
-def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tmp_path):
+def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tmp_path, prefect_api):
     """Issue 21: three 429s at the start of a run, retried: every stage succeeds, so the run does
     (exit 0, no failure listed); the failed attempts stay recorded as attempts (llm_calls rows)."""
     folder = sessions(tmp_path / "sessions", count=3)
@@ -205,7 +212,7 @@ def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tm
 
     with FakeOpenAI(responder=responder) as server:
         result = om(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
-                    "--api-base", server.base_url)
+                    "--api-base", server.base_url, env=env_for(tmp_path, PREFECT_API_URL=prefect_api))
     assert result.returncode == 0, result.stderr[-2000:]
     body = json.loads(result.stdout)
     assert body["failures"] == [] and body["errors"] == [] and all(s["error"] is None for s in body["sessions"])
@@ -222,12 +229,12 @@ def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tm
     clean.mkdir()
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         again = om(clean, "run", str(folder), "--json", "--model", "openai/fake-model", "--api-base", server.base_url,
-                   env=env_for(clean))
+                   env=env_for(clean, PREFECT_API_URL=prefect_api))
     assert again.returncode == 0, again.stderr[-2000:]
     assert db_rows(db, LEDGER) == db_rows(clean / "om.duckdb", LEDGER)  # the ledger of a run without 429s
 
 
-def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path):
+def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path, prefect_api):
     from om_core.runs import start_run
     from om_core.settings import Settings
     from om_core.workspace import Workspace
@@ -240,7 +247,8 @@ def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path):
         with ws.write() as con:
             start_run(con, "killed-run", "run", {})
             con.execute("UPDATE om_internal.runs SET pid = 999999, child_pids = [?] WHERE run_id = 'killed-run'", [helper.pid])
-        assert om(tmp_path, "run", str(folder), "--json").returncode == 0
+        assert om(tmp_path, "run", str(folder), "--json",
+                  env=env_for(tmp_path, PREFECT_API_URL=prefect_api)).returncode == 0
         helper.wait(timeout=10)  # ended: its command line names what the run started (prefect)
     finally:
         if helper.poll() is None:
