@@ -169,7 +169,7 @@ def small_fs(tmp_path):
 # else spreads test by test; a Prefect test harness per worker is cheaper than a queue behind one.
 XDIST_GROUPS = {"prefect_server": "prefect-server", "_before_compaction_offline": "before-compaction-offline",
                 "live": "pi-live"}
-XDIST_MODULE_GROUPS = {"real_db", "worlds", "built"}  # module-scoped fixtures of a few seconds or more
+XDIST_MODULE_GROUPS = {"real_db", "worlds", "built", "clean_run"}  # module-scoped, a few seconds or more
 
 
 def pytest_collection_modifyitems(items):

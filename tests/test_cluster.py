@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from builders import SessionBuilder
-from cluster import REPO, cluster_env, ledger_snapshot
+from cluster import REPO, _unshare_problem, cluster_env, ledger_snapshot, start_dask_cluster
 from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI
 
@@ -60,14 +61,36 @@ def assert_no_duplicate_record(db: Path) -> None:
         con.close()
 
 
+@pytest.fixture(scope="module")
+def hidden_client(tmp_path_factory) -> Path:
+    """The client's directory, hidden from the workers of every cluster of the module."""
+    return tmp_path_factory.mktemp("client")
+
+
 @pytest.fixture
-def client_side(tmp_path) -> dict[str, Path]:
-    """The client's directory (sessions and database), hidden from the workers, and a result storage
-    directory every worker shares (on real machines: a mount, a bucket, a storage block)."""
-    client = tmp_path / "client"
+def client_side(hidden_client, tmp_path) -> dict[str, Path]:
+    """The client's directory (sessions and database), emptied for each test, hidden from the
+    workers, and a result storage directory every worker shares (on real machines: a mount, a
+    bucket, a storage block)."""
+    for child in hidden_client.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
     shared = tmp_path / "shared-results"
     shared.mkdir()
-    return {"client": client, "sessions": make_sessions(client / "sessions"), "shared": shared}
+    return {"client": hidden_client, "sessions": make_sessions(hidden_client / "sessions"), "shared": shared}
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory, prefect_server, hidden_client):
+    """One cluster (a scheduler, two workers) for the tests that do not lose a worker: starting and
+    stopping one is 20-30 s under load. The lost-worker test and the harness's own test start theirs."""
+    problem = _unshare_problem()
+    if problem:
+        pytest.skip(problem)
+    cluster = start_dask_cluster(tmp_path_factory.mktemp("cluster"), prefect_server.api_url, [hidden_client])
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def run_env(api_url: str, server: FakeOpenAI, shared: Path, tmp_path: Path) -> dict[str, str]:
@@ -102,10 +125,10 @@ def assert_workers_wrote_nothing_hidden(cluster, client: Path) -> None:
 # ---------------------------------------------------------------- the harness itself
 
 
-def test_the_workers_cannot_see_the_database_directory(dask_cluster, client_side):
+def test_the_workers_cannot_see_the_database_directory(module_cluster, client_side):
     client_dir = client_side["client"]
     (client_dir / "om.duckdb").write_bytes(b"the client's database")
-    cluster = dask_cluster(hidden=[client_dir])
+    cluster = module_cluster
     with cluster.client() as client:
         seen = client.run(lambda: (os.getcwd(), os.listdir(client_dir), os.path.exists(client_side["shared"])))
     assert len(seen) == 2
@@ -117,9 +140,9 @@ def test_the_workers_cannot_see_the_database_directory(dask_cluster, client_side
         assert worker.sees(client_dir) == []
 
 
-def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(dask_cluster, prefect_server, client_side,
+def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(module_cluster, prefect_server, client_side,
                                                                     tmp_path):
-    cluster = dask_cluster(hidden=[client_side["client"]])
+    cluster = module_cluster
     script = textwrap.dedent(f"""
         import json, os
         from prefect import flow, task
@@ -154,9 +177,9 @@ def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(dask_cluster
 # ---------------------------------------------------------------- om run on the cluster
 
 
-def test_a_cluster_run_gives_the_ledger_of_a_threads_run(dask_cluster, prefect_server, client_side, tmp_path,
+def test_a_cluster_run_gives_the_ledger_of_a_threads_run(module_cluster, prefect_server, client_side, tmp_path,
                                                          threads_ledger):
-    cluster = dask_cluster(hidden=[client_side["client"]])
+    cluster = module_cluster
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
         db = client_side["client"] / "om.duckdb"

@@ -146,10 +146,36 @@ def test_pipeline_with_429s_then_a_rerun_changes_nothing(prefect_api, tmp_path):
         assert starts  # the scripted model really was used
 
 
-def test_kill_9_then_resume(prefect_api, tmp_path):
-    make_sessions(tmp_path / "sessions", count=3)
+def om_run_command(sessions: Path, server: FakeOpenAI, *extra: str) -> list[str]:
+    """`om run` of the sessions one stage at a time, on a model litellm has a price for, served by the
+    fake server."""
+    return [sys.executable, "-m", "flows.cli", "run", str(sessions), "--concurrency", "1", "--model",
+            "openai/gpt-4o-mini", "--api-base", server.base_url, *extra]
+
+
+def om_env(prefect_api: str, db: Path) -> dict[str, str]:
+    return {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api, "OM_DB": str(db)}
+
+
+@pytest.fixture(scope="module")
+def clean_run(prefect_api, tmp_path_factory) -> dict:
+    """The uninterrupted `om run` of three sessions that the kill -9 and --max-cost tests' runs must end
+    at: run once for the module (the tests run on the same session files, which they only read)."""
+    root = tmp_path_factory.mktemp("clean-run")
+    make_sessions(root / "sessions", count=3)
+    db = root / "clean.duckdb"
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        done = subprocess.run(om_run_command(root / "sessions", server, "--json"), env=om_env(prefect_api, db),
+                              capture_output=True, text=True, timeout=300)
+        requests = len(server.requests)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"sessions": root / "sessions", "requests": requests, "cost": json.loads(done.stdout)["cost"],
+            "snapshot": snapshot(db)}
+
+
+def test_kill_9_then_resume(prefect_api, tmp_path, clean_run):
     db = tmp_path / "om.duckdb"
-    env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api, "OM_DB": str(db)}
+    env = om_env(prefect_api, db)
     script = ScriptedWorkers()
     victim: dict = {}
 
@@ -161,16 +187,15 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
             return json_error(500)  # nobody is left to read it; not an answer
         return script(body)
 
-    command = [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1", "--json"]
     with FakeOpenAI(responder=responder) as server:
-        model = ["--model", "openai/fake-model", "--api-base", server.base_url]
-        victim["proc"] = subprocess.Popen(command + model, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        command = om_run_command(clean_run["sessions"], server, "--json")
+        victim["proc"] = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         victim["proc"].wait(timeout=300)
         assert victim.get("killed"), "the run finished before the kill"
         assert victim["proc"].returncode == -signal.SIGKILL
         computed_before = set(script.completed)
         answered_before = len(script.answered)
-        resumed = subprocess.run(command + model, env=env, capture_output=True, text=True, timeout=300)
+        resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         after = script.answered[answered_before:]
         assert not computed_before & set(after), "a stage computed before the kill was asked again"
@@ -178,41 +203,21 @@ def test_kill_9_then_resume(prefect_api, tmp_path):
         assert_ledger_sound(db)
         resumed_state = snapshot(db)
     # the interrupted-and-resumed run ends where an uninterrupted one does
-    clean_db = tmp_path / "clean.duckdb"
-    with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        clean = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(clean_db), "run",
-                                str(tmp_path / "sessions"), "--concurrency", "1", "--json", "--model",
-                                "openai/fake-model", "--api-base", server.base_url],
-                               env={**env, "OM_DB": str(clean_db)}, capture_output=True, text=True, timeout=300)
-        assert clean.returncode == 0, clean.stderr[-2000:]
-    clean_state = snapshot(clean_db)
+    clean_state = clean_run["snapshot"]
     assert [r[:4] for r in resumed_state["records"]] == [r[:4] for r in clean_state["records"]]
     assert resumed_state["observations"] == clean_state["observations"]
 
 
-def test_max_cost_stops_om_run_and_a_rerun_resumes_it(prefect_api, tmp_path):
+def test_max_cost_stops_om_run_and_a_rerun_resumes_it(prefect_api, tmp_path, clean_run):
     """`om run --max-cost` prints the estimate, stops before a call could pass the limit (exit 4),
     keeps nothing half-done, and a plain rerun ends where an unlimited run does."""
-    make_sessions(tmp_path / "sessions", count=2)
-    db, clean_db = tmp_path / "om.duckdb", tmp_path / "clean.duckdb"
-    env = {**os.environ, **SETTINGS_ENV, "PREFECT_API_URL": prefect_api}
-    base = [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "sessions"), "--concurrency", "1"]
-
-    def om_run(target: Path, server: FakeOpenAI, *extra: str):
-        # a model litellm has a price for, served by the fake server
-        model = ["--model", "openai/gpt-4o-mini", "--api-base", server.base_url]
-        return subprocess.run(base + model + list(extra), env={**env, "OM_DB": str(target)}, capture_output=True,
-                              text=True, timeout=300)
-
-    with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        clean = om_run(clean_db, server, "--json")
-        assert clean.returncode == 0, clean.stderr[-2000:]
-        clean_requests = len(server.requests)
-        clean_cost = json.loads(clean.stdout)["cost"]
+    db = tmp_path / "om.duckdb"
+    clean_requests, clean_cost = clean_run["requests"], clean_run["cost"]
     assert clean_cost["cost_usd"] > 0 and clean_cost["stopped_by_max_cost"] is False
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         # one call's worst case at gpt-4o-mini's price is about $0.0015: this allows a few calls only
-        stopped = om_run(db, server, "--max-cost", "0.0025")
+        stopped = subprocess.run(om_run_command(clean_run["sessions"], server, "--max-cost", "0.0025"),
+                                 env=om_env(prefect_api, db), capture_output=True, text=True, timeout=300)
         assert stopped.returncode == 4, stopped.stderr[-2000:]
         assert "estimate:" in stopped.stderr and "stops before $0.0025" in stopped.stderr
         assert "stopped by --max-cost" in stopped.stderr and "rerun to resume" in stopped.stderr
@@ -222,12 +227,13 @@ def test_max_cost_stops_om_run_and_a_rerun_resumes_it(prefect_api, tmp_path):
         spent = con.execute("SELECT sum(cost) FROM llm_calls").fetchone()[0]
         con.close()
         assert 0 < spent <= 0.0025
-        assert 0 < len(snapshot(db)["records"]) < len(snapshot(clean_db)["records"])
-        resumed = om_run(db, server, "--json")
+        assert 0 < len(snapshot(db)["records"]) < len(clean_run["snapshot"]["records"])
+        resumed = subprocess.run(om_run_command(clean_run["sessions"], server, "--json"), env=om_env(prefect_api, db),
+                                 capture_output=True, text=True, timeout=300)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert len(server.requests) == clean_requests  # no stage was asked twice
     assert_ledger_sound(db)
-    assert [r[:5] for r in snapshot(db)["records"]] == [r[:5] for r in snapshot(clean_db)["records"]]
+    assert [r[:5] for r in snapshot(db)["records"]] == [r[:5] for r in clean_run["snapshot"]["records"]]
 
 
 def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
