@@ -36,11 +36,11 @@ demo-memory:
 	$(BIN)/om --db $(DEMO_DB) recall $$($(BIN)/om --db $(DEMO_DB) view --replayed $(DEMO_SESSION) --json \
 		| $(BIN)/python -c "import json, sys; print(json.load(sys.stdin)['observations'][0]['id'])")
 
-# On every core (pytest-xdist): most tests wait on subprocesses, a model server or Prefect. loadgroup
-# keeps the tests that share a costly fixture on one worker (tests/conftest.py: XDIST_GROUPS).
+# On every core (pytest-xdist): most tests wait on subprocesses, a model server or Prefect. The tests
+# that share a costly fixture stay on one worker (tests/conftest.py: XDIST_GROUPS).
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal .pytest_cache

@@ -162,20 +162,37 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-# `make test` runs the suite on every core with pytest-xdist (-n auto --dist loadgroup). Tests that
-# share a costly fixture go to one worker, so that each worker does not build it again: the real
-# Prefect server (and the cluster tests' reference run on it), the offline replay of
-# before-compaction.jsonl, the ingest of the two real sessions, Pi's live conversation. Everything
-# else spreads test by test; a Prefect test harness per worker is cheaper than a queue behind one.
-XDIST_GROUPS = {"prefect_server": "prefect-server", "_before_compaction_offline": "before-compaction-offline",
-                "live": "pi-live"}
-XDIST_MODULE_GROUPS = {"real_db", "worlds", "built", "clean_run"}  # module-scoped, a few seconds or more
+# `make test` runs the suite on every core with pytest-xdist (-n auto). Tests that share a costly
+# fixture go to one worker, so that each worker does not build it again; everything else spreads test
+# by test (a Prefect test harness per worker is cheaper than a queue behind one). The groups are
+# named by node id here, because xdist's own xdist_group marks do not group anything under pytest 9
+# (xdist 3.8 renames a test through an attribute pytest 9 no longer reads).
+XDIST_GROUPS = {
+    # the real Prefect server, the cluster module's Dask cluster and its reference run
+    "tests/test_cluster.py::": "prefect-server",
+    "tests/test_serve.py::test_a_deployment_run_honours_a_setting_from_every_source": "prefect-server",
+    # Pi's live conversation, whose scenarios run in order on one Pi process
+    "tests/test_pi_live.py::": "pi-live",
+    # the offline replay of before-compaction.jsonl (half a minute under load)
+    "tests/test_gaps.py::": "before-compaction-offline",
+    "tests/test_export.py::": "before-compaction-offline",
+    # module fixtures of several seconds: a replay, a report, an uninterrupted om run
+    "tests/test_compact_worlds.py::": "compact-worlds",
+    "tests/test_report.py::": "report",
+    "tests/test_flows.py::test_kill_9_then_resume": "flows-clean-run",
+    "tests/test_flows.py::test_max_cost_stops_om_run_and_a_rerun_resumes_it": "flows-clean-run",
+}
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        names = set(item.fixturenames)
-        group = next((g for f, g in XDIST_GROUPS.items() if f in names), None) or \
-            next((f"{item.module.__name__}:{f}" for f in sorted(XDIST_MODULE_GROUPS & names)), None)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's default distribution (--dist load, which -n implies) with XDIST_GROUPS kept together."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next((group for prefix, group in XDIST_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+    return SharedFixtureScheduling(config, log)

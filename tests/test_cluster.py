@@ -25,8 +25,7 @@ from fake_openai import FakeOpenAI
 
 from flows.server import free_port
 
-# one worker for the module under pytest-xdist: one real Prefect server and one reference run (conftest)
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("prefect-server")]
+pytestmark = pytest.mark.cluster
 
 SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",
                 "OM_KEEP_RECENT_TOKENS": "200", "OM_OBSERVER_CHUNK_MAX_TOKENS": "400",
