@@ -181,6 +181,7 @@ XDIST_GROUPS = {
     "tests/test_report.py::": "report",
     "tests/test_flows.py::test_kill_9_then_resume": "flows-clean-run",
     "tests/test_flows.py::test_max_cost_stops_om_run_and_a_rerun_resumes_it": "flows-clean-run",
+    "tests/test_faults.py::test_a_provider_down_for_good": "faults-reference-ledger",
 }
 
 

@@ -157,22 +157,22 @@ LEDGER = ("SELECT l.session_id, l.kind, l.stage, l.stage_key, l.covers_up_to_id,
           "GROUP BY ALL ORDER BY ALL")
 
 
-def healthy_run(tmp_path: Path, folder: Path):
+def healthy_run(tmp_path: Path, folder: Path, api: str):
     from fake_brains import ScriptedWorkers
 
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         done = subprocess.run(om_command(tmp_path, folder, "--model", "openai/fake-model", "--api-base",
-                                         server.base_url), cwd=tmp_path, env=env_for(tmp_path), capture_output=True,
-                              text=True, timeout=400)
+                                         server.base_url), cwd=tmp_path, env=env_for(tmp_path, PREFECT_API_URL=api),
+                              capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]
     return db_rows(tmp_path / "om.duckdb", LEDGER)
 
 
 @pytest.fixture(scope="module")
-def reference_ledger(tmp_path_factory):
+def reference_ledger(tmp_path_factory, prefect_api):
     """The ledger of an uninterrupted run on a healthy provider."""
     tmp = tmp_path_factory.mktemp("reference")
-    return healthy_run(tmp, sessions(tmp / "sessions", count=2))
+    return healthy_run(tmp, sessions(tmp / "sessions", count=2), prefect_api)
 
 
 FAULTS = {"500-forever": (http_error(500, "upstream down"), {}),
@@ -181,13 +181,16 @@ FAULTS = {"500-forever": (http_error(500, "upstream down"), {}),
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_a_provider_down_for_good_trips_the_breaker_and_a_rerun_resumes(tmp_path, fault, reference_ledger):
+def test_a_provider_down_for_good_trips_the_breaker_and_a_rerun_resumes(tmp_path, fault, reference_ledger,
+                                                                       prefect_api):
+    # the test session's Prefect API: the run's own local one is not what this checks (10-15 s a start)
     folder = sessions(tmp_path / "sessions", count=2)
     reply, extra = FAULTS[fault]
     with FakeOpenAI(default=reply) as server:
         done = subprocess.run(om_command(tmp_path, folder, "--model", "openai/fake-model", "--api-base",
                                          server.base_url), cwd=tmp_path,
-                              env=env_for(tmp_path, OM_BREAKER_FAILURES="6", **extra), capture_output=True,
+                              env=env_for(tmp_path, OM_BREAKER_FAILURES="6", PREFECT_API_URL=prefect_api, **extra),
+                              capture_output=True,
                               text=True, timeout=400)
         calls = len(server.requests)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -197,7 +200,7 @@ def test_a_provider_down_for_good_trips_the_breaker_and_a_rerun_resumes(tmp_path
     assert "Traceback" not in done.stderr
     assert 6 <= calls <= 6 + 8, calls  # the limit, plus at most the calls in flight (modelConcurrency)
     assert [s for (s, _) in run_row(tmp_path)] == ["failed"]
-    assert healthy_run(tmp_path, folder) == reference_ledger
+    assert healthy_run(tmp_path, folder, prefect_api) == reference_ledger
 
 
 # ------------------------------------------------------------------ a full disk (item 2)
