@@ -56,12 +56,21 @@ import psutil  # noqa: E402
 from builders import SessionBuilder  # noqa: E402
 from fake_brains import ScriptedWorkers  # noqa: E402
 from fake_openai import FakeOpenAI, Reply, http_error  # noqa: E402
-from test_faults import LEDGER  # noqa: E402
+from test_faults import LEDGER, fill  # noqa: E402
 from test_run_command import SETTINGS_ENV, env_for, sessions  # noqa: E402
 
 BOUND = 240.0  # seconds a run may take before it counts as hung (the issue saw runs still going at 300 s)
 MODEL = ["--model", "openai/fake-model"]
 ENTRIES = "SELECT session_id, entry_id, line_no, entry_type FROM entries ORDER BY ALL"
+
+
+def mount_tmpfs(row: "Row", where: Path, size: str) -> bool:
+    """A tmpfs of ``size`` at ``where`` (root only); without it the fault is noted as not tried."""
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        row.notes.append(f"not tried: cannot mount a tmpfs ({mounted.stderr.strip()})")
+    return mounted.returncode == 0
 
 
 @dataclass
@@ -264,10 +273,7 @@ class Bench:
         where = self.fault_dir("full-disk")
         disk = where / "disk"
         disk.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True,
-                                 text=True)
-        if mounted.returncode != 0:
-            row.notes.append(f"not tried: cannot mount a tmpfs ({mounted.stderr.strip()})")
+        if not mount_tmpfs(row, disk, "64m"):
             return row
         try:
             folder = sessions(where / "sessions", count=2)
@@ -275,13 +281,7 @@ class Bench:
 
             def fill_at_third(n: int) -> None:
                 if n == 3 and filled["at"] is None:
-                    with open(disk / "filler", "wb") as f:
-                        try:
-                            while True:
-                                f.write(b"\0" * (1 << 20))
-                                f.flush()
-                        except OSError:
-                            pass
+                    fill(disk)
                     filled["at"] = n
 
             self.provider.fresh(delay=0.2).on_call = fill_at_third
@@ -459,10 +459,7 @@ class Bench:
         where = self.fault_dir("export-ro")
         mount = where / "fs"
         mount.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True,
-                                 text=True)
-        if mounted.returncode != 0:
-            row.notes.append(f"not tried: cannot mount a tmpfs ({mounted.stderr.strip()})")
+        if not mount_tmpfs(row, mount, "3m"):
             return row
         try:
             subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
