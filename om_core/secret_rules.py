@@ -129,10 +129,13 @@ def _assignment_group(m: re.Match[str]) -> str:
     return "qv" if m.group("qv") is not None else "v"
 
 
-# a secret-ish word, a short gap on the same line, then a token-like run (on lower-cased text)
+# a secret-ish word, a short gap on the same line, an assignment (`:`, `=`, `is`, `are`, `was`), then a
+# token-like run (on lower-cased text). Without the assignment a random-looking run is only near the
+# word, not given as its value: `token usage 12,345 in run 3f9a2c7d1e0b4a56` names an om run, no token.
 _NEAR_NEEDLES = ("key", "token", "secret", "passw", "pwd", "credential", "bearer", "auth")
 _NEAR_WORD = re.compile(r"(?P<w>keys?|tokens?|secrets?|passwords?|passwd|pwd|credentials?|bearer|auth(?:orization)?)\b"
-                        r"(?P<gap>[^\n]{0,40}?)(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{14,}[a-z0-9]={0,2})")
+                        r"(?P<gap>[^\n]{0,40}?(?:[:=]|\b(?:is|are|was|were)\b)[ \t]*[\"'`]?)"
+                        r"(?<![a-z0-9_+/=\-])([a-z0-9][a-z0-9_\-+/.]{14,}[a-z0-9]={0,2})")
 # the gap ends in a word that says an id follows (`the key's commit …`, `job id is …`)
 _ID_CONTEXT = re.compile(r"(?:^|\W)(?:ids?|uuid|sha\d*|md5|hash|digest|checksum|etag|commit|rev|revision|version)"
                          r"\W*(?:is|was|:|=)?\W*$")

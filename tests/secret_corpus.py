@@ -341,6 +341,9 @@ LOOKALIKES = [
     "tokens used: 123456 of 200000",
     "cache key users:42:profile:v3",
     "the key is in ~/.ssh/id_ed25519.pub",
+    # issue 32: an om run id (16 hex) after a token count is no token: nothing assigns it to the word
+    "Token usage: 1,234,567 prompt tokens in run 3f9a2c7d1e0b4a56",
+    "token usage 12,345 prompt / 678 completion in run 9b1c2d3e4f5a6b7c (see om logs)",
 ]
 
 
