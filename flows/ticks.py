@@ -13,10 +13,12 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def stages_run(result: dict[str, Any]) -> int:
-    """Stage runs that did something (recorded, empty or failed), not the ones skipped."""
+def stages_recorded(result: dict[str, Any]) -> int:
+    """Stage runs that appended memory. Not every stage asked: most find their input answered before (an
+    empty result, a reflector whose ledger did not change), call no model and change nothing; a failed
+    one counts among the errors."""
     return sum(n for session in result.get("sessions", []) for branch in session.get("branches", [])
-               for key, n in branch.get("stages", {}).items() if not key.endswith(":skipped"))
+               for key, n in branch.get("stages", {}).items() if key.endswith(":recorded"))
 
 
 def tick_errors(result: dict[str, Any]) -> int:
@@ -25,20 +27,32 @@ def tick_errors(result: dict[str, Any]) -> int:
             + sum(len(b.get("failures", [])) for s in sessions for b in s.get("branches", [])))
 
 
-def tick_line(result: dict[str, Any], started: datetime, every_seconds: int | None) -> str:
-    """``tick 04:01:10: 3 sessions seen, 120 lines ingested, 2 stages run, 0 errors; next tick 04:11:10``."""
+def tick_line(result: dict[str, Any], started: datetime, every_seconds: int | None, link: str | None = None) -> str:
+    """``tick 04:01:10: 3 sessions seen, 120 lines ingested, 2 stages recorded memory, 0 errors; next tick
+    04:11:10; http://127.0.0.1:4200/runs/flow-run/…`` (``link``: the tick's flow run in Prefect's UI)."""
     at = started.astimezone().strftime("%H:%M:%S")
     upcoming = ""
     if every_seconds:
         upcoming = f"; next tick {(started + timedelta(seconds=every_seconds)).astimezone():%H:%M:%S}"
+    if link:
+        upcoming += f"; {link}"
     if result.get("busy"):
         return f"tick {at}: skipped ({result['busy']}){upcoming}"
     files = result.get("ingest", {}).get("files", [])
     lines = sum(f.get("entries_added", 0) + f.get("lines_quarantined", 0) for f in files)
     seen = len({f["session_id"] for f in files if f.get("session_id")})
+    recorded = stages_recorded(result)
     return (f"tick {at}: {_count(seen, 'session')} seen, {_count(lines, 'line')} ingested, "
-            f"{_count(stages_run(result), 'stage')} run, {_count(tick_errors(result), 'error')}{upcoming}")
+            f"{_count(recorded, 'stage')} recorded memory, {_count(tick_errors(result), 'error')}{upcoming}")
 
+
+def flow_run_link() -> str | None:
+    """The current flow run's page in Prefect's UI (None outside a flow run, or with no UI to link to)."""
+    from prefect.runtime import flow_run
+    from prefect.utilities.urls import url_for
+
+    run_id = flow_run.id
+    return url_for("flow-run", obj_id=run_id) if run_id else None
 
 
 def log_to_run(line: str, level: int = logging.INFO) -> None:
@@ -66,7 +80,7 @@ def announce_tick(result: dict[str, Any], every_seconds: int | None) -> str:
     from prefect.runtime import flow_run
 
     started = flow_run.scheduled_start_time or datetime.now(timezone.utc)
-    line = tick_line(result, started, every_seconds)
+    line = tick_line(result, started, every_seconds, flow_run_link())
     print(line, flush=True)
     log_to_run(line)
     return line

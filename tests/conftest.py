@@ -171,6 +171,7 @@ XDIST_GROUPS = {
     # the real Prefect server, the cluster module's Dask cluster and its reference run
     "tests/test_cluster.py::": "prefect-server",
     "tests/test_serve.py::test_a_deployment_run_honours_a_setting_from_every_source": "prefect-server",
+    "tests/test_serve.py::test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress": "prefect-server",
     # Pi's live conversation, whose scenarios run in order on one Pi process
     "tests/test_pi_live.py::": "pi-live",
     # the offline replay of before-compaction.jsonl (half a minute under load)

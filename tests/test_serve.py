@@ -89,10 +89,13 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
         _wait_for("first ingest", lambda: entries() == first, 120, serve, log)
         # it names what the workers run on, and says what each tick did and when the next one is due
         assert "using the offline baseline" in log.read_text()
+        # ... and where its flow run is in Prefect's UI
         tick = _wait_for("a tick line", lambda: re.search(
-            r"tick \d\d:\d\d:\d\d: 1 session seen, (\d+) lines? ingested, 0 stages run, 0 errors; "
-            r"next tick \d\d:\d\d:\d\d", log.read_text()), 60, serve, log)
+            r"tick \d\d:\d\d:\d\d: 1 session seen, (\d+) lines? ingested, 0 stages recorded memory, 0 errors; "
+            rf"next tick \d\d:\d\d:\d\d; http://127\.0\.0\.1:{port}/runs/flow-run/([0-9a-f-]{{36}})$",
+            log.read_text(), re.M), 60, serve, log)
         assert int(tick.group(1)) == first
+        assert _api(api, f"/flow_runs/{tick.group(2)}")["id"] == tick.group(2)  # the link names a real run
         assert _query(db, "SELECT count(*) FROM stages WHERE session_id = ?", [SESSION]) == [(0,)]
         before = len(session.entries)
         session.work_turns(2, "beta")  # now about 600 tokens: the observer is due
@@ -107,7 +110,7 @@ def test_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_threshold
         stages = _wait_for("observer stage after the appended lines", observed, 120, serve, log)
         assert ("observer", "recorded") in stages
         _wait_for("the observer's tick line", lambda: re.search(r"tick [\d:]+: 1 session seen, \d+ lines? ingested, "
-                                                                r"[1-9]\d* stages? run, 0 errors", log.read_text()),
+                                                                r"[1-9]\d* stages? recorded memory, 0 errors", log.read_text()),
                   60, serve, log)
         assert _query(db, "SELECT count(*) FROM observations WHERE session_id = ?", [SESSION])[0][0] > 0
         announced = running_endpoint(db)  # it answers a live Pi too (the om extension finds it there)
@@ -164,12 +167,43 @@ def test_ctrl_c_of_om_serve_during_a_tick_marks_its_run_interrupted_and_prints_n
             out = log.read_text()
             assert serve.returncode == 130, out[-3000:]
             assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
-            assert out.rstrip().splitlines()[-1].startswith("stopped (SIGINT)"), out[-3000:]
-            assert _query(db, "SELECT status, detail->>'signal' FROM runs WHERE command = 'maintain'") == [
-                ("interrupted", "SIGINT")]
+            [(run_id, status, signal_name)] = _query(
+                db, "SELECT run_id, status, detail->>'signal' FROM runs WHERE command = 'maintain'")
+            assert (status, signal_name) == ("interrupted", "SIGINT")
+            assert out.rstrip().splitlines()[-1] == (f"stopped (SIGINT); the maintenance run in progress ({run_id}) "
+                                                     "was ended and its next tick redoes it"), out[-3000:]
         finally:
             if serve.poll() is None:
                 stop_process_group(serve)
+
+
+def test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress(tmp_path, prefect_server):
+    """Issue 33 item 5: the exit line said "a maintenance run in progress was ended" even with none
+    in progress. An om serve whose first tick is an hour away (on the test session's Prefect server)
+    stopped at once: exit 130, one line, no run ended."""
+    work, live, home = tmp_path / "work", tmp_path / "live", tmp_path / "home"
+    for d in (work, live, home):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_"))}
+    env.update({"HOME": str(home), "PYTHONPATH": str(REPO), "PREFECT_HOME": str(tmp_path / "prefect-home"),
+                "PREFECT_API_URL": prefect_server.api_url})
+    log = tmp_path / "serve.log"
+    serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(work / "om.duckdb"), "serve", "--live",
+                              str(live), "--every", "3600", "--no-endpoint"], cwd=work, env=env,
+                             stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        _wait_for("the serving line", lambda: "; Ctrl-C stops" in log.read_text(), 120, serve, log)
+        time.sleep(2)  # the runner is serving
+        serve.send_signal(signal.SIGINT)
+        serve.wait(60)
+        out = log.read_text()
+        assert serve.returncode == 130, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        assert out.rstrip().splitlines()[-1] == "stopped (SIGINT); no maintenance run was in progress", out[-3000:]
+    finally:
+        if serve.poll() is None:
+            stop_process_group(serve)
 
 
 def _api(api_url: str, path: str, body: dict | None = None, method: str | None = None):

@@ -64,25 +64,37 @@ def serve(
     what = ", ".join(f"{name} {escape(str(p))}" for name, p in (("archive", archive), ("live", live)) if p)
     err.print(f"serving {what}" + (f" every {every} s" if live else "") + "; Ctrl-C stops", highlight=False)
     # on a signal it exits at once: not Prefect's own shutdown, which pauses schedules and waits for runs
+    ended: dict[str, list[str]] = {}  # "runs": the maintenance runs the signal ended (none: unknown)
     serve_until_signal(
         lambda: serve_locally(db_path=str(ws.path.resolve()), archive=archive, live=live, model=config,
                               settings=settings_dict, every_seconds=every, exclude=exclude or []),
         cleanup=lambda: [part.stop() for part in (answering, server) if part is not None],
-        stopped=lambda pids, signum: _mark_interrupted(ws, pids, signum),
-        farewell=lambda code: (f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'}); a maintenance run in "
-                               "progress was ended and its next tick redoes it"))
+        stopped=lambda pids, signum: ended.update(runs=_mark_interrupted(ws, pids, signum)),
+        farewell=lambda code: farewell_line(code, ended.get("runs")))
 
 
-def _mark_interrupted(ws, pids: list[int], signum: int) -> None:
-    """The maintenance run a signal ended (its flow run's process was ours) is ``interrupted``, not left
-    ``running``."""
+def farewell_line(code: int, ended: list[str] | None) -> str:
+    """om serve's last line: whether the signal ended a maintenance run (``ended``: the runs it marked
+    interrupted; None: unknown, the database could not be read)."""
+    how = f"stopped ({'SIGINT' if code == 130 else 'SIGTERM'})"
+    if ended is None:
+        return f"{how}; a maintenance run in progress, if any, was ended and its next tick redoes it"
+    if not ended:
+        return f"{how}; no maintenance run was in progress"
+    return f"{how}; the maintenance run in progress ({', '.join(ended)}) was ended and its next tick redoes it"
+
+
+def _mark_interrupted(ws, pids: list[int], signum: int) -> list[str]:
+    """The maintenance runs a signal ended (their flow run's process was ours), marked ``interrupted``,
+    not left ``running``."""
     import signal
 
     from om_core.runs import mark_interrupted_runs
 
-    if ws.path is not None and ws.path.exists():
-        with ws.write() as con:
-            mark_interrupted_runs(con, pids, signal.Signals(signum).name)
+    if ws.path is None or not ws.path.exists():
+        return []
+    with ws.write() as con:
+        return mark_interrupted_runs(con, pids, signal.Signals(signum).name)
 
 
 def _live_endpoint(ws):
