@@ -27,15 +27,15 @@ def start(session_ids: list[str]) -> None:
         _sessions.clear()
         _clock.setdefault("start", time.monotonic())
         for sid in session_ids:
-            _sessions[sid] = {"session_id": sid, "state": "waiting", "position": 0, "of": 0, "stages": 0,
-                              "compactions": 0, "failures": 0, "last": ""}
+            _sessions[sid] = {"session_id": sid, "state": "waiting", "position": 0, "of": 0, "recorded": 0,
+                              "calls": 0, "compactions": 0, "failures": 0, "last": ""}
 
 
 def update(event: dict[str, Any]) -> None:
     with _lock:
         row = _sessions.setdefault(event["session_id"], {"session_id": event["session_id"], "state": "running",
-                                                         "position": 0, "of": 0, "stages": 0, "compactions": 0,
-                                                         "failures": 0, "last": ""})
+                                                         "position": 0, "of": 0, "recorded": 0, "calls": 0,
+                                                         "compactions": 0, "failures": 0, "last": ""})
         if event.get("error"):
             row["state"], row["last"] = "error", event["error"][:80]
             return
@@ -44,10 +44,13 @@ def update(event: dict[str, Any]) -> None:
             return
         row["state"] = "running"
         row["position"], row["of"] = event.get("position", 0) + 1, event.get("of", 0)
+        # what a stage did, not that it was asked: most stage runs find their input answered before (an
+        # empty result, a reflector whose ledger did not change) and call no model
         if event.get("stage") == "compaction":
             row["compactions"] += 1
-        elif event.get("outcome") != "skipped":
-            row["stages"] += 1
+        elif event.get("outcome") == "recorded":
+            row["recorded"] += 1
+        row["calls"] += int(event.get("calls") or 0)
         if event.get("outcome") == "failed":
             row["failures"] += 1
         row["last"] = f"{event.get('stage')}: {event.get('outcome')}"

@@ -18,6 +18,7 @@ from om_core.cutpoint import (
 )
 from om_core.db import named_column, named_row, named_rows, rows_as, scalar
 from om_core.errors import AmbiguousSession, EntryNotFound, InvalidArgument, OmError, SessionNotFound
+from om_core.session import file_header
 from om_core.sqlfiles import query
 
 if TYPE_CHECKING:
@@ -51,6 +52,11 @@ def resolve_session(con: duckdb.DuckDBPyConnection, ref: str) -> str:
         row = named_row(con, "session_by_path", {"path": str(candidate.resolve())})
         if row:
             return row["session_id"]
+        if candidate.is_dir():
+            raise SessionNotFound(f"{ref} is a directory, not a session file (a directory's sessions: "
+                                  f"`om ingest {ref}`, then `om sessions`)")
+        if file_header(candidate) is None:
+            raise SessionNotFound(f"{ref} is not a Pi session file (no session header in its first lines)")
         raise SessionNotFound(f"{ref} has not been ingested; run `om ingest {ref}`")
     matches = named_column(con, "sessions_by_prefix", {"ref": ref})
     if len(matches) == 1:

@@ -450,6 +450,28 @@ class SessionParser:
         return entry
 
 
+def file_label(file_name: str, session_id: str) -> str:
+    """A session file's name less what repeats its session id: Pi names a file ``<time>_<session id>.jsonl``
+    (pi-sessions.md §1.1), so beside the id its time says the rest ("" when the name is the id alone)."""
+    name = file_name.removesuffix(".jsonl")
+    return name.replace(f"_{session_id}", "").replace(session_id, "").strip("_-") if session_id else name
+
+
+def file_header(path: Any, max_bytes: int = 1 << 20) -> SessionHeader | None:
+    """The session header of a file as Pi finds it (the first parsed object; blank and invalid lines
+    before it skipped), read from at most ``max_bytes``; None when the file is no Pi session."""
+    parser = SessionParser()
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            max_bytes -= len(raw)
+            result = parser.feed(number, raw.rstrip(b"\n").rstrip(b"\r"))
+            if isinstance(result, SessionHeader):
+                return result
+            if parser.state.header_missing or max_bytes <= 0:
+                return None
+    return None
+
+
 def parse_lines(lines: list[bytes]) -> tuple[SessionHeader | None, list[ParsedEntry], list[RejectedLine]]:
     """Parse a whole file held in memory (tests and small tools; ingest streams instead)."""
     parser = SessionParser()

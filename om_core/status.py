@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from om_core.catalog import resolve_session, resolve_tip
+from om_core.db import named_row
 from om_core.memory import MemoryStatus, memory_status
 from om_core.replay.branch import branch_outlook, session_leaves
 from om_core.replay.plan import replay_decision
@@ -24,6 +25,7 @@ class NextRun(BaseModel):
     """What `om run` (draining, with ``model``) would do with this branch now."""
 
     model: str
+    model_from: str  # where the model came from: "--model", "configured", "its last replay", or "no model configured"
     replays: bool  # the planner replays the session (else nothing of it runs)
     why: str  # the planner's reason, in words
     last_turn_end: str | None = None  # where the observer and reflector run last on the branch
@@ -39,13 +41,13 @@ def status(ws: Workspace, session: str, leaf: str | None = None, model: str | No
     stage (``due``) or why not (``why``). ``model``: the one `om run` would use (default: the configured
     model, else the offline baseline), which names the stage inputs already answered."""
     settings = ws.settings
-    model = model or (settings.model.litellm_name if settings.model else "offline")
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
+        model, model_from = _model_of_next_run(con, sid, model, settings)
         shown = memory_status(con, sid, tip, settings)
         replays, why = replay_decision(con, sid, settings, model)
-    nxt = NextRun(model=model, replays=replays, why=why)
+    nxt = NextRun(model=model, model_from=model_from, replays=replays, why=why)
     if tip in session_leaves(ws, sid):
         outlook = branch_outlook(ws, sid, tip, model)
         nxt.last_turn_end, nxt.uncovered_tokens = outlook.last_turn_end, outlook.uncovered_tokens
@@ -57,3 +59,17 @@ def status(ws: Workspace, session: str, leaf: str | None = None, model: str | No
         clock.why = reasons[name]
         clock.due = None if clock.threshold is None else replays and clock.why is None
     return Status(**shown.model_dump(exclude={"clocks"}), clocks=shown.clocks, next_run=nxt)
+
+
+def _model_of_next_run(con, session_id: str, model: str | None, settings) -> tuple[str, str]:  # noqa: ANN001
+    """The model the status is about, and where it came from: the one given, the configured one, else
+    the one of the session's last complete replay (a run with --model: its rerun is what the user does
+    next), else the offline baseline."""
+    if model:
+        return model, "--model"
+    if settings.model:
+        return settings.model.litellm_name, "configured"
+    last = named_row(con, "last_replay", {"session_id": session_id})
+    if last is not None and last["model"] and last["model"] != "offline":
+        return last["model"], "its last replay"
+    return "offline", "no model configured"

@@ -824,9 +824,76 @@ def test_the_live_board_names_files_shows_elapsed_and_left_and_appears_once_sess
     console.print(board_table(rows, 50, 30))
     text = console.file.getvalue()
     assert "0:50 elapsed" in text and "about 0:30 left" in text
-    assert "harbor-sync-long.jsonl (5b0e7c1a)" in text and "tidewatch.jsonl (8e3f1d26)" in text
+    assert "5b0e7c1a harbor-sync-long" in text and "8e3f1d26 tidewatch" in text
     board.tick()
     board.tick()
     board.stop()
     assert board.started  # one Live, started once the sessions were on the board
     progress.start([])
+
+
+def test_the_live_board_at_80_columns_keeps_ids_names_and_headers_and_counts_what_stages_did():
+    """Issue 33 item 5: at 80 columns the board cut ids and names to 7 characters and its header to
+    "compactio…", and its "stages" counted every stage asked (465, most of them an input answered
+    before) beside the run's 35 model calls. Now: the whole short id and the start of the file name
+    (Pi's name less the id it repeats), every header whole, no line past 80 columns, and what the
+    stages did: how many recorded memory, how many model calls."""
+    from rich.console import Console
+
+    from flows import progress
+    from flows.cli.run import LiveBoard
+
+    a, b = "019b0a7e-5c3d-7f21-9a8e-3d2c1b0a9f8e", "8e3f1d26-9c4b-4a7e-b0d5-71a2c6e8f394"
+    progress.describe({a: {"file": f"2026-02-03T09-12-44-120Z_{a}.jsonl", "entries": 1021},
+                       b: {"file": "harbor-sync-long-archive.jsonl", "entries": 300}})
+    progress.start([a, b])
+    for position in range(0, 460):  # a reflector asked at every turn end, its input answered before
+        progress.update({"session_id": a, "stage": "reflector", "outcome": "empty", "position": position,
+                         "of": 1021, "calls": 0})
+    for position in range(460, 465):
+        progress.update({"session_id": a, "stage": "observer", "outcome": "recorded", "position": position,
+                         "of": 1021, "calls": 7})
+    progress.update({"session_id": a, "stage": "compaction", "outcome": "folded", "position": 464, "of": 1021})
+    progress.update({"session_id": b, "stage": "observer", "outcome": "failed", "position": 10, "of": 300,
+                     "calls": 3})
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    board = LiveBoard(console)
+    shown = Console(file=io.StringIO(), width=80, color_system=None)
+    shown.print(board.table())
+    text = shown.file.getvalue()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80, text
+    header = next(line for line in lines if line.startswith("session"))
+    for name in ("state", "entry", "recorded", "model calls", "compactions", "failed"):
+        assert name in header.split("  ") or f" {name} " in f" {header} ", (name, text)
+    row_a = next(line for line in lines if line.startswith(a[:8]))
+    row_b = next(line for line in lines if line.startswith(b[:8]))
+    assert row_a.startswith(f"{a[:8]} 2026-02"), text  # the id whole, then the name (less the id)
+    assert row_b.startswith(f"{b[:8]} harbor-"), text
+    assert "running" in row_a and "465/1021" in row_a, text
+    # recorded 5, model calls 35, compactions 1, failed 0: not the 466 stages asked
+    assert row_a.split()[-4:] == ["5", "35", "1", "0"], text
+    assert row_b.split()[-4:] == ["0", "3", "0", "1"], text
+    progress.start([])
+
+
+def test_a_path_that_is_no_session_file_is_named_so_not_sent_to_om_ingest(two_sessions, tmp_path):
+    """Issue 33 item 5: `om view /etc/passwd` suggested `om ingest /etc/passwd`. A file with no session
+    header, or a directory, is said to be what it is; a session file not yet ingested still gets the
+    suggestion (its first lines may be blank or broken, as Pi skips them)."""
+    db = two_sessions["db"]
+    other = tmp_path / "notes.txt"
+    other.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    fresh = SessionBuilder("5e55e000-0000-4000-8000-00000000aaaa")
+    fresh.work_turns(1, "alpha")
+    later = fresh.write(tmp_path / "later.jsonl")
+    later.write_text("\n{broken\n" + later.read_text())
+    for args, expected in [
+        (["view", str(other)], f"error: {other} is not a Pi session file (no session header in its first lines)"),
+        (["status", str(tmp_path)], f"error: {tmp_path} is a directory, not a session file"),
+        (["view", str(later)], f"error: {later} has not been ingested; run `om ingest {later}`"),
+    ]:
+        result = run_om(["--db", str(db), *args], cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.strip().startswith(expected), result.stderr
+        assert "om ingest " + str(other) not in result.stderr

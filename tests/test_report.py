@@ -252,6 +252,44 @@ def test_every_table_fits_its_card_at_1400_px(built, tmp_path):
     assert over == [], over  # pixels past the card's inner edge, per table
 
 
+# Each session's file name in the overview's table: its width in characters and the lines it takes.
+_FILE_CELLS = """<script>window.addEventListener('load', () => {
+  const out = [...document.querySelectorAll('#overview td .file')].map(f => {
+    const lines = Math.round(f.getBoundingClientRect().height / parseFloat(getComputedStyle(f).lineHeight));
+    return f.textContent.length + ' ' + lines; });
+  const p = document.createElement('pre'); p.id = 'measured'; p.textContent = out.join('\\n');
+  document.body.appendChild(p); });</script>"""
+
+
+def test_a_pi_file_name_in_the_overview_keeps_a_readable_width_in_a_narrow_window(tmp_path):
+    """Issue 33 item 5: in a window about 80 columns wide (640 px), the overview's file column broke a Pi
+    file name after every character or two (28 lines for one name): it took the width left by twelve
+    numeric columns. The name now sits under the session's id, less the id it repeats, at least 12
+    characters wide (8 or more to a line in the page's proportional font)."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no headless Chromium on this machine")
+    sid = "019b0a7e-5c3d-7f21-9a8e-3d2c1b0a9f8e"
+    b = SessionBuilder(sid)
+    b.work_turns(2, "alpha")
+    path = tmp_path / "om.duckdb"
+    ingest(workspace(path), [b.write(tmp_path / f"2026-02-03T09-12-44-120Z_{sid}.jsonl")])
+    index = build_report(Workspace.open(path, settings=SETTINGS), None, tmp_path / "out")
+    page = index.with_name("measured.html")
+    page.write_text(index.read_text(encoding="utf-8").replace("</body>", _FILE_CELLS + "</body>"), encoding="utf-8")
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=640,1600",
+                           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert '<pre id="measured">' in done.stdout, (done.stdout + done.stderr)[-2000:]
+    measured = done.stdout.split('<pre id="measured">', 1)[1].split("</pre>", 1)[0].split()
+    assert measured, done.stdout[-2000:]
+    length, lines = map(int, measured)
+    assert length == len("2026-02-03T09-12-44-120Z")  # the name less the session id it repeats
+    assert length / lines >= 8, (length, lines)  # at least 8 characters a line (it was 2.4)
+    assert f'title="{tmp_path / f"2026-02-03T09-12-44-120Z_{sid}.jsonl"}"' in index.read_text()  # the whole path
+
+
 def test_report_renders_to_png(built, tmp_path):
     browser = _chromium()
     if browser is None:

@@ -151,3 +151,39 @@ def test_status_text_names_the_next_run_and_the_reason(session, tmp_path):
     assert data["next_run"]["replays"] is False
     assert list(data["clocks"]) == ["observer", "reflector", "dropper", "compaction"]
     assert data["clocks"]["reflector"]["reached"] is True and data["clocks"]["reflector"]["due"] is False
+
+
+class ModelBrain(Brain):
+    """The same answers under a model's name (its stage keys are that model's, as `om run --model` makes)."""
+
+    name = "openai/fake-model"
+
+
+def test_after_a_run_with_a_model_status_is_about_that_model_not_the_offline_baseline(session, tmp_path):
+    """Issue 33 item 5: after `om run --model M`, `om status` said the next `om run (offline)` replays
+    the session. With no model given or configured, the status is about the model of the session's
+    last replay (its rerun replays nothing), and says that a plain om run would use the offline one."""
+    from flows.cli.main import app
+    from om_core.runs import finish_run, start_run
+
+    _, _, con, ws = session
+    start_run(con, "run-1", "run", {"targets": ["s.jsonl"], "drain": True, "model": ModelBrain.name})
+    replay(con, ModelBrain(empty="reflector"), record=False)
+    [(_, printed)] = fingerprints(con, [SID], SETTINGS, ModelBrain.name, True).items()
+    record_replay(con, SID, printed.now, "run-1")
+    finish_run(con, "run-1", "ok", {"sessions": 1, "errors": []})  # keeps the start's model
+    s = status(ws, SID)
+    assert (s.next_run.model, s.next_run.model_from) == (ModelBrain.name, "its last replay")
+    assert not s.next_run.replays and "unchanged since its last complete replay" in s.next_run.why
+    assert status(ws, SID, model="offline").next_run.replays  # the offline baseline would replay it
+    con.close()
+    env = {"COLUMNS": "80", "OM_OBSERVE_AFTER_TOKENS": "120", "OM_REFLECT_AFTER_TOKENS": "250",
+           "OM_COMPACT_AFTER_TOKENS": "100000", "OM_KEEP_RECENT_TOKENS": "150", "OM_OBSERVATIONS_POOL_MAX_TOKENS": "400",
+           "OM_OBSERVATIONS_POOL_TARGET_TOKENS": "200", "OM_CLOCK_BASIS": "source"}
+    result = CliRunner().invoke(app, ["--db", str(tmp_path / "om.duckdb"), "status", SID], env=env)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())  # wrapped at 80 columns
+    assert (f"next om run --model {ModelBrain.name} (the model of its last replay): unchanged since its last "
+            "complete replay") in text, result.stdout
+    assert "next om run (offline)" not in text
+    assert "plain om run, with no model configured, uses the offline baseline" in text

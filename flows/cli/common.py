@@ -99,18 +99,25 @@ def workspace(flags: Mapping[str, Any] | None = None) -> Workspace:
     return Workspace.open(state.db, config=state.config, flags=flags)
 
 
-def model_config(settings: Settings, model: str | None, api_base: str | None, as_json: bool, **run: Any):
+def model_config(settings: Settings, model: str | None, api_base: str | None, as_json: bool, *,
+                 announce: bool = True, **run: Any):
     """The workers' model from --model/--api-base and the settings (``run``: om run's model-call limit and
     --max-cost), checked before any work (credentials, provider, base URL); says so when it is the offline
-    baseline."""
+    baseline (``announce`` false: the caller does, with ``announce_model``, once its targets are checked)."""
     from om_core.workers.stages import ModelConfig  # the workers' modules: only for commands that run them
 
     config = ModelConfig.from_settings(settings, model, api_base, **run)
     config.preflight()
-    if config.offline and not as_json:
+    if announce and not as_json:
+        announce_model(config)
+    return config
+
+
+def announce_model(config: Any) -> None:
+    """One line when the workers run on the offline baseline (no model configured)."""
+    if config.offline:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
-    return config
 
 
 def counted(n: int, word: str, plural: str | None = None) -> str:

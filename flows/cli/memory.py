@@ -240,7 +240,12 @@ def status(
                  "" if c.due is None else ("yes" if c.due else "no"), c.watermark_entry_id or "start"]
                 for c in s.clocks.values()])
     n = s.next_run
-    out.print(escape(f"next om run ({n.model}): {n.why}"), highlight=False)
+    if n.model_from == "its last replay":  # a plain `om run` (no model configured) uses the offline baseline
+        out.print(escape(f"next om run --model {n.model} (the model of its last replay): {n.why}"), highlight=False)
+        out.print("  (plain om run, with no model configured, uses the offline baseline: another model, so it "
+                  "replays the session)", highlight=False)
+    else:
+        out.print(escape(f"next om run ({n.model}): {n.why}"), highlight=False)
     for c in s.clocks.values():
         if c.reached and not c.due and c.why:  # past its threshold, yet its stage would not run
             out.print(escape(f"  {c.name}: past its threshold; " + (f"when replayed, not run: {c.why}" if not n.replays

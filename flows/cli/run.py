@@ -13,11 +13,12 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
+from rich import box
 from rich.table import Table
 
 from flows import progress
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, model_config, out, print_json, \
-    print_rows, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, err, examples, model_config, out, \
+    print_json, print_rows, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.preflight import check_cluster_run
 from flows.runner import prepare_environment, run_pipeline
@@ -73,12 +74,14 @@ def run(
     if limit not in ("process", "prefect"):
         raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
     # the run's one ModelConfig, built here from the settings and carried to the flow as that value
-    config = model_config(settings, model, api_base, as_json, limit=limit, max_cost=max_cost)  # before Prefect
+    # (checked now, announced once the targets are: a missing path is the one line `om run /missing` prints)
+    config = model_config(settings, model, api_base, as_json, announce=False, limit=limit, max_cost=max_cost)
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
     with ws.one_writer("run"):  # from before the plan's ingest to the last commit: a second run gets exit 3
         say("checking the targets and ingesting new lines…")
         plan = plan_run(ws, targets, model=config.name, drain=not no_drain, exclude=exclude or ())
         if not as_json:
+            announce_model(config)
             for line in plan.warnings:  # a rewritten file that lost entries or the evidence of memory records
                 err.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
             for note in plan.notes:
@@ -170,16 +173,52 @@ def _clock(seconds: float) -> str:
         f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def board_table(rows: list[dict], elapsed: float, left: float | None) -> Table:
-    """The live board: a row per session (its file name beside its short id), the run's elapsed time and
-    an estimate of what is left in the title."""
+def board_name(row: dict) -> str:
+    """A session on the board: its short id (8 characters, what a SESSION argument takes), then its file
+    name without what repeats the id (Pi names a file ``<time>_<session id>.jsonl``)."""
+    from om_core.session import file_label
+
+    sid = row["session_id"]
+    return f"{sid[:8]} {file_label(row.get('file') or '', sid)}".rstrip()
+
+
+# The board's columns after the session: header, the row's value. Headers are never cut; "failed"
+# appears once a stage failed, "last" where the terminal has room for it.
+_BOARD_COLUMNS = (("state", lambda r: r["state"]), ("entry", lambda r: f"{r['position']}/{r['of']}"),
+                  ("recorded", lambda r: str(r["recorded"])), ("model calls", lambda r: str(r["calls"])),
+                  ("compactions", lambda r: str(r["compactions"])), ("failed", lambda r: str(r["failures"])),
+                  ("last", lambda r: r["last"]))
+_SESSION_MIN = 17  # the short id and 8 characters of the name
+
+
+def board_table(rows: list[dict], elapsed: float, left: float | None, width: int | None = None) -> Table:
+    """The live board: a row per session (its short id, then its file name), what its replay did so far
+    (stages that recorded memory, model calls, compactions), the run's elapsed time and an estimate of
+    what is left in the title. ``width``: the terminal's; the session column takes what the others
+    leave, the name shortened at its end (never the id), and "last" is left out where it does not fit."""
     title = f"om run · {_clock(elapsed)} elapsed · " + ("estimating what is left" if left is None
                                                         else f"about {_clock(left)} left")
-    table = Table("session", "state", "entry", "stages", "compactions", "failures", "last", title=title)
-    for row in rows:
-        name = f"{row['file']} ({row['session_id'][:8]})" if row.get("file") else row["session_id"]
-        table.add_row(escape(name), row["state"], f"{row['position']}/{row['of']}", str(row["stages"]),
-                      str(row["compactions"]), str(row["failures"]), escape(row["last"]))
+    columns = [(h, cell) for h, cell in _BOARD_COLUMNS if h != "failed" or any(r["failures"] for r in rows)]
+    names = [board_name(r) for r in rows]
+
+    def widths(cols) -> list[int]:
+        return [max([len(h), *(len(cell(r)) for r in rows)]) for h, cell in cols]
+
+    def room(cols) -> int:  # what the session column has: two spaces between columns, no borders
+        return width - sum(widths(cols)) - 2 * len(cols)
+
+    if width is not None and room(columns) < _SESSION_MIN:
+        columns = [c for c in columns if c[0] != "last"]
+    longest = max(map(len, names), default=0)
+    session_width = longest if width is None else max(_SESSION_MIN, min(room(columns), longest))
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
+                  collapse_padding=True)
+    table.add_column("session", no_wrap=True, overflow="ellipsis", width=max(session_width, len("session")))
+    for (header, _), size in zip(columns, widths(columns)):
+        numeric = header not in ("state", "entry", "last")
+        table.add_column(header, no_wrap=True, justify="right" if numeric else "left", width=size)
+    for row, name in zip(rows, names):
+        table.add_row(escape(name), *(escape(cell(row)) for _, cell in columns))
     return table
 
 
@@ -190,6 +229,7 @@ class LiveBoard:
     def __init__(self, console) -> None:  # noqa: ANN001 - a rich Console
         from rich.live import Live
 
+        self.console = console
         self.live = Live(console=console, refresh_per_second=4, transient=True)
         self.started = False
 
@@ -197,7 +237,7 @@ class LiveBoard:
         rows = progress.snapshot()
         if not rows:
             return None
-        return board_table(rows, *progress.timing(rows))
+        return board_table(rows, *progress.timing(rows), width=self.console.width)
 
     def tick(self) -> None:
         table = self.table()

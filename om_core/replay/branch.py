@@ -256,7 +256,7 @@ class BranchReplayer:
         if outcome.outcome == "empty" and STAGES[req.stage].backs_off:
             bisect.insort(self.empty_runs, t)
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
-                       "stage": req.stage, "outcome": outcome.outcome})
+                       "stage": req.stage, "outcome": outcome.outcome, "calls": len(outcome.calls)})
         return outcome
 
     def _request(self, t: int, stage: Stage, chunk_until: int | None = None) -> StageRequest:

@@ -23,6 +23,7 @@ from om_core.errors import InvalidArgument
 from om_core.gaps import CompactionGap
 from om_core.report.data import GAP_CLASSES, CallStats, MemoryPoint, SessionReport, collect
 from om_core.report.svg import HLine, Marker, Series, bar_chart, esc, fmt_int, line_chart
+from om_core.session import file_label
 from om_core.settings import Settings
 
 if TYPE_CHECKING:
@@ -128,6 +129,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Colle
     if total and body:
         body[-1] = '<tr class="total">' + body[-1][4:]
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _named(report: SessionReport) -> str:
+    """A session in a chart: its short id and its file name less the id the name repeats."""
+    return f"{report.sid[:8]} {file_label(Path(report.info.file_path).name, report.sid)}".rstrip()
 
 
 def _time_axis(report: SessionReport) -> Callable[[int], str] | None:
@@ -341,31 +347,35 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
     if compactions:
         parts.append(bar_chart(
             title="Compactions per session by gap class",
-            rows=[(r.sid[:8] + " " + Path(r.info.file_path).name, [r.class_counts()[c] for c in GAP_CLASSES])
+            rows=[(_named(r), [r.class_counts()[c] for c in GAP_CLASSES])
                   for r in reports],
             segments=[(c, CLASS_COLORS[c]) for c in GAP_CLASSES], x_label="compactions on the current branch",
             integer_x=True))
     if calls.calls:
         parts.append(bar_chart(
             title="Model tokens per session",
-            rows=[(r.sid[:8] + " " + Path(r.info.file_path).name, (r.calls.input_tokens, r.calls.output_tokens))
+            rows=[(_named(r), (r.calls.input_tokens, r.calls.output_tokens))
                   for r in reports],
             segments=[("input tokens", INPUT_COLOR), ("output tokens", OUTPUT_COLOR)], x_label="tokens"))
     rows = []
     for i, r in enumerate(reports):
-        link = f'<a href="#{anchor_id(i, r.sid)}" title="{esc(r.sid)}"><code>{esc(r.sid[:8])}</code></a>'
+        name = Path(r.info.file_path).name
+        # the file under the id, in one cell: a column of its own was squeezed to a character's width
+        # beside twelve numeric ones (a long Pi file name broke after every character)
+        session = (f'<a href="#{anchor_id(i, r.sid)}" title="{esc(r.sid)}"><code>{esc(r.sid[:8])}</code></a>'
+                   f'<div class="file" title="{esc(r.info.file_path)}">{esc(file_label(name, r.sid) or name)}</div>')
         final = r.final
-        rows.append([link, Path(r.info.file_path).name, fmt_int((r.tip_position or -1) + 1), fmt_int(r.info.tokens_pi),
+        rows.append([session, fmt_int((r.tip_position or -1) + 1), fmt_int(r.info.tokens_pi),
                      fmt_int(final.recorded if final else 0), fmt_int(final.reflections if final else 0),
                      fmt_int(final.dropped if final else 0), fmt_int(final.pool_tokens if final else 0),
                      fmt_int(r.file_compactions), fmt_int(r.replayed_compactions), fmt_int(r.calls.calls),
                      fmt_int(r.calls.input_tokens + r.calls.output_tokens), fmt_cost(r.calls.cost, r.calls.unpriced),
                      fmt_cost_per_million(r.calls.cost, r.info.tokens_pi)])
     parts.append('<h3>Sessions</h3>')
-    parts.append(_table(["session", "file", "branch entries", "source tokens", "observations", "reflections",
+    parts.append(_table(["session · file", "branch entries", "source tokens", "observations", "reflections",
                          "dropped", "pool tokens", "compactions in the file", "replayed compactions", "model calls",
                          "model tokens", "cost", "cost / 1M source tokens"],
-                        rows, numeric=set(range(2, 14)), raw={0}, paths={1}))
+                        rows, numeric=set(range(1, 13)), raw={0}, paths={0}))
     parts.append(f'<p class="meta">Pool budget {fmt_int(settings.observationsPoolMaxTokens)} tokens, target '
                  f'{fmt_int(settings.pool_target_tokens)} (observationsPoolMaxTokens, observationsPoolTargetTokens).'
                  '</p></section>')

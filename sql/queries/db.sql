@@ -83,7 +83,11 @@ UPDATE om_internal.runs SET finished_at = coalesce(finished_at, current_timestam
 WHERE run_id = $run_id AND status = 'running';
 
 -- name: finish_run
-UPDATE om_internal.runs SET finished_at = current_timestamp, status = $status, detail = $detail WHERE run_id = $run_id;
+-- The outcome's detail added to the start's (its targets and model stay: om status names the model of a
+-- session's last replay).
+UPDATE om_internal.runs SET finished_at = current_timestamp, status = $status,
+       detail = json_merge_patch(coalesce(detail, '{}'::JSON), $detail::JSON)
+WHERE run_id = $run_id;
 
 -- Migration 004's data step (om_core/migrations.py), frozen: the schema as it was at 004 (before
 -- migration 008 om's tables are in main, so these name them unqualified).

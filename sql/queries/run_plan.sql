@@ -35,5 +35,10 @@ UPDATE om_internal.runs SET status = 'interrupted', finished_at = current_timest
 WHERE run_id = $run_id AND status = 'running';
 
 -- name: last_replay
--- A session's last complete replay: which run, and when (om status).
-SELECT run_id, replayed_at FROM om_internal.session_replays WHERE session_id = $session_id;
+-- A session's last complete replay: which run, when, and with which model (om status).
+SELECT m.run_id, m.replayed_at,
+       coalesce(r.detail ->> '$.model', (SELECT any_value(s.model) FROM om_internal.stages s
+                                          WHERE s.run_id = m.run_id AND s.session_id = m.session_id
+                                            AND s.model <> '')) AS model
+FROM om_internal.session_replays m LEFT JOIN om_internal.runs r USING (run_id)
+WHERE m.session_id = $session_id;
