@@ -16,6 +16,7 @@ from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI
 
 from conftest import workspace
+from flows.storage import PrefectStageResults, dump_stage_result, load_stage_result, stage_result_name
 from om_core import db as dbmod
 from om_core.ingest import ingest
 from om_core.replay.branch import replay_in_process
@@ -70,16 +71,16 @@ def replay_on_file(db, run_id):
 
 
 class KeptResults:
-    """StageResults in a dict (the flow's are in Prefect's result storage): exactly-once across replays."""
+    """StageResults in a dict, in the flow's format (flows.storage): exactly-once across replays."""
 
     def __init__(self) -> None:
         self.kept: dict[str, bytes] = {}
 
     def get(self, prepared):
-        return pickle.loads(self.kept[prepared.stage_key]) if prepared.stage_key in self.kept else None
+        return load_stage_result(prepared, self.kept[prepared.stage_key]) if prepared.stage_key in self.kept else None
 
     def put(self, prepared, computed):
-        self.kept[prepared.stage_key] = pickle.dumps(computed)  # as Prefect's result storage keeps it
+        self.kept[prepared.stage_key] = dump_stage_result(prepared, computed)
 
 
 def replay_task(db, run_id, brain=None, results=None, commit=True):
@@ -209,16 +210,106 @@ def test_a_replay_task_lost_before_its_commit_is_redone_without_a_model_call(tmp
         config.api_base = server.base_url
         replay_task(clean, "run-clean", make_brain(config, SETTINGS))
         asked = len(server.requests)
-    results = KeptResults()
+    results = PrefectStageResults(tmp_path / "a" / "om.duckdb.stage-results")  # the flow's own, on a folder
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         config.api_base = server.base_url
         replay_task(lost, "run-1", make_brain(config, SETTINGS), results, commit=False)
-        assert len(server.requests) == asked and len(results.kept) > 3
+        kept = sorted(results.storage.iterdir())
+        assert len(server.requests) == asked and len(kept) > 3
+        assert all(p.suffix == ".json" and p.stat().st_mode & 0o777 == 0o600 for p in kept)
+        assert results.storage.stat().st_mode & 0o777 == 0o700  # this user's only
         assert rows(lost, LEDGER) == []  # nothing reached the database
         replay_task(lost, "run-2", make_brain(config, SETTINGS), results)
         assert len(server.requests) == asked  # the rerun called no model
     strip = lambda found: [r[:4] for r in found]  # noqa: E731 - ledger ids are random per run
     assert strip(rows(lost, LEDGER)) == strip(rows(clean, LEDGER))
+
+
+class _Bomb:
+    """Unpickled, it leaves a file: what a payload planted in the result storage would run."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_pickled_or_foreign_stage_result_is_never_run_and_the_stage_is_computed_again(tmp_path):
+    """Issue 31 item 3. The result storage of an interrupted run (rows not committed) is replaced by
+    what an attacker would plant under each stage key: Prefect's own pickled result record (what the
+    flow wrote before, cloudpickle: the name the old form used), raw pickle bytes under the JSON name,
+    another stage's result, and text that does not parse. The rerun unpickles nothing (no marker),
+    treats each as a miss, asks the model again for exactly those stages, and ends at a clean run's
+    ledger (exactly-once still holds through the ledger)."""
+    import pickle
+
+    from prefect.filesystems import LocalFileSystem
+    from prefect.results import ResultStore
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    attacked, clean = session(tmp_path / "a"), session(tmp_path / "b")
+    config = ModelConfig(model="openai/fake-model", api_key="not-needed")
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        config.api_base = server.base_url
+        replay_task(clean, "run-clean", make_brain(config, SETTINGS))
+        asked = len(server.requests)
+    folder = tmp_path / "a" / "om.duckdb.stage-results"
+    results = PrefectStageResults(folder)
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        config.api_base = server.base_url
+        replay_task(attacked, "run-1", make_brain(config, SETTINGS), results, commit=False)
+    kept = sorted(folder.glob("*.json"))
+    assert len(kept) > 3
+    marker = tmp_path / "code-ran"
+    store = ResultStore(result_storage=LocalFileSystem(basepath=str(folder)), cache_result_in_memory=False)
+    other = kept[-1].read_bytes()
+    for n, path in enumerate(kept):
+        key = path.name.removesuffix(".json")
+        assert path.name == stage_result_name(key)
+        store.write(_Bomb(marker), key=key)  # Prefect's record, its serializer cloudpickle, under the bare key
+        planted = [pickle.dumps(_Bomb(marker)), other, b'{"format": "om-stage-result/1", "outcome": [[[',
+                   b"\x80\x04not json"][n % 4]
+        if path != kept[-1]:
+            path.write_bytes(planted)
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        config.api_base = server.base_url
+        replay_task(attacked, "run-2", make_brain(config, SETTINGS), results)
+        assert not marker.exists(), "a planted pickle was unpickled"
+        # every planted stage was computed again; the one result left as it was came from the storage
+        assert 0 < len(server.requests) < asked
+    strip = lambda found: [r[:4] for r in found]  # noqa: E731 - ledger ids are random per run
+    assert strip(rows(attacked, LEDGER)) == strip(rows(clean, LEDGER))
+
+
+def test_a_stage_result_round_trips_through_its_json_with_its_model_calls(tmp_path):
+    """The format keeps what a resumed run needs: the outcome with each model call (run id, tokens,
+    texts) and the accepted payload, equal after the round trip."""
+    db = session(tmp_path)
+    config = ModelConfig(model="openai/fake-model", api_key="not-needed")
+    results = KeptResults()
+    with FakeOpenAI(responder=ScriptedWorkers()) as server:
+        config.api_base = server.base_url
+        replay_task(db, "run-1", make_brain(config, SETTINGS), results, commit=False)
+    seen = []
+
+    class Spy(KeptResults):
+        def get(self, prepared):
+            found = super().get(prepared)
+            seen.append((prepared, found))
+            return found
+
+    spy = Spy()
+    spy.kept = results.kept
+    replay_task(db, "run-2", make_brain(ModelConfig(model="openai/fake-model", api_base="http://127.0.0.1:9", api_key="x"),
+                                        SETTINGS), spy)
+    assert seen and all(found is not None for _, found in seen)
+    for prepared, found in seen:
+        assert found.outcome.calls and all(c.run_id == "run-1" and c.status == "ok" for c in found.outcome.calls)
+        assert found.outcome.stage_key == prepared.stage_key and found.payload is not None
+        assert load_stage_result(prepared, dump_stage_result(prepared, found)) == found
 
 
 class FullDisk(KeptResults):
