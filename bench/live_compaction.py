@@ -105,7 +105,8 @@ ANSWERED = re.compile(r"^compact \S+ at \S+: .* \((\d+) ms\)$")
 class Endpoint:
     def __init__(self, db: Path, cwd: Path, env: dict[str, str]) -> None:
         self.log = cwd / "endpoint.log"
-        self.process = subprocess.Popen([str(BIN / "om"), "--db", str(db), "live", "endpoint"], cwd=cwd, env=env,
+        self.process = subprocess.Popen([str(BIN / "om"), "--db", str(db), "live", "endpoint", "--sessions", str(cwd)],
+                                        cwd=cwd, env=env,
                                         stderr=self.log.open("w"))
         deadline = time.monotonic() + 60
         while running_endpoint(db) is None:

@@ -3,8 +3,16 @@ a process that keeps om loaded, so an answer costs the work (tens of millisecond
 start (a second or more: measured in bench/live_compaction.py).
 
 One endpoint per database. It announces itself in a file next to the database
-(``<db>.endpoint.json``: its URL, a token and its pid, readable by this user only), which is how the
-extension finds it; the token keeps other local users from reading sessions through it. Requests
+(``<db>.endpoint.json``: its URL, a token, its pid and the database, readable by this user only), which
+is how the extension finds it; the token keeps other local users from reading sessions through it.
+
+What it reads is bounded before it reads it: the token is checked before the body, a body over
+``MAX_BODY_BYTES`` is refused (413) unread, a bad length or JSON nested too deep is a 400 (never a
+traceback), an idle or slow connection is closed after ``SOCKET_SECONDS``, and the listen backlog
+holds the bursts of concurrent recalls a busy Pi sends. A request names a session file: only a Pi
+session file under the folders the endpoint serves (``om serve --live DIR``, ``om live endpoint
+--sessions DIR``) is read; anything else is refused before it is opened as a session, so nothing
+of it reaches the database (not even its quarantine). Requests
 are answered one at a time, in turn (the process is the database's writer while it ingests), each on a
 connection opened for it and closed after, so an analyst's ``om sql`` and ``om serve``'s runs get
 the file between answers. A request that cannot get the file within ``wait_seconds`` (another
@@ -14,14 +22,16 @@ runs. The extension bounds its own wait, so a long queue makes it decline too, n
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,10 +40,23 @@ from pydantic import ValidationError
 
 from om_core.errors import DatabaseBusy, OmError
 from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
+from om_core.session import file_header
 from om_core.workspace import FileDatabase, Workspace
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
+MAX_BODY_BYTES = 1 << 20  # a compact or recall request is a few hundred bytes
+SOCKET_SECONDS = 10.0  # a connection idle (or trickling) this long is closed
+BACKLOG = 512  # connections waiting to be accepted: a burst of recalls from many sessions (5 reset most of 200)
+
+
+def default_session_folders() -> list[Path]:
+    """Where Pi keeps its sessions unless told otherwise (PI_CODING_AGENT_SESSION_DIR, else the agent
+    directory's ``sessions``)."""
+    if os.environ.get("PI_CODING_AGENT_SESSION_DIR"):
+        return [Path(os.environ["PI_CODING_AGENT_SESSION_DIR"]).expanduser()]
+    agent = Path(os.environ.get("PI_CODING_AGENT_DIR") or Path.home() / ".pi" / "agent").expanduser()
+    return [agent / "sessions"]
 
 
 def endpoint_file(db_path: str | os.PathLike) -> Path:
@@ -51,14 +74,35 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _loopback(url: Any) -> bool:
+    try:
+        parsed = urllib.parse.urlsplit(str(url))
+        return parsed.scheme == "http" and ipaddress.ip_address(parsed.hostname or "").is_loopback
+    except ValueError:
+        return False
+
+
 def running_endpoint(db_path: str | os.PathLike) -> dict[str, Any] | None:
-    """The announcement of the endpoint serving this database, when its process is alive."""
+    """The announcement of the endpoint serving this database, when it is one this user's endpoint wrote:
+    the file owned by this user and readable by no one else, a loopback URL, a live pid, this database.
+    (The Pi extension applies the same rules before it sends anything to an endpoint.)"""
     path = endpoint_file(db_path)
     try:
+        info = path.stat()
         found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) and _pid_alive(int(found.get("pid") or 0)) else None
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not isinstance(found, dict):
+        return None
+    if not _loopback(found.get("url")) or not isinstance(found.get("token"), str):
+        return None
+    if found.get("db") != str(Path(db_path).resolve()):
+        return None
+    try:
+        pid = int(found.get("pid") or 0)
+    except (TypeError, ValueError):
+        return None
+    return found if pid > 0 and _pid_alive(pid) else None
 
 
 def ask(announcement: dict[str, Any], op: str, payload: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
@@ -83,13 +127,17 @@ class LiveEndpoint:
     thread; ``stop()`` stops it and removes the announcement. ``on_answer`` gets one line per request."""
 
     def __init__(self, ws: Workspace, *, port: int = 0, wait_seconds: float = 2.0,
+                 sessions: Iterable[str | os.PathLike] | None = None, socket_seconds: float = SOCKET_SECONDS,
                  on_answer: Callable[[str], None] | None = None) -> None:
         if ws.path is None:
             raise TypeError("the live endpoint serves a database file")
         self.db_path = ws.path.resolve()
+        # the session folders it reads from (default: Pi's own); a request for any other file is refused
+        self.sessions = [Path(p).expanduser().resolve() for p in (sessions or default_session_folders())]
         # opening the file waits at most wait_seconds for another writer: then the answer is "busy"
         self.ws = Workspace(FileDatabase(self.db_path, wait_seconds), ws.settings)
         self.port, self.wait_seconds, self.on_answer = port, wait_seconds, on_answer or (lambda line: None)
+        self.socket_seconds = socket_seconds
         self.token = secrets.token_hex(16)
         self.lock = threading.Lock()  # one answer at a time: this process is the writer while it ingests
         self._server: ThreadingHTTPServer | None = None
@@ -105,8 +153,7 @@ class LiveEndpoint:
         if other is not None and other.get("pid") != os.getpid():
             raise OmError(f"an endpoint for {self.db_path} is already running (pid {other['pid']}, {other['url']})")
         warm()  # before it is announced: its first answer is as fast as the others
-        self._server = ThreadingHTTPServer((HOST, self.port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server((HOST, self.port), _handler(self))
         self._announce()
         self._thread = threading.Thread(target=self._server.serve_forever, name="om-live-endpoint", daemon=True)
         self._thread.start()
@@ -149,7 +196,28 @@ class LiveEndpoint:
 
     def info(self) -> dict[str, Any]:
         return {"db": str(self.db_path), "pid": os.getpid(), "url": self.url,
+                "sessions": [str(p) for p in self.sessions],
                 "observationsPoolMaxTokens": self.ws.settings.observationsPoolMaxTokens}
+
+    def session_file(self, name: str) -> Path:
+        """The request's session file, resolved (links followed), when it is a Pi session file under a
+        folder this endpoint serves; OmError otherwise, before anything of it is ingested."""
+        path = Path(name).expanduser()
+        if not path.is_absolute():
+            raise OmError(f"the session file must be an absolute path, not {name!r}")
+        path = path.resolve()
+        if not any(path.is_relative_to(folder) for folder in self.sessions):
+            raise OmError(f"{path} is not under the session folders this endpoint serves "
+                          f"({', '.join(map(str, self.sessions))}; om live endpoint --sessions DIR adds one)")
+        if not path.is_file():
+            raise OmError(f"no session file at {path}")
+        try:
+            header = file_header(path, max_bytes=1 << 16)
+        except OSError as exc:
+            raise OmError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if header is None:
+            raise OmError(f"{path} is not a Pi session file (no session header in its first lines)")
+        return path
 
     def answer(self, op: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON answer) for one request."""
@@ -165,6 +233,10 @@ class LiveEndpoint:
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
             return 400, {"error": f"bad {op} request: {problems}"}
+        try:
+            request.session_file = str(self.session_file(request.session_file))
+        except OmError as exc:
+            return 403, {"error": str(exc)}
         if not self.lock.acquire(timeout=QUEUE_SECONDS):
             return 503, {"error": f"om answered other sessions for {QUEUE_SECONDS:.0f} s without reaching this one"}
         try:
@@ -185,24 +257,73 @@ class LiveEndpoint:
         return 200, {"result": result}
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = BACKLOG
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        """A connection that broke mid-request (reset, timed out) is closed without a traceback."""
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _handler(endpoint: LiveEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = endpoint.socket_seconds  # on the socket: an idle or trickling connection is closed
 
         def log_message(self, *args: object) -> None:  # one line per answer goes through on_answer
             pass
 
-        def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        def _reply(self, status: int, payload: dict[str, Any], close: bool = False) -> None:
+            """The answer; ``close``: the request's body was not read, so the connection cannot carry another."""
             data = json.dumps(payload, ensure_ascii=False, default=str).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
 
-        def _serve(self, body: dict[str, Any]) -> None:
-            if not secrets.compare_digest(self.headers.get("Authorization", ""), f"Bearer {endpoint.token}"):
-                self._reply(401, {"error": "missing or wrong token (read it from the endpoint file)"})
+        def _authorized(self) -> bool:
+            return secrets.compare_digest(self.headers.get("Authorization", "").encode(),
+                                          f"Bearer {endpoint.token}".encode())
+
+        def _body(self) -> dict[str, Any]:
+            """The JSON body, read only up to its declared, bounded length."""
+            if self.headers.get("Transfer-Encoding"):
+                raise _BadRequest(411, "send the body with a Content-Length (no Transfer-Encoding)")
+            declared = (self.headers.get("Content-Length") or "0").strip()
+            if not declared.isdigit():
+                raise _BadRequest(400, f"bad Content-Length {declared[:40]!r}")
+            length = int(declared)
+            if length > MAX_BODY_BYTES:
+                raise _BadRequest(413, f"the request body is {length} bytes; at most {MAX_BODY_BYTES} are read")
+            data = self.rfile.read(length) if length else b""
+            if len(data) < length:
+                raise _BadRequest(400, "the request body ended before its Content-Length")
+            try:
+                body = json.loads(data or b"{}")
+            except RecursionError:
+                raise _BadRequest(400, "the request body is nested too deeply") from None
+            except ValueError:
+                raise _BadRequest(400, "the request body is not JSON") from None
+            return body if isinstance(body, dict) else {}
+
+        def _serve(self, read_body: bool) -> None:
+            if not self._authorized():  # before a byte of the body is read
+                self._reply(401, {"error": "missing or wrong token (read it from the endpoint file)"}, close=True)
+                return
+            try:
+                body = self._body() if read_body else {}
+            except _BadRequest as exc:
+                self._reply(exc.status, {"error": str(exc)}, close=True)
                 return
             try:
                 status, payload = endpoint.answer(self.path.strip("/"), body)
@@ -211,15 +332,11 @@ def _handler(endpoint: LiveEndpoint) -> type[BaseHTTPRequestHandler]:
             self._reply(status, payload)
 
         def do_GET(self) -> None:  # noqa: N802
-            self._serve({})
+            self._serve(read_body=False)
+            if self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+                self.close_connection = True  # a GET's body is never read
 
         def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                self._reply(400, {"error": "the request body is not JSON"})
-                return
-            self._serve(body if isinstance(body, dict) else {})
+            self._serve(read_body=True)
 
     return Handler

@@ -4,14 +4,23 @@ several sessions asking at once are all answered, and an analyst's `om sql` read
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import signal
+import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import duckdb
 
 import pytest
 from test_extension_interop import E, O1, extension_session
@@ -30,7 +39,7 @@ def served(tmp_path):
     path = extension_session().write(tmp_path / "live.jsonl")
     ws = workspace(tmp_path / "om.duckdb", POOL)
     lines: list[str] = []
-    with LiveEndpoint(ws, wait_seconds=1.0, on_answer=lines.append) as endpoint:
+    with LiveEndpoint(ws, wait_seconds=1.0, sessions=[tmp_path], on_answer=lines.append) as endpoint:
         endpoint.lines = lines
         yield endpoint, ws, path
 
@@ -102,7 +111,7 @@ def test_several_sessions_at_once_and_an_analyst_between_them(tmp_path):
         sb.header["id"] = f"{n}" + sb.header["id"][1:]
         files.append(sb.write(tmp_path / f"live{n}.jsonl"))
     ws = workspace(tmp_path / "om.duckdb", POOL)
-    with LiveEndpoint(ws, wait_seconds=30) as endpoint:
+    with LiveEndpoint(ws, wait_seconds=30, sessions=[tmp_path]) as endpoint:
         announcement = running_endpoint(ws.path)
         answers: dict[int, dict] = {}
         threads = [threading.Thread(target=lambda n=n: answers.__setitem__(
@@ -138,8 +147,193 @@ def test_one_endpoint_per_database_and_its_announcement_goes_with_it(tmp_path):
         other.wait(timeout=30)
     assert not endpoint_file(ws.path).exists()  # removed on the way out
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    endpoint_file(ws.path).write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t", "pid": int(gone.stdout)}))
+    endpoint_file(ws.path).write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t", "pid": int(gone.stdout),
+                                                  "db": str(ws.path.resolve())}))
+    endpoint_file(ws.path).chmod(0o600)
     assert running_endpoint(ws.path) is None  # a killed endpoint's announcement
     with LiveEndpoint(ws) as endpoint:  # is replaced
         assert running_endpoint(ws.path)["url"] == endpoint.url
     assert running_endpoint(ws.path) is None
+
+
+# ------------------------------------------------------------------ what another local process may send (issue 31 item 6)
+
+
+def _send(url: str, raw: bytes, timeout: float = 20.0, shut: bool = False) -> tuple[int, dict]:
+    """``raw`` bytes to the endpoint on one connection, and its answer (status, JSON)."""
+    parsed = urllib.parse.urlsplit(url)
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(raw)
+            if shut:
+                sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it answered and closed before taking the rest: what a refused body should get
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response.status, json.loads(response.read() or b"{}")
+
+
+def _post(op: str, body: bytes, headers: dict[str, str]) -> bytes:
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return f"POST /{op} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n".encode() + body
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def real_endpoint(tmp_path_factory):
+    """A real `om live endpoint --sessions DIR` process, its stderr kept."""
+    root = tmp_path_factory.mktemp("real-endpoint")
+    sessions = root / "sessions"
+    sessions.mkdir()
+    path = extension_session().write(sessions / "live.jsonl")
+    db = root / "om.duckdb"
+    log = root / "endpoint.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(db), "live", "endpoint",
+                                    "--sessions", str(sessions)], cwd=root, env={**env, "HOME": str(root)},
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while running_endpoint(db) is None:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield SimpleNamespace(announcement=running_endpoint(db), db=db, path=path, sessions=sessions, root=root,
+                              log=log, process=process)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_a_request_body_is_read_only_with_the_token_and_only_up_to_1_mb(real_endpoint):
+    """Without the token the answer is 401 before a byte of the body is read (8 x 50 MB, sent anyway, do not
+    grow the process); with it, a body over 1 MB is refused unread (413)."""
+    url, token = real_endpoint.announcement["url"], real_endpoint.announcement["token"]
+    big = 50 * 1024 * 1024
+    # the headers alone: an endpoint that read the body first would wait for it and never answer
+    assert _send(url, _post("compact", b"", {"Content-Length": str(big)}))[0] == 401
+    assert _send(url, _post("compact", b"", {"Content-Length": str(big), "Authorization": "Bearer guess"}))[0] == 401
+    status, answer = _send(url, _post("compact", b"", {"Content-Length": str(big), "Authorization": f"Bearer {token}"}))
+    assert status == 413 and "at most 1048576" in answer["error"]
+    before = _rss_kb(real_endpoint.process.pid)
+    body = b'{"session_file": "' + b"x" * big + b'"}'
+    results: list[int] = []
+
+    def flood(auth: dict[str, str]) -> None:
+        try:
+            results.append(_send(url, _post("compact", body, {"Content-Length": str(len(body)), **auth}))[0])
+        except OSError:
+            results.append(0)  # closed on us mid-send: also not read
+
+    threads = [threading.Thread(target=flood, args=({"Authorization": f"Bearer {token}"} if n % 2 else {},))
+               for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(results) <= {401, 413, 0} and len(results) == 8
+    assert _rss_kb(real_endpoint.process.pid) - before < 40_000, "the endpoint read the bodies"
+
+
+@pytest.mark.parametrize("headers, body, status, says", [
+    ({"Content-Length": "abc"}, b"{}", 400, "bad Content-Length"),
+    ({"Content-Length": "-1"}, b"{}", 400, "bad Content-Length"),
+    ({"Content-Length": "100"}, b"{}", 400, "ended before its Content-Length"),
+    ({"Transfer-Encoding": "chunked"}, b"2\r\n{}\r\n0\r\n\r\n", 411, "Content-Length"),
+    ({}, b"[" * 200_000, 400, "nested too deeply"),
+    ({}, b'{"session_file": "\xff\xfe"}', 400, "not JSON"),
+    ({}, b"not json", 400, "not JSON"),
+])
+def test_a_malformed_request_is_a_400_with_no_traceback(real_endpoint, headers, body, status, says):
+    token = real_endpoint.announcement["token"]
+    headers = {"Authorization": f"Bearer {token}", "Content-Length": str(len(body)), **headers}
+    if "Transfer-Encoding" in headers:
+        del headers["Content-Length"]
+    got, answer = _send(real_endpoint.announcement["url"], _post("compact", body, headers), shut=True)
+    assert (got, says in answer["error"]) == (status, True), answer
+    assert real_endpoint.process.poll() is None
+    assert "Traceback" not in real_endpoint.log.read_text()
+
+
+def test_only_a_pi_session_file_under_the_served_folders_is_read_and_nothing_else_is_kept(real_endpoint):
+    """The endpoint, given its token, reads no file of the user's it does not serve: not /etc/shadow,
+    not its own /proc/PID/environ, not a link in the session folder to a file outside it, not a file in
+    the folder that is no Pi session; none of them reaches the database (its quarantine included). A
+    session file under the folder is answered."""
+    a = real_endpoint.announcement
+    link = real_endpoint.sessions / "passwd.jsonl"
+    link.symlink_to("/etc/passwd")
+    notes = real_endpoint.sessions / "notes.jsonl"
+    notes.write_text("password = hunter2-correct-horse\n")
+    refused = {
+        "/etc/shadow": "is not under the session folders",
+        f"/proc/{real_endpoint.process.pid}/environ": "is not under the session folders",
+        str(link): "is not under the session folders",
+        str(notes): "is not a Pi session file",
+        "live.jsonl": "must be an absolute path",
+        str(real_endpoint.sessions / "missing.jsonl"): "no session file",
+    }
+    for name, says in refused.items():
+        for op, body in (("recall", {"session_file": name, "id": O1["id"]}), ("compact", compact_payload(name))):
+            with pytest.raises(OmError, match=says):
+                ask(a, op, body)
+    assert ask(a, "compact", compact_payload(real_endpoint.path))["compaction"] is not None
+    deadline = time.monotonic() + 30
+    while True:  # the endpoint let go of the file after its answer
+        try:
+            con = duckdb.connect(str(real_endpoint.db), read_only=True)
+            break
+        except duckdb.Error:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    try:
+        assert con.execute("SELECT count(*) FROM om_internal.quarantine").fetchone() == (0,)
+        assert con.execute("SELECT file_path FROM om_internal.session_files").fetchall() == [
+            (str(real_endpoint.path.resolve()),)]
+    finally:
+        con.close()
+    assert "Traceback" not in real_endpoint.log.read_text()
+
+
+def test_idle_connections_are_closed_and_a_burst_of_200_is_answered(tmp_path):
+    """Sockets time out (an idle connection is closed, never held); 200 concurrent requests are all
+    answered, none reset (the listen backlog fits them)."""
+    path = extension_session().write(tmp_path / "live.jsonl")
+    with LiveEndpoint(workspace(tmp_path / "om.duckdb", POOL), sessions=[tmp_path], socket_seconds=1.0) as endpoint:
+        parsed = urllib.parse.urlsplit(endpoint.url)
+        idle = [socket.create_connection((parsed.hostname, parsed.port), timeout=10) for _ in range(50)]
+        try:
+            time.sleep(1.5)
+            assert all(s.recv(1) == b"" for s in idle)  # closed by the endpoint
+        finally:
+            for s in idle:
+                s.close()
+        request = f"GET /info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {endpoint.token}\r\n\r\n".encode()
+        barrier = threading.Barrier(200)
+        outcomes: list[object] = []
+
+        def one() -> None:
+            barrier.wait(30)
+            try:
+                outcomes.append(_send(endpoint.url, request)[0])
+            except OSError as exc:
+                outcomes.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=one) for _ in range(200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert outcomes.count(200) == 200, sorted(map(str, outcomes))[:5]
+        assert ask(running_endpoint(endpoint.db_path), "recall", {"session_file": str(path), "id": O1["id"]})

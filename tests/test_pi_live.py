@@ -76,7 +76,8 @@ class Live:
 
     def start_endpoint(self) -> None:
         announcement = Path(f"{self.db}.endpoint.json")
-        self.endpoint = subprocess.Popen([str(BIN / "om"), "live", "endpoint"], cwd=self.project,
+        self.endpoint = subprocess.Popen([str(BIN / "om"), "live", "endpoint", "--sessions", str(self.root / "sessions")],
+                                         cwd=self.project,
                                          env={**self.env, "HOME": str(self.home)}, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while not announcement.exists():

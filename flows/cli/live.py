@@ -123,24 +123,29 @@ def recall(
         sys.stdout.write(result["content"][0]["text"] + "\n")
 
 
-@live_app.command("endpoint", epilog=examples("om live endpoint", "om --db /data/om.duckdb live endpoint --port 7311"))
+@live_app.command("endpoint", epilog=examples("om live endpoint", "om --db /data/om.duckdb live endpoint --port 7311",
+                                               "om live endpoint --sessions ~/work/pi-sessions"))
 def endpoint(
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (default: any free one)."),
+    sessions: Optional[list[Path]] = typer.Option(
+        None, "--sessions", metavar="DIR", help="A folder of Pi session files it answers for (repeatable; default: "
+        "Pi's own, $PI_CODING_AGENT_SESSION_DIR or ~/.pi/agent/sessions). A request for any other file is refused."),
     wait: float = WaitOpt,
 ) -> None:
-    """Answer the extension's compactions and recalls on 127.0.0.1 until Ctrl-C, for this database.
-    It announces itself in DB.endpoint.json (URL, token, pid; this user only), where the extension
-    finds it. `om serve` runs the same endpoint; this is for teams without it."""
+    """Answer the extension's compactions and recalls on 127.0.0.1 until Ctrl-C, for this database and
+    the Pi session files under the session folders. It announces itself in DB.endpoint.json (URL,
+    token, pid; this user only), where the extension finds it. `om serve` runs the same endpoint; this
+    is for teams without it."""
     from flows.endpoint import LiveEndpoint
     from flows.interrupt import serve_until_signal
 
-    served = LiveEndpoint(_live_workspace(wait), port=port, wait_seconds=wait,
+    served = LiveEndpoint(_live_workspace(wait), port=port, wait_seconds=wait, sessions=sessions,
                           on_answer=lambda line: err.print(escape(line), highlight=False))
 
     def serve() -> None:  # started under the signal handling: a signal right after it is announced still cleans up
         served.start()
-        err.print(f"om live endpoint on {served.url} for {escape(str(served.db_path))}; Ctrl-C stops",
-                  highlight=False)
+        err.print(f"om live endpoint on {served.url} for {escape(str(served.db_path))}, sessions under "
+                  f"{escape(', '.join(map(str, served.sessions)))}; Ctrl-C stops", highlight=False)
         served.serve_forever()
 
     serve_until_signal(serve, cleanup=served.stop, farewell=lambda code: "endpoint stopped")

@@ -54,7 +54,7 @@ def serve(
     else:
         err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
     prepare_environment()
-    answering = _live_endpoint(ws) if endpoint else None
+    answering = _live_endpoint(ws, live) if endpoint else None
     if config.offline:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "
                   "to use a model[/]")
@@ -97,13 +97,15 @@ def _mark_interrupted(ws, pids: list[int], signum: int) -> list[str]:
         return mark_interrupted_runs(con, pids, signal.Signals(signum).name)
 
 
-def _live_endpoint(ws):
-    """The live endpoint of this database in a thread, or None (and one line why) when another runs."""
+def _live_endpoint(ws, live: Path | None):
+    """The live endpoint of this database in a thread, answering for the session files under the --live
+    folder (without one, Pi's own), or None (and one line why) when another runs."""
     from flows.endpoint import LiveEndpoint
     from om_core.errors import OmError
 
     try:
-        answering = LiveEndpoint(ws, on_answer=lambda line: err.print(escape(line), highlight=False)).start()
+        answering = LiveEndpoint(ws, sessions=[live] if live is not None else None,
+                                 on_answer=lambda line: err.print(escape(line), highlight=False)).start()
     except OmError as exc:
         err.print(f"live endpoint: not started here: {escape(str(exc))}", highlight=False)
         return None
