@@ -111,6 +111,24 @@ class RecallResult(BaseModel):
         return self.model_dump(mode="json")
 
 
+def redacted(result: RecallResult) -> RecallResult:
+    """``result`` with every secret in its texts (observations, reflections, source entries, orphans)
+    replaced by a marker, by the rules that redact compaction summaries (om_core.redact): what the
+    ``recall`` tool hands a model, and what ``om recall`` prints unless ``--raw``. The stored session
+    and ledger are unchanged."""
+    from om_core.redact import redact, redact_line
+
+    copy = result.model_copy(deep=True)
+    observations = copy.observations + [o for g in copy.sessions for o in g.observations]
+    for o in observations:
+        o.content = redact_line(o.content)
+        for source in o.sources:
+            source.text = redact(source.text)
+    for item in copy.reflections + [r for g in copy.sessions for r in g.reflections] + copy.orphaned:
+        item.content = redact_line(item.content)
+    return copy
+
+
 def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row: dict[str, Any], matched: bool,
                  resolved: dict[str, dict[str, Any]]) -> RecallObservation:
     item = RecallObservation(

@@ -3,14 +3,17 @@
 
 The model reads ``content``; ``details`` carries the same fields the extension's tool returns
 (status, the matches with their source entries, what is missing), so a Pi that used the extension
-sees the same tool. Source text is om's exact text of the entry (``om recall`` prints the same).
+sees the same tool. Source text is om's text of the entry with its secrets redacted by the rules of
+compaction summaries, in ``content`` and ``details`` alike: the result goes to the model
+(``om recall --raw`` prints the exact text locally).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from om_core.recall import RecallObservation, RecallResult
+from om_core.recall import RecallObservation, RecallResult, redacted
+from om_core.redact import redact
 from om_core.session import entry_as_message, loads_line
 from om_core.source_text import entry_text, minute
 
@@ -55,7 +58,7 @@ class _Sources:
         origin, qualifiers = _origin(row["entry_type"], obj)
         found = {"id": entry_id, "origin": origin, "timestamp": minute(obj.get("timestamp")) or "Unknown time",
                  "tokens": int(row["tokens_pi"] or 0), "qualifiers": qualifiers}
-        text = entry_text(row["entry_type"], obj)
+        text = redact(entry_text(row["entry_type"], obj))
         return {**found, "content": text} if text else found
 
     def rendered(self, entry_ids: list[str]) -> str:
@@ -152,6 +155,7 @@ def tool_result(ws: Workspace, session_id: str, leaf: str, result: RecallResult)
         return _empty("invalid_id", result.id, f"A memory id is 12 lowercase hex characters; got {result.id!r}.")
     if result.status == "not_found":
         return _empty("not_found", result.id, f"No observation or reflection {result.id} on this branch.")
+    result = redacted(result)  # what reaches the model holds no secret (om_core.redact)
     sources = _Sources(ws, session_id, leaf, result)
     matches = [_match(o, sources) for o in result.observations]
     direct = [m for m, o in zip(matches, result.observations) if o.matched]

@@ -296,3 +296,55 @@ def test_the_eval_reader_s_recall_tool_prints_a_reflection_with_its_supporting_i
     text = recall_tool(ws, S1, leaf)(mid(R))
     assert text.splitlines()[0] == f"Reflection [{mid(R)}]: {R} (supported by {mid(A)}, {mid(C)}, {mid(NEVER)})"
     assert f"Observation [{mid(A)}]" in text
+
+
+# ------------------------------------------------------------------ secrets stay out (issue 31 item 7)
+
+KEY = "sk-proj-" + "Q7x2Lm9Vr4Tb8Nc1Zp6Wd3Hs5Kf0Jg2Ye7Ua4Io9Pq1Rt"
+PASSWORD = "Tr0ub4dor&3-horse-battery"
+SECRET_S = "00000003-7ec4-4000-8000-0000000000c3"
+
+
+def secret_session() -> SessionBuilder:
+    sb = SessionBuilder(SECRET_S)
+    sb.user(f"Deploy with OPENAI_API_KEY={KEY} please.")  # E1
+    sb.bash("cat .env", f"DB_PASSWORD={PASSWORD}\nREGION=eu")  # E2
+    sb.custom(OBS, {"observations": [o(f"User deploys with the key {KEY}.", [E[1], E[2]])],
+                    "coversUpToId": E[2]})  # E3
+    sb.custom(REFL, {"reflections": [r(f"The deploy password is {PASSWORD}.", [mid(f"User deploys with the key {KEY}.")])],
+                     "coversUpToId": E[2]})  # E4
+    return sb
+
+
+def test_recall_keeps_secrets_out_of_the_tool_and_of_om_recall_unless_raw(tmp_path):
+    """The recall tool's whole result (content and details: the model reads it), `om live recall`, `om
+    recall` and its --json carry no secret of the evidence, redacted by the summaries' rules;
+    `om recall --raw` prints the stored text."""
+    import os
+    import subprocess
+    import sys
+
+    from om_core.live import RecallRequest, recall_live
+
+    path = secret_session().write(tmp_path / "secret.jsonl")
+    db = tmp_path / "om.duckdb"
+    ingest(workspace(db), [path])
+    obs, refl = mid(f"User deploys with the key {KEY}."), mid(f"The deploy password is {PASSWORD}.")
+
+    def om(*args: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OM_")}
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(db), *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    for memory_id in (obs, refl):
+        tool = json.dumps(recall_live(workspace(db), RecallRequest(session_file=str(path), id=memory_id)))
+        shown = {"tool": tool, "om live recall": om("live", "recall", memory_id, "--file", str(path), "--json"),
+                 "om recall": om("recall", memory_id), "om recall --json": om("recall", memory_id, "--json")}
+        for where, text in shown.items():
+            assert KEY not in text and PASSWORD not in text, where
+            assert "[REDACTED:" in text, where
+        raw = om("recall", memory_id, "--raw")
+        assert KEY in raw and PASSWORD in raw
+    assert "REGION=eu" in om("recall", obs)  # the rest of the evidence is there

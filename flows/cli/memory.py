@@ -124,13 +124,19 @@ def recall(
     session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions)."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Branch ending at this entry (needs --session)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recall result as JSON."),
+    raw: bool = typer.Option(False, "--raw", help="Print the texts exactly as stored, secrets included (default: "
+                             "secrets redacted as in compaction summaries, [REDACTED:<kind>])."),
 ) -> None:
-    """The exact evidence behind a memory id: records, status, and the original source messages."""
+    """The exact evidence behind a memory id: records, status, and the original source messages, with
+    their secrets redacted (as the recall tool gives them to a model) unless --raw."""
     from om_core.recall import recall as run_recall
+    from om_core.recall import redacted
 
     if leaf is not None and session is None:
         raise InvalidArgument("--leaf needs --session")
     result = run_recall(workspace(), memory_id, session, leaf)
+    if not raw:
+        result = redacted(result)
     if as_json:
         print_json(result.as_json())
     else:

@@ -19,7 +19,7 @@ from om_core.eval.conditions import ReaderContext, serialize
 from om_core.eval.data import Instance
 from om_core.eval.haystack import HistoryTurn
 from om_core.model import CallRecord, ChatModel, parse_arguments, tool_schema
-from om_core.recall import recall_in_session
+from om_core.recall import recall_in_session, redacted
 
 RECALL_TEXT_MAX_CHARS = 12_000
 READER_MAX_TURNS = 8  # recall calls before the reader must answer
@@ -64,6 +64,7 @@ def recall_tool(db: Any, session_id: str, tip: str) -> Callable[[str], str]:
     def run(memory_id: str) -> str:
         with db.read() as con:
             result = recall_in_session(con, session_id, tip, memory_id.strip().lower())
+        result = redacted(result)  # it goes to the reader model: no secret, as in the recall tool
         if result.status != "found":
             return result.message or result.status
         lines = []
