@@ -48,6 +48,26 @@ def is_memory_id(value: Any) -> bool:
     return isinstance(value, str) and bool(_MEMORY_ID.fullmatch(value))
 
 
+_MEMORY_REFERENCE = re.compile(r"\[([0-9a-f]{12})\]")
+
+
+def memory_references(content: str) -> list[str]:
+    """The memory ids a note names in brackets (``… (supersedes [3f9a0c1b2d4e])``), in order, once each:
+    how an observation or reflection says which earlier one it replaces."""
+    return list(dict.fromkeys(_MEMORY_REFERENCE.findall(content)))
+
+
+# om's notes on a record it appended, kept beside the wire fields (as pydantic extras, so they travel
+# with a computed stage result) and stored in columns of their own; a session file never holds them
+# (om export writes the wire fields only).
+TS_REPAIRED_FROM = "tsRepairedFrom"  # an observation: the time the model gave, when the checks replaced it
+DROP_REASON = "reason"  # a drop record: the reason the dropper gave
+
+
+def om_note(item: BaseModel, key: str) -> Any:
+    return (item.model_extra or {}).get(key)
+
+
 def _token_count(value: Any) -> float:
     # JSON.parse reads an integer beyond a double as Infinity, so such a count is not finite either
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1.7976931348623157e308:
@@ -197,12 +217,12 @@ class LedgerRows:
         "run_id", "stage", "stage_key")})
     observations: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "ledger_id", "item_index", "obs_id", "content", "ts", "relevance", "source_entry_ids",
-        "token_count")})
+        "token_count", "ts_repaired_from")})
     reflections: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "ledger_id", "item_index", "refl_id", "content", "supporting_observation_ids",
         "token_count")})
     drops: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
-        "session_id", "ledger_id", "item_index", "obs_id")})
+        "session_id", "ledger_id", "item_index", "obs_id", "reason")})
     folds: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "compaction_id", "origin", "anchor_entry_id", "first_kept_entry_id", "folded", "full_fold",
         "summary", "note", "trigger", "gap_safe", "plain_first_kept_entry_id", "created_at", "run_id")})
@@ -222,15 +242,18 @@ class LedgerRows:
             for i, o in enumerate(payload.observations):
                 _append(self.observations, session_id=session_id, ledger_id=ledger_id, item_index=i, obs_id=o.id,
                         content=o.content, ts=o.timestamp, relevance=o.relevance,
-                        source_entry_ids=list(o.sourceEntryIds), token_count=float(o.tokenCount))
+                        source_entry_ids=list(o.sourceEntryIds), token_count=float(o.tokenCount),
+                        ts_repaired_from=_text_note(o, TS_REPAIRED_FROM))
         elif isinstance(payload, ReflectionsRecorded):
             for i, r in enumerate(payload.reflections):
                 _append(self.reflections, session_id=session_id, ledger_id=ledger_id, item_index=i, refl_id=r.id,
                         content=r.content, supporting_observation_ids=list(r.supportingObservationIds),
                         token_count=float(r.tokenCount))
         else:
+            reason = _text_note(payload, DROP_REASON)
             for i, obs_id in enumerate(payload.observationIds):
-                _append(self.drops, session_id=session_id, ledger_id=ledger_id, item_index=i, obs_id=obs_id)
+                _append(self.drops, session_id=session_id, ledger_id=ledger_id, item_index=i, obs_id=obs_id,
+                        reason=reason)
 
     def add_fold(self, session_id: str, compaction_id: str, *, origin: str, anchor: str, first_kept: str | None,
                  details: FoldedDetails | None, summary: str | None, note: str | None, trigger: str | None,
@@ -293,6 +316,12 @@ _INSERTS = {
     "fold_items": "insert_ledger_fold_items",
     "rejects": "insert_ledger_rejects",
 }
+
+
+def _text_note(item: BaseModel, key: str) -> str | None:
+    """An om note as a column value: text, or nothing (an imported record's extra field of another type)."""
+    value = om_note(item, key)
+    return value[:2000] if isinstance(value, str) and value else None
 
 
 def _append(cols: dict[str, list], **row: Any) -> None:

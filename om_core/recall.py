@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from om_core.catalog import resolve_session, resolve_tip
 from om_core.db import named_column, named_rows
 from om_core.errors import AmbiguousMemoryId
-from om_core.ledger import is_memory_id
+from om_core.ledger import is_memory_id, memory_references
 from om_core.session import loads_line
 from om_core.source_text import entry_text, minute, role_label
 from om_core.sqlfiles import query
@@ -43,6 +43,10 @@ class RecallObservation(BaseModel):
     non_source_entry_ids: list[str] = Field(default_factory=list)
     sources: list[RecallSource] = Field(default_factory=list)
     session_id: str | None = None
+    # supersession: the observations on the branch its content names as replaced (``(supersedes [id])``),
+    # and those that name it
+    supersedes: list[str] = Field(default_factory=list)
+    superseded_by: list[str] = Field(default_factory=list)
 
 
 class RecallReflection(BaseModel):
@@ -163,8 +167,10 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
         for s in r["supporting_observation_ids"]:
             if s not in supporting_ids:
                 supporting_ids.append(s)
-    first_support = {r["id"]: r for r in named_rows(con, "recall_observations", {**params, "ids": supporting_ids})
-                     if r["occurrence"] == 1} if supporting_ids else {}
+    named = [i for r in obs_rows for i in memory_references(r["content"]) if i != memory_id]
+    wanted = list(dict.fromkeys(supporting_ids + named))
+    first_support = {r["id"]: r for r in named_rows(con, "recall_observations", {**params, "ids": wanted})
+                     if r["occurrence"] == 1} if wanted else {}
     cited = {e for r in obs_rows for e in r["source_entry_ids"]} | {
         e for r in first_support.values() for e in r["source_entry_ids"]}
     resolved = {r["entry_id"]: r for r in named_rows(con, "resolve_entries", {**params, "ids": sorted(cited)})} if cited else {}
@@ -172,6 +178,10 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     result = RecallResult(status="found" if obs_rows or refl_rows else "not_found", id=memory_id,
                           session_ids=[session_id] if obs_rows or refl_rows else [])
     result.observations = [_observation(con, session_id, tip, r, True, resolved) for r in obs_rows]
+    superseded_by = named_column(con, "recall_superseded_by", {**params, "id": memory_id}) if obs_rows else []
+    for item in result.observations:
+        item.supersedes = [i for i in memory_references(item.content) if i in first_support and i != memory_id]
+        item.superseded_by = list(superseded_by)
     result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledger_id=r["ledger_id"], item_index=r["item_index"],
                                            supporting_observation_ids=list(r["supporting_observation_ids"]),
                                            session_id=session_id) for r in refl_rows]
@@ -182,6 +192,12 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
             result.missing_supporting_observation_ids.append(sid)
         elif (row["id"], row["ledger_id"]) not in matched_ids:
             result.observations.append(_observation(con, session_id, tip, row, False, resolved))
+            matched_ids.add((row["id"], row["ledger_id"]))
+    for sid in dict.fromkeys(named):  # what the recalled observation replaces, with its evidence
+        row = first_support.get(sid)
+        if row is not None and (row["id"], row["ledger_id"]) not in matched_ids:
+            result.observations.append(_observation(con, session_id, tip, row, False, resolved))
+            matched_ids.add((row["id"], row["ledger_id"]))
     _finish(result, session_id, tip)
     _add_orphaned(con, result, session_id)
     return result

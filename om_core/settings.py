@@ -89,6 +89,8 @@ class Settings(BaseModel):
     # after a tool call accepted in full, ask the model once more (the extension's loop); off: the
     # clean receipt ends the stage in one call
     agentClosingTurn: bool = False
+    # the dropper never drops a critical observation that no reflection cites (beyond SPEC §8)
+    keepUncitedCritical: bool = True
 
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:

@@ -138,8 +138,20 @@ def test_a_new_database_keeps_its_tables_in_om_internal_and_only_views_in_main(t
     assert rows(db, "SELECT schema_name FROM duckdb_sequences()") == [("om_internal",)]
 
 
+# Columns migrations after 008 added (a database at 007 cannot hold them: they migrate as NULL).
+ADDED_AFTER_008 = {"observations": ["ts_repaired_from"], "drops": ["reason"]}
+
+
+def forget_added_columns(db: Path) -> None:
+    with dbmod.writing(db) as con:
+        for table, columns in ADDED_AFTER_008.items():
+            for column in columns:
+                con.execute(f"UPDATE om_internal.{table} SET {column} = NULL")
+
+
 def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_007(tmp_path, server):
     current = populated(tmp_path, server)
+    forget_added_columns(current)
     before = schema(current)
     empty = [t for t, r in before.items() if not t.endswith(("columns", "constraints")) and not r]
     assert empty == [], f"the test database should have rows in every table: {empty}"
@@ -161,7 +173,8 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
         before.pop(bookkeeping)
         after.pop(bookkeeping)
     assert after == before
-    assert rows(legacy, "SELECT version FROM om_internal.schema_migrations ORDER BY 1") == [(v,) for v in range(1, 9)]
+    assert rows(legacy, "SELECT version FROM om_internal.schema_migrations ORDER BY 1") == [
+        (v,) for v, _, _ in migrations()]
     assert schema(legacy, internal_tables=False) == {}  # main: views and macros only
     assert public_answers(legacy) == answers
 
@@ -175,6 +188,31 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
         with pytest.raises(duckdb.ConstraintException):
             con.execute("INSERT INTO om_internal.ledger (session_id, ledger_id, kind, covers_up_to_id, anchor_entry_id, "
                         "origin) VALUES (?, 'new-record', 'om.observations.dropped', 'x', 'x', 'pipeline')", [SID])
+
+
+def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, server):
+    """Issue 32: observations.ts_repaired_from and drops.reason; a database without them gets them
+    empty, and every other row and answer stays."""
+    current = populated(tmp_path, server)
+    forget_added_columns(current)
+    answers = public_answers(current)
+    before = schema(current)
+    with dbmod.writing(current) as con:  # the file as om left it at 008
+        for table, columns in ADDED_AFTER_008.items():
+            for column in columns:
+                con.execute(f"ALTER TABLE om_internal.{table} DROP COLUMN {column}")
+        con.execute("DELETE FROM om_internal.schema_migrations WHERE version >= 9")
+        con.execute("UPDATE om_internal.om_meta SET value = 'from-008' WHERE key = 'views_fingerprint'")
+    assert "reason" not in [r[0] for r in rows(current, "DESCRIBE om_internal.drops")]
+    dbmod.connect(current, read_only=True).close()  # a reader upgrades an outdated file first
+    after = schema(current)
+    for bookkeeping in BOOKKEEPING:
+        before.pop(bookkeeping)
+        after.pop(bookkeeping)
+    assert after == before
+    assert public_answers(current) == answers
+    assert [r[0] for r in rows(current, "DESCRIBE drops")][-1] == "reason"
+    assert "ts_repaired_from" in [r[0] for r in rows(current, "DESCRIBE observations")]
 
 
 def test_om_sql_reads_views_and_internal_tables_by_their_qualified_name(tmp_path):

@@ -962,3 +962,150 @@ def test_the_dropper_follows_only_a_reflector_run_that_appended_reflections():
 
     assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == ["reflector", "dropper"]
     assert asked == ["reflector", "dropper"]  # a recorded dropper has no follow-up of its own
+
+
+# ------------------------------------------------------------------ issue 32: flawed answers, through litellm
+
+
+def repaired(db) -> list[tuple]:
+    return rows(db, "SELECT content, ts, ts_repaired_from FROM observations WHERE session_id = ? "
+                    "ORDER BY ledger_id, item_index", [SID])
+
+
+def test_a_wall_clock_time_and_the_current_time_are_replaced_by_the_cited_entrys_time(server, tmp_path, db_path):
+    """The observer stamps one note with the wall clock (a 2026 summer day for a January event) and
+    one with the current time (the tip's, 14:08) for an event at 14:02: both lie outside their cited
+    entries' times, so each gets the first cited entry's time, recorded as repaired; a time within
+    the tolerance of its entries stays as given. No rejection: the stage ends in one call."""
+    load(story(), tmp_path, db_path)
+    wall = item("Assistant read config/db.yaml, which still names MySQL 8.", [E[4], E[3]], ts="2026-07-03 09:12")
+    now = item("User wants the orders service moved off MySQL.", [E[2]], ts="2026-01-15 14:08")
+    close = item("Assistant switched config/db.yaml to PostgreSQL 16.", [E[8]], ts="2026-01-15 14:11")
+    server.add(tool_call("record_observations", {"observations": [wall, now, close]}))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    assert (outcome.outcome, outcome.items, outcome.rejected, len(server.requests)) == ("recorded", 3, 0, 1)
+    assert repaired(db_path) == [
+        (wall["content"], "2026-01-15 14:03", "2026-07-03 09:12"),  # E3: the first cited entry in the chunk
+        (now["content"], "2026-01-15 14:02", "2026-01-15 14:08"),
+        (close["content"], "2026-01-15 14:11", None),  # 3 minutes after E8: within the tolerance
+    ]
+    [receipt] = outcome.receipts
+    assert f"1. recorded [{mid(wall['content'])}], at 2026-01-15 14:03: 2026-07-03 09:12 lies outside" in receipt
+    assert receipt.splitlines()[3] == f"3. recorded [{mid(close['content'])}]"
+    # the stored line and its token count carry the repaired time
+    line = f"[{mid(wall['content'])}] 2026-01-15 14:03 [high] {wall['content']}"
+    assert rows(db_path, "SELECT token_count FROM observations WHERE obs_id = ?", [mid(wall["content"])])[0][0] == \
+        pi_tokens(line)
+
+
+def test_a_date_only_time_and_a_two_line_note_are_refused_and_asked_again(server, tmp_path, db_path):
+    load(story(), tmp_path, db_path)
+    dated = item("User asked for PostgreSQL 16 for the orders service.", [E[2]], ts="2026-01-15")
+    two_lines = item("Assistant read config/db.yaml.\nIt still names MySQL 8.", [E[4]])
+    fixed = [item(dated["content"], [E[2]]), item("Assistant read config/db.yaml; it still names MySQL 8.", [E[4]])]
+    server.add(tool_call("record_observations", {"observations": [dated, two_lines]}),
+               tool_call("record_observations", {"observations": fixed}))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    assert len(server.requests) == 2  # the rejections got their receipt and another turn
+    receipt = tool_messages(server, 1)[0].splitlines()
+    assert receipt[1].startswith("1. rejected: timestamp must give the time of day")
+    assert receipt[2] == "2. rejected: content must be a single line"
+    assert (outcome.outcome, outcome.items, outcome.rejected) == ("recorded", 2, 2)
+    assert [(c, ts) for c, ts, _ in repaired(db_path)] == [(fixed[0]["content"], "2026-01-15 14:02"),
+                                                            (fixed[1]["content"], "2026-01-15 14:02")]
+
+
+def test_a_near_duplicate_of_an_active_observation_is_skipped_as_a_duplicate(server, tmp_path, db_path):
+    load(blocks(4), tmp_path, db_path)
+    earlier = obs("User asked to run the unit tests before every commit to the main branch.", [E[1]])
+    append(db_path, OBS, {"observations": [earlier], "coversUpToId": E[2]}, E[2])
+    one_word = item("User asked to run all unit tests before every commit to the main branch.", [E[3]])
+    other_number = item("User asked for 3 retries on the upload step of the main branch.", [E[3]])
+    same_but_number = item("User asked for 5 retries on the upload step of the main branch.", [E[4]])
+    server.add(tool_call("record_observations", {"observations": [one_word, other_number, same_but_number]}))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    assert len(server.requests) == 1  # a duplicate is no mistake to correct: the receipt is clean
+    lines = outcome.receipts[0].splitlines()
+    assert lines[1] == f"1. duplicate [{mid(one_word['content'])}]: nearly the same as [{earlier['id']}], skipped"
+    assert lines[2] == f"2. recorded [{mid(other_number['content'])}]"
+    assert lines[3] == f"3. recorded [{mid(same_but_number['content'])}]"  # another number: another fact
+    assert (outcome.items, outcome.duplicates, outcome.rejected) == (2, 1, 0)
+    assert [o.content for o in memory(db_path).observations] == [
+        earlier["content"], other_number["content"], same_but_number["content"]]
+
+
+def test_a_superseding_note_names_the_earlier_one_by_id_and_recall_shows_both(server, tmp_path, db_path):
+    load(blocks(4), tmp_path, db_path)
+    earlier = obs("Upload retries are set to 3.", [E[1]])
+    append(db_path, OBS, {"observations": [earlier], "coversUpToId": E[2]}, E[2])
+    newer = f"Upload retries are now 5 (supersedes [{earlier['id']}]); the user found 3 too few."
+    server.add(tool_call("record_observations", {"observations": [
+                   item(newer, [earlier["id"]]),                                  # the id cited as a source
+                   item("Retries follow a note that was never made (supersedes [0123456789ab]).", [E[3]])]}),
+               tool_call("record_observations", {"observations": [item(newer, [E[3], E[4]])]}))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    first = tool_messages(server, 1)[0].splitlines()
+    assert first[1].startswith(f"1. rejected: sourceEntryIds {earlier['id']} are memory ids") and \
+        "(supersedes [id])" in first[1]
+    assert first[2].startswith("2. rejected: content names [0123456789ab], which is no memory id")
+    assert (outcome.outcome, outcome.items) == ("recorded", 1)
+    found = recall(workspace(db_path), mid(newer), SID)
+    [note, replaced] = found.observations
+    assert (note.id, note.matched, note.supersedes) == (mid(newer), True, [earlier["id"]])
+    assert (replaced.id, replaced.matched, replaced.content) == (earlier["id"], False, earlier["content"])
+    assert replaced.sources[0].entry_id == E[1]  # with its evidence
+    assert recall(workspace(db_path), earlier["id"], SID).observations[0].superseded_by == [mid(newer)]
+    shown = invoke(["--db", str(db_path), "recall", mid(newer), "--session", SID])
+    assert f"supersedes {earlier['id']}" in shown.output and "superseded observation" in shown.output
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_the_only_critical_constraint_no_reflection_cites_is_never_dropped(server, tmp_path, db_path, guard):
+    made = pool_session(tmp_path, db_path, [("User forbids force-pushes to main.", "critical", 40),
+                                            ("Assistant listed the branches.", "low", 30),
+                                            ("Assistant ran the linter.", "low", 30)], [[1]])
+    server.add(new_reflection(made[2]["id"]),
+               tool_call("drop_observations", {"ids": [made[0]["id"], made[1]["id"]], "reason": "old and routine"}))
+    settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=40, keepUncitedCritical=guard)
+    _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    assert len(server.requests) == 2  # kept by the guard is no mistake: one dropper call
+    lines = dropper.receipts[0].splitlines()
+    if guard:
+        assert lines[1] == f"kept [{made[0]['id']}]: a critical observation no reflection cites is never dropped"
+        assert dropped_ids(db_path) == [made[1]["id"]]
+        assert made[0]["id"] in {o.id for o in memory(db_path).observations}
+    else:
+        assert dropped_ids(db_path) == [made[0]["id"], made[1]["id"]]
+    # the reason is stored with the drop record, a column of the drops view
+    assert {r[0] for r in rows(db_path, "SELECT reason FROM drops WHERE session_id = ?", [SID])} == {"old and routine"}
+
+
+@pytest.mark.parametrize("earlier, later, duplicate", [
+    ("User asked to run the unit tests before every commit to main.",
+     "User asked to run all the unit tests before every commit to main.", True),            # a word added
+    ("The deploy script lives in scripts/deploy.sh and needs the staging profile.",
+     "The deploy script lives in scripts/deploy.sh and needs the staging profile!", True),  # punctuation
+    ("User wants PostgreSQL 16 for the orders service in production.",
+     "User wants PostgreSQL 15 for the orders service in production.", False),              # another number
+    ("The deploy script lives in scripts/deploy.sh and needs the staging profile.",
+     "The deploy script lives in scripts/release.sh and needs the staging profile.", False),  # another path
+    ("User said the migration must run before the release of the new billing service.",
+     "User said the migration must not run before the release of the new billing service.", False),  # negation
+    ("User wants the orders service.", "User wants the billing service.", False),               # a short note
+])
+def test_near_duplicates_by_normalised_words_numbers_and_names(earlier, later, duplicate):
+    from om_core.workers.checks import NearDuplicates
+
+    assert (NearDuplicates([("a" * 12, earlier)]).of(later) == "a" * 12) is duplicate
+
+
+def test_a_reworded_reflection_is_a_duplicate_of_the_current_one(server, tmp_path, db_path):
+    o = coverage_session(tmp_path, db_path)
+    server.add(tool_call("record_reflections", {"reflections": [
+        {"content": "The user is exacting about the database, always.", "supportingObservationIds": [o["O3"]["id"]]},
+        {"content": "The orders service runs on PostgreSQL 16 (supersedes [ffffffffffff]).",
+         "supportingObservationIds": [o["O1"]["id"]]}]}), text("done"))
+    [outcome] = reflect_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    lines = outcome.receipts[0].splitlines()
+    assert lines[1].startswith("1. duplicate") and mid("The user is exacting about the database.") in lines[1]
+    assert lines[2].startswith("2. rejected: content names [ffffffffffff]")

@@ -169,10 +169,16 @@ def _print_recall(result) -> None:
             out.print("\n[bold]reflection[/] ", end="")
             _exact(f"[{r.id}] {r.content}")
             out.print(f"  supported by {', '.join(r.supporting_observation_ids)}")
+        supporting = {i for r in group.reflections for i in r.supporting_observation_ids}
         for o in group.observations:
-            label = "observation" if o.matched else "supporting observation"
+            label = ("observation" if o.matched else "supporting observation" if o.id in supporting
+                     else "superseded observation")
             out.print(f"\n[bold]{label}[/] ({o.status}) ", end="")
             _exact(f"[{o.id}] {o.ts} [{o.relevance}] {o.content}")
+            if o.supersedes:
+                out.print(f"  supersedes {', '.join(o.supersedes)}")
+            if o.superseded_by:
+                out.print(f"  [yellow]superseded by[/] {', '.join(o.superseded_by)}")
             for src in o.sources:
                 # the source entry's text exactly as Pi holds it (SPEC §6): not indented, not wrapped
                 out.print(f"[dim]--- source {escape(src.entry_id)} {escape(src.role or '')} "

@@ -9,19 +9,32 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
+from difflib import SequenceMatcher
 from typing import Any, ClassVar
 
-from om_core.ledger import RELEVANCE_ORDER, Observation, Reflection, memory_id
+from om_core.ledger import (DROP_REASON, RELEVANCE_ORDER, TS_REPAIRED_FROM, Observation, Reflection, memory_id,
+                            memory_references)
 from om_core.prompts import TRUNCATION_MARKER
 from om_core.render import observation_line
 from om_core.js_length import js_len
 
 MAX_CONTENT_CHARS = 10_000
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}$")
+_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
+
+# An observation's time must lie within its cited entries' times, give or take this much (times are
+# shown to the minute; a model that rounds up, or stamps the question a cited answer replies to, is
+# no wrong clock). A time further out is replaced by the first cited entry's time.
+EVENT_TIME_TOLERANCE = timedelta(minutes=5)
+# A note is a near-duplicate of an active one when their normalised words are at least this similar
+# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9) and they name
+# the same numbers, identifiers, memory ids and negations (``PostgreSQL 15`` is no duplicate of
+# ``PostgreSQL 16``, nor ``must not`` of ``must``).
+NEAR_DUPLICATE_RATIO = 0.9
 
 TokenCounter = Callable[[str], int]
 
@@ -31,18 +44,91 @@ def pi_token_counter(text: str) -> int:
     return math.ceil(js_len(text) / 4)
 
 
-def _timestamp(value: Any) -> str | None:
-    """``YYYY-MM-DD HH:MM``; an ISO timestamp is accepted and shortened."""
+def _timestamp(value: Any) -> str:
+    """``YYYY-MM-DD HH:MM``; an ISO timestamp is accepted and shortened (one with a zone, in UTC as
+    entries are shown). A date alone is refused: it would be stored as midnight."""
     if not isinstance(value, str):
-        return None
+        raise _Rejected("timestamp must be YYYY-MM-DD HH:MM")
     value = value.strip()
     if _TIMESTAMP.match(value):
         return value
+    if _DATE_ONLY.match(value):
+        raise _Rejected("timestamp must give the time of day too (YYYY-MM-DD HH:MM): take it from the cited "
+                        "entry's header")
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return None
+        raise _Rejected("timestamp must be YYYY-MM-DD HH:MM") from None
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(timezone.utc)
     return parsed.strftime("%Y-%m-%d %H:%M")
+
+
+def _minute(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%d %H:%M")
+    except ValueError:
+        return None
+
+
+def event_time(proposed: str, cited_times: list[str]) -> str:
+    """The observation's time: as proposed when it lies within its cited entries' times (with
+    ``EVENT_TIME_TOLERANCE``), else the first cited entry's time. Entries without a time bound nothing."""
+    times = [t for t in (_minute(c) for c in cited_times) if t is not None]
+    when = _minute(proposed)
+    if not times or when is None:
+        return proposed
+    if min(times) - EVENT_TIME_TOLERANCE <= when <= max(times) + EVENT_TIME_TOLERANCE:
+        return proposed
+    return next(c for c in cited_times if _minute(c) is not None)
+
+
+# ------------------------------------------------------------------ near-duplicates
+
+_WORDS = re.compile(r"[\w./:@#+-]+")
+_NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "without", "cannot", "can't", "don't", "doesn't",
+                        "didn't", "isn't", "aren't", "wasn't", "won't", "shouldn't", "mustn't", "neither", "nor"})
+
+
+def normalised_words(content: str) -> tuple[str, ...]:
+    """A note's words for comparison: lower case, punctuation around words dropped."""
+    return tuple(w.strip(".:-#/") or w for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
+
+
+def _marks(words: tuple[str, ...]) -> frozenset[str]:
+    """What must be equal for two notes to be duplicates: numbers, identifiers, negations."""
+    return frozenset(w for w in words if w in _NEGATIONS or any(c.isdigit() or c in "./:@#_+" for c in w))
+
+
+class NearDuplicates:
+    """Finds an earlier note a new one nearly repeats (``NEAR_DUPLICATE_RATIO``)."""
+
+    def __init__(self, notes: Iterable[tuple[str, str]] = ()) -> None:
+        self._notes: list[tuple[str, tuple[str, ...], frozenset[str]]] = []
+        for note_id, content in notes:
+            self.add(note_id, content)
+
+    def add(self, note_id: str, content: str) -> None:
+        words = normalised_words(content)
+        self._notes.append((note_id, words, _marks(words)))
+
+    def of(self, content: str) -> str | None:
+        """The id of the note ``content`` nearly repeats, or None."""
+        words = normalised_words(content)
+        if not words:
+            return None
+        marks = _marks(words)
+        matcher = SequenceMatcher(autojunk=False)
+        matcher.set_seq2(words)
+        for note_id, other, other_marks in self._notes:
+            size = len(other) + len(words)
+            if other_marks != marks or 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
+                continue  # different numbers or names, or too different in length to reach the ratio
+            matcher.set_seq1(other)
+            if matcher.real_quick_ratio() >= NEAR_DUPLICATE_RATIO and matcher.quick_ratio() >= NEAR_DUPLICATE_RATIO \
+                    and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
+                return note_id
+        return None
 
 
 def _id_list(value: Any) -> list[str] | None:
@@ -129,30 +215,74 @@ class _ItemCheck:
         return False
 
 
+def _references(content: str, known: set[str]) -> list[str]:
+    """The memory ids the content names in brackets, each a known one, or a rejection."""
+    named = memory_references(content)
+    unknown = [i for i in named if i not in known]
+    if unknown:
+        raise _Rejected(f"content names [{'], ['.join(unknown)}], which is no memory id on this branch: name an "
+                        "earlier note by the id its memory line starts with")
+    return named
+
+
 @dataclass
 class ObservationCheck(_ItemCheck):
+    """The observer's items. ``chunk_times``: the chunk's entry ids with their times (``YYYY-MM-DD
+    HH:MM``, '' when unknown), in chunk order; ``known_ids``: every observation recorded on the branch
+    (dropped ones too); ``active``: the active observations, whose near-duplicates are skipped;
+    ``memory_ids``: the ids a note may name (observations recorded on the branch, current reflections)."""
+
     tool: ClassVar[str] = "record_observations"
     key: ClassVar[str] = "observations"
-    chunk_ids: set[str]
+    chunk_times: dict[str, str]
     known_ids: set[str]  # recorded before (dropped ones too)
+    active: list[Observation] = field(default_factory=list)
+    memory_ids: set[str] = field(default_factory=set)
+    repaired: int = 0  # times outside the cited entries', replaced (EVENT_TIME_TOLERANCE)
+
+    def __post_init__(self) -> None:
+        self._similar = NearDuplicates((o.id, o.content) for o in self.active)
+
+    @property
+    def chunk_ids(self) -> set[str]:
+        return set(self.chunk_times)
 
     def _one(self, item: Any) -> str:
-        content = _content(item)
-        timestamp = _timestamp(item.get("timestamp"))
-        if timestamp is None:
-            raise _Rejected("timestamp must be YYYY-MM-DD HH:MM")
+        content = _content(item, single_line=True)
+        proposed = _timestamp(item.get("timestamp"))
         relevance = item.get("relevance")
         relevance = relevance.strip().lower() if isinstance(relevance, str) else relevance
         if relevance not in RELEVANCE_ORDER:
             raise _Rejected("relevance must be low, medium, high or critical")
+        ids = _id_list(item.get("sourceEntryIds"))
+        memory = [i for i in ids or () if i not in self.chunk_times and i in self.memory_ids | self.known_ids]
+        if memory:
+            raise _Rejected(f"sourceEntryIds {', '.join(memory)} are memory ids, not entries of this chunk: cite the "
+                            "entries, and name an earlier note the new one replaces in its content, as "
+                            "(supersedes [id])")
         sources = _cited_ids(item, "sourceEntryIds", "entry ids", self.chunk_ids,
                              "sourceEntryIds {} are not entries of this chunk")
+        _references(content, self.memory_ids | self.known_ids)
         obs_id = memory_id(content)
         if self._seen(obs_id, self.known_ids):
             return f"duplicate [{obs_id}]: already recorded, skipped"
+        earlier = self._similar.of(content)
+        if earlier is not None:
+            self.duplicates += 1
+            return f"duplicate [{obs_id}]: nearly the same as [{earlier}], skipped"
+        cited = [self.chunk_times[i] for i in self.chunk_times if i in set(sources)]  # in chunk order
+        timestamp = event_time(proposed, cited)
+        notes = {}
+        if timestamp != proposed:
+            notes[TS_REPAIRED_FROM] = proposed
+            self.repaired += 1
         line = observation_line(obs_id, timestamp, relevance, content)
         self.accepted.append(Observation(id=obs_id, content=content, timestamp=timestamp, relevance=relevance,
-                                         sourceEntryIds=sources, tokenCount=self.count_tokens(line)))
+                                         sourceEntryIds=sources, tokenCount=self.count_tokens(line), **notes))
+        self._similar.add(obs_id, content)
+        if notes:
+            return (f"recorded [{obs_id}], at {timestamp}: {proposed} lies outside its cited entries' times, so "
+                    "the first cited entry's time was taken")
         return f"recorded [{obs_id}]"
 
 
@@ -162,31 +292,48 @@ class ReflectionCheck(_ItemCheck):
     key: ClassVar[str] = "reflections"
     active_ids: set[str]
     existing_ids: set[str]
+    existing: list[Reflection] = field(default_factory=list)  # current reflections, whose near-duplicates are skipped
+
+    def __post_init__(self) -> None:
+        self._similar = NearDuplicates((r.id, r.content) for r in self.existing)
 
     def _one(self, item: Any) -> str:
         content = _content(item, single_line=True)
         support = _cited_ids(item, "supportingObservationIds", "observation ids", self.active_ids,
                              "{} are not active observations")
+        _references(content, self.existing_ids | self.active_ids)
         refl_id = memory_id(content)
         if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
+        earlier = self._similar.of(content)
+        if earlier is not None:
+            self.duplicates += 1
+            return f"duplicate [{refl_id}]: nearly the same as reflection [{earlier}], skipped"
         self.accepted.append(Reflection(id=refl_id, content=content, supportingObservationIds=support,
                                         tokenCount=self.count_tokens(content)))
+        self._similar.add(refl_id, content)
         return f"recorded [{refl_id}]"
+
+
+MAX_REASON_CHARS = 1_000
 
 
 @dataclass
 class DropCheck:
-    """Collects proposed ids; the final choice keeps at most ``max_drops``, safest first."""
+    """Collects proposed ids; the final choice keeps at most ``max_drops``, safest first.
+    ``keep_uncited_critical`` (om's guard beyond SPEC §8, on by default): a critical observation that
+    no reflection cites is never dropped; proposing it is no mistake to correct, so it gets no new turn."""
 
     tool: ClassVar[str] = "drop_observations"
     duplicates: ClassVar[int] = 0  # an id proposed again is no new proposal, nor a rejection
     active: dict[str, Any]  # obs id -> CoveredObservation (with .coverage and .observation)
     max_drops: int
     order: dict[str, int]  # obs id -> age order (smaller = older)
+    keep_uncited_critical: bool = True
     proposed: list[str] = field(default_factory=list)
     ignored: int = 0
     malformed: int = 0
+    kept: int = 0  # proposals the guard kept
     reason: str | None = None
 
     @property
@@ -194,12 +341,16 @@ class DropCheck:
         """Ignored ids and malformed calls so far; a submit that adds none is a clean receipt."""
         return self.ignored + self.malformed
 
+    def guarded(self, obs_id: str) -> bool:
+        covered = self.active[obs_id]
+        return self.keep_uncited_critical and covered.coverage == "none" and covered.observation.relevance == "critical"
+
     def submit(self, args: Any) -> str:
         if not isinstance(args, dict) or not isinstance(args.get("ids"), list):
             self.malformed += 1
             return 'rejected: expected {"ids": [...], "reason": "..."}'
-        if isinstance(args.get("reason"), str):
-            self.reason = args["reason"]
+        if isinstance(args.get("reason"), str) and args["reason"].strip():
+            self.reason = " ".join(args["reason"].split())[:MAX_REASON_CHARS]
         lines = []
         for value in args["ids"]:
             if not isinstance(value, str) or value not in self.active:
@@ -207,6 +358,9 @@ class DropCheck:
                 lines.append(f"ignored {value!r}: not an active observation")
             elif value in self.proposed:
                 lines.append(f"already proposed [{value}]")
+            elif self.guarded(value):
+                self.kept += 1
+                lines.append(f"kept [{value}]: a critical observation no reflection cites is never dropped")
             else:
                 self.proposed.append(value)
                 lines.append(f"proposed [{value}]")
@@ -221,6 +375,11 @@ class DropCheck:
     @property
     def accepted(self) -> list[str]:
         return self.selected()
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """om's notes on the drop record (stored in drops.reason, never written to a session file)."""
+        return {DROP_REASON: self.reason} if self.reason else {}
 
     def safety_key(self, obs_id: str) -> tuple[int, int, int]:
         covered = self.active[obs_id]

@@ -130,6 +130,11 @@ class ObserverInput:
     def chunk_ids(self) -> set[str]:
         return {e.entry_id for e in self.chunk}
 
+    @property
+    def chunk_times(self) -> dict[str, str]:
+        """Each chunk entry's time (``YYYY-MM-DD HH:MM``, '' when unknown), in chunk order."""
+        return {e.entry_id: e.timestamp for e in self.chunk}
+
     def render(self, clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
         """The chunk as the observer reads it, and whether an entry had to be excerpted."""
         parts, excerpted, day = [], False, None

@@ -137,7 +137,8 @@ class Stage:
             outcome.outcome = "empty"
             return outcome, None
         outcome.outcome = "recorded"
-        return outcome, self.payload(**{self.items_field: accepted, "coversUpToId": self.watermark(inp)})
+        notes = getattr(check, "notes", {})  # om's notes on the record (om_core.ledger.om_note)
+        return outcome, self.payload(**{self.items_field: accepted, "coversUpToId": self.watermark(inp)}, **notes)
 
     def items(self, payload: BaseModel) -> int:
         return len(getattr(payload, self.items_field))
@@ -153,7 +154,10 @@ OBSERVER = Stage(
     read_input=lambda con, req, settings: observer_input(con, req.session_id, req.tip, settings,
                                                          until_position=req.chunk_until),
     not_due=_observer_not_due,
-    check=lambda inp, settings: ObservationCheck(chunk_ids=inp.chunk_ids, known_ids=inp.known_observation_ids,
+    check=lambda inp, settings: ObservationCheck(chunk_times=inp.chunk_times, known_ids=inp.known_observation_ids,
+                                                 active=inp.memory.observations,
+                                                 memory_ids=inp.known_observation_ids
+                                                 | {r.id for r in inp.memory.reflections},
                                                  count_tokens=token_counter(settings)),
     ask=lambda brain, inp, check: brain.observe(inp, check),
     watermark=lambda inp: inp.last_id,
@@ -167,7 +171,7 @@ REFLECTOR = Stage(
     read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip),
     not_due=lambda req: "no observation watermark yet: run the observer first",
     check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
-                                                count_tokens=token_counter(settings)),
+                                                existing=inp.reflections, count_tokens=token_counter(settings)),
     ask=lambda brain, inp, check: brain.reflect(inp, check),
     watermark=lambda inp: inp.observation_watermark,
     threshold=lambda settings: settings.reflectAfterTokens,
@@ -180,7 +184,8 @@ DROPPER = Stage(
                                                         req.reflection_watermark),
     not_due=lambda req: "the active observation pool is within its target",
     check=lambda inp, settings: DropCheck(active=inp.active, max_drops=inp.max_drops,
-                                          order={c.observation.id: i for i, c in enumerate(inp.covered)}),
+                                          order={c.observation.id: i for i, c in enumerate(inp.covered)},
+                                          keep_uncited_critical=settings.keepUncitedCritical),
     ask=lambda brain, inp, check: brain.drop(inp, check),
     watermark=lambda inp: inp.watermark,
     after="reflector",

@@ -7,8 +7,8 @@ FROM ledger_batch;
 
 -- name: insert_ledger_observations
 INSERT INTO om_internal.observations (session_id, ledger_id, item_index, obs_id, content, ts, relevance, source_entry_ids,
-                                 token_count)
-SELECT session_id, ledger_id, item_index, obs_id, content, ts, relevance, source_entry_ids, token_count
+                                 token_count, ts_repaired_from)
+SELECT session_id, ledger_id, item_index, obs_id, content, ts, relevance, source_entry_ids, token_count, ts_repaired_from
 FROM ledger_batch;
 
 -- name: insert_ledger_reflections
@@ -18,8 +18,8 @@ SELECT session_id, ledger_id, item_index, refl_id, content, supporting_observati
 FROM ledger_batch;
 
 -- name: insert_ledger_drops
-INSERT INTO om_internal.drops (session_id, ledger_id, item_index, obs_id)
-SELECT session_id, ledger_id, item_index, obs_id FROM ledger_batch;
+INSERT INTO om_internal.drops (session_id, ledger_id, item_index, obs_id, reason)
+SELECT session_id, ledger_id, item_index, obs_id, reason FROM ledger_batch;
 
 -- name: insert_ledger_folds
 INSERT INTO om_internal.compactions (session_id, compaction_id, origin, anchor_entry_id, first_kept_entry_id,

@@ -73,6 +73,14 @@ ORDER BY occurred_at DESC NULLS LAST LIMIT 5;
 -- name: recall_observations
 SELECT * FROM recall_observations($session_id, $tip, $ids::VARCHAR[]) ORDER BY rec_order, item_index;
 
+-- name: recall_superseded_by
+-- The observations on the branch that name $id in brackets (a note saying which one it replaces).
+SELECT o.obs_id AS id
+FROM om_internal.observations o
+JOIN branch_records($session_id, $tip) r ON r.ledger_id = o.ledger_id AND r.kind = 'om.observations.recorded'
+WHERE o.session_id = $session_id AND contains(o.content, '[' || $id || ']') AND o.obs_id <> $id
+GROUP BY o.obs_id ORDER BY min(r.rec_order), o.obs_id;
+
 -- name: recall_reflections
 SELECT * FROM recall_reflections($session_id, $tip, $id) ORDER BY rec_order, item_index;
 

@@ -141,7 +141,8 @@ CREATE TABLE om_internal.observations (
     ts                VARCHAR NOT NULL,   -- YYYY-MM-DD HH:MM as written
     relevance         VARCHAR NOT NULL,
     source_entry_ids  VARCHAR[] NOT NULL,
-    token_count       DOUBLE NOT NULL
+    token_count       DOUBLE NOT NULL,
+    ts_repaired_from  VARCHAR             -- the model's time, when om replaced it (outside its sources' times)
 );
 
 CREATE TABLE om_internal.reflections (
@@ -158,7 +159,8 @@ CREATE TABLE om_internal.drops (
     session_id   VARCHAR NOT NULL,
     ledger_id    VARCHAR NOT NULL,
     item_index   INTEGER NOT NULL,
-    obs_id       VARCHAR NOT NULL
+    obs_id       VARCHAR NOT NULL,
+    reason       VARCHAR              -- the dropper's reason for its record's drops
 );
 
 -- Compactions om holds om.folded memory for: the extension's (imported: the compaction entry's

@@ -7,7 +7,7 @@ CREATE OR REPLACE VIEW ledger AS
 
 CREATE OR REPLACE VIEW observations AS
     SELECT o.session_id, o.ledger_id, o.obs_id, o.content, o.ts, o.relevance, o.source_entry_ids,
-           o.token_count, o.item_index, r.covers_up_to_id, r.anchor_entry_id, r.origin
+           o.token_count, o.item_index, r.covers_up_to_id, r.anchor_entry_id, r.origin, o.ts_repaired_from
     FROM om_internal.observations o
     JOIN om_internal.ledger r ON r.session_id = o.session_id AND r.ledger_id = o.ledger_id;
 
@@ -19,7 +19,7 @@ CREATE OR REPLACE VIEW reflections AS
 
 CREATE OR REPLACE VIEW drops AS
     SELECT d.session_id, d.ledger_id, d.obs_id, d.item_index, r.covers_up_to_id, r.anchor_entry_id,
-           r.origin
+           r.origin, d.reason
     FROM om_internal.drops d
     JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id;
 
