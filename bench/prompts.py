@@ -254,13 +254,13 @@ class CarefulWorkers:
 # ------------------------------------------------------------------ one run
 
 
-def run_one(session_path: Path, model: str, workdir: Path) -> dict[str, Any]:
+def run_one(session_path: Path, model: str, workdir: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from fake_brains import ScriptedWorkers
 
     db_path = workdir / f"{session_path.stem}-{model}.duckdb"
     if db_path.exists():
         db_path.unlink()
-    settings = Settings()
+    settings = Settings(**(overrides or {}))
     ingest(Workspace.open(db_path, settings=settings), [session_path])
     con = duckdb.connect(str(db_path), read_only=True)
     sid, source_pi = con.execute("SELECT s.session_id, (SELECT sum(tokens_pi) FROM entries e WHERE "
@@ -283,8 +283,16 @@ def run_one(session_path: Path, model: str, workdir: Path) -> dict[str, Any]:
     outcomes = {f"{s}:{o}": n for s, o, n in con.execute(
         "SELECT stage, outcome, count(*) FROM stages WHERE session_id = ? GROUP BY ALL ORDER BY ALL", [sid]).fetchall()}
     memory = con.execute("SELECT count(*) FROM observations WHERE session_id = ?", [sid]).fetchone()[0]
+    reflector = [r[0] for r in con.execute("SELECT outcome FROM stages WHERE session_id = ? AND stage = 'reflector' "
+                                           "AND outcome IN ('recorded', 'empty') ORDER BY started_at, finished_at",
+                                           [sid]).fetchall()]
     con.close()
-    return measure(session_path.stem, model, server.requests, source_pi, stages, outcomes, memory)
+    result = measure(session_path.stem, model, server.requests, source_pi, stages, outcomes, memory)
+    # item 9: the reflector asked again after a deliberate empty result, and what it answered then
+    again = [b for a, b in zip(reflector, reflector[1:]) if a == "empty"]
+    result["reflector_after_empty"] = {"asked": len(again), "empty_again": again.count("empty"),
+                                       "recorded": again.count("recorded")}
+    return result
 
 
 def measure(session: str, model: str, requests: list[dict], source_pi: int, stages: dict[str, int],
@@ -356,6 +364,10 @@ def print_result(r: dict[str, Any]) -> None:
           f"{r['uncached_per_1k_source']:,.0f}; prefix-servable {r['prefix_servable_share']:.1%}; "
           f"calls per stage {r['calls_per_stage']:.2f}")
     print("  stages: " + ", ".join(f"{k} {v}" for k, v in r["stages"].items()))
+    again = r.get("reflector_after_empty")
+    if again:
+        print(f"  reflector asked again after an empty result: {again['asked']} "
+              f"({again['empty_again']} empty again, {again['recorded']} recorded)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,7 +377,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", nargs="*", choices=("scripted", "careful"), default=["scripted", "careful"])
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     parser.add_argument("--keep", type=Path, default=None, help="keep the databases in this directory")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting other than its default (JSON value), e.g. --set observerToolMaxTokens=2000")
     args = parser.parse_args(argv)
+    overrides = {}
+    for pair in args.set:
+        key, _, value = pair.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
     sessions = [p for p in args.sessions if p.is_file()]
     for p in args.sessions:
         if not p.is_file():
@@ -381,15 +402,15 @@ def main(argv: list[str] | None = None) -> int:
             for model in args.model:
                 if not args.json:
                     print(f"replaying {path.name} with the {model} model…", file=sys.stderr, flush=True)
-                results.append(run_one(path, model, workdir))
+                results.append(run_one(path, model, workdir, overrides))
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
-        print(json.dumps({"settings": "defaults (Settings())", "tokens": "characters / 4 (the fake server's)",
+        print(json.dumps({"settings": overrides or "defaults", "tokens": "characters / 4 (the fake server's)",
                           "results": results}, indent=2))
     else:
-        print("Settings: defaults. Tokens: characters / 4, as the fake server bills them. shared w/ previous: the "
+        print(f"Settings: {'defaults, but ' + str(overrides) if overrides else 'defaults'}. Tokens: characters / 4, as the fake server bills them. shared w/ previous: the "
               "prefix each request shares with the request right before it; cached: with any earlier request.")
         for r in results:
             print_result(r)

@@ -115,10 +115,18 @@ def stage_prompt(messages: list[dict[str, Any]]) -> str:
 
 
 def stage_of(messages: list[dict[str, Any]]) -> str:
-    from om_core import prompts
+    """The worker of a request, by the task after its memory (the three share system prompt and tools)."""
+    user = messages[1]["content"]
+    for task, stage in (("## Task: observe", "observer"), ("## Task: reflect", "reflector")):
+        if task in user:
+            return stage
+    return "dropper"
 
-    system = messages[0]["content"]
-    return {prompts.OBSERVER_SYSTEM: "observer", prompts.REFLECTOR_SYSTEM: "reflector"}.get(system, "dropper")
+
+def _new_part(user: str) -> int:
+    """Where the part of a worker's message that is new each call starts (its task)."""
+    return min([i for i in (user.find("## Task: "), user.find("## Current time"), user.find("## Coverage")) if i >= 0],
+               default=len(user))
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -138,7 +146,7 @@ def common_prefix(a: str, b: str) -> int:
 def _where(prompt: str, n: int) -> str:
     """Which part of an observer prompt the common prefix ends in."""
     if "## Memory\n" in prompt:  # one memory list in ledger order
-        marks = [("system prompt", prompt.find("## Memory\n")), ("memory", prompt.find("## Current time")),
+        marks = [("system prompt", prompt.find("## Memory\n")), ("memory", prompt.find("## Task: observe")),
                  ("time/chunk", len(prompt) + 1)]
     else:
         marks = [("system prompt", prompt.find("## Current reflections")),
@@ -183,9 +191,9 @@ def observer_composition(first_turns: list[dict[str, Any]]) -> dict[str, int]:
     memory, chunk = [], []
     for r in first_turns:
         user = r["messages"][1]["content"]
-        cut = user.find("## Current time")
-        memory.append(user[:cut] if cut >= 0 else "")
-        chunk.append(user[cut:] if cut >= 0 else user)
+        cut = _new_part(user)
+        memory.append(user[:cut])
+        chunk.append(user[cut:])
     n = len(first_turns)
     counts = count_tokens(systems + tools + memory + chunk, threads=2)
     return {"requests": n, "system": sum(counts[:n]), "tools": sum(counts[n:2 * n]),
@@ -424,7 +432,7 @@ def cache_write_tokens(requests: list[dict[str, Any]], cached: list[int]) -> int
     for body, hit in zip(requests, cached):
         messages = body["messages"]
         user = messages[1]["content"] if isinstance(messages[1]["content"], str) else ""
-        cut = min([i for i in (user.find("## Current time"), user.find("## Coverage")) if i >= 0], default=len(user))
+        cut = _new_part(user)
         marked = len(json.dumps(body.get("tools") or [])) + len(messages[0]["content"]) + cut
         total += max(0, marked // CHARS_PER_TOKEN - hit)
     return total

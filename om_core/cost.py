@@ -23,13 +23,15 @@ if TYPE_CHECKING:
     from om_core.workspace import Workspace
 
 # Prompt tokens per source token (Pi's estimate), as bench/workers.py measured them on the two
-# sample sessions with one call per stage, rounded up from the larger figure (prompt 1.32 and 1.33;
-# uncached, what an automatic prefix cache would not serve, 1.05 and 1.10). They were measured with
-# the scripted fake model, whose memory stays small: a real model's memory (up to
-# observationsPoolMaxTokens) adds prompt tokens, most of them cached. The output ratio is an
-# allowance, not a measurement (the fake model's answers are short).
-PROMPT_PER_SOURCE = 1.35
-UNCACHED_PER_SOURCE = 1.10
+# sample sessions with one call per stage, rounded up from the larger figure (prompt 1.05 and 1.39;
+# uncached, what an automatic prefix cache would not serve, 0.60 and 0.95: issue 32's prompts, the
+# observer's tool parts shortened at observerToolMaxTokens 1,000). They were measured with the
+# scripted fake model, whose memory stays small: a real model's memory (up to
+# observationsPoolMaxTokens) adds prompt tokens, most of them cached (bench/prompts.py's careful
+# model: 3.0 and 2.4 prompt, 0.68 and 1.03 uncached). The output ratio is an allowance, not a
+# measurement (the fake model's answers are short).
+PROMPT_PER_SOURCE = 1.40
+UNCACHED_PER_SOURCE = 0.95
 OUTPUT_PER_SOURCE = 0.05
 # Output tokens reserved for one call before it is made (the answer's length is unknown until then).
 OUTPUT_ALLOWANCE = 2_048

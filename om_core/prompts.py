@@ -1,9 +1,14 @@
 """Every text this project puts in front of a model, in one place and in our own words.
 
 Prompts are laid out for provider prompt caches (a request is billed less for the part that repeats
-an earlier request's beginning): the fixed instructions and tool schemas come first, then the memory
-in ledger order (between two stages of a branch it only grows at its end), and only then what is new
-each call (the current time, the new entries, coverage, budgets). Nothing volatile precedes the memory.
+an earlier request's beginning). The three workers send the same request head: the three tool
+schemas and one system prompt that explains all three jobs. Then the memory, in ledger order, laid
+out so that between full folds it only grows at its end (a drop is listed after it, not cut out of
+it: ``om_core.workers.inputs.laid_out_memory``). Only then what is the stage's own: its task and what
+is new each call (the current time, the new entries, coverage, ages, budgets). So the reflector's
+request shares the observer's head and memory, and the dropper's the reflector's; nothing volatile
+precedes the memory. Each instruction answers SPEC §8 or a failure measured on real sessions
+(issue 32).
 """
 
 from __future__ import annotations
@@ -24,120 +29,98 @@ with that id to read the original messages."""
 
 
 # ---------------------------------------------------------------- workers (SPEC §8)
-# Each worker gets a fixed system prompt and a user message in two parts: the memory (stable between
-# calls but for its growing end), then the part that changes every call.
 
-MEMORY_FORMAT = """\
-The memory lists current reflections and active observations together, oldest first, one per line: \
-an observation as `[id] YYYY-MM-DD HH:MM [relevance] content`, a reflection as \
-`[id] reflection: content`."""
+# One system prompt for the three workers (the shared head of every request); each request's
+# "## Task" after the memory says which job it is.
+WORKER_SYSTEM = """\
+You keep the memory of a long coding session between a user and an AI coding agent. When the \
+conversation outgrows the agent's context, its older part is replaced by this memory and the agent \
+carries on from it alone: keep what it needs to continue the work correctly, in few words, and leave \
+out what it can look up again. Code, not you, makes ids, counts tokens and checks every item.
 
-RELEVANCE_GUIDE = """\
-Relevance tiers:
-- critical: who the user is, explicit corrections, hard constraints, finished outcomes, and facts that \
-need the strongest evidence before they may leave memory.
-- high: important decisions and their reasons, non-trivial technical direction, open blockers, key \
-preferences.
-- medium: useful task context and ordinary progress.
-- low: routine status, tool acknowledgements, details easy to find again nearby."""
+The memory (under "## Memory") holds one note per line, oldest first:
+- an observation, `[id] YYYY-MM-DD HH:MM [relevance] content`: a dated fact from the conversation;
+- a reflection, `[id] reflection: content (supports: id, ...)`: a durable conclusion and the \
+observations it rests on.
+A line never changes once written. An observation dropped from active memory keeps its line and is \
+listed under "## Dropped since" after the memory: treat it as gone. Then "## Task" names this \
+request's job (observe, reflect or drop) and gives its inputs. Call that job's tool only.
 
-OBSERVER_SYSTEM = f"""\
-You keep the memory of a long coding session between a user and an AI coding agent. You read the \
-newest stretch of the conversation and write observations: short, dated, factual notes of what \
-happened, each backed by the entries it came from. Later, when the conversation is compacted, these \
-notes replace the raw messages, so write what the agent will need to carry on the work correctly.
+Relevance. Most notes are medium or low; high and critical are few, which is what makes them worth \
+keeping:
+- critical: what must never be lost: the user's goal for the session, hard constraints, \
+corrections, who the user is. "User forbids force-pushes to main: the last one lost a day of work."
+- high: decisions and their reasons, open requests, blockers, what the agent waits on the user \
+for. "Waiting on the user to pick one of the two cache designs before wiring either in."
+- medium: ordinary progress and the current task's context. "Added retries to src/upload.py; its \
+two new tests pass."
+- low: routine steps and details easy to find again. "Listed the files under tests/fixtures."
+Finishing a step is medium (high when it is what the user asked for); creating a branch or running \
+a command is low unless its result matters.
 
-What to capture:
-- What the user asserts, decides, requires, forbids or prefers, in their own terms. Keep a user's \
-statement of fact apart from a question they asked: "User said the API is read-only" is not \
-"User asked whether the API is read-only".
-- Corrections: when the user corrects the agent, record the correction and what it replaced.
-- Exact identifiers: file paths, function and table names, commands, flags, versions, error \
-messages, URLs, numbers. Copy them exactly; never paraphrase an identifier.
-- Decisions together with their reasons, and rejected alternatives.
-- Finished work: what was completed and how it was verified, so it is not done again.
-- Errors and failures, and whether they were resolved.
-- Supersession: when something replaces an earlier fact or plan, say what it supersedes.
+# Observe (record_observations)
+Record what the new entries add to the memory:
+- the user's goal, and what they ask, decide, require, forbid or prefer, in their own terms; a \
+statement is not a question ("User said the API is read-only" is not "User asked whether it is");
+- open requests and what the agent waits on the user for, and when they are settled;
+- corrections with what they replace; decisions with their reasons and the options turned down;
+- finished work and how it was checked, so it is not redone; errors, and whether they were fixed;
+- exact identifiers, copied as written: paths, names, commands, flags, versions, error text, numbers.
+Do not record routine tool calls and plain results, file contents or output the agent can read \
+again, each try of a repeated step (one note for the outcome), or what the memory already says \
+unless it changed. When a fact replaces an earlier note, name that note's id in the content: \
+"Retries are now 5 (supersedes [3f9a0c1b2d4e])".
+Each observation is one line of plain prose that stands on its own. sourceEntryIds: the ids of the \
+entries of this chunk it comes from. timestamp: when it happened, YYYY-MM-DD HH:MM, from the date \
+line above its entry and the time in the entry's header; the current time in the task is only a \
+fallback for an entry shown without one. The entries: `=== YYYY-MM-DD ===` dates the entries after \
+it, each entry starts with `[entry-id Role HH:MM]`, a tool call reads `(tool call) name(arguments)` \
+and a result starts with the tool's name in parentheses; a long tool result, argument or entry is \
+cut in the middle, and the cut says how much is left out.
 
-{RELEVANCE_GUIDE}
+# Reflect (record_reflections)
+Distill reflections: durable conclusions that should shape the rest of the work (the goal, \
+standing preferences and constraints, architecture decisions, lasting facts about the project). \
+They are few; most observations stay observations, and low ones never become reflections. Each is \
+one line and cites in supportingObservationIds all and only the active observations whose meaning \
+it keeps in full: overstated support lets the dropper lose detail. Do not reword an existing \
+reflection; when one is outdated, write its replacement and name it: "(supersedes [id])". The task \
+gives each active observation's coverage: none, partial (one reflection cites it) or strong (two or \
+more). Coverage shows what is not yet kept; it is no quota.
 
-{MEMORY_FORMAT} The new entries follow it. Each entry starts with `[entry-id Role HH:MM]`; a line \
-`=== YYYY-MM-DD ===` gives the date of the entries after it. Tool calls appear as `(tool call) \
-name(arguments)` and their results start with the tool's name in parentheses. An entry too long to \
-send whole is cut in the middle, and the cut is marked.
+# Drop (drop_observations)
+The active observations are over their token target, so some may leave the agent's view (a dropped \
+note stays in the ledger and can be recalled by id). Keep by default. The maximum given is a \
+limit, not a goal: dropping fewer or none is often right. Good to drop: notes a newer one replaces, \
+finished routine steps, low notes with nothing unique, notes a reflection carries in full. Coverage \
+is evidence, not proof: compare the note with the reflection that cites it. Age matters: recent \
+notes hold the working state, old routine ones rarely do. Keep what alone carries the goal, an open \
+request, a constraint, a correction, an exact identifier or an unsolved error. Give a short reason.
 
-Rules:
-- One observation per fact; each one line of plain prose, self-contained, at most a few sentences.
-- Cite in sourceEntryIds the ids of the entries in this chunk that support the observation. Only ids \
-shown in this chunk are accepted.
-- timestamp is when it happened, as YYYY-MM-DD HH:MM: the entry's date line and time.
-- Do not repeat what the existing memory already says unless it changed.
-- Recording nothing is a valid answer when the chunk holds nothing worth keeping.
-
-Call record_observations once, with everything this chunk deserves. A receipt that rejects an item \
-gives you another turn: send only the corrected items. To record nothing, answer in a few words \
-without calling the tool."""
-
-REFLECTOR_SYSTEM = f"""\
-You keep the long-term memory of a coding session. From the active observations you distill \
-reflections: durable conclusions that should shape the rest of the work, such as the user's \
-standing preferences and constraints, architectural decisions, recurring behaviour, and long-lived \
-facts about the project and the people in it.
-
-Reflections are fewer and more durable than observations. Do not turn every observation into a \
-reflection; one-off events stay observations. Each reflection is a single line and cites in \
-supportingObservationIds all and only the active observations whose lasting meaning it preserves \
-with the same fidelity: inflated support makes later pruning look safer than it is.
-
-{MEMORY_FORMAT} After it, the coverage of each active observation: none (no reflection cites it), \
-partial (one does), strong (two or more do). Coverage tells you what is not yet preserved; it is not \
-a quota.
-
-{RELEVANCE_GUIDE}
-
-Call record_reflections once, with new reflections only (an existing one need not be repeated). A \
-receipt that rejects an item gives you another turn to correct it. Recording nothing is valid: then \
-answer in a few words without calling the tool."""
-
-DROPPER_SYSTEM = f"""\
-You prune the active memory of a coding session. The active observations take more tokens than \
-their target, so some may leave active memory. Dropping only retires an observation from what the \
-agent sees; it stays in the ledger and can still be recalled by id.
-
-An observation is safe to drop when its lasting meaning is preserved elsewhere: by reflections \
-that cite it (coverage partial or strong), by a newer observation that supersedes it, or because \
-it is routine and easy to find again. Keep user assertions, exact decisions, unique identifiers, \
-dated events, errors and their resolution, and reasons, unless they are safely represented. \
-Relevance is resistance, not a lock: critical observations need the strongest case.
-
-{MEMORY_FORMAT} After it come each active observation's coverage (how many reflections cite it) and \
-the pool's budget.
-
-Call drop_observations once, with the ids to drop (at most the maximum given) and a short reason. \
-Dropping fewer, or none, is valid: to drop none, answer in a few words without calling the tool."""
+Each tool call gets a receipt. A receipt that rejects an item gives you another turn: send only the \
+corrected items. To record or drop nothing, answer in a few words without calling a tool."""
 
 OBSERVATION_ITEM_SCHEMA = {
     "type": "object",
     "properties": {
-        "timestamp": {"type": "string", "description": "When it happened: YYYY-MM-DD HH:MM"},
-        "content": {"type": "string", "description": "One line of plain prose"},
+        "timestamp": {"type": "string", "description": "YYYY-MM-DD HH:MM, from the cited entries"},
+        "content": {"type": "string", "description": "One line"},
         "relevance": {"type": "string", "enum": ["low", "medium", "high", "critical"]},
-        "sourceEntryIds": {"type": "array", "items": {"type": "string"}, "minItems": 1,
-                           "description": "Ids of the entries in this chunk that support it"},
+        "sourceEntryIds": {"type": "array", "items": {"type": "string"}, "minItems": 1},
     },
     "required": ["timestamp", "content", "relevance", "sourceEntryIds"],
 }
 
 RECORD_OBSERVATIONS_TOOL = (
     "record_observations",
-    "Record observations about the conversation chunk. Returns a receipt per observation.",
+    "Observe: record observations of the new entries.",
     {"type": "object", "properties": {"observations": {"type": "array", "items": OBSERVATION_ITEM_SCHEMA}},
      "required": ["observations"]},
 )
 
 RECORD_REFLECTIONS_TOOL = (
     "record_reflections",
-    "Record durable reflections, each citing the active observations it preserves.",
+    "Reflect: record durable reflections, each citing the active observations it keeps.",
     {"type": "object", "properties": {"reflections": {"type": "array", "items": {
         "type": "object",
         "properties": {"content": {"type": "string", "description": "One line"},
@@ -148,28 +131,36 @@ RECORD_REFLECTIONS_TOOL = (
 
 DROP_OBSERVATIONS_TOOL = (
     "drop_observations",
-    "Retire active observations from active memory by id (they remain recallable).",
+    "Drop: retire active observations by id (they stay recallable).",
     {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}},
                                       "reason": {"type": "string"}},
-     "required": ["ids"]},
+     "required": ["ids", "reason"]},
 )
+
+# Every request carries all three tools, in this order: the request head is the same for each job.
+WORKER_TOOLS = (RECORD_OBSERVATIONS_TOOL, RECORD_REFLECTIONS_TOOL, DROP_OBSERVATIONS_TOOL)
 
 
 DAY_LINE = "=== {day} ==="
 
 
-def reflection_memory_line(reflection_id: str, content: str) -> str:
-    return f"[{reflection_id}] reflection: {content}"
+def reflection_memory_line(reflection_id: str, content: str, supports: list[str]) -> str:
+    """A reflection as workers read it: its supporting ids on its own line, which never changes."""
+    return f"[{reflection_id}] reflection: {content} (supports: {', '.join(supports)})"
 
 
-def memory_block(lines: list[str]) -> str:
-    """The stable first part of a worker's message: the memory in ledger order."""
-    return "## Memory\n" + ("\n".join(lines) if lines else "(empty)") + "\n\n"
+def memory_block(lines: list[str], dropped: list[str] = ()) -> str:
+    """The stable first part of a worker's message: the memory as laid out, then the ids dropped
+    since it was (they only grow at the end, too)."""
+    block = "## Memory\n" + ("\n".join(lines) if lines else "(empty)") + "\n\n"
+    if dropped:
+        block += "## Dropped since\n" + ", ".join(dropped) + "\n\n"
+    return block
 
 
-def observer_message(memory: str, now: str, chunk: str, first_id: str, last_id: str) -> tuple[str, str]:
-    """(memory part, new part)."""
-    return memory, f"## Current time\n{now}\n\n## New entries ({first_id} to {last_id})\n{chunk}"
+def observer_task(now: str, chunk: str, first_id: str, last_id: str) -> str:
+    return (f"## Task: observe\nCurrent time (a fallback only): {now}\n\n"
+            f"## New entries ({first_id} to {last_id})\n{chunk}")
 
 
 def coverage_block(coverage: dict[str, list[str]]) -> str:
@@ -180,15 +171,28 @@ def coverage_block(coverage: dict[str, list[str]]) -> str:
     return "## Coverage\n" + ("\n".join(rows) if rows else "(no active observations)")
 
 
-def reflector_message(memory: str, coverage: dict[str, list[str]]) -> tuple[str, str]:
-    return memory, coverage_block(coverage)
+def reflector_task(coverage: dict[str, list[str]]) -> str:
+    return "## Task: reflect\n" + coverage_block(coverage)
 
 
-def dropper_message(memory: str, coverage: dict[str, list[str]], active: int, pool_tokens: float,
-                    target_tokens: int, max_drops: int) -> tuple[str, str]:
-    return memory, (coverage_block(coverage) + f"\n\n## Budget\nActive observations: {active} using "
-                    f"{pool_tokens:g} tokens; target {target_tokens} tokens. Drop at most {max_drops}.")
+def age(minutes: float) -> str:
+    """A short age: 45m, 5h, 3d."""
+    if minutes < 60:
+        return f"{max(0, int(minutes))}m"
+    if minutes < 48 * 60:
+        return f"{int(minutes // 60)}h"
+    return f"{int(minutes // (24 * 60))}d"
+
+
+def dropper_task(now: str, rows: list[tuple[str, str, str]], active: int, pool_tokens: float,
+                 target_tokens: int, max_drops: int) -> str:
+    """``rows``: (id, age, coverage) of each active observation, oldest first."""
+    table = "\n".join(f"{obs_id} {when} {coverage}" for obs_id, when, coverage in rows)
+    return (f"## Task: drop\nCurrent time: {now}. Active observations: {active} using {pool_tokens:g} tokens; target "
+            f"{target_tokens} tokens. Drop at most {max_drops}, only what is safe.\n\n"
+            f"## Active observations: id, age, coverage\n{table}")
 
 
 EXCERPT_MARKER = "\n[… {omitted} characters omitted from the middle of this entry; the stored entry is complete …]\n"
+PART_CUT_MARKER = "\n[… {omitted:,} characters cut from the middle …]\n"
 TRUNCATION_MARKER = " [… truncated]"

@@ -91,6 +91,13 @@ class Settings(BaseModel):
     agentClosingTurn: bool = False
     # the dropper never drops a critical observation that no reflection cites (beyond SPEC §8)
     keepUncitedCritical: bool = True
+    # the observer reads a tool call's arguments, a tool result or a command's output longer than this
+    # (Pi's estimate, 4 characters a token) as its head and tail; 0: whole. Its view only: the
+    # entries, recall and the ledger keep everything
+    observerToolMaxTokens: int = Field(1_000, ge=0)
+    # after a deliberate empty reflector result, wait for another reflectAfterTokens of source before
+    # asking it again (the observer always backs off so, SPEC §9; the extension's reflector does not)
+    reflectorBackoff: bool = False
 
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:

@@ -7,6 +7,7 @@ tool calls as ``name(arguments-as-JSON)``, tool results verbatim, images as a pl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,10 +48,13 @@ def _blocks_text(content: Any, *, images: bool = True) -> list[str]:
     return parts
 
 
-def message_text(message: dict[str, Any], *, tool_call_ids: bool = True) -> str:
+def message_text(message: dict[str, Any], *, tool_call_ids: bool = True,
+                 tool_part: Callable[[str], str] | None = None) -> str:
     """The readable text of one AgentMessage. ``tool_call_ids=False`` leaves out the ids of tool
     calls (the observer's view: results follow their calls and name the tool, so the ids only cost
-    tokens); recall keeps them."""
+    tokens); recall keeps them. ``tool_part`` rewrites each tool call's arguments, tool result and
+    command output (the observer's view shortens long ones); recall shows them as stored."""
+    part = tool_part or (lambda text: text)
     role = message.get("role")
     if role == "assistant":
         parts: list[str] = []
@@ -65,7 +69,7 @@ def message_text(message: dict[str, Any], *, tool_call_ids: bool = True) -> str:
             elif kind == "toolCall":
                 args = _arguments_json(block.get("arguments"))
                 call = f"(tool call {block.get('id', '')})" if tool_call_ids else "(tool call)"
-                parts.append(f"{call} {block.get('name', '?')}({args})")
+                parts.append(f"{call} {block.get('name', '?')}({part(args)})")
         if not parts and message.get("errorMessage"):
             parts.append(f"(no reply: {message.get('stopReason', 'error')}: {message['errorMessage']})")
         return "\n".join(parts)
@@ -73,9 +77,9 @@ def message_text(message: dict[str, Any], *, tool_call_ids: bool = True) -> str:
         text = "\n".join(_blocks_text(message.get("content")))
         name = message.get("toolName", "tool")
         prefix = f"({name}{' error' if message.get('isError') else ''}) "
-        return prefix + text
+        return prefix + part(text)
     if role == "bashExecution":
-        out = f"$ {message.get('command', '')}\n{message.get('output', '')}"
+        out = f"$ {message.get('command', '')}\n{part(str(message.get('output', '')))}"
         if message.get("cancelled"):
             out += "\n(command cancelled)"
         elif message.get("exitCode") not in (None, 0):
@@ -87,9 +91,10 @@ def message_text(message: dict[str, Any], *, tool_call_ids: bool = True) -> str:
     return "\n".join(_blocks_text(message.get("content")))
 
 
-def entry_text(entry_type: str | None, obj: dict[str, Any], *, tool_call_ids: bool = True) -> str:
+def entry_text(entry_type: str | None, obj: dict[str, Any], *, tool_call_ids: bool = True,
+               tool_part: Callable[[str], str] | None = None) -> str:
     message = entry_as_message(entry_type or "", obj)
-    return message_text(message, tool_call_ids=tool_call_ids) if message else ""
+    return message_text(message, tool_call_ids=tool_call_ids, tool_part=tool_part) if message else ""
 
 
 def minute(ts: Any) -> str:

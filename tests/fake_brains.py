@@ -24,13 +24,19 @@ def stage_key(body: dict) -> str:
     return hashlib.sha256((messages[0]["content"] + "\x00" + messages[1]["content"]).encode()).hexdigest()[:16]
 
 
+_TASK = re.compile(r"^## Task: (observe|reflect|drop)$", re.MULTILINE)
+_DROPPED = re.compile(r"^## Dropped since\n(.+)$", re.MULTILINE)
+
+
+def user_text(body: dict) -> str:
+    content = body["messages"][1]["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+
+
 def stage_of(body: dict) -> str:
-    system = body["messages"][0]["content"]
-    if system == prompts.OBSERVER_SYSTEM:
-        return "observer"
-    if system == prompts.REFLECTOR_SYSTEM:
-        return "reflector"
-    return "dropper"
+    """The worker a request is from, by its task (the three share their system prompt and tools)."""
+    assert body["messages"][0]["content"] == prompts.WORKER_SYSTEM
+    return {"observe": "observer", "reflect": "reflector", "drop": "dropper"}[_TASK.search(user_text(body)).group(1)]
 
 
 class ScriptedWorkers:
@@ -80,7 +86,7 @@ class ScriptedWorkers:
 
     def _first_turn(self, body: dict) -> Reply:
         stage = stage_of(body)
-        user = body["messages"][1]["content"]
+        user = user_text(body)
         if stage == "observer":
             first, last = _CHUNK.search(user).groups()
             stamp = _FIRST_STAMP.search(user)
@@ -88,7 +94,8 @@ class ScriptedWorkers:
                 {"timestamp": f"{stamp.group(1)} {stamp.group(2)}" if stamp else "2026-01-15 14:00",
                  "content": f"Work happened between {first} and {last}.", "relevance": "medium",
                  "sourceEntryIds": list(dict.fromkeys([first, last]))}]})
-        active = _OBSERVATION.findall(user)
+        dropped = {i.strip() for line in _DROPPED.findall(user) for i in line.split(",")}
+        active = [obs_id for obs_id in _OBSERVATION.findall(user) if obs_id not in dropped]
         covered = {i.strip() for line in _COVERED.findall(user) for i in line.split(",")}
         if stage == "reflector":
             uncovered = [obs_id for obs_id in active if obs_id not in covered][:2]

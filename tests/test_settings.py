@@ -6,6 +6,7 @@ Pi's files read as-is, and errors that name the key and where the bad value came
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -373,3 +374,17 @@ def test_om_config_json_has_effective_values(tmp_path):
     table = CliRunner().invoke(app, ["config"], env={"COLUMNS": "200", "OM_CONTEXT_WINDOW": "50000"})
     line = next(x for x in table.stdout.splitlines() if "observationsPoolTargetTokens" in x)
     assert "10000" in line and "half of observationsPoolMaxTokens" in line and "null" not in line
+
+
+def test_every_setting_is_in_the_readme_settings_table():
+    """Each setting's name is in the README's table (issue 32: a new setting comes with its name,
+    default and effect)."""
+    from pathlib import Path
+
+    from om_core.settings import Settings
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    keys = {key for row in table.splitlines() if row.startswith("| `")
+            for key in re.findall(r"`([A-Za-z]+)`", row.split("|")[1])}
+    assert set(Settings.model_fields) - keys == set()

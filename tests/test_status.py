@@ -187,3 +187,38 @@ def test_after_a_run_with_a_model_status_is_about_that_model_not_the_offline_bas
             "complete replay") in text, result.stdout
     assert "next om run (offline)" not in text
     assert "plain om run, with no model configured, uses the offline baseline" in text
+
+
+@pytest.mark.parametrize("backoff", [False, True])
+def test_the_reflector_after_an_empty_result_is_asked_again_unless_it_backs_off(tmp_path, backoff):
+    """Issue 32 item 9: the extension asks the reflector again at every turn end while its clock is
+    due, so om does by default (asking only when its input changed: after each recorded observer
+    chunk); with reflectorBackoff it waits, as the observer does, for another reflectAfterTokens of
+    source after each empty result."""
+    sb = SessionBuilder(SID)
+    sb.work_turns(16, "alpha")
+    path = sb.write(tmp_path / "s.jsonl")
+    settings = SETTINGS.model_copy(update={"reflectorBackoff": backoff})
+    con = dbmod.connect(tmp_path / "om.duckdb")
+    try:
+        ws = Workspace.on_connection(con, settings)
+        ingest(ws, [path])
+        brain = Brain(empty="reflector")
+        asked = replay(con, brain, drain=False, record=False, settings=settings)
+        leaf = con.execute("SELECT leaf_id FROM sessions WHERE session_id = ?", [SID]).fetchone()[0]
+        source = {}  # entry id -> source tokens up to and including it
+        total = 0
+        for entry_id, tokens in con.execute("SELECT entry_id, CASE WHEN is_source THEN tokens_pi ELSE 0 END "
+                                            "FROM branch_detail(?, ?) ORDER BY position", [SID, leaf]).fetchall():
+            total += tokens
+            source[entry_id] = total
+        at = [source[tip] for tip, stages in asked.items() if "reflector" in stages]
+        gaps = [b - a for a, b in zip(at, at[1:])]
+        assert len(at) >= 3
+        if backoff:
+            assert all(gap >= settings.reflectAfterTokens for gap in gaps)
+        else:
+            assert min(gaps) < settings.reflectAfterTokens  # asked again before another threshold of source
+            assert len(at) == sum(1 for s in brain.asked if s == "observer") - 1  # after each chunk but the first
+    finally:
+        con.close()

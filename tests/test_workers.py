@@ -24,7 +24,7 @@ from om_core.ingest import ingest
 from om_core.ledger import RECORD_MODELS, append_record
 from om_core.memory import clocks, ledger_memory
 from om_core.model import RetryPolicy
-from om_core.prompts import TRUNCATION_MARKER
+from om_core.prompts import TRUNCATION_MARKER, WORKER_SYSTEM
 from om_core.recall import recall
 from om_core.settings import Settings
 from om_core.workers.inputs import dropper_input, max_drops
@@ -173,7 +173,10 @@ def test_observer_input_labels_every_source_entry_with_id_role_and_time(server, 
     observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     body = server.requests[0]
     assert body["messages"][0]["role"] == "system"  # the stable prompt comes first
-    assert [t["function"]["name"] for t in body["tools"]] == ["record_observations"]
+    # the three workers' request head is the same: one system prompt, all three tools
+    assert body["messages"][0]["content"] == WORKER_SYSTEM
+    assert [t["function"]["name"] for t in body["tools"]] == ["record_observations", "record_reflections",
+                                                              "drop_observations"]
     sent = prompt(server)
     # the date once, then each entry labelled with its id, role and time
     assert f"=== 2026-01-15 ===\n\n[{E[2]} User 14:02] Please use PostgreSQL 16 for the orders service." in sent
@@ -191,10 +194,10 @@ def test_observer_input_labels_every_source_entry_with_id_role_and_time(server, 
     # images are placeholders, never their data
     assert "QUJDREVGR0g=" not in server.sent_text() and "iVBORw0KGgo=" not in server.sent_text()
     assert f"## New entries ({E[2]} to {E[8]})" in sent
-    assert "## Current time\n2026-01-15 14:08" in sent
-    # layout for prefix caches: memory first, then the volatile time, then the chunk last
-    assert sent.startswith("## Memory\n(empty)\n\n## Current time")
-    assert sent.index("## Current time") < sent.index("## New entries")
+    assert "Current time (a fallback only): 2026-01-15 14:08" in sent
+    # layout for prefix caches: memory first, then the task with the volatile time, then the chunk last
+    assert sent.startswith("## Memory\n(empty)\n\n## Task: observe\n")
+    assert sent.index("## Task: observe") < sent.index("Current time") < sent.index("## New entries")
 
 
 def test_observer_input_labels_extension_messages_and_branch_summaries(server, tmp_path, db_path):
@@ -224,13 +227,15 @@ def test_observer_input_shows_current_reflections_and_active_observations(server
     server.add(text("nothing"))
     observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     sent = prompt(server)
-    # one memory list in ledger order (the order items were recorded): it only grows at its end
+    # one memory list in ledger order (the order items were recorded): it only grows at its end; a
+    # dropped line stays (the memory is laid out anew at a full fold only), its id listed after it
     assert sent.startswith(
         f"## Memory\n[{o1['id']}] 2026-01-15 14:01 [critical] User wants PostgreSQL 16.\n"
         f"[{o2['id']}] 2026-01-15 14:02 [low] Assistant read config/db.yaml.\n"
-        f"[{mid('The project standardizes on PostgreSQL 16.')}] reflection: The project standardizes on PostgreSQL 16."
-        "\n\n## Current time")
-    assert "A note that was dropped later." not in sent
+        f"[{o3['id']}] 2026-01-15 14:02 [medium] A note that was dropped later.\n"
+        f"[{mid('The project standardizes on PostgreSQL 16.')}] reflection: The project standardizes on PostgreSQL 16. "
+        f"(supports: {o1['id']})"  # each reflection's supporting ids on its own line
+        f"\n\n## Dropped since\n{o3['id']}\n\n## Task: observe")
     # the chunk starts after the observation watermark E2
     assert f"({E[3]} to {E[6]})" in sent
     assert f"[{E[2]} " not in sent
@@ -402,7 +407,8 @@ def test_an_unknown_tool_gets_a_receipt(server, tmp_path, db_path):
                text("Done."))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     unknown, receipt = tool_messages(server, 1)
-    assert "unknown tool 'record_reflections'" in unknown and "record_observations" in unknown
+    # offered (every worker request carries the three tools), but not this task's
+    assert "not this task's tool 'record_reflections'" in unknown and "record_observations" in unknown
     assert receipt.endswith(f"1. recorded [{mid(good['content'])}]")
     assert outcome.outcome == "recorded" and outcome.items == 1
 
@@ -595,15 +601,17 @@ def test_reflector_input_shows_coverage_tiers(server, tmp_path, db_path):
     assert outcome.outcome == "empty"
     sent = prompt(server)
     line = lambda key: f"[{o[key]['id']}] {o[key]['timestamp']} [{o[key]['relevance']}] {o[key]['content']}"  # noqa: E731
-    reflection = lambda c: f"[{mid(c)}] reflection: {c}"  # noqa: E731
-    # the memory in ledger order, exactly as the observer reads it; coverage after it
+    reflection = lambda c, *ids: f"[{mid(c)}] reflection: {c} (supports: {', '.join(o[i]['id'] for i in ids)})"  # noqa: E731
+    # the memory in ledger order, exactly as the observer reads it; the drop of O5 came before any
+    # full fold of the workers' memory, so its line stays and the id is listed after it; then the task
     assert sent.startswith("## Memory\n" + "\n".join([
-        line("O1"), line("O2"), line("O3"), reflection("Orders run on PostgreSQL 16."),
-        reflection("The user is exacting about the database."), line("O4")]) + "\n\n## Coverage\n")
+        line("O1"), line("O2"), line("O3"), line("O5"), reflection("Orders run on PostgreSQL 16.", "O1", "O2"),
+        reflection("The user is exacting about the database.", "O1"), line("O4")])
+        + f"\n\n## Dropped since\n{o['O5']['id']}\n\n## Task: reflect\n")
     assert sent.endswith(f"## Coverage\nstrong: {o['O1']['id']}\npartial: {o['O2']['id']}\n"
                          "none: every other active observation")
-    assert o["O5"]["content"] not in sent  # dropped: not active
-    assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["record_reflections"]
+    assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["record_observations", "record_reflections",
+                                                                          "drop_observations"]
     assert len(records(db_path)) == 4  # an empty reflector run appends nothing
 
 
@@ -696,13 +704,20 @@ def test_dropper_input_and_maximum(server, tmp_path, db_path):
     reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert (reflector.outcome, dropper.outcome) == ("recorded", "recorded")
     sent = prompt(server, 1)
-    assert "Active observations: 4 using 105 tokens; target 50 tokens. Drop at most 3." in sent
+    assert "Active observations: 4 using 105 tokens; target 50 tokens. Drop at most 3, only what is safe." in sent
+    # the current time, and each active observation's age and coverage, oldest first
+    assert "## Task: drop\nCurrent time: 2026-01-15 14:06." in sent
     assert f"[{made[0]['id']}] 2026-01-15 14:10 [low] Alpha note." in sent
     assert f"[{made[2]['id']}] 2026-01-15 14:12 [high] Gamma note." in sent
     # Alpha by the older reflection, Beta by the same run's one
-    assert f"partial: {made[0]['id']}, {made[1]['id']}\nnone: every other active observation" in sent
-    assert f"[{mid('A fresh durable conclusion.')}] reflection: A fresh durable conclusion." in sent
-    assert [t["function"]["name"] for t in server.requests[1]["tools"]] == ["drop_observations"]
+    assert sent.endswith(f"## Active observations: id, age, coverage\n{made[0]['id']} 0m partial\n"
+                         f"{made[1]['id']} 0m partial\n{made[2]['id']} 0m none\n{made[3]['id']} 0m none")
+    assert (f"[{mid('A fresh durable conclusion.')}] reflection: A fresh durable conclusion. "
+            f"(supports: {made[1]['id']})") in sent
+    # the dropper's request starts as the reflector's did: same head, the same memory, then its own task
+    reflector = prompt(server, 0)
+    assert sent.startswith(reflector[: reflector.index("\n\n## Task: reflect")] + "\n")
+    assert server.requests[1]["tools"] == server.requests[0]["tools"]
     assert len(dropped_ids(db_path)) == 3
     kind, covers, anchor, _, _ = records(db_path)[-1]
     assert (kind, covers, anchor) == (DROP, E[2], E[6])
@@ -730,7 +745,7 @@ def test_dropper_keeps_the_safest_when_too_many_are_proposed(server, tmp_path, d
     target = 70 - 10 * limit  # over = 10·limit, average 10: max drops = limit
     settings = Settings(observationsPoolMaxTokens=100, observationsPoolTargetTokens=target)
     _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
-    assert f"Drop at most {limit}." in prompt(server, 1)
+    assert f"Drop at most {limit}," in prompt(server, 1)
     assert dropper.outcome == "recorded"
     assert sorted(dropped_ids(db_path)) == sorted(by_name[n] for n in expected)
     active = {o.id for o in memory(db_path).observations}
@@ -917,7 +932,7 @@ def test_consecutive_observer_prompts_share_their_memory_as_a_prefix(server, tmp
     observe_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     observe_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     first, second = prompt(server, 0), prompt(server, 1)
-    memory = first[: first.index("\n\n## Current time")]
+    memory = first[: first.index("\n\n## Task: observe")]
     assert second.startswith(memory + "\n")  # the second memory is the first plus a line at its end
     assert second[len(memory) + 1:].startswith(f"[{mid('Blocks two and three.')}] 2026-01-15 14:02 [high] ")
     assert server.requests[0]["messages"][0] == server.requests[1]["messages"][0]
@@ -1109,3 +1124,80 @@ def test_a_reworded_reflection_is_a_duplicate_of_the_current_one(server, tmp_pat
     lines = outcome.receipts[0].splitlines()
     assert lines[1].startswith("1. duplicate") and mid("The user is exacting about the database.") in lines[1]
     assert lines[2].startswith("2. rejected: content names [ffffffffffff]")
+
+
+# ------------------------------------------------------------------ issue 32: the observer's view of tool parts
+
+
+def test_long_tool_results_and_arguments_are_shortened_in_the_observers_view_only(server, tmp_path, db_path):
+    """observerToolMaxTokens 100 (400 characters): a tool call's arguments, a tool result and a
+    command's output over it are sent as head and tail with the cut marked with its size; a short
+    result is sent whole; the stored entries, recall and the ledger keep everything."""
+    key = "sk-ant-" + "Q7x2" * 10  # a secret across the cut: redacted whole before the cut
+    content = "FILE-START " + "alpha " * 60 + key + " " + "omega " * 60 + "FILE-END"
+    result = "RESULT-START " + "line\n" * 200 + "RESULT-END"
+    b = SessionBuilder(SID)
+    b.user("Write the config and run the tests.")  # E1
+    b.assistant("Writing it.", tool_calls=[("c1", "write", {"path": "conf/app.toml", "content": content})])  # E2
+    b.tool_result("c1", "write", "ok")  # E3: short, whole
+    b.assistant(None, tool_calls=[("c2", "bash", {"command": "make test"})])  # E4
+    b.tool_result("c2", "bash", result)  # E5
+    b.bash("cat big.log", "LOG-START " + "x" * 900 + " LOG-END")  # E6
+    load(b, tmp_path, db_path)
+    server.add(text("nothing"))
+    observe_now(Workspace.open(db_path, settings=Settings(observerToolMaxTokens=100)), SID, None, config(server))
+    sent = prompt(server)
+    args = json.dumps({"path": "conf/app.toml", "content": content}, separators=(",", ":"))
+    redacted_args = args.replace(key, "[REDACTED:anthropic-key]")
+    cut = len(redacted_args) - 400
+    assert f'(tool call) write({redacted_args[:240]}\n[… {cut:,} characters cut from the middle …]\n' \
+           f'{redacted_args[-160:]})' in sent
+    assert key[:12] not in sent and key[-12:] not in sent
+    assert f"[{E[3]} Tool result 14:03] (write) ok" in sent
+    assert "RESULT-START" in sent and "RESULT-END" in sent and sent.count("line\n") < 100
+    assert f"[… {len(result) - 400:,} characters cut from the middle …]" in sent
+    assert "LOG-START" in sent and "LOG-END" in sent and "x" * 600 not in sent
+    # the stored entries and recall are unchanged
+    [(raw,)] = rows(db_path, "SELECT raw FROM entries WHERE session_id = ? AND entry_id = ?", [SID, E[5]])
+    assert json.loads(raw)["message"]["content"][0]["text"] == result
+    [(text_,)] = rows(db_path, "SELECT text FROM entry_texts WHERE session_id = ? AND entry_id = ?", [SID, E[2]])
+    assert content in text_
+
+    # 0: every part whole
+    server.reset()
+    server.add(text("nothing"))
+    with dbmod.writing(db_path) as con:
+        con.execute("DELETE FROM om_internal.stages")  # the same chunk, asked again
+    observe_now(Workspace.open(db_path, settings=Settings(observerToolMaxTokens=0)), SID, None, config(server))
+    assert result in prompt(server) and "characters cut from the middle" not in prompt(server)
+
+
+
+def _row(obs_id: str, rec: int, place: int, tokens: float = 40, dropped_at: int | None = None, kind="observation"):
+    return {"item_kind": kind, "id": obs_id, "rec_order": rec, "fold_order": place, "dropped": dropped_at is not None,
+            "dropped_at": dropped_at, "token_count": tokens, "ts": "2026-01-15 14:00", "relevance": "low",
+            "content": f"Note {obs_id}.", "supporting_observation_ids": ["a" * 12] if kind == "reflection" else None}
+
+
+@pytest.mark.parametrize("pool_max, lines, dropped, later_lines, later_dropped", [
+    # below the pool maximum: a dropped line stays where it was, its id listed after the memory
+    (200, ["o1", "o2", "r1", "o3"], ["o1"], ["o1", "o2", "r1", "o3", "o5"], ["o1", "o5"]),
+    # o3 brings the observations shown to 120: a full fold lays the memory out anew without o1; then
+    # o5 keeps them under 160, so its drop is listed and its line stays
+    (120, ["o2", "r1", "o3"], [], ["o2", "r1", "o3", "o5"], ["o5"]),
+    # at 100 the memory is under pressure still after o5: its drop applies at once
+    (100, ["o2", "r1", "o3"], [], ["o2", "r1", "o3"], []),
+])
+def test_the_workers_memory_keeps_dropped_lines_until_a_full_fold(pool_max, lines, dropped, later_lines,
+                                                                  later_dropped):
+    from om_core.workers.inputs import laid_out_memory
+
+    def ids(layout) -> list[str]:
+        return [line.split("] ", 1)[0][1:] for line in layout.lines]
+
+    rows = [_row("o1", 1, 1, dropped_at=2), _row("o2", 1, 2), _row("r1", 3, 3, kind="reflection"),
+            _row("o3", 4, 4), _row("o4", 5, 5, dropped_at=0)]  # o4: tombstoned before it was recorded
+    layout = laid_out_memory(rows, pool_max)
+    assert (ids(layout), layout.dropped) == (lines, dropped)
+    later = laid_out_memory(rows + [_row("o5", 6, 6, tokens=20, dropped_at=7)], pool_max)
+    assert (ids(later), later.dropped) == (later_lines, later_dropped)

@@ -145,7 +145,9 @@ class BranchReplayer:
         self.simulated_at = sorted(c["position"] for c in simulated)
         self.simulated_kept = {c["position"]: c["simulated_first_kept"] for c in simulated}
         self.position = {e.entry_id: e.position for e in self.branch}
-        self.empty_runs: list[int] = [r["position"] for r in empty]  # the observer's (the stage that backs off)
+        self.empty_runs: dict[str, list[int]] = {"observer": [], "reflector": []}  # per stage that may back off
+        for r in empty:
+            self.empty_runs[r["stage"]].append(r["position"])
         use_tiktoken = self.settings.tokenCounter == "tiktoken"
         self.prefix = [0]
         for e in self.branch:
@@ -186,17 +188,19 @@ class BranchReplayer:
                     values[name] = measured.tokens
         return values
 
-    def backoff_holds(self, t: int) -> bool:
-        """After the observer's deliberate empty run, wait for another observeAfterTokens of source
-        (SPEC §9; the reflector has no such backoff: it is asked again while its clock is due)."""
-        k = bisect.bisect_right(self.empty_runs, t)
+    def backoff_holds(self, stage: Stage, t: int) -> bool:
+        """After a deliberate empty run, wait for another threshold of source (SPEC §9: the observer's
+        backoff; the reflector's only with ``reflectorBackoff``: the extension asks it again while its
+        clock is due)."""
+        runs = self.empty_runs[stage.kind]
+        k = bisect.bisect_right(runs, t)
         if k == 0:
             return False
-        empty_at = self.empty_runs[k - 1]  # the latest empty run at or before t
-        watermark = self._marks.get("observer")
+        empty_at = runs[k - 1]  # the latest empty run at or before t
+        watermark = self._marks.get(stage.kind)
         if watermark is not None and watermark >= empty_at:
             return False
-        return self.tokens_between(empty_at + 1, t) < self.settings.observeAfterTokens
+        return self.tokens_between(empty_at + 1, t) < stage.threshold(self.settings)
 
     def not_due(self, stage: Stage, t: int) -> str | None:
         """Why a stage with a clock is not due at turn end t (None: it is due). It is due once its clock
@@ -204,11 +208,11 @@ class BranchReplayer:
         clock, threshold = self.clocks(t)[stage.kind], stage.threshold(self.settings)
         if clock < threshold:
             return f"below its threshold ({clock:,} of {threshold:,} tokens)"
-        if stage.backs_off and self.backoff_holds(t):
-            empty_at = self.empty_runs[bisect.bisect_right(self.empty_runs, t) - 1]
+        if stage.backs_off(self.settings) and self.backoff_holds(stage, t):
+            runs = self.empty_runs[stage.kind]
+            empty_at = runs[bisect.bisect_right(runs, t) - 1]
             return (f"backed off: it gave an empty result on purpose at {self.branch[empty_at].entry_id} and waits "
-                    f"for another {self.settings.observeAfterTokens:,} source tokens "
-                    f"({self.tokens_between(empty_at + 1, t):,} so far)")
+                    f"for another {threshold:,} source tokens ({self.tokens_between(empty_at + 1, t):,} so far)")
         return None
 
     def due(self, stage: Stage, t: int) -> bool:
@@ -253,8 +257,8 @@ class BranchReplayer:
         report.count(outcome)
         if outcome.ledger_id:
             self._changed(t)
-        if outcome.outcome == "empty" and STAGES[req.stage].backs_off:
-            bisect.insort(self.empty_runs, t)
+        if outcome.outcome == "empty" and req.stage in self.empty_runs:
+            bisect.insort(self.empty_runs[req.stage], t)
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
                        "stage": req.stage, "outcome": outcome.outcome, "calls": len(outcome.calls)})
         return outcome

@@ -18,7 +18,7 @@ import duckdb
 from om_core.ledger import Observation, Reflection
 from om_core import db as dbmod
 from om_core.memory import CoveredObservation, ledger_rows, observation_from_row, reflection_from_row, split_rows
-from om_core.prompts import DAY_LINE, EXCERPT_MARKER, reflection_memory_line
+from om_core.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, age, reflection_memory_line
 from om_core.render import observation_line
 from om_core.session import loads_line
 from om_core.settings import Settings
@@ -49,26 +49,58 @@ class SourceEntry:
         """The text the observer reads: exact, without tool-call ids."""
         return entry_text(self.entry_type, self.obj, tool_call_ids=False)
 
+    def shaped_text(self, tool_part: Callable[[str], str]) -> str:
+        """The observer's text with each tool call's arguments, tool result and command output
+        rewritten by ``tool_part`` (``shorten_tool_parts``)."""
+        return entry_text(self.entry_type, self.obj, tool_call_ids=False, tool_part=tool_part)
+
     def message(self) -> dict:
         message = self.obj.get("message")
         return message if isinstance(message, dict) else {}
 
 
-def render_entry(entry: SourceEntry, max_chars: int | None = None,
-                 clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
+HEAD_SHARE = 0.6  # of a cut text: its head (the command, the file's start) and tail (the result, the summary)
+
+
+def head_and_tail(text: str, max_chars: int, marker: str) -> str:
+    """``text`` with its middle cut out when longer than ``max_chars``; ``marker`` says how much."""
+    if len(text) <= max_chars:
+        return text
+    head = int(max_chars * HEAD_SHARE)
+    tail = max(0, max_chars - head)
+    return text[:head] + marker.format(omitted=len(text) - head - tail) + (text[-tail:] if tail else "")
+
+
+def shorten_tool_parts(max_chars: int, clean: Callable[[str], str] | None = None) -> Callable[[str], str]:
+    """The observer's view of a tool call's arguments, a tool result or a command's output: over
+    ``max_chars``, its head and tail with the cut marked with its size (``observerToolMaxTokens``).
+    ``clean`` runs on the whole part before the cut, so no secret is cut in half."""
+
+    def shorten(text: str) -> str:
+        if len(text) <= max_chars:
+            return text
+        return head_and_tail(text if clean is None else clean(text), max_chars, PART_CUT_MARKER)
+
+    return shorten
+
+
+def render_entry(entry: SourceEntry, max_chars: int | None = None, clean: Callable[[str], str] | None = None,
+                 tool_max_chars: int | None = None) -> tuple[str, bool]:
     """``[<id> <Role> HH:MM] text`` (the date is on a line of its own, see ``ObserverInput.render``);
-    an over-long entry as a head…tail excerpt.
+    tool parts over ``tool_max_chars`` shortened (``shorten_tool_parts``); an entry still over
+    ``max_chars`` as a head…tail excerpt.
 
     ``clean`` (secret redaction) runs on the whole text before any excerpt is cut, so a secret that
-    straddles the cut cannot leak half of itself."""
-    text = entry.observed_text
+    straddles the cut cannot leak half of itself (a shortened part was cleaned whole before its cut;
+    cleaning it again changes nothing: redaction is idempotent)."""
+    if tool_max_chars:
+        text = entry.shaped_text(shorten_tool_parts(tool_max_chars, clean))
+    else:
+        text = entry.observed_text
     text = text if clean is None else clean(text)
     excerpted = False
     if max_chars is not None and len(text) > max_chars:
-        head = int(max_chars * 0.6)
-        tail = max(0, max_chars - head)
-        omitted = len(text) - head - tail
-        text = text[:head] + EXCERPT_MARKER.format(omitted=omitted) + (text[-tail:] if tail else "")
+        text = head_and_tail(text, max_chars, EXCERPT_MARKER)
         excerpted = True
     clock = f" {entry.timestamp[11:]}" if entry.timestamp else ""
     return f"[{entry.entry_id} {entry.label}{clock}] {text}", excerpted
@@ -79,25 +111,62 @@ def _digest(payload: Any) -> str:
 
 
 def memory_line(row: dict[str, Any]) -> str:
-    """One memory item as workers read it: an observation's rendered line, or ``[id] reflection: …``."""
+    """One memory item as workers read it: an observation's rendered line, or
+    ``[id] reflection: … (supports: …)``."""
     if row["item_kind"] == "observation":
         return observation_line(row["id"], row["ts"], row["relevance"], row["content"])
-    return reflection_memory_line(row["id"], row["content"])
+    return reflection_memory_line(row["id"], row["content"], list(row["supporting_observation_ids"]))
 
 
-def ordered_memory(rows: list[dict[str, Any]]) -> list[str]:
-    """Current reflections and active observations in ledger order (the order they were first
-    recorded): between two stages the memory then only grows at its end (a drop aside), so the
-    earlier prompt stays a prefix a provider cache can serve."""
-    current = (r for r in rows if not (r["item_kind"] == "observation" and r["dropped"]))
-    return [memory_line(r) for r in sorted(current, key=lambda r: r["fold_order"])]
+@dataclass
+class MemoryLayout:
+    """The memory as the workers read it: ``lines`` in ledger order, and ``dropped``, the ids of the
+    observations among them dropped since the lines were laid out (listed after them)."""
+
+    lines: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> MemoryLayout:
+    """Current reflections and observations in ledger order (the order they were first recorded),
+    laid out so that between two stages the memory only grows at its end: a provider cache serves the
+    earlier prompt as a prefix. A drop does not cut its line out of the middle; the id is listed
+    after the memory instead, until the lines shown reach ``full_fold_tokens`` of observations
+    (``observationsPoolMaxTokens``, the pool pressure at which a compaction's full fold applies drops,
+    SPEC §4): then the memory is laid out anew without them. Walked in record order, so the layout
+    is a function of the branch's ledger alone (``rows``: ``ledger_at``'s, dropped ones included)."""
+    events: list[tuple[int, int, int, dict[str, Any]]] = []  # (record order, 0 item | 1 drop, place, row)
+    for r in rows:
+        never_shown = r["dropped"] and r["dropped_at"] < r["rec_order"]  # tombstoned before it was recorded
+        if never_shown:
+            continue
+        events.append((r["rec_order"], 0, r["fold_order"], r))
+        if r["dropped"]:
+            events.append((r["dropped_at"], 1, r["fold_order"], r))
+    events.sort(key=lambda e: e[:3])
+    shown: dict[str, dict[str, Any]] = {}
+    pending: list[str] = []
+    tokens = 0.0
+    for _, drop, _, r in events:
+        if drop:
+            pending.append(r["id"])
+        else:
+            shown[r["id"] + r["item_kind"]] = r
+            if r["item_kind"] == "observation":
+                tokens += r["token_count"]
+        if pending and tokens >= full_fold_tokens:  # a full fold: the memory is laid out anew
+            for obs_id in pending:
+                tokens -= shown.pop(obs_id + "observation")["token_count"]
+            pending = []
+    return MemoryLayout([memory_line(r) for r in shown.values()], pending)
 
 
 @dataclass
 class MemoryLines:
     reflections: list[Reflection]
     observations: list[Observation]
-    ordered: list[str] = field(default_factory=list)  # both kinds, in ledger order
+    ordered: list[str] = field(default_factory=list)  # both kinds, as laid out (laid_out_memory)
+    dropped: list[str] = field(default_factory=list)  # dropped since they were laid out
 
     @property
     def reflection_lines(self) -> list[str]:
@@ -117,6 +186,7 @@ class ObserverInput:
     chunk: list[SourceEntry]
     cap_tokens: int
     known_observation_ids: set[str]
+    tool_max_tokens: int = 0  # observerToolMaxTokens (0: tool parts are shown whole)
 
     @property
     def first_id(self) -> str:
@@ -142,8 +212,10 @@ class ObserverInput:
             if entry.timestamp and entry.timestamp[:10] != day:
                 day = entry.timestamp[:10]
                 parts.append(DAY_LINE.format(day=day))  # the date once per day, not on every entry
-            # an entry alone over the cap is sent as a head…tail excerpt (about 4 characters a token)
-            text, cut = render_entry(entry, self.cap_tokens * 4 if entry.tokens > self.cap_tokens else None, clean)
+            # long tool parts are shortened; an entry alone over the cap is sent as a head…tail excerpt
+            # (both at about 4 characters a token)
+            text, cut = render_entry(entry, self.cap_tokens * 4 if entry.tokens > self.cap_tokens else None, clean,
+                                     self.tool_max_tokens * 4)
             parts.append(text)
             excerpted |= cut
         return "\n\n".join(parts), excerpted
@@ -163,6 +235,13 @@ class ObserverInput:
 
 def _now_at(tip_ts: Any) -> str:
     return minute(tip_ts) or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _parse_minute(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%d %H:%M")
+    except ValueError:
+        return None
 
 
 def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
@@ -207,11 +286,13 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     memory = split_rows(r for r in state if not r["dropped"])
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
+    layout = laid_out_memory(state, settings.observationsPoolMaxTokens)
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts),
-        memory=MemoryLines(memory.reflections, memory.observations, ordered_memory(state)), chunk=chunk,
+        memory=MemoryLines(memory.reflections, memory.observations, layout.lines, layout.dropped), chunk=chunk,
         cap_tokens=cap,
         known_observation_ids=known,
+        tool_max_tokens=settings.observerToolMaxTokens,
     )
 
 
@@ -223,16 +304,16 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
     return tiers
 
 
-def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str,
-                         tip: str) -> tuple[list[Reflection], list[CoveredObservation], list[str]]:
-    """Current reflections, active observations with their coverage tiers, and both as memory lines
-    in ledger order, from one query."""
+def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                         full_fold_tokens: int) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout]:
+    """Current reflections, active observations with their coverage tiers, and the memory as the
+    workers read it (``laid_out_memory``), from one query."""
     rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
     reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
                                   coverage=r["coverage"])
                for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered, ordered_memory(rows)
+    return reflections, covered, laid_out_memory(rows, full_fold_tokens)
 
 
 class _CoveredPool:
@@ -255,7 +336,7 @@ class ReflectorInput(_CoveredPool):
     reflections: list[Reflection]
     covered: list[CoveredObservation]
     observation_watermark: str  # the record's coversUpToId
-    memory: list[str] = field(default_factory=list)  # reflections and active observations, ledger order
+    memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
 
     @property
     def active_ids(self) -> set[str]:
@@ -271,12 +352,13 @@ def _observation_watermark(con: duckdb.DuckDBPyConnection, session_id: str, tip:
     return dbmod.scalar(con, "observation_watermark_entry", {"session_id": session_id, "tip": tip})
 
 
-def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> ReflectorInput | None:
+def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                    settings: Settings) -> ReflectorInput | None:
     """None when no observation watermark exists yet (the reflector has nothing to stand on)."""
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip)
+    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
     return ReflectorInput(session_id, tip, reflections, covered, watermark, memory)
 
 
@@ -290,11 +372,22 @@ class DropperInput(_CoveredPool):
     target_tokens: int
     max_drops: int
     watermark: str
-    memory: list[str] = field(default_factory=list)  # reflections and active observations, ledger order
+    memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
+    now: str = ""  # the tip's time: each observation's age is counted from it
 
     @property
     def active(self) -> dict[str, CoveredObservation]:
         return {c.observation.id: c for c in self.covered}
+
+    def ages(self) -> list[tuple[str, str, str]]:
+        """(id, age at ``now``, coverage) of each active observation, oldest first."""
+        now = _parse_minute(self.now)
+        out = []
+        for c in self.covered:
+            then = _parse_minute(c.observation.timestamp)
+            when = age((now - then).total_seconds() / 60) if now and then else "?"
+            out.append((c.observation.id, when, c.coverage))
+        return out
 
     def stage_key(self, model: str) -> str:
         return _digest(["dropper", model, self.session_id, [r.line() for r in self.reflections],
@@ -314,7 +407,7 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip)
+    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:
@@ -327,5 +420,6 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     found = dbmod.rows_as_dicts(con.execute(query("positions_of"), {"session_id": session_id, "tip": tip, "ids": marks}))
     positions = {row["entry_id"]: row["position"] for row in found}
     watermark = min(marks, key=lambda m: positions.get(m, math.inf))
+    tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
     return DropperInput(session_id, tip, reflections, covered, pool, target,
-                        max_drops(pool, target, len(covered)), watermark, memory)
+                        max_drops(pool, target, len(covered)), watermark, memory, _now_at(tip_ts))

@@ -35,15 +35,18 @@ def user_parts(stable: str, new: str) -> list[dict[str, Any]]:
 
 
 def tool_loop(model: ChatModel, system: str, user: str | list[dict[str, Any]],
-              tools: dict[str, tuple[tuple, ToolCheck]], max_turns: int, closing_turn: bool = False) -> LoopResult:
+              tools: dict[str, tuple[tuple, ToolCheck]], max_turns: int, closing_turn: bool = False,
+              offered: tuple[tuple, ...] | None = None) -> LoopResult:
     """Ask, check the tool calls, send the receipts back, until the model stops calling tools, a
     reply's tool calls were all accepted in full (unless ``closing_turn``: then the model gets the
     extension's extra turn to answer in plain text), or ``max_turns`` model calls were made.
+    ``offered``: the tool specs the request carries (default: those of ``tools``); the workers offer
+    all three, so that every request starts alike, and accept only their own.
 
     A clean receipt needs no answer: another turn would resend the whole prompt for nothing. A
     rejection gets its receipt and another turn, so the model can correct itself."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    schemas = [tool_schema(*spec) for spec, _ in tools.values()]
+    schemas = [tool_schema(*spec) for spec in (offered or [spec for spec, _ in tools.values()])]
     result = LoopResult(turns=0, finished=False)
     for turn in range(1, max_turns + 1):
         reply = model.complete(messages, schemas, turn)
@@ -58,7 +61,9 @@ def tool_loop(model: ChatModel, system: str, user: str | list[dict[str, Any]],
         clean = True
         for call in reply.tool_calls:
             if call.name not in tools:
-                receipt, clean = f"unknown tool {call.name!r}; use {', '.join(tools)}", False
+                offered_names = [spec[0] for spec in offered or ()]
+                what = "not this task's tool" if call.name in offered_names else "unknown tool"
+                receipt, clean = f"{what} {call.name!r}; use {', '.join(tools)}", False
             else:
                 args, problem = parse_arguments(call.arguments)
                 if problem:
@@ -92,25 +97,31 @@ class ModelBrain:
     def _clean(self, text: str) -> str:
         return redact(text) if self.redact_secrets else text
 
+    # Every worker's request: the shared system prompt and all three tools, the memory (a cache
+    # breakpoint after it), then the stage's task with what is new (om_core.prompts).
+
+    def _memory(self, lines: list[str], dropped: list[str]) -> str:
+        return self._clean(prompts.memory_block(lines, dropped))
+
     def observer_prompt(self, inp: ObserverInput) -> tuple[str, list[dict[str, Any]]]:
-        memory = prompts.memory_block(inp.memory.ordered)
         chunk, _ = inp.render(self._clean)  # entries are redacted whole, before any excerpt is cut
-        stable, new = prompts.observer_message(self._clean(memory), inp.now, chunk, inp.first_id, inp.last_id)
-        return prompts.OBSERVER_SYSTEM, user_parts(stable, new)
+        task = prompts.observer_task(inp.now, chunk, inp.first_id, inp.last_id)
+        return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.ordered, inp.memory.dropped), task)
 
     def reflector_prompt(self, inp: ReflectorInput) -> tuple[str, list[dict[str, Any]]]:
-        stable, new = prompts.reflector_message(prompts.memory_block(inp.memory), inp.coverage)
-        return prompts.REFLECTOR_SYSTEM, user_parts(self._clean(stable), new)
+        task = prompts.reflector_task(inp.coverage)
+        return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
 
     def dropper_prompt(self, inp: DropperInput) -> tuple[str, list[dict[str, Any]]]:
-        stable, new = prompts.dropper_message(prompts.memory_block(inp.memory), inp.coverage, len(inp.covered),
-                                              inp.pool_tokens, inp.target_tokens, inp.max_drops)
-        return prompts.DROPPER_SYSTEM, user_parts(self._clean(stable), new)
+        task = prompts.dropper_task(inp.now, inp.ages(), len(inp.covered), inp.pool_tokens, inp.target_tokens,
+                                    inp.max_drops)
+        return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
 
     def _ask(self, prompt: tuple[str, list[dict[str, Any]]], tool: tuple, check: ToolCheck) -> LoopResult:
-        """The tool loop with one tool (its spec's name is the tool's name) and its check."""
+        """The tool loop offering the three workers' tools and accepting this stage's (``tool``) only."""
         system, user = prompt
-        return tool_loop(self.model, system, user, {tool[0]: (tool, check)}, self.max_turns, self.closing_turn)
+        return tool_loop(self.model, system, user, {tool[0]: (tool, check)}, self.max_turns, self.closing_turn,
+                         offered=prompts.WORKER_TOOLS)
 
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
         return self._ask(self.observer_prompt(inp), prompts.RECORD_OBSERVATIONS_TOOL, check)

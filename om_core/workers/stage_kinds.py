@@ -98,7 +98,7 @@ class Stage:
     """One stage kind. ``read_input`` gives None when there is nothing to do (``not_due`` says why);
     ``threshold`` is the clock setting that makes it due at a turn end (None: it runs only right
     after an ``after`` run, see ``follow_up``); ``needs`` names the kind whose watermark must exist
-    first; ``backs_off``: after a deliberate empty result it waits for another threshold of source."""
+    first; ``backs_off``: whether after a deliberate empty result it waits for another threshold of source."""
 
     kind: StageKind
     record_kind: str  # the ledger record it appends (om_core.ledger)
@@ -112,7 +112,7 @@ class Stage:
     chunk: Callable[[Any], tuple[str, str] | None] = lambda inp: None  # the source span it read
     threshold: Callable[[Settings], int] | None = None
     needs: StageKind | None = None
-    backs_off: bool = False
+    backs_off: Callable[[Settings], bool] = lambda settings: False
     after: StageKind | None = None
 
     def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
@@ -163,12 +163,12 @@ OBSERVER = Stage(
     watermark=lambda inp: inp.last_id,
     chunk=lambda inp: (inp.first_id, inp.last_id),
     threshold=lambda settings: settings.observeAfterTokens,
-    backs_off=True,
+    backs_off=lambda settings: True,
 )
 
 REFLECTOR = Stage(
     kind="reflector", record_kind=REFLECTIONS_RECORDED, payload=ReflectionsRecorded, items_field="reflections",
-    read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip),
+    read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip, settings),
     not_due=lambda req: "no observation watermark yet: run the observer first",
     check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
                                                 existing=inp.reflections, count_tokens=token_counter(settings)),
@@ -176,6 +176,7 @@ REFLECTOR = Stage(
     watermark=lambda inp: inp.observation_watermark,
     threshold=lambda settings: settings.reflectAfterTokens,
     needs="observer",
+    backs_off=lambda settings: settings.reflectorBackoff,  # the extension has none (SPEC §9): off by default
 )
 
 DROPPER = Stage(

@@ -38,11 +38,12 @@ SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_toke
 FROM call_batch;
 
 -- name: empty_runs
--- Where the observer gave a deliberate empty result on this branch, for its backoff (SPEC §9).
-SELECT DISTINCT b.position
+-- Where the observer (and the reflector) gave a deliberate empty result on this branch, for their
+-- backoff (SPEC §9; the reflector's is the reflectorBackoff setting's).
+SELECT DISTINCT s.stage, b.position
 FROM om_internal.stages s JOIN branch($session_id, $tip) b ON b.entry_id = s.tip_entry_id
-WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage = 'observer'
-ORDER BY 1;
+WHERE s.session_id = $session_id AND s.outcome = 'empty' AND s.stage IN ('observer', 'reflector')
+ORDER BY 1, 2;
 
 -- name: stage_state
 -- What earlier runs did with this exact stage input: appended it, found it empty, or computed it.

@@ -49,21 +49,26 @@ CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_thr
     -- on a few hundred items DuckDB's partitioned windows cost milliseconds each; this form takes
     -- 25% fewer instructions per ledger_at on the real sessions (callgrind), and the replay folds
     -- at nearly every stage it prepares.
+    -- dropped_at: the record order of the first drop record naming the id (the workers lay their
+    -- memory out by it: om_core.workers.inputs.laid_out_memory).
     first_seen AS (
         SELECT kind, id, min((rec_order, item_index)) AS first_at FROM stream GROUP BY kind, id
     ),
+    tombstones AS (
+        SELECT id, min(rec_order) AS dropped_at FROM stream WHERE kind = 'om.observations.dropped' GROUP BY id
+    ),
     walked AS (
-        SELECT s.*, s.kind = 'om.observations.recorded'
-                    AND s.id IN (SELECT id FROM stream WHERE kind = 'om.observations.dropped') AS tombstoned
+        SELECT s.*, t.dropped_at
         FROM stream s
         JOIN first_seen f ON f.kind = s.kind AND f.id = s.id AND f.first_at = (s.rec_order, s.item_index)
+        LEFT JOIN tombstones t ON s.kind = 'om.observations.recorded' AND t.id = s.id
         WHERE s.kind <> 'om.observations.dropped'
     )
     SELECT CASE kind WHEN 'om.observations.recorded' THEN 'observation' ELSE 'reflection' END AS item_kind,
            row_number() OVER (ORDER BY rec_order, item_index) AS fold_order,
            id, content, ts, relevance, source_entry_ids, supporting_observation_ids, token_count, ledger_id,
            CASE WHEN kind = 'om.observations.recorded' THEN wm_pos END AS wm_pos,
-           tombstoned AS dropped
+           dropped_at IS NOT NULL AS dropped, rec_order, dropped_at
     FROM walked;
 
 -- The ledger as it stands at p_tip: a plain fold through the tip (every record on the branch),
@@ -74,7 +79,8 @@ CREATE OR REPLACE MACRO ledger_at(p_session, p_tip) AS TABLE
 -- Full projection at boundary p_boundary ("full memory" when the boundary is the tip): fold only
 -- the records covered through it; active observations, then reflections.
 CREATE OR REPLACE MACRO full_projection(p_session, p_tip, p_boundary) AS TABLE
-    SELECT * EXCLUDE (dropped) FROM fold(p_session, p_tip, 'watermark', p_boundary, p_boundary, p_boundary)
+    SELECT * EXCLUDE (dropped, rec_order, dropped_at)
+    FROM fold(p_session, p_tip, 'watermark', p_boundary, p_boundary, p_boundary)
     WHERE NOT dropped;
 
 -- Folded compactions on the branch (the extension's and simulated ones), newest first; fold_rank 1 is
@@ -152,7 +158,7 @@ CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_po
 -- others_through to fold, so a compaction decides once, not twice.
 CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_pool_max, p_replayed) AS TABLE
     WITH d AS MATERIALIZED (SELECT * FROM compaction_decision(p_session, p_tip, p_first_kept, p_pool_max, p_replayed))
-    SELECT p.* EXCLUDE (dropped), (SELECT full_fold FROM d) AS full_fold
+    SELECT p.* EXCLUDE (dropped, rec_order, dropped_at), (SELECT full_fold FROM d) AS full_fold
     FROM fold(p_session, p_tip, 'watermark', p_first_kept, (SELECT others_through FROM d),
               (SELECT others_through FROM d)) p
     WHERE NOT p.dropped;
