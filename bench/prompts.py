@@ -137,7 +137,6 @@ _DAY = re.compile(r"^=== (\d{4}-\d{2}-\d{2}) ===$")
 _ENTRY = re.compile(r"^\[(\S+) ([^\]\n]*?) (\d{2}:\d{2})\] ?(.*)$")
 _OBS = re.compile(r"^\[([0-9a-f]{12})\] (\d{4}-\d{2}-\d{2} \d{2}:\d{2}) \[(low|medium|high|critical)\] (.*)$",
                   re.MULTILINE)
-_REFL = re.compile(r"^\[([0-9a-f]{12})\] reflection: (.*)$", re.MULTILINE)
 _IDS = re.compile(r"\b[0-9a-f]{12}\b")
 _WORD = re.compile(r"[A-Za-z0-9_./:-]{2,}")
 _AT_MOST = re.compile(r"at most (\d+)", re.IGNORECASE)
@@ -159,6 +158,13 @@ def _entries(chunk: str) -> list[dict[str, Any]]:
         elif out:
             out[-1]["text"] += "\n\n" + block
     return out
+
+
+def _cited(rest: str) -> set[str]:
+    """The observations some reflection cites, from the stage's coverage as either layout gives it:
+    ``strong: ids`` / ``partial: ids`` lines, or a table row ``id age partial``."""
+    cited = {i for line in re.findall(r"^(?:strong|partial): (.+)$", rest, re.MULTILINE) for i in _IDS.findall(line)}
+    return cited | set(re.findall(r"^([0-9a-f]{12}) \S+ (?:partial|strong)$", rest, re.MULTILINE))
 
 
 def _gist(text_: str, words: int, salt: str) -> str:
@@ -194,9 +200,10 @@ class CarefulWorkers:
         active = [(m.group(1), m.group(3), m.group(4)) for m in _OBS.finditer(memory) if m.group(1) not in dropped]
         if worker == "observer":
             return self._observe(rest)
+        cited = _cited(rest)
         if worker == "reflector":
-            return self._reflect(memory, active)
-        return self._drop(memory, rest, active)
+            return self._reflect(active, cited)
+        return self._drop(rest, active, cited)
 
     def _observe(self, rest: str) -> Reply:
         m = _CHUNK.search(rest)
@@ -227,10 +234,7 @@ class CarefulWorkers:
         return {"timestamp": first["time"], "content": f"{who}: {_gist(body, words, first['id'])}",
                 "relevance": _level(first["id"], user), "sourceEntryIds": ids}
 
-    def _reflect(self, memory: str, active: list[tuple[str, str, str]]) -> Reply:
-        cited = {i for line in _REFL.finditer(memory) for i in _IDS.findall(line.group(2))}
-        cited |= {i for line in re.findall(r"^(?:strong|partial): (.+)$", memory + "\n", re.MULTILINE)
-                  for i in _IDS.findall(line)}
+    def _reflect(self, active: list[tuple[str, str, str]], cited: set[str]) -> Reply:
         waiting = [(i, c) for i, rel, c in active if rel in ("high", "critical") and i not in cited]
         if len(waiting) < 2:
             return text("Nothing durable to add.")
@@ -239,11 +243,9 @@ class CarefulWorkers:
         return tool_call("record_reflections", {"reflections": [
             {"content": content, "supportingObservationIds": support}]})
 
-    def _drop(self, memory: str, rest: str, active: list[tuple[str, str, str]]) -> Reply:
+    def _drop(self, rest: str, active: list[tuple[str, str, str]], cited: set[str]) -> Reply:
         m = _AT_MOST.search(rest)
         limit = int(m.group(1)) if m else 1
-        cited = {i for line in _REFL.finditer(memory) for i in _IDS.findall(line.group(2))}
-        cited |= {i for line in re.findall(r"^(?:strong|partial): (.+)$", rest, re.MULTILINE) for i in _IDS.findall(line)}
         candidates = [i for i, rel, _ in active if rel == "low" or (i in cited and rel != "critical")]
         if not candidates:
             return text("Nothing is safe to drop.")

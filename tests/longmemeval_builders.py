@@ -140,14 +140,14 @@ def _tools(body: dict) -> set[str]:
     return {t["function"]["name"] for t in body.get("tools") or []}
 
 
+_TASK = re.compile(r"^## Task: (observe|reflect|drop)$", re.M)
+
+
 def kind_of(body: dict) -> str:
-    tools = _tools(body)
-    if "record_observations" in tools:
-        return "observer"
-    if "record_reflections" in tools:
-        return "reflector"
-    if "drop_observations" in tools:
-        return "dropper"
+    if "record_observations" in _tools(body):  # a memory worker (the three offer the same tools): by its task
+        content = body["messages"][1]["content"]
+        user = content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+        return {"observe": "observer", "reflect": "reflector", "drop": "dropper"}[_TASK.search(user).group(1)]
     system = body["messages"][0]["content"]
     if system.startswith(P.READER_SYSTEM):
         return "reader"

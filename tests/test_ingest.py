@@ -1255,9 +1255,9 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     ingest(workspace(db_path), [path])
     server.add(text("nothing to record"))
     config = ModelConfig(model="openai/fake-model", api_base=server.base_url, retry=RetryPolicy(attempts=1))
-    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config)
+    outcome = observe_now(Workspace.open(db_path, settings=Settings(observerToolMaxTokens=0)), SID, None, config)
     assert outcome.error is None
-    assert "f(" + "[" * depth + "]" * depth + ")" in server.sent_text()
+    assert "f(" + "[" * depth + "]" * depth + ")" in server.sent_text()  # shown whole: its tool parts are not cut
     settings = Settings(observeAfterTokens=10, reflectAfterTokens=20, compactAfterTokens=30, keepRecentTokens=10)
     con = dbmod.connect(db_path)
     try:

@@ -97,7 +97,8 @@ def test_every_call_is_listed_newest_first_with_its_request_and_response(server,
     # the request is exactly what the server received
     for call, sent in zip([asked, answer, failed], server.requests):
         assert wire(call["request"]["messages"]) == wire(sent["messages"])
-        assert [t["function"]["name"] for t in call["request"]["tools"]] == ["record_observations"]
+        assert [t["function"]["name"] for t in call["request"]["tools"]] == ["record_observations", "record_reflections",
+                                                                           "drop_observations"]
     assert asked["response"]["tool_calls"][0]["name"] == "record_observations"
     assert json.loads(asked["response"]["tool_calls"][0]["arguments"]) == {"observations": [observation(first)]}
     assert answer["response"] == {"content": "All recorded.", "tool_calls": []}
