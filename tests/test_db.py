@@ -14,6 +14,7 @@ import pytest
 from builders import SessionBuilder
 from fake_openai import text, tool_call
 from legacy_db import RENAMED_BY_008, legacy_copy
+from pi_migrate import migrate_file
 from conftest import workspace
 from typer.testing import CliRunner
 
@@ -52,6 +53,10 @@ def rows(db: Path, sql: str) -> list[tuple]:
         con.close()
 
 
+# Tables later migrations add (009: Pi's migration followed): a database at 007 has no rows for them.
+ADDED_AFTER_008 = ("entry_id_map", "replaced_entries")
+
+
 def populated(tmp_path: Path, server) -> Path:
     """A database with rows in every table, from real ingests, an offline replay and model calls."""
     sb = SessionBuilder(SID)
@@ -79,6 +84,14 @@ def populated(tmp_path: Path, server) -> Path:
     third.user("And after that?")
     db = tmp_path / "om.duckdb"
     ingest(workspace(db), [path, other.write(tmp_path / "b.jsonl"), third.write(tmp_path / "c.jsonl")])
+    fourth = SessionBuilder("0d8a0008-0000-4000-8000-000000000004", version=None)  # a v1 file Pi then migrated
+    fourth.user("An old session.")
+    fourth.assistant("From before ids.")
+    fourth.entries = [{k: v for k, v in e.items() if k not in ("id", "parentId")} for e in fourth.entries]
+    old = fourth.write(tmp_path / "d.jsonl")
+    ingest(workspace(db), [old])
+    migrate_file(old)
+    ingest(workspace(db), [old])  # entry_id_map: the minted ids and Pi's
 
     con = dbmod.connect(db)
     try:
@@ -134,7 +147,7 @@ def test_a_new_database_keeps_its_tables_in_om_internal_and_only_views_in_main(t
     public = {r[0] for r in rows(db, "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND NOT internal")}
     assert set(RENAMED_BY_008.values()) <= internal and not internal & set(RENAMED_BY_008)
     # one name per concept: a public view over a table has the table's name
-    assert internal - public == {"session_files", "stage_results", *BOOKKEEPING}
+    assert internal - public == {"session_files", "stage_results", "replaced_entries", *BOOKKEEPING}
     assert rows(db, "SELECT schema_name FROM duckdb_sequences()") == [("om_internal",)]
 
 
@@ -153,7 +166,9 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
     current = populated(tmp_path, server)
     forget_added_columns(current)
     before = schema(current)
-    empty = [t for t, r in before.items() if not t.endswith(("columns", "constraints")) and not r]
+    # (replaced_entries is a work table: empty between ingests)
+    empty = [t for t, r in before.items() if not t.endswith(("columns", "constraints")) and not r
+             and t != "replaced_entries"]
     assert empty == [], f"the test database should have rows in every table: {empty}"
     answers = public_answers(current)
     assert answers["ledger_at"] and answers["visible_projection"] and answers["compaction_gaps"]
@@ -165,18 +180,23 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
     con.execute("CREATE MACRO branch_records(p_session, p_tip) AS TABLE SELECT * FROM ledger_records")
     con.execute("INSERT INTO om_meta VALUES ('views_fingerprint', 'from-007')")
     con.close()
-    assert rows(legacy, "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main'")[0][0] == len(before) // 3
+    assert rows(legacy, "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main'")[0][0] == (
+        len(before) // 3 - len(ADDED_AFTER_008))
 
     dbmod.connect(legacy, read_only=True).close()  # a reader upgrades an outdated file first
     after = schema(legacy)
     for bookkeeping in BOOKKEEPING:  # when each migration ran differs; that they ran does not
         before.pop(bookkeeping)
         after.pop(bookkeeping)
+    for table in ADDED_AFTER_008:  # a database at 007 had none of their rows
+        assert after.pop(table) == []
+        before.pop(table)
+        answers.pop(table, None)
     assert after == before
     assert rows(legacy, "SELECT version FROM om_internal.schema_migrations ORDER BY 1") == [
         (v,) for v, _, _ in migrations()]
     assert schema(legacy, internal_tables=False) == {}  # main: views and macros only
-    assert public_answers(legacy) == answers
+    assert {k: v for k, v in public_answers(legacy).items() if k not in ADDED_AFTER_008} == answers
 
     # the record order continues after every position taken; keys and defaults hold
     taken = rows(legacy, "SELECT max(append_seq) FROM om_internal.ledger")[0][0]

@@ -345,15 +345,20 @@ def test_v1_file_rewritten_as_v3_by_pi(tmp_path, db_path):
     assert q(db_path, "SELECT DISTINCT leaf_id FROM branch_entries") == [(new_ids[-1],)]
     assert branch_of(db_path, SID, new_ids[-1]) == new_ids
     assert q(db_path, "SELECT count(*) FROM quarantine") == [(0,)]
-    # Pi's new ids replace every minted one: the rewrite says so, and its note is the file's history
-    [loss] = f.replaced
-    assert (loss.entries_before, loss.entries_lost, loss.orphaned_ledger_ids) == (7, 7, [])
-    assert q(db_path, "SELECT kind, detail FROM ingest_notes") == [("rewritten", loss.describe())]
+    # Pi's new ids replace every minted one: Pi's migration, followed (its note is the file's history);
+    # no loss (tests/test_migration.py: the memory records on them are re-anchored)
+    assert f.replaced == []
+    [done] = f.followed
+    assert (done.how, done.entries, done.ids_changed, done.records) == ("migrated", 7, 7, 0)
+    assert q(db_path, "SELECT kind, detail FROM ingest_notes") == [("migrated", done.describe())]
+    mapped = q(db_path, "SELECT old_id, new_id FROM entry_id_map")
+    assert {o for o, _ in mapped} == old_ids and sorted(n for _, n in mapped) == sorted(new_ids)
 
     fresh = tmp_path / "fresh.duckdb"
     ingest(workspace(fresh), [path])
     with dbmod.writing(db_path) as con:
-        con.execute("DELETE FROM om_internal.ingest_notes WHERE kind = 'rewritten'")
+        con.execute("DELETE FROM om_internal.ingest_notes WHERE kind = 'migrated'")
+        con.execute("DELETE FROM om_internal.entry_id_map")
     assert snapshot(db_path, volatile=False) == snapshot(fresh, volatile=False)
 
 

@@ -56,6 +56,8 @@ def ingest(
         for status, count in sorted(s["by_status"].items()):
             out.print(f"  {status}: {count}")
         for f in report.files:
+            for done in f.followed:  # Pi migrated the file (or forked it): om's memory re-anchored to its ids
+                out.print(escape(f"  {f.path}: {done.describe()}"), highlight=False)
             for loss in f.replaced:  # what a rewrite took away; nothing of the ledger was deleted
                 err.print(f"[yellow]warning[/] {escape(f'{f.path}: {loss.describe()}')}", highlight=False)
             for note in f.notes[:5]:

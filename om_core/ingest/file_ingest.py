@@ -19,7 +19,9 @@ from om_core.ingest import plan as planning
 from om_core.ingest.files import session_file_row
 from om_core.ingest.plan import Plan, state_to_json
 from om_core.ingest.reader import Batch, FileReader, ProgressFn
-from om_core.ingest.reports import FileReport, no_header_error
+from om_core.ingest.migration import NotFollowed, follow_fork, follow_migration, followed_counts, \
+    keep_replaced_entries
+from om_core.ingest.reports import FileReport, FollowedRewrite, no_header_error
 from om_core.ingest.rewrites import Before, before_replacing, what_was_lost
 from om_core.ingest.writer import BatchWriter, store_tree
 from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger_candidates
@@ -46,6 +48,7 @@ class FileIngest:
         self.writer: BatchWriter | None = None
         self.read_session: str | None = None  # the session whose entries this read writes
         self.replacing: list[Before] = []  # sessions whose rows this ingest replaced (see rewrites)
+        self.not_followed: dict[str, str] = {}  # session id -> why its rewrite is not Pi's migration
 
     def run(self) -> FileReport:
         """The whole file, in one transaction (several for a long file: see ``COMMIT_BYTES``)."""
@@ -112,6 +115,7 @@ class FileIngest:
 
     def _drop_session_rows(self, session_id: str) -> None:
         self.replacing.append(before_replacing(self.con, session_id))
+        keep_replaced_entries(self.con, session_id)  # a v1/v2 file: Pi may have migrated it (migration.py)
         params = {"session_id": session_id}
         self.con.execute(query("delete_session_entries"), params)
         self.con.execute(query("delete_session_tree"), params)
@@ -207,8 +211,14 @@ class FileIngest:
     def _report_losses(self, now_session_id: str | None, report: FileReport) -> None:
         """What replacing the sessions' rows took away; a rewrite that lost something is noted for good
         (its ``ingest_notes`` row stays through later ingests of the file)."""
+        followed = {f.session_id for f in report.followed if f.how == "migrated"}
         for before in self.replacing:
+            if before.session_id in followed:  # Pi's migration: the same entries, memory re-anchored
+                continue
+            if before.session_id != now_session_id:  # the file holds another session: nothing to follow
+                self.con.execute(query("drop_replaced_entries"), {"session_id": before.session_id})
             loss = what_was_lost(self.con, before, now_session_id)
+            loss.not_a_migration = self.not_followed.get(before.session_id)
             if not loss.lost_anything:
                 continue
             report.replaced.append(loss)
@@ -278,6 +288,31 @@ class FileIngest:
             "leaf_count": sum(tree.is_leaf),
             "header": state.header_raw or header.model_dump_json(exclude_none=True),
         })
+        self._follow_pi(sid, header.parentSession, report)
+
+    def _follow_pi(self, sid: str, parent_file: str | None, report: FileReport) -> None:
+        """Pi's own rewrites, followed (om_core/ingest/migration.py): a v1/v2 file Pi migrated in place
+        (its entries were kept before the re-read), a pi --fork copy of another ingested session."""
+        params = {"session_id": sid, "file_path": self.key, "line_no": None, "entry_id": None,
+                  "run_id": self.run_id}
+        for follow in (lambda: follow_migration(self.con, sid, self.run_id),
+                       lambda: follow_fork(self.con, sid, parent_file, self.run_id)):
+            outcome = follow()
+            if outcome is None:
+                continue
+            if isinstance(outcome, NotFollowed):
+                if parent_file and outcome.reason.startswith("not a copy"):
+                    self.con.execute(query("insert_note"), {**params, "kind": "not_forked", "detail": outcome.reason})
+                    report.notes.append(outcome.reason)
+                else:
+                    self.not_followed[sid] = outcome.reason
+                continue
+            counts = followed_counts(self.con, sid, self.run_id)
+            done = FollowedRewrite(session_id=sid, how=outcome.how, from_session_id=outcome.from_session_id,
+                                   from_version=outcome.from_version, entries=outcome.entries,
+                                   appended=outcome.appended, ids_changed=len(outcome.mapping), **counts)
+            report.followed.append(done)
+            self.con.execute(query("insert_note"), {**params, "kind": outcome.how, "detail": done.describe()})
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:

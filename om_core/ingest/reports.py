@@ -16,6 +16,7 @@ class ReplacedSession(BaseModel):
     entries_lost: int  # entry ids no longer in the file
     entries_changed: int  # entries still there whose line changed
     orphaned_ledger_ids: list[str] = Field(default_factory=list)  # this project's records orphaned by it
+    not_a_migration: str | None = None  # a v1/v2 file rewritten otherwise than by Pi's migration: why
 
     @property
     def lost_anything(self) -> bool:
@@ -29,11 +30,44 @@ class ReplacedSession(BaseModel):
         else:
             now = f"now holds session {self.now_session_id}" if self.now_session_id else "holds no session now"
             what = f"{now}; session {self.session_id} and its {self.entries_before} entries are gone"
+        if self.not_a_migration:
+            what += f" (not Pi's migration: {self.not_a_migration})"
         records = len(self.orphaned_ledger_ids)
         if records:
             what += (f"; {records} memory record(s) of this project lost their evidence: kept, marked orphaned "
                      "(the orphaned_records view)")
         return f"rewritten: {what}"
+
+
+class FollowedRewrite(BaseModel):
+    """A rewrite om followed (om_core/ingest/migration.py): Pi migrated the file in place, or the file is
+    a pi --fork copy of another session; this project's memory now stands on its entries' ids."""
+
+    session_id: str
+    how: str  # migrated | forked
+    from_session_id: str  # the same session (migrated) or the fork's source
+    from_version: int  # the version of the entries om knew
+    entries: int  # entries om knew, found again in the same order
+    appended: int  # entries after them
+    ids_changed: int  # of those entries, how many have another id now (a v1 file: all)
+    records: int  # this project's records of the session now (a fork: copied)
+    records_reanchored: int  # of them, anchored to an id the map gave
+    compactions: int  # simulated compactions now (a fork: copied)
+    compactions_reanchored: int
+    orphaned: int  # records of the session still orphaned (an earlier rewrite's)
+
+    def describe(self) -> str:
+        ids = "got Pi's ids" if self.ids_changed else "kept their ids"
+        appended = f" ({self.appended} appended since)" if self.appended else ""
+        if self.how == "migrated":
+            what = (f"migrated by Pi (v{self.from_version} → v3): its {self.entries} entries{appended} {ids}; "
+                    f"{self.records_reanchored} of {self.records} memory record(s) and {self.compactions_reanchored} "
+                    f"of {self.compactions} simulated compaction(s) re-anchored")
+        else:
+            what = (f"a copy of session {self.from_session_id} (pi --fork): its {self.entries} entries{appended} "
+                    f"{ids}; {self.records} memory record(s) and {self.compactions} simulated compaction(s) carried "
+                    f"over")
+        return what + (f"; {self.orphaned} record(s) still orphaned" if self.orphaned else "; none orphaned")
 
 
 class FileReport(BaseModel):
@@ -47,6 +81,7 @@ class FileReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
     replaced: list[ReplacedSession] = Field(default_factory=list)  # a rewrite that lost entries or evidence
+    followed: list[FollowedRewrite] = Field(default_factory=list)  # Pi's migration or fork copy, re-anchored
 
 
 class IngestReport(BaseModel):
@@ -88,6 +123,7 @@ class IngestReport(BaseModel):
             "missing_paths": self.missing_paths,
             "errors": [{"path": f.path, "error": f.error} for f in self.files if f.error],
             "rewrites": [{"path": f.path, **r.model_dump()} for f in self.files for r in f.replaced],
+            "reanchored": [{"path": f.path, **r.model_dump()} for f in self.files for r in f.followed],
             "seconds": round(self.seconds, 3),
         }
 

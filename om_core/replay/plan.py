@@ -154,6 +154,7 @@ def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: s
         plan.ingest = {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
         for f in report.files:
             plan.warnings += [f"{f.path}: {loss.describe()}" for loss in f.replaced]
+            plan.notes += [f"{f.path}: {done.describe()}" for done in f.followed]  # Pi's migration or a fork, followed
             if f.status in ("new", "appended", "rewritten", "unchanged") and f.session_id:
                 session_ids.append(f.session_id)
             elif f.status == "duplicate_session":  # a copy of a file already ingested: skipped, nothing failed

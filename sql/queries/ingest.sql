@@ -27,8 +27,10 @@ DELETE FROM om_internal.entries WHERE session_id = $session_id;
 DELETE FROM om_internal.entry_tree WHERE session_id = $session_id;
 
 -- name: delete_session_notes
--- (the notes of the tree, derived anew; a rewrite's note is the file's history and stays)
-DELETE FROM om_internal.ingest_notes WHERE (session_id = $session_id OR file_path = $file_path) AND kind <> 'rewritten';
+-- (the notes of the tree, derived anew; a rewrite's note, and what om followed of Pi's migration or a
+-- fork, are the file's history and stay)
+DELETE FROM om_internal.ingest_notes WHERE (session_id = $session_id OR file_path = $file_path)
+  AND kind NOT IN ('rewritten', 'migrated', 'forked', 'not_forked');
 
 -- name: delete_session_row
 DELETE FROM om_internal.sessions WHERE session_id = $session_id;

@@ -3,7 +3,13 @@
 -- name: session_fingerprint_parts
 -- The parts of a session a replay starts from, apart from this project's own appends: its entries,
 -- its current leaf, and the ledger records and compactions the session file itself holds.
-SELECT s.session_id, s.leaf_id, s.entry_count, s.source_count, s.leaf_count, coalesce(s.tokens_pi, 0) AS tokens_pi,
+-- The leaf by the id om first knew it by: a file Pi only migrated (its ids replaced, entry_id_map) starts
+-- the same replay, so it is not due again.
+SELECT s.session_id,
+       coalesce((SELECT any_value(x.old_id) FROM om_internal.entry_id_map x
+                 WHERE x.session_id = s.session_id AND x.how = 'migrated' AND x.new_id = s.leaf_id), s.leaf_id)
+           AS leaf_id,
+       s.entry_count, s.source_count, s.leaf_count, coalesce(s.tokens_pi, 0) AS tokens_pi,
        (SELECT count(*) FROM om_internal.ledger r WHERE r.session_id = s.session_id AND r.origin = 'imported')
            AS imported_records,
        (SELECT count(*) FROM om_internal.compactions f WHERE f.session_id = s.session_id AND f.origin = 'imported')

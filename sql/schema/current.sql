@@ -268,6 +268,29 @@ CREATE TABLE om_internal.stage_results (
     PRIMARY KEY (session_id, stage_key)
 );
 
+-- Entry ids Pi's migration (or a pi --fork copy) replaced, and what om re-anchored to (migration 009).
+CREATE TABLE om_internal.entry_id_map (
+    session_id       VARCHAR NOT NULL,   -- the session whose references now use new_id
+    from_session_id  VARCHAR NOT NULL,   -- where old_id was: the same session (migrated) or a fork's source
+    old_id           VARCHAR NOT NULL,
+    new_id           VARCHAR NOT NULL,
+    how              VARCHAR NOT NULL,   -- migrated | forked
+    run_id           VARCHAR,
+    mapped_at        TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+);
+
+-- A rewritten v1/v2 session's entries until the new file is compared with them.
+CREATE TABLE om_internal.replaced_entries (
+    session_id           VARCHAR NOT NULL,
+    version              INTEGER NOT NULL,   -- the session's version before the rewrite
+    entry_id             VARCHAR NOT NULL,
+    parent_id            VARCHAR,
+    entry_index          INTEGER NOT NULL,
+    entry_type           VARCHAR,
+    first_kept_entry_id  VARCHAR,
+    raw                  VARCHAR NOT NULL
+);
+
 -- What each session's last complete replay started from.
 CREATE TABLE om_internal.session_replays (
     session_id   VARCHAR PRIMARY KEY,

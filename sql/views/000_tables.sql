@@ -16,3 +16,5 @@ CREATE OR REPLACE VIEW ingest_notes AS SELECT * FROM om_internal.ingest_notes;
 CREATE OR REPLACE VIEW ledger_rejects AS SELECT * FROM om_internal.ledger_rejects;
 
 CREATE OR REPLACE VIEW session_replays AS SELECT * FROM om_internal.session_replays;
+
+CREATE OR REPLACE VIEW entry_id_map AS SELECT * FROM om_internal.entry_id_map;
