@@ -20,7 +20,11 @@ from pi_migrate import fork_file, migrate_file
 
 from conftest import shared_session, workspace
 from om_core import db as dbmod
+from om_core.catalog import branch_for_cut_point
+from om_core.cutpoint import compaction_cut_point
 from om_core.ingest import ingest
+from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live
+from om_core.memory import compact
 from om_core.replay.branch import replay_in_process
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
@@ -222,6 +226,20 @@ def test_a_rewrite_that_is_no_migration_stays_a_rewrite(maintained_v1):
     assert id_map(db) == {} and q(db, "SELECT count(*) FROM om_internal.replaced_entries") == [(0,)]
 
 
+def test_a_v1_file_rewritten_as_v1_is_no_migration(maintained_v1):
+    """Another program re-wrote the v1 file with the same entries (other spacing): not Pi's migration
+    (Pi writes v3); om mints the same ids again, so nothing is orphaned and nothing is mapped."""
+    path, db, (before, _) = maintained_v1
+    lines = [json.dumps(json.loads(line), separators=(",", ":")) for line in path.read_text().splitlines()]
+    path.write_text("\n".join(lines) + "\n")
+    [report] = ingest(workspace(db), [path]).files
+    assert report.status == "rewritten" and report.followed == []
+    [loss] = report.replaced  # every line changed (its bytes), no entry lost, no record orphaned
+    assert (loss.entries_lost, loss.orphaned_ledger_ids) == (0, [])
+    assert loss.not_a_migration == "the file is still v1: Pi's migration writes v3"
+    assert id_map(db) == {} and memory(db, every=4)[0] == every(before, 4)
+
+
 def test_a_failed_ingest_keeps_what_it_needs_to_follow_the_migration_next_time(maintained_v1, monkeypatch):
     path, db, (before, _) = maintained_v1
     migrate_file(path, seed=11)
@@ -367,8 +385,13 @@ def test_a_real_session_om_maintained_then_opened_in_the_real_pi_keeps_every_rec
         record_replay(con, sid, printed.now, "run-1")  # as om run records a complete replay
         before = memory_at_every_point(con, sid, REAL_SETTINGS, every=25), recalls(con, sid)
         minted = [r[0] for r in con.execute("SELECT entry_id FROM entries ORDER BY entry_index").fetchall()]
+        # what `om compact` answers at Pi's cut, compacting at the tip (the extension's question)
+        old_leaf = minted[-1]
+        cut = compaction_cut_point(branch_for_cut_point(con, sid, old_leaf), REAL_SETTINGS.keepRecentTokens)
     finally:
         con.close()
+    answered = compact(Workspace.open(db, settings=REAL_SETTINGS), sid, cut.firstKeptEntryId, old_leaf)
+    assert answered.summary, "no memory before Pi's cut: nothing to compare"
     records = q(db, "SELECT count(*) FROM ledger WHERE origin = 'pipeline'")[0][0]
     simulated = q(db, "SELECT count(*) FROM compactions WHERE origin = 'simulated'")[0][0]
     assert records > 10 and simulated > 0
@@ -388,5 +411,17 @@ def test_a_real_session_om_maintained_then_opened_in_the_real_pi_keeps_every_rec
         after = memory_at_every_point(con, sid, REAL_SETTINGS, every=25), recalls(con, sid)
         assert after == translate(before, mapping)
         assert due_sessions(con, [sid], REAL_SETTINGS, "offline", True)[0] == []  # om run: nothing to replay
+        new_cut = compaction_cut_point(branch_for_cut_point(con, sid, mapping[old_leaf]), REAL_SETTINGS.keepRecentTokens)
     finally:
         con.close()
+    # the om side of the extension's compaction in Pi: at Pi's cut (the same entry, Pi's id now), the
+    # answer is om's memory, equal to `om compact` before; recall of an id in it finds its evidence
+    assert new_cut.firstKeptEntryId == mapping[cut.firstKeptEntryId]
+    ws = Workspace.open(db, settings=REAL_SETTINGS)
+    live = compact_live(ws, CompactRequest(session_file=str(path), leaf=mapping[old_leaf],
+                                           first_kept_entry_id=new_cut.firstKeptEntryId, tokens_before=1))
+    assert live.compaction is not None and live.compaction["summary"] == answered.summary
+    assert live.compaction["details"] == translate(answered.details(), mapping)
+    first = (answered.reflectionIds + answered.observationIds)[0]
+    found = recall_live(ws, RecallRequest(session_file=str(path), leaf=mapping[old_leaf], id=first))
+    assert found["details"]["status"] == "ok" and found["details"]["memoryId"] == first, found

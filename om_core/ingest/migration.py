@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -157,7 +158,9 @@ def follow_migration(con: duckdb.DuckDBPyConnection, session_id: str, run_id: st
     version = dbmod.scalar(con, "replaced_entries_version", {"session_id": session_id})
     if version is None:
         return None
-    result = compare(_pairs(con, "migration_pairs", {"session_id": session_id}), same_ids=version >= 2)
+    now = dbmod.scalar(con, "session_version", {"session_id": session_id})
+    result = compare(_pairs(con, "migration_pairs", {"session_id": session_id}), same_ids=version >= 2) \
+        if now is not None and now >= 3 else NotFollowed(f"the file is still v{now}: Pi's migration writes v3")
     con.execute(query("drop_replaced_entries"), {"session_id": session_id})
     if isinstance(result, NotFollowed):
         return result
@@ -192,11 +195,13 @@ def follow_fork(con: duckdb.DuckDBPyConnection, session_id: str, parent_file: st
     """A new session whose header names the file it was forked from (``parentSession``): if that file's
     session is ingested, holds memory om appended, and its entries are this one's first entries, its
     records and simulated compactions are copied here under this session's ids. Once per session
-    (a note says it was looked at). None: nothing to look at."""
+    (a note says it was looked at), and never into a session with memory of its own (it was replayed
+    itself). None: nothing to look at."""
     if not parent_file:
         return None
-    source = named_row(con, "fork_source", {"session_id": session_id, "file_path": parent_file})
-    if source is None or source["already_looked"]:
+    source = named_row(con, "fork_source", {"session_id": session_id, "file_path": parent_file,
+                                            "resolved_path": str(Path(parent_file).resolve())})
+    if source is None or source["already_looked"] or source["has_own"]:
         return None
     from_sid, version = source["session_id"], source["version"]
     if not source["has_memory"]:

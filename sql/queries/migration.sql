@@ -13,6 +13,9 @@ WHERE e.session_id = $session_id AND s.version < 3
 -- name: replaced_entries_version
 SELECT any_value(version) FROM om_internal.replaced_entries WHERE session_id = $session_id;
 
+-- name: session_version
+SELECT version FROM om_internal.sessions WHERE session_id = $session_id;
+
 -- name: drop_replaced_entries
 DELETE FROM om_internal.replaced_entries WHERE session_id = $session_id;
 
@@ -98,15 +101,21 @@ FROM (SELECT map(list(old_id), list(new_id)) AS mp FROM om_internal.entry_id_map
 WHERE st.session_id = $session_id;
 
 -- name: fork_source
--- The session of the file a new session was forked from, and whether there is anything to carry over.
+-- The session of the file a new session was forked from (by the path Pi wrote, or that path resolved),
+-- whether it holds memory of this project's to carry over, and whether the fork has its own already
+-- (its own replay: then nothing is copied) or was looked at before.
 SELECT s.session_id, s.version,
+       EXISTS (SELECT 1 FROM om_internal.ledger r WHERE r.session_id = $session_id AND r.origin = 'pipeline')
+       OR EXISTS (SELECT 1 FROM om_internal.compactions c WHERE c.session_id = $session_id
+                  AND c.origin = 'simulated') AS has_own,
        EXISTS (SELECT 1 FROM om_internal.ledger r WHERE r.session_id = s.session_id AND r.origin = 'pipeline')
        OR EXISTS (SELECT 1 FROM om_internal.compactions c WHERE c.session_id = s.session_id
                   AND c.origin = 'simulated') AS has_memory,
        EXISTS (SELECT 1 FROM om_internal.ingest_notes n WHERE n.session_id = $session_id
                   AND n.kind IN ('forked', 'not_forked')) AS already_looked
 FROM om_internal.sessions s
-WHERE s.file_path = $file_path AND s.session_id <> $session_id;
+WHERE s.file_path IN ($file_path, $resolved_path) AND s.session_id <> $session_id
+LIMIT 1;
 
 -- A fork's copy of its source's records and simulated compactions, under the fork's ids: only those on
 -- an entry the fork holds (a record orphaned in the source stays there), in the same record order
