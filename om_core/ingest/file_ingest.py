@@ -301,7 +301,7 @@ class FileIngest:
             if outcome is None:
                 continue
             if isinstance(outcome, NotFollowed):
-                if parent_file and outcome.reason.startswith("not a copy"):
+                if outcome.how == "forked":
                     self.con.execute(query("insert_note"), {**params, "kind": "not_forked", "detail": outcome.reason})
                     report.notes.append(outcome.reason)
                 else:

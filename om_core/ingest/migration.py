@@ -53,9 +53,11 @@ class Followed:
 
 @dataclass(slots=True)
 class NotFollowed:
-    """Why a rewrite is no migration om can follow (then it is a rewrite as before)."""
+    """Why a rewrite is no migration om can follow (then it is a rewrite as before), or a new session no
+    copy of the one it names as its fork source."""
 
     reason: str
+    how: str = "migrated"  # what was looked for: migrated | forked
 
 
 def normalized(obj: Any, entry_type: str | None) -> Any:
@@ -209,7 +211,7 @@ def follow_fork(con: duckdb.DuckDBPyConnection, session_id: str, parent_file: st
     result = compare(_pairs(con, "fork_pairs", {"session_id": session_id, "from_session_id": from_sid}),
                      same_ids=version >= 2)
     if isinstance(result, NotFollowed):
-        return NotFollowed(f"not a copy of session {from_sid}: {result.reason}")
+        return NotFollowed(f"not a copy of session {from_sid}: {result.reason}", "forked")
     mapping, matched, appended = result
     _store_map(con, session_id, from_sid, mapping, "forked", run_id)
     params = {"session_id": session_id, "from_session_id": from_sid, "run_id": run_id}
