@@ -53,8 +53,8 @@ def rows(db: Path, sql: str) -> list[tuple]:
         con.close()
 
 
-# Tables later migrations add (009: Pi's migration followed): a database at 007 has no rows for them.
-ADDED_AFTER_008 = ("entry_id_map", "replaced_entries")
+# Tables later migrations add (010: Pi's migration followed): a database at 007 or 008 has no rows for them.
+TABLES_ADDED_AFTER_009 = ("entry_id_map", "replaced_entries")
 
 
 def populated(tmp_path: Path, server) -> Path:
@@ -181,14 +181,14 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
     con.execute("INSERT INTO om_meta VALUES ('views_fingerprint', 'from-007')")
     con.close()
     assert rows(legacy, "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main'")[0][0] == (
-        len(before) // 3 - len(ADDED_AFTER_008))
+        len(before) // 3 - len(TABLES_ADDED_AFTER_009))
 
     dbmod.connect(legacy, read_only=True).close()  # a reader upgrades an outdated file first
     after = schema(legacy)
     for bookkeeping in BOOKKEEPING:  # when each migration ran differs; that they ran does not
         before.pop(bookkeeping)
         after.pop(bookkeeping)
-    for table in ADDED_AFTER_008:  # a database at 007 had none of their rows
+    for table in TABLES_ADDED_AFTER_009:  # a database at 007 had none of their rows
         assert after.pop(table) == []
         before.pop(table)
         answers.pop(table, None)
@@ -196,7 +196,7 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
     assert rows(legacy, "SELECT version FROM om_internal.schema_migrations ORDER BY 1") == [
         (v,) for v, _, _ in migrations()]
     assert schema(legacy, internal_tables=False) == {}  # main: views and macros only
-    assert {k: v for k, v in public_answers(legacy).items() if k not in ADDED_AFTER_008} == answers
+    assert {k: v for k, v in public_answers(legacy).items() if k not in TABLES_ADDED_AFTER_009} == answers
 
     # the record order continues after every position taken; keys and defaults hold
     taken = rows(legacy, "SELECT max(append_seq) FROM om_internal.ledger")[0][0]
@@ -221,6 +221,8 @@ def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, se
         for table, columns in ADDED_AFTER_008.items():
             for column in columns:
                 con.execute(f"ALTER TABLE om_internal.{table} DROP COLUMN {column}")
+        for table in TABLES_ADDED_AFTER_009:  # nor had it the tables of later migrations
+            con.execute(f"DROP TABLE om_internal.{table}")
         con.execute("DELETE FROM om_internal.schema_migrations WHERE version >= 9")
         con.execute("UPDATE om_internal.om_meta SET value = 'from-008' WHERE key = 'views_fingerprint'")
     assert "reason" not in [r[0] for r in rows(current, "DESCRIBE om_internal.drops")]
@@ -229,8 +231,12 @@ def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, se
     for bookkeeping in BOOKKEEPING:
         before.pop(bookkeeping)
         after.pop(bookkeeping)
+    for table in TABLES_ADDED_AFTER_009:  # created empty by their migration
+        assert after.pop(table) == []
+        before.pop(table)
+        answers.pop(table, None)
     assert after == before
-    assert public_answers(current) == answers
+    assert {k: v for k, v in public_answers(current).items() if k not in TABLES_ADDED_AFTER_009} == answers
     assert [r[0] for r in rows(current, "DESCRIBE drops")][-1] == "reason"
     assert "ts_repaired_from" in [r[0] for r in rows(current, "DESCRIBE observations")]
 

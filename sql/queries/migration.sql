@@ -137,9 +137,9 @@ ORDER BY r.append_seq;
 
 -- name: copy_fork_observations
 INSERT INTO om_internal.observations (session_id, ledger_id, item_index, obs_id, content, ts, relevance,
-                                      source_entry_ids, token_count)
+                                      source_entry_ids, token_count, ts_repaired_from)
 SELECT $session_id, o.ledger_id, o.item_index, o.obs_id, o.content, o.ts, o.relevance,
-       list_transform(o.source_entry_ids, lambda s: coalesce(m.mp[s], s)), o.token_count
+       list_transform(o.source_entry_ids, lambda s: coalesce(m.mp[s], s)), o.token_count, o.ts_repaired_from
 FROM om_internal.observations o,
      (SELECT map(list(old_id), list(new_id)) AS mp FROM om_internal.entry_id_map
       WHERE session_id = $session_id AND from_session_id = $from_session_id AND run_id = $run_id) m
@@ -155,8 +155,8 @@ WHERE f.session_id = $from_session_id
   AND f.ledger_id IN (SELECT ledger_id FROM om_internal.ledger WHERE session_id = $session_id AND origin = 'pipeline');
 
 -- name: copy_fork_drops
-INSERT INTO om_internal.drops (session_id, ledger_id, item_index, obs_id)
-SELECT $session_id, d.ledger_id, d.item_index, d.obs_id
+INSERT INTO om_internal.drops (session_id, ledger_id, item_index, obs_id, reason)
+SELECT $session_id, d.ledger_id, d.item_index, d.obs_id, d.reason
 FROM om_internal.drops d
 WHERE d.session_id = $from_session_id
   AND d.ledger_id IN (SELECT ledger_id FROM om_internal.ledger WHERE session_id = $session_id AND origin = 'pipeline');

@@ -268,7 +268,7 @@ CREATE TABLE om_internal.stage_results (
     PRIMARY KEY (session_id, stage_key)
 );
 
--- Entry ids Pi's migration (or a pi --fork copy) replaced, and what om re-anchored to (migration 009).
+-- Entry ids Pi's migration (or a pi --fork copy) replaced, and what om re-anchored to (migration 010).
 CREATE TABLE om_internal.entry_id_map (
     session_id       VARCHAR NOT NULL,   -- the session whose references now use new_id
     from_session_id  VARCHAR NOT NULL,   -- where old_id was: the same session (migrated) or a fork's source
