@@ -16,6 +16,7 @@ from pathlib import Path
 
 from deployments import archive_deployment, maintenance_deployment, resolved_inputs
 from om_core.errors import OmError
+from om_core.private_files import use_private_umask
 from om_core.workspace import Workspace
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                         help="leave out the files the directory walk finds that match GLOB (repeatable)")
     args = parser.parse_args(argv)
+    use_private_umask()  # what it creates (a database, a Prefect home) is this user's only
     if not (args.archive or args.live):
         parser.error("give --archive and/or --live")
     try:

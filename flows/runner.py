@@ -53,6 +53,7 @@ def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
     ``window``: sessions in flight at once (their payloads are read just before they start;
     default twice the concurrency)."""
     from flows.pipeline import process_sessions
+    from om_core.db import resolve_db_path
 
     flow = process_sessions.with_options(task_runner=task_runner_override or task_runner(runner, concurrency,
                                                                                          dask_address))
@@ -66,7 +67,7 @@ def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
     if thread:
         thread.start()
     try:
-        return flow(targets, db_path=db_path or "om.duckdb", model=model, settings=settings, drain=drain,
+        return flow(targets, db_path=str(resolve_db_path(db_path)), model=model, settings=settings, drain=drain,
                     spec=spec, plan=plan,
                     window=window or 2 * concurrency, run_id=run_id)
     finally:

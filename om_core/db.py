@@ -31,9 +31,20 @@ DEFAULT_DB = "om.duckdb"
 DEFAULT_BUSY_SECONDS = 5.0
 
 
+def data_dir() -> Path:
+    """om's folder in the user's data directory: ``$XDG_DATA_HOME/om``, else ``~/.local/share/om``."""
+    base = os.environ.get("XDG_DATA_HOME")
+    return (Path(base) if base and Path(base).is_absolute() else Path.home() / ".local" / "share") / "om"
+
+
+def default_db_path() -> Path:
+    """The database when none is named: in the user's data directory, never in a project folder."""
+    return data_dir() / DEFAULT_DB
+
+
 def resolve_db_path(explicit: str | os.PathLike | None = None) -> Path:
-    """``--db`` wins, then ``OM_DB``, then ``./om.duckdb``."""
-    return Path(explicit or os.environ.get("OM_DB") or DEFAULT_DB)
+    """``--db`` wins, then ``OM_DB``, then the user's data directory (``default_db_path``)."""
+    return Path(explicit or os.environ.get("OM_DB") or default_db_path())
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -184,6 +195,7 @@ def _create_from_template(path: Path) -> None:
     part = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.new")
     try:
         shutil.copyfile(template_path(), part)
+        os.chmod(part, 0o600)  # the user's sessions: this user's only, whatever the umask
         try:
             os.link(part, path)
         except FileExistsError:
@@ -249,7 +261,7 @@ def connect(
 
 def _open_for_write(path: Path, busy_seconds: float) -> duckdb.DuckDBPyConnection:
     if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not path.exists():
         _create_from_template(path)
     con = _open(path, False, busy_seconds)

@@ -120,8 +120,8 @@ def _take_over(fd: int, path: Path) -> None:
 
 def _acquire(path: Path, command: str, wait_seconds: float) -> tuple[int, dict]:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes (PEP 446)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by child processes (PEP 446)
     except OSError as exc:
         raise storage_error(exc, path) or OmError(f"cannot open {path}: {exc.strerror or exc}") from None
     deadline = time.monotonic() + wait_seconds

@@ -25,6 +25,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_default_database_in_the_developer_s_home(tmp_path_factory):
+    """A command run without --db or OM_DB writes om's default database in the user's data directory:
+    in the tests (and their subprocesses), a folder of the test session's, never the developer's own."""
+    previous = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = previous
+
+
 def workspace(db, values=None):
     """A workspace on the database file ``db``, or around the open connection ``db`` (as the library's
     entry points take one), with the given Settings, by default om's defaults: no settings file, no
@@ -108,6 +121,7 @@ def isolated_home(monkeypatch, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)  # om's default database: under this HOME
     monkeypatch.chdir(tmp_path)
     for name in [n for n in os.environ if n.startswith("OM_")]:
         monkeypatch.delenv(name)

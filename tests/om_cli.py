@@ -37,6 +37,8 @@ def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
     from flows.cli.main import main
 
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
+    saved_umask = os.umask(0o022)  # main() makes the process's files private: this process gets its own back
+    os.umask(saved_umask)
     out, err = _Text(), _Text()
     code: int | str | None = 0
     handlers: dict[logging.StreamHandler, object] = {}
@@ -62,6 +64,7 @@ def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
         os.environ.clear()
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
+        os.umask(saved_umask)
         sys.argv, sys.stdin = saved_argv, saved_stdin
     returncode = code if isinstance(code, int) else (0 if code is None else 1)
     return subprocess.CompletedProcess(["om", *args], returncode, out.getvalue(), err.getvalue())

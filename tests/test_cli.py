@@ -7,6 +7,8 @@ import csv
 import io
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -132,13 +134,51 @@ def test_ingest_missing_path_exits_non_zero_but_ingests_the_rest(tmp_path, db_pa
     assert q(db_path, "SELECT session_id, entry_count FROM sessions") == [(SID_A, 1)]
 
 
-def test_ingest_defaults_to_om_duckdb_in_cwd(tmp_path):
+def test_the_default_database_is_in_the_user_s_data_directory_and_this_user_s_only(tmp_path, monkeypatch):
+    """Issue 31 items 4 and 5: no ./om.duckdb in the working folder; the default is
+    $XDG_DATA_HOME/om/om.duckdb, else ~/.local/share/om/om.duckdb, created 0700/0600 (om live info says
+    where it is)."""
     b = SessionBuilder(SID_A)
     b.user("hi")
     path = b.write(tmp_path / "s.jsonl")
-    result = invoke(["ingest", str(path)])
-    assert result.exit_code == 0, result.output
-    assert q(tmp_path / "om.duckdb", "SELECT session_id FROM sessions") == [(SID_A,)]
+    data = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    result = run_om(["ingest", str(path)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl", "xdg"]  # nothing in the working folder
+    db = data / "om" / "om.duckdb"
+    assert q(db, "SELECT session_id FROM sessions") == [(SID_A,)]
+    assert stat.S_IMODE((data / "om").stat().st_mode) == 0o700 and stat.S_IMODE(db.stat().st_mode) == 0o600
+    info = json.loads(run_om(["live", "info", "--json"], tmp_path).stdout)
+    assert info["db"] == str(db) and info["db_source"] == "default (the user's data directory)"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert run_om(["ingest", str(path)], tmp_path).returncode == 0
+    assert q(tmp_path / "home" / ".local" / "share" / "om" / "om.duckdb", "SELECT session_id FROM sessions") == [
+        (SID_A,)]
+
+
+def test_a_database_created_in_a_git_work_tree_that_does_not_ignore_it_is_warned_about_once(tmp_path):
+    """`git add .` would commit whole sessions: the command that creates the database says so, once;
+    an ignored database, or one outside a work tree, is not warned about."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    b = SessionBuilder(SID_A)
+    b.user("hi")
+    path = b.write(tmp_path / "s.jsonl")
+    first = run_om_process(["--db", "om.duckdb", "ingest", str(path)], repo)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("does not ignore it") == 1 and str(repo) in first.stderr
+    again = run_om_process(["--db", "om.duckdb", "ingest", str(path)], repo)
+    assert "does not ignore it" not in again.stderr
+    (repo / ".gitignore").write_text("*.duckdb\n")
+    ignored = run_om_process(["--db", "ignored.duckdb", "ingest", str(path)], repo)
+    assert ignored.returncode == 0 and "warning" not in ignored.stderr
+    outside = run_om_process(["--db", str(tmp_path / "outside.duckdb"), "ingest", str(path)], repo)
+    assert outside.returncode == 0 and "warning" not in outside.stderr
 
 
 # ------------------------------------------------------------------ --db and OM_DB

@@ -54,7 +54,8 @@ err = Console(stderr=True)
 
 
 class _State:
-    db: Path = Path("om.duckdb")
+    db: Path = Path("om.duckdb")  # set by the callback: --db, OM_DB, or the user's data directory
+    db_existed: Optional[bool] = None  # whether the database was there before the command
     config: Optional[Path] = None
 
 
@@ -64,7 +65,8 @@ state = _State()
 @app.callback()
 def _global(
     db: Optional[str] = typer.Option(
-        None, "--db", envvar="OM_DB", help="DuckDB file (default ./om.duckdb; env OM_DB).", show_default=False
+        None, "--db", envvar="OM_DB", help="DuckDB file (default: om.duckdb in the user's data directory, "
+        "$XDG_DATA_HOME/om or ~/.local/share/om; env OM_DB).", show_default=False
     ),
     config: Optional[Path] = typer.Option(
         None, "--config", help="Settings file (TOML; default ./om.toml when present).", show_default=False
@@ -73,6 +75,7 @@ def _global(
                                  help="Print om's version and exit."),
 ) -> None:
     state.db = resolve_db_path(db)
+    state.db_existed = state.db.exists()
     state.config = config
     for console in (out, err):
         if not console.is_terminal:
@@ -85,6 +88,21 @@ def _print_version(on: bool) -> None:
 
         sys.stdout.write(f"om {__version__}\n")
         raise typer.Exit()
+
+
+def warn_exposure(db: Path) -> None:
+    """The lines saying what would let others read the database (a git work tree that does not ignore
+    it, a file others can read), on stderr."""
+    from om_core.private_files import exposure_warnings
+
+    for line in exposure_warnings(db):
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+
+
+def warn_if_created() -> None:
+    """Once, when this command created the database: warned where a `git add .` would commit it."""
+    if state.db_existed is False and state.db.exists():
+        warn_exposure(state.db)
 
 
 def examples(*lines: str) -> str:

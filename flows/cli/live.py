@@ -15,9 +15,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import err, examples, out, print_json, state, workspace
+from flows.cli.common import err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
-from om_core.db import DEFAULT_DB
+from om_core.db import default_db_path
 from om_core.workspace import FileDatabase, Workspace
 
 EXTENSION = Path(__file__).resolve().parents[2] / "deployments" / "pi" / "om-memory.ts"
@@ -40,7 +40,7 @@ def _live_workspace(wait: float) -> Workspace:
 def _db_source() -> str:
     if os.environ.get("OM_DB") and Path(os.environ["OM_DB"]) == state.db:
         return "OM_DB"
-    return f"default ./{DEFAULT_DB}" if state.db == Path(DEFAULT_DB) else "--db"
+    return "default (the user's data directory)" if state.db == default_db_path() else "--db"
 
 
 @live_app.command("info", epilog=examples("om live info", "om live info --json", "pi -e $(om live info --extension)"))
@@ -139,6 +139,8 @@ def endpoint(
     from flows.endpoint import LiveEndpoint
     from flows.interrupt import serve_until_signal
 
+    if state.db_existed:  # a new one is warned about when this command creates it
+        warn_exposure(state.db)
     served = LiveEndpoint(_live_workspace(wait), port=port, wait_seconds=wait, sessions=sessions,
                           on_answer=lambda line: err.print(escape(line), highlight=False))
 

@@ -15,19 +15,22 @@ from rich.markup import escape
 
 # the command groups, in the order `om --help` lists them (each module registers its commands on app)
 from flows.cli import catalog, memory, reports, workers, run, serve  # noqa: F401
-from flows.cli.common import app, err
+from flows.cli.common import app, err, warn_if_created
 from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads inside its command
 from flows.cli.live import live_app  # what a live Pi's extension asks; no litellm, no Prefect
 from om_core.errors import OmError
+from om_core.private_files import use_private_umask
 
 app.add_typer(eval_app, name="eval")
 app.add_typer(live_app, name="live")
 
 
 def main() -> None:
-    """Console entry point: one error handler for every command."""
+    """Console entry point: one error handler for every command. Everything om creates from here on is
+    this user's only (0600 files, 0700 folders: om_core.private_files)."""
+    use_private_umask()
     try:
-        code = app(prog_name="om", standalone_mode=False)
+        code = _run()
     except typer.TyperException as exc:  # a usage error: unknown option, missing argument, bad value
         _print_usage_error(exc)
         sys.exit(exc.exit_code)
@@ -41,6 +44,13 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _run() -> int | None:
+    try:
+        return app(prog_name="om", standalone_mode=False)
+    finally:
+        warn_if_created()
 
 
 def _print_usage_error(exc: typer.TyperException) -> None:

@@ -13,7 +13,8 @@ import typer
 from rich.markup import escape
 
 from deployments import resolved_inputs, serve_locally
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, print_json, print_rows, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, print_json, print_rows, state, \
+    warn_exposure, workspace
 from flows.interrupt import serve_until_signal
 from flows.runner import prepare_environment
 from flows.server import local_server
@@ -42,6 +43,8 @@ def serve(
         if path is not None and not path.is_dir():
             raise InvalidArgument(f"{path} is not a directory")
     ws = workspace()
+    if state.db_existed:  # a new one is warned about when this command creates it
+        warn_exposure(ws.path)
     config, settings_dict = resolved_inputs(ws.settings, model, api_base)
     server = None
     if not os.environ.get("PREFECT_API_URL"):  # the ephemeral API runs no schedules: use a real server
