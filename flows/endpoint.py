@@ -74,6 +74,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _own_live_pid(pid: int) -> bool:
+    """A live process of this user's (on Linux its /proc entry says whose; elsewhere the signal check)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except FileNotFoundError:
+        return not os.path.exists("/proc/self") and _pid_alive(pid)
+    except OSError:
+        return False
+
+
 def _loopback(url: Any) -> bool:
     try:
         parsed = urllib.parse.urlsplit(str(url))
@@ -102,7 +112,7 @@ def running_endpoint(db_path: str | os.PathLike) -> dict[str, Any] | None:
         pid = int(found.get("pid") or 0)
     except (TypeError, ValueError):
         return None
-    return found if pid > 0 and _pid_alive(pid) else None
+    return found if pid > 0 and _own_live_pid(pid) else None
 
 
 def ask(announcement: dict[str, Any], op: str, payload: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:

@@ -197,8 +197,10 @@ def _env_value(key: str, raw: str) -> Any:
 
 def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, Any] | None = None, *,
                   env: Mapping[str, str] | None = None, home: Path | None = None,
-                  cwd: Path | None = None) -> ResolvedSettings:
-    """Resolve settings from defaults, Pi's settings files, om.toml, OM_* variables and flags."""
+                  cwd: Path | None = None, project: bool = True) -> ResolvedSettings:
+    """Resolve settings from defaults, Pi's settings files, om.toml, OM_* variables and flags.
+    ``project=False``: the working folder's own files (``.pi/settings.json``, ``om.toml``) are not read,
+    as Pi reads no settings of a project it does not trust (the extension says so: --no-project-settings)."""
     env = os.environ if env is None else env
     home = Path.home() if home is None else home
     cwd = Path.cwd() if cwd is None else cwd
@@ -218,7 +220,7 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
             sources[key] = where
 
     pi_files = []
-    for path in (home / ".pi" / "agent" / "settings.json", cwd / ".pi" / "settings.json"):
+    for path in (home / ".pi" / "agent" / "settings.json", *([cwd / ".pi" / "settings.json"] if project else [])):
         if path.is_file():
             try:
                 data = json.loads(path.read_text())
@@ -242,7 +244,7 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
     toml_path = Path(config) if config else cwd / "om.toml"
     if config and not toml_path.is_file():
         raise SettingsError(f"settings file {toml_path} does not exist")
-    if toml_path.is_file():
+    if (config or project) and toml_path.is_file():
         try:
             data = tomllib.loads(toml_path.read_text())
         except tomllib.TOMLDecodeError as exc:

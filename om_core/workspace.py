@@ -126,14 +126,15 @@ class Workspace:
     @classmethod
     def open(cls, db_path: str | os.PathLike, *, config: str | os.PathLike | None = None,
              flags: Mapping[str, Any] | None = None, settings: Settings | None = None,
-             busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> Workspace:
+             busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS, project: bool = True) -> Workspace:
         """A command's workspace: the user's file and, unless given, the settings resolved from every
         source (defaults, Pi's settings files, om.toml or ``config``, OM_* variables, then the command's
-        ``flags``) when first used. Nothing is opened here: each use opens the file."""
+        ``flags``) when first used; ``project=False`` leaves out the working folder's own files. Nothing
+        is opened here: each use opens the file."""
         db = FileDatabase(db_path, busy_seconds)
         if settings is not None:
             return cls(db, settings)
-        return cls(db, resolve=lambda: load_settings(config, flags))
+        return cls(db, resolve=lambda: load_settings(config, flags, project=project))
 
     @classmethod
     def from_spec(cls, spec: WorkspaceSpec | dict[str, Any]) -> Workspace:

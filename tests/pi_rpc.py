@@ -54,12 +54,13 @@ class RpcPi:
     read by a thread."""
 
     def __init__(self, home: Path, cwd: Path, env: dict[str, str], *, session_dir: Path | None = None,
-                 session_file: Path | None = None, extensions: Sequence[Path] = (EXTENSION,)) -> None:
+                 session_file: Path | None = None, extensions: Sequence[Path] = (EXTENSION,),
+                 args: Sequence[str] = ()) -> None:
         where = ["--session", str(session_file)] if session_file else ["--session-dir", str(session_dir)]
         loads = [arg for path in extensions for arg in ("-e", str(path))]
         self.process = subprocess.Popen(
             [str(NODE), str(PI_CLI), "--mode", "rpc", *where, "--provider", "fake", "--model", "fake-model",
-             *loads, "--offline"],
+             *loads, "--offline", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
             env={**env, "HOME": str(home), "PI_CODING_AGENT_DIR": str(home / ".pi" / "agent")})
         self.records: list[dict[str, Any]] = []

@@ -337,3 +337,27 @@ def test_idle_connections_are_closed_and_a_burst_of_200_is_answered(tmp_path):
             t.join(60)
         assert outcomes.count(200) == 200, sorted(map(str, outcomes))[:5]
         assert ask(running_endpoint(endpoint.db_path), "recall", {"session_file": str(path), "id": O1["id"]})
+
+
+def test_om_trusts_only_this_user_s_own_endpoint_file(tmp_path):
+    """`om live info` (running_endpoint) applies the extension's rules: a file others can read, owned by
+    another user, naming another host or another database is no endpoint (a process not this user's:
+    tests/test_pi_trust.py)."""
+    db = tmp_path / "om.duckdb"
+    path = endpoint_file(db)
+    valid = {"url": "http://127.0.0.1:9", "token": "t", "pid": os.getpid(), "db": str(db.resolve())}
+
+    def planted(mode: int = 0o600, owner: int | None = None, **changes):
+        path.unlink(missing_ok=True)
+        path.write_text(json.dumps({**valid, **changes}))
+        path.chmod(mode)
+        if owner is not None:
+            os.chown(path, owner, owner)
+        return running_endpoint(db)
+
+    assert planted() == valid
+    assert planted(0o644) is None and planted(0o640) is None
+    assert planted(url="http://192.0.2.7:9") is None and planted(url="http://localhost.example:9") is None
+    assert planted(db=str(tmp_path / "other.duckdb")) is None
+    if os.geteuid() == 0:  # root can chown: a file of another user's
+        assert planted(owner=65534) is None

@@ -13,23 +13,28 @@
  * - at session start, one line names om's database and settings.
  *
  * om is asked through the endpoint that serves its database (`om serve` or `om live endpoint`: it
- * announces itself in DB.endpoint.json) when one runs, otherwise through the `om` command. om finds
- * its database and settings as every om command does in the session's directory (--db/OM_DB,
- * om.toml, Pi's settings); the "om" key of Pi's settings files may override:
+ * announces itself in DB.endpoint.json) when one runs, otherwise through the `om` command. An
+ * endpoint file counts only when this user owns it, no one else can read it, and it names a loopback
+ * URL, a live pid of this user's and the database om resolves; any other is ignored (the command
+ * runs). om finds its database and settings as every om command does in the session's directory
+ * (--db/OM_DB, om.toml, Pi's settings); the "om" key of Pi's settings files may override:
  *   {"om": {"enabled": true, "command": "om", "db": "...", "config": "...", "timeoutMs": 5000, "tick": false}}
+ * A project's own settings (its .pi/settings.json here, its .pi/settings.json and om.toml for om) count
+ * only when Pi trusts the project (ctx.isProjectTrusted()), as Pi's own do: a cloned repository cannot
+ * choose the command that runs, the database, or where om sends the session.
  * No imports beyond node's: nothing to install next to this file.
  */
 import type { ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
 import { spawn, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { existsSync, lstatSync, readFileSync, statSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 
-type Options = { enabled: boolean; command: string[]; db?: string; config?: string; timeoutMs: number; tick: boolean };
+type Options = { enabled: boolean; command: string[]; db?: string; config?: string; timeoutMs: number; tick: boolean; trusted: boolean };
 type Answer = { result: any; via: string } | { why: string };
 type Info = { db: string; db_source: string; settings_files: string[]; endpoint: { url: string } | null };
 
-const DEFAULTS: Options = { enabled: true, command: ["om"], timeoutMs: 5000, tick: false };
+const DEFAULTS = { enabled: true, command: ["om"], timeoutMs: 5000, tick: false };
 const TICK_TIMEOUT_MS = 30 * 60_000;
 
 function settingsFile(path: string): Record<string, unknown> {
@@ -41,10 +46,22 @@ function settingsFile(path: string): Record<string, unknown> {
 	}
 }
 
-/** The "om" key of Pi's global then project settings (read at each use: edits apply at once). */
-function readOptions(cwd: string): Options {
+/** Whether Pi trusts the session's project (an older Pi that cannot say: not trusted). */
+function projectTrusted(ctx: ExtensionContext): boolean {
+	try {
+		return typeof ctx.isProjectTrusted === "function" && ctx.isProjectTrusted() === true;
+	} catch {
+		return false;
+	}
+}
+
+/** The "om" key of Pi's global then, for a trusted project, project settings (read at each use: edits
+ * apply at once). */
+function readOptions(ctx: ExtensionContext): Options {
+	const cwd = ctx.cwd;
+	const trusted = projectTrusted(ctx);
 	const agentDir = process.env.PI_CODING_AGENT_DIR || join(homedir(), ".pi", "agent");
-	const raw = { ...settingsFile(join(agentDir, "settings.json")), ...settingsFile(join(cwd, ".pi", "settings.json")) };
+	const raw = { ...settingsFile(join(agentDir, "settings.json")), ...(trusted ? settingsFile(join(cwd, ".pi", "settings.json")) : {}) };
 	const command = typeof raw.command === "string" ? [raw.command] : Array.isArray(raw.command) ? raw.command.map(String) : DEFAULTS.command;
 	const timeoutMs = typeof raw.timeoutMs === "number" && raw.timeoutMs > 0 ? raw.timeoutMs : DEFAULTS.timeoutMs;
 	return {
@@ -54,6 +71,7 @@ function readOptions(cwd: string): Options {
 		config: typeof raw.config === "string" ? resolve(cwd, raw.config) : undefined,
 		timeoutMs,
 		tick: raw.tick === true,
+		trusted,
 	};
 }
 
@@ -64,7 +82,9 @@ function seconds(ms: number): string {
 /** Run om in the session's directory; resolves (never rejects) with what happened. */
 function runOm(o: Options, cwd: string, args: string[], timeoutMs: number, signal?: AbortSignal,
 	started?: (child: ChildProcess) => void, boundMs = timeoutMs): Promise<{ code: number | null; stdout: string; stderr: string; why?: string }> {
-	const global = [...(o.db ? ["--db", o.db] : []), ...(o.config ? ["--config", o.config] : [])];
+	// an untrusted project's own files (.pi/settings.json, om.toml) are not om's settings either
+	const global = [...(o.db ? ["--db", o.db] : []), ...(o.config ? ["--config", o.config] : []),
+		...(o.trusted ? [] : ["--no-project-settings"])];
 	return new Promise((done) => {
 		let stdout = "", stderr = "", why: string | undefined;
 		const child = spawn(o.command[0], [...o.command.slice(1), ...global, ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
@@ -104,11 +124,45 @@ function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
 	return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
+/** A loopback address written as one (127.x.x.x, [::1]): no name a resolver could send elsewhere. */
+function loopbackUrl(url: unknown): boolean {
+	try {
+		const u = new URL(String(url));
+		return u.protocol === "http:" && (/^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(u.hostname) || u.hostname === "[::1]");
+	} catch {
+		return false;
+	}
+}
+
+function liveOwnPid(pid: unknown): boolean {
+	if (typeof pid !== "number" || !Number.isInteger(pid) || pid <= 0) return false;
+	try {
+		return statSync(`/proc/${pid}`).uid === process.getuid?.(); // Linux: gone, or another user's
+	} catch (err: any) {
+		if (err?.code !== "ENOENT" || existsSync("/proc/self")) return false;
+	}
+	try {
+		process.kill(pid, 0); // no /proc: EPERM (another user's process) and ESRCH (gone) both refuse
+		return true;
+	} catch {
+		return false;
+	}
+}
+
+/** The endpoint serving ``db``, when its announcement is one this user's om wrote: a regular file this
+ * user owns and no one else can read, naming a loopback URL, a live pid of this user's and ``db``
+ * itself. A file committed to a repository, planted by another user or left by a dead endpoint is
+ * ignored: the session's path, leaf and ids are never sent to a server om did not start. */
 function endpointOf(db: string | undefined): { url: string; token: string } | undefined {
 	if (!db) return undefined;
+	const file = `${db}.endpoint.json`;
 	try {
-		const found = JSON.parse(readFileSync(`${db}.endpoint.json`, "utf8"));
-		return typeof found?.url === "string" && typeof found?.token === "string" ? found : undefined;
+		const st = lstatSync(file);
+		if (!st.isFile() || (st.mode & 0o077) !== 0 || st.uid !== process.getuid?.()) return undefined;
+		const found = JSON.parse(readFileSync(file, "utf8"));
+		if (typeof found?.token !== "string" || !loopbackUrl(found?.url) || !liveOwnPid(found?.pid)) return undefined;
+		if (typeof found?.db !== "string" || resolve(found.db) !== resolve(db)) return undefined;
+		return found;
 	} catch {
 		return undefined;
 	}
@@ -167,7 +221,7 @@ export default function omMemory(pi: ExtensionAPI) {
 	};
 
 	pi.on("session_start", async (_event, ctx) => {
-		const o = readOptions(ctx.cwd);
+		const o = readOptions(ctx);
 		if (!o.enabled) return;
 		info = describe(o, ctx.cwd);
 		void info.then((found) => {
@@ -179,7 +233,7 @@ export default function omMemory(pi: ExtensionAPI) {
 	});
 
 	pi.on("session_before_compact", async (event, ctx) => {
-		const o = readOptions(ctx.cwd);
+		const o = readOptions(ctx);
 		if (!o.enabled) return;
 		const file = ctx.sessionManager.getSessionFile();
 		if (!file) return say(ctx, "om: this session has no file; Pi's own summarizer runs");
@@ -215,7 +269,7 @@ export default function omMemory(pi: ExtensionAPI) {
 			additionalProperties: false,
 		} as any,
 		async execute(_toolCallId: string, params: { id: string }, signal: AbortSignal | undefined, _onUpdate: unknown, ctx: ExtensionContext) {
-			const o = readOptions(ctx.cwd);
+			const o = readOptions(ctx);
 			const file = ctx.sessionManager.getSessionFile();
 			const leaf = ctx.sessionManager.getLeafId();
 			const got: Answer = !file ? { why: "this session has no file" }
@@ -228,7 +282,7 @@ export default function omMemory(pi: ExtensionAPI) {
 	} as any);
 
 	pi.on("agent_settled", async (_event, ctx) => {
-		const o = readOptions(ctx.cwd);
+		const o = readOptions(ctx);
 		const file = ctx.sessionManager.getSessionFile();
 		if (!o.enabled || !o.tick || !file || tick) return; // one tick at a time; the next settle catches up
 		if (ctx.hasUI) ctx.ui.setStatus("om", "om: updating memory…");

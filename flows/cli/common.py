@@ -57,6 +57,7 @@ class _State:
     db: Path = Path("om.duckdb")  # set by the callback: --db, OM_DB, or the user's data directory
     db_existed: Optional[bool] = None  # whether the database was there before the command
     config: Optional[Path] = None
+    project_settings: bool = True  # the working folder's .pi/settings.json and om.toml count
 
 
 state = _State()
@@ -71,9 +72,14 @@ def _global(
     config: Optional[Path] = typer.Option(
         None, "--config", help="Settings file (TOML; default ./om.toml when present).", show_default=False
     ),
+    project_settings: bool = typer.Option(
+        True, "--project-settings/--no-project-settings", help="Read the working folder's own settings "
+        "(.pi/settings.json, om.toml); the Pi extension passes --no-project-settings for a folder Pi does not trust.",
+        show_default=False),
     version: bool = typer.Option(False, "--version", is_eager=True, callback=lambda on: _print_version(on),
                                  help="Print om's version and exit."),
 ) -> None:
+    state.project_settings = project_settings
     state.db = resolve_db_path(db)
     state.db_existed = state.db.exists()
     state.config = config
@@ -114,7 +120,7 @@ def workspace(flags: Mapping[str, Any] | None = None) -> Workspace:
     """The command's one workspace: the --db file, and the settings from every source (defaults, Pi's
     settings files, om.toml or --config, OM_* variables, then the command's own ``flags``), resolved
     when the command first uses them."""
-    return Workspace.open(state.db, config=state.config, flags=flags)
+    return Workspace.open(state.db, config=state.config, flags=flags, project=state.project_settings)
 
 
 def model_config(settings: Settings, model: str | None, api_base: str | None, as_json: bool, *,
