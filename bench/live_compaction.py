@@ -67,7 +67,7 @@ def exported(work: Path, name: str) -> Path:
     out = work / "exported" / name
     if out.exists():
         return out
-    from om_core.replay.branch import replay_in_process
+    from om_core.replay.engine import replay_session
     from om_core.workers.stages import ModelConfig, make_brain
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,7 @@ def exported(work: Path, name: str) -> Path:
     report = ingest(ws, [SAMPLES / name])
     sid = report.files[0].session_id
     print(f"replaying {name} with the offline baseline (once; minutes)...", file=sys.stderr)
-    replay_in_process(ws, sid, make_brain(ModelConfig(model="offline"), ws.settings), drain=True)
+    replay_session(ws, sid, make_brain(ModelConfig(model="offline"), ws.settings), drain=True)
     export_session(ws, sid, out)
     lines = out.read_text().splitlines()
     header = json.loads(lines[0])

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.replay.branch import replay_in_process, replay_session  # noqa: E402
+from om_core.replay.branch import replay_branches  # noqa: E402
+from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, StageOutcome, make_brain  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402
@@ -33,13 +34,22 @@ from om_core.workspace import Workspace  # noqa: E402
 DEFAULT_SESSIONS = sorted((Path(__file__).resolve().parent.parent.parent / "shared" / "sessions").glob("*.jsonl"))
 
 
+class _SkipEveryStage:
+    """A stage runner that runs nothing: the walk's own cost (events and clocks) alone."""
+
+    def check(self) -> None:
+        pass
+
+    def __call__(self, req):  # noqa: ANN001, ANN204 - StageRequest -> StageOutcome
+        return StageOutcome(req.stage, "skipped", req.session_id, req.tip, "none")
+
+
 def _walk(base: Path, work: Path, session_id: str, settings: Settings) -> float:
     shutil.copy(base, work)  # simulated compactions are written: every run starts from the same file
     con = dbmod.connect(work)
     try:
         start = time.perf_counter()
-        replay_session(Workspace.on_connection(con, settings), session_id,
-                       lambda req: StageOutcome(req.stage, "skipped", req.session_id, req.tip, "none"), drain=False)
+        replay_branches(Workspace.on_connection(con, settings), session_id, _SkipEveryStage(), drain=False)
         return time.perf_counter() - start
     finally:
         con.close()
@@ -52,7 +62,7 @@ def _offline(base: Path, work: Path, session_id: str, settings: Settings) -> flo
     try:
         brain = make_brain(ModelConfig(model="offline"), settings)
         start = time.perf_counter()
-        replay_in_process(Workspace.on_connection(con, settings), session_id, brain)
+        replay_session(Workspace.on_connection(con, settings), session_id, brain)
         return time.perf_counter() - start
     finally:
         con.close()

@@ -4,8 +4,7 @@ much the memory compresses the session.
 
 For each sample session (../shared/sessions/{before-compaction,large-session}.jsonl) the whole
 session is replayed twice into a fresh DuckDB, the way the pipeline replays an archive
-(``om_core.replay.replay_session`` with default settings, draining at the end, stages run directly
-through ``execute_stage``; no Prefect):
+(``om_core.replay.engine.replay_session`` with default settings, draining at the end; no Prefect):
 
 * ``offline``: the extractive baseline. Nothing is sent anywhere, so for this run the figures are
   what a model *would* have been sent: every stage's input is rendered through the model workers'
@@ -76,14 +75,13 @@ from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.memory import ledger_memory  # noqa: E402
 from om_core.model import ChatReply  # noqa: E402
-from om_core.replay.branch import replay_session  # noqa: E402
+from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.tokens import count_tokens  # noqa: E402
 from om_core.workers.llm import ModelBrain  # noqa: E402
 from om_core.workers.offline import OfflineBrain  # noqa: E402
-from om_core.replay.stage_runner import execute_stage
-from om_core.workers.stages import ModelConfig, StageRequest, make_brain  # noqa: E402
+from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
 
 SHARED = (REPO.parent / "shared" / "sessions").resolve()
 SAMPLES = [SHARED / "before-compaction.jsonl", SHARED / "large-session.jsonl"]
@@ -233,6 +231,7 @@ class RenderingOfflineBrain(OfflineBrain):
     """The offline baseline, which also renders each stage's input as the model workers would send it."""
 
     def __init__(self, sink: list[dict[str, Any]], settings: Settings) -> None:
+        super().__init__(redact_secrets=settings.redactSecrets)
         self.renderer = ModelBrain(_RecordingModel(sink), max_turns=1, redact_secrets=settings.redactSecrets)
 
     def observe(self, inp, check):  # noqa: ANN001
@@ -277,20 +276,13 @@ def run_one(session_path: Path, mode: str, workdir: Path) -> dict[str, Any]:
         script = ScriptedWorkers()
         server = FakeOpenAI(responder=script)
         server.start()
-        config = ModelConfig(model="openai/fake-model", api_base=server.base_url)
-
-        def brain():
-            return make_brain(config, settings, [])
+        brain = make_brain(ModelConfig(model="openai/fake-model", api_base=server.base_url), settings)
     else:
-        def brain():
-            return RenderingOfflineBrain(rendered, settings)
-
-    def run_stage(request: StageRequest):
-        return execute_stage(db, request, brain(), run_id)
+        brain = RenderingOfflineBrain(rendered, settings)
 
     started = time.perf_counter()
     try:
-        reports = replay_session(db, sid, run_stage, drain=True, run_id=run_id)
+        reports = replay_session(db, sid, brain, drain=True, run_id=run_id).branches
     finally:
         wall = time.perf_counter() - started
         db.close()

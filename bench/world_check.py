@@ -37,7 +37,7 @@ from om_core.errors import OmError  # noqa: E402
 from om_core.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.memory import compact  # noqa: E402
-from om_core.replay.branch import replay_in_process  # noqa: E402
+from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> None:
         results = []
         for f in files:
             if not reuse:
-                replay_in_process(replay, f.session_id, make_brain(ModelConfig(model="offline"), settings))
+                replay_session(replay, f.session_id, make_brain(ModelConfig(model="offline"), settings))
             row = check_session(work, replay, f.session_id, settings)
             results.append(row)
             print(f"{Path(f.path).name}: {row['cut_points_differ']} of {row['cut_points']} cut points differ "

@@ -41,7 +41,7 @@ from pydantic import ValidationError
 from om_core.errors import DatabaseBusy, OmError
 from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
 from om_core.session import file_header
-from om_core.workspace import FileDatabase, Workspace
+from om_core.workspace import Workspace
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
@@ -145,7 +145,7 @@ class LiveEndpoint:
         # the session folders it reads from (default: Pi's own); a request for any other file is refused
         self.sessions = [Path(p).expanduser().resolve() for p in (sessions or default_session_folders())]
         # opening the file waits at most wait_seconds for another writer: then the answer is "busy"
-        self.ws = Workspace(FileDatabase(self.db_path, wait_seconds), ws.settings)
+        self.ws = ws.waiting(wait_seconds)
         self.port, self.wait_seconds, self.on_answer = port, wait_seconds, on_answer or (lambda line: None)
         self.socket_seconds = socket_seconds
         self.token = secrets.token_hex(16)

@@ -91,18 +91,17 @@ def end_processes(pids: list[int], timeout: float = 3.0) -> None:
     terminate_then_kill(procs, timeout)
 
 
-def _interrupt(ws: Any, run_id: str, signum: int) -> Interruption:
+def _interrupt(ws: Any, run_id: str, guards: Any, signum: int) -> Interruption:
     import json
 
     from flows.pipeline import COMMIT_LOCK
-    from om_core.circuit import run_breaker
     from om_core.db import named_row
     from om_core.model import ModelError
     from om_core.sqlfiles import query
 
     logging.disable(logging.CRITICAL)  # the abandoned flow's errors and Prefect's shutdown are not news
     stderr = silence_stderr()
-    run_breaker(run_id).trip(ModelError("the run was interrupted", "permanent"))
+    guards.breaker.trip(ModelError("the run was interrupted", "permanent"))  # the run's RunGuards
     COMMIT_LOCK.acquire(timeout=30)  # held until exit: no commit starts, none is cut in half
     numbers = {"sessions": 0, "observations": 0, "compactions": 0}
     try:
@@ -161,7 +160,7 @@ def _record_helpers(ws: Any) -> None:
         writer_lock.record_helpers(ws.path)
 
 
-def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
+def run_interruptibly(ws: Any, run_id: str, guards: Any, work: Callable[[], dict[str, Any]],
                       on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
     with _Signals() as got:
@@ -170,7 +169,7 @@ def run_interruptibly(ws: Any, run_id: str, work: Callable[[], dict[str, Any]],
         while thread.is_alive():
             thread.join(0.25)
             if got.signum is not None:
-                raise RunInterrupted(_interrupt(ws, run_id, got.signum))
+                raise RunInterrupted(_interrupt(ws, run_id, guards, got.signum))
             if on_tick is not None:
                 on_tick()
             if ticks % 4 == 0:  # every second: remember the helper processes, for after a kill -9

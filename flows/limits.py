@@ -47,12 +47,28 @@ def _prefect_gate() -> AbstractContextManager:
     return concurrency(MODEL_CALL_LIMIT, occupy=1, strict=True)
 
 
-def _process_gate(slots: int) -> Callable[[], AbstractContextManager]:
-    with _lock:
-        semaphore = _semaphores.setdefault(slots, threading.BoundedSemaphore(slots))
-    return lambda: semaphore
+class ProcessGate:
+    """``slots`` model calls at once in this process: the semaphore of that size this process keeps (a
+    gate that travels to a Dask worker is that process's)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
+    def __call__(self) -> AbstractContextManager:
+        with _lock:
+            return _semaphores.setdefault(self.slots, threading.BoundedSemaphore(self.slots))
+
+
+def run_guards(config, settings):  # noqa: ANN001, ANN201 - ModelConfig, Settings -> RunGuards
+    """A run's guards, once per run (om_core.workers.stages.RunGuards): its breaker (``breakerFailures``),
+    its --max-cost budget and the model-call gate of ``config.limit``."""
+    from om_core.workers.stages import RunGuards
+
+    gate = None if config.offline else model_call_gate(config.limit, settings.modelConcurrency)
+    return RunGuards.for_run(config, settings, gate)
 
 
 def model_call_gate(mode: LimitMode, slots: int) -> Callable[[], AbstractContextManager]:
-    """A factory of context managers, each holding one slot for the duration of one model call."""
-    return _prefect_gate if mode == "prefect" else _process_gate(slots)
+    """A factory of context managers, each holding one slot for the duration of one model call (it
+    pickles: a run's guards carry it to the replays on other processes)."""
+    return _prefect_gate if mode == "prefect" else ProcessGate(slots)

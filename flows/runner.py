@@ -40,7 +40,7 @@ def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
 
 
 def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
-                 settings: dict[str, Any] | None = None, spec: Any = None, plan: Any = None,
+                 settings: dict[str, Any] | None = None, spec: Any = None, plan: Any = None, guards: Any = None,
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
                  window: int | None = None,
                  task_runner_override: Any = None, run_id: str | None = None,
@@ -48,8 +48,9 @@ def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
     """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
 
     ``model`` is a ModelConfig (om run's, built once) or its JSON form (a dict, validated once by the flow).
-    ``spec`` (a WorkspaceSpec) and ``plan`` (the caller's RunPlan) go to the flow as values; without
-    them the flow builds the spec from ``db_path`` and ``settings`` and plans the run itself.
+    ``spec`` (a WorkspaceSpec), ``plan`` (the caller's RunPlan) and ``guards`` (the run's RunGuards) go
+    to the flow as values; without them the flow builds the spec from ``db_path`` and ``settings``,
+    ingests and plans the run itself, and makes the run's guards.
     ``window``: sessions in flight at once (their payloads are read just before they start;
     default twice the concurrency)."""
     from flows.pipeline import process_sessions
@@ -68,8 +69,7 @@ def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
         thread.start()
     try:
         return flow(targets, db_path=str(resolve_db_path(db_path)), model=model, settings=settings, drain=drain,
-                    spec=spec, plan=plan,
-                    window=window or 2 * concurrency, run_id=run_id)
+                    spec=spec, plan=plan, guards=guards, window=window or 2 * concurrency, run_id=run_id)
     finally:
         done.set()
         if thread:

@@ -10,8 +10,9 @@ any transient failure (500s, 429s, timeouts of a server that hangs) after ``brea
 row across the run's stages: a provider down for good would otherwise be retried stage after stage.
 
 Call points: ``preflight_model`` before anything starts (it needs litellm, imported only for a
-configured model); ``run_breaker(run_id)`` gives the breaker a run's stages share in this process
-(``LiteLLMModel(breaker=...)`` consults it before each attempt and reports each outcome to it).
+configured model); a run's breaker is part of its guards (om_core.workers.stages.RunGuards), which
+its stage runner and its model share (``LiteLLMModel(breaker=...)`` consults it before each attempt
+and reports each outcome to it).
 """
 
 from __future__ import annotations
@@ -83,33 +84,17 @@ class CircuitBreaker:
                         error.category)
 
     def trip(self, error: OmError) -> None:
-        """Stop the run's model calls for a reason found outside them (a full disk)."""
+        """Stop the run's model calls for a reason found outside them (a full disk, an interruption)."""
         with self._lock:
             if self._reason is None:
                 self._reason = error
 
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
-_RUNS: dict[str, CircuitBreaker] = {}
-_RUNS_LOCK = threading.Lock()
-
-
-def run_breaker(run_id: str | None, failure_limit: int | None = None) -> CircuitBreaker:
-    """The breaker of a run in this process (a new one for a run without an id); ``failure_limit``:
-    the run's ``breakerFailures`` (None keeps what it has: a caller that does not know the settings)."""
-    if run_id is None:
-        return CircuitBreaker(failure_limit=failure_limit or 0)
-    with _RUNS_LOCK:
-        breaker = _RUNS.setdefault(run_id, CircuitBreaker())
-        if failure_limit is not None:
-            breaker.failure_limit = failure_limit
-        return breaker
-
-
-def release_run_breaker(run_id: str) -> OmError | None:
-    """Forget a finished run's breaker; the reason it tripped, if it did."""
-    with _RUNS_LOCK:
-        breaker = _RUNS.pop(run_id, None)
-    return breaker.reason if breaker is not None else None
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 # ------------------------------------------------------------------ preflight

@@ -187,30 +187,21 @@ class CostBudget:
         """A call's cost from its usage at this budget's price (when litellm reported none)."""
         return self.price.call(input_tokens or 0, output_tokens or 0, cached_tokens or 0)
 
+    def lend(self, parts: int) -> float:
+        """Set aside ``1/parts`` of what is left, for a replay that spends on another process (a Dask
+        worker) with a budget of that size; ``settle(amount, what it spent)`` when it is back. So the
+        run never passes its limit, wherever its replays run."""
+        with self._lock:
+            amount = max(0.0, (self.max_usd - self.spent - self.reserved) / max(1, parts))
+            self.reserved += amount
+            return amount
 
-_BUDGETS: dict[str, CostBudget] = {}
-_BUDGETS_LOCK = threading.Lock()
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
-
-def run_budget(run_id: str, max_usd: float | None, model: str | None) -> CostBudget | None:
-    """The one budget of a run in this process (every stage of the run shares it); None without a limit.
-    Raises ``ValueError`` when the model has no price, since a limit could not be kept."""
-    if max_usd is None:
-        return None
-    with _BUDGETS_LOCK:
-        budget = _BUDGETS.get(run_id)
-        if budget is None:
-            price = price_of(model)
-            if price is None:
-                raise ValueError(f"--max-cost needs the model's price, and litellm has none for {model!r}")
-            budget = _BUDGETS[run_id] = CostBudget(max_usd, price)
-        return budget
-
-
-def finished_budget(run_id: str) -> CostBudget | None:
-    """The run's budget once it is over (and forget it)."""
-    with _BUDGETS_LOCK:
-        return _BUDGETS.pop(run_id, None)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 # ------------------------------------------------------------------ what a run has to process

@@ -199,20 +199,21 @@ def _gap(row: dict[str, Any]) -> CompactionGap:
         class_=row["class"])
 
 
-def compaction_gaps(con: duckdb.DuckDBPyConnection, session_ids: list[str] | None, gap_safe: bool = False,
-                    settings: Settings | None = None) -> GapReport:
-    settings = settings or Settings()
+def compaction_gaps(con: duckdb.DuckDBPyConnection, session_ids: list[str] | None,
+                    gap_safe: Settings | None = None) -> GapReport:
+    """The gaps of every compaction of ``session_ids`` (None: all); with ``gap_safe`` (the settings its
+    boundaries are computed with) also where a gap-safe compaction would have moved each cut."""
     rows = dbmod.rows_as_dicts(con.execute(query("compaction_gaps_for"), {"session_ids": session_ids}))
     report = GapReport()
     for row in rows:
         gap = _gap(row)
-        if gap_safe and row["first_kept_entry_id"] and not row["empty_projection"]:
+        if gap_safe is not None and row["first_kept_entry_id"] and not row["empty_projection"]:
             simulated = row["origin"] == "simulated"
             tip_pos = gap.compaction_position if simulated else gap.compaction_position - 1
             boundary = gap_safe_boundary(con, gap.session_id, gap.leaf_id, compaction_pos=gap.compaction_position,
                                          seq=row["append_seq"], simulated=simulated,
                                          first_kept=row["first_kept_entry_id"], tip_pos=max(tip_pos, 0),
-                                         settings=settings)
+                                         settings=gap_safe)
             again = dbmod.rows_as_dicts(con.execute(query("classify_gap"), {
                 "session_id": gap.session_id, "leaf": gap.leaf_id, "compaction_pos": gap.compaction_position,
                 "seq": row["append_seq"] if row["append_seq"] is not None else 2**62, "simulated": simulated,
@@ -231,7 +232,7 @@ def gaps(ws: Workspace, sessions: list[str] | None = None, gap_safe: bool = Fals
     settings = ws.settings
     with ws.read() as con:
         ids = [resolve_session(con, s) for s in sessions] if sessions else None
-        return compaction_gaps(con, ids, gap_safe, settings)
+        return compaction_gaps(con, ids, settings if gap_safe else None)
 
 
 def gap_safe_at(ws: Workspace, session: str, first_kept: str, leaf: str | None) -> GapSafeBoundary:

@@ -258,10 +258,10 @@ USAGE_CLOCKS = ("observer", "reflector")  # the compaction and dropper clocks al
 CLOCK_ORDER = ("observer", "reflector", "dropper", "compaction")  # as `om status` lists them
 
 
-def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> dict[str, Clock]:
-    """The four progress clocks at ``tip`` (SPEC §7): observer and reflector on the provider's usage
-    when ``clockBasis`` is ``usage`` and it can be measured, else on source tokens."""
-    settings = settings or Settings()
+def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings) -> dict[str, Clock]:
+    """The four progress clocks at ``tip`` (SPEC §7) with ``settings`` (the workspace's): observer and
+    reflector on the provider's usage when ``clockBasis`` is ``usage`` and it can be measured, else on
+    source tokens."""
     thresholds = {"observer": settings.observeAfterTokens, "reflector": settings.reflectAfterTokens,
                   "dropper": None, "compaction": settings.compact_threshold}
     out: dict[str, Clock] = {}
@@ -333,8 +333,7 @@ class MemoryStatus(BaseModel):
     last_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
-def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings | None = None) -> MemoryStatus:
-    settings = settings or Settings()
+def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings) -> MemoryStatus:
     state = ledger_rows(con, session_id, tip)
     obs = [r for r in state if r["item_kind"] == "observation"]
     refl = [r for r in state if r["item_kind"] == "reflection"]

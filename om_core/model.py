@@ -50,6 +50,9 @@ class ModelError(OmError):
     def retryable(self) -> bool:
         return self.kind == "transient"
 
+    def __reduce__(self):  # noqa: ANN204 - it crosses to another process (a run's guards) as a plain ModelError
+        return ModelError, (str(self), self.kind, self.status, self.category, self.variables)
+
     @property
     def stops_run(self) -> bool:
         return self.category in RUN_STOPPING

@@ -2,9 +2,9 @@
 named ``sql/`` queries that returns named rows.
 
 A command builds one workspace (``Workspace.open``), a flow run builds one from its serialisable form
-(``WorkspaceSpec``), and a session's replay task builds one around an in-memory copy of the session's
-rows (``om_core.replay.payload``). Every library entry point takes a workspace, so nothing below it
-resolves settings or opens files on its own.
+(``WorkspaceSpec``, once per flow run), and a session's replay builds one around an in-memory copy of
+the session's rows (``om_core.replay.payload``). Every library entry point takes a workspace, so
+nothing below it resolves settings or opens files on its own (no ``Settings()`` default anywhere).
 
 Two kinds of database:
 * ``FileDatabase``: the user's file, opened for each use and closed right after (read-only to read),
@@ -150,14 +150,19 @@ class Workspace:
         """A workspace around an open connection (``close()`` closes it)."""
         return cls(ConnectionDatabase(con), settings)
 
+    def waiting(self, busy_seconds: float) -> Workspace:
+        """This workspace (its file and its settings, resolved or not) with another wait for a busy file."""
+        if not isinstance(self.db, FileDatabase):
+            raise TypeError("only a workspace on a database file waits for it")
+        if self._settings is not None and self._resolve is None:
+            return Workspace(FileDatabase(self.db.path.resolve(), busy_seconds), self._settings)
+        return Workspace(FileDatabase(self.db.path.resolve(), busy_seconds), resolve=lambda: self.resolved)
+
     def spec(self) -> WorkspaceSpec:
         if not isinstance(self.db, FileDatabase):
             raise TypeError("only a workspace on a database file has a serialisable form")
         return WorkspaceSpec(db_path=str(self.db.path.resolve()), settings=self.settings,
                              busy_seconds=self.db.busy_seconds)
-
-    def with_settings(self, settings: Settings) -> Workspace:
-        return Workspace(self.db, settings, sources=None)
 
     @property
     def path(self) -> Path | None:

@@ -81,7 +81,7 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
     same replay several tests read, made once per test session (half a minute under load)."""
     from om_core import db as dbmod
     from om_core.ingest import ingest
-    from om_core.replay.branch import replay_in_process
+    from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.workers.stages import ModelConfig, make_brain
     from om_core.workspace import Workspace
@@ -91,7 +91,7 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
     settings = Settings()
     con = dbmod.connect(db)
     try:
-        replay_in_process(Workspace.on_connection(con, settings), session_id,
+        replay_session(Workspace.on_connection(con, settings), session_id,
                           make_brain(ModelConfig(model="offline"), settings))
     finally:
         con.close()

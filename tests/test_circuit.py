@@ -24,8 +24,6 @@ from om_core.circuit import (
     MissingCredentials,
     PreflightError,
     preflight_model,
-    release_run_breaker,
-    run_breaker,
 )
 from om_core.ingest import ingest
 from om_core.model import LiteLLMModel, ModelError, RetryPolicy, classify
@@ -185,14 +183,22 @@ def test_the_breaker_is_thread_safe_and_keeps_the_first_reason():
         assert info.value.reason is breaker.reason
 
 
-def test_one_breaker_per_run_in_a_process():
-    a, b = run_breaker("run-a"), run_breaker("run-b")
-    assert a is run_breaker("run-a") and a is not b
-    a.trip(ModelError("AuthenticationError: no", "permanent", 401, "auth"))
-    assert str(release_run_breaker("run-a")) == "AuthenticationError: no"
-    assert release_run_breaker("run-b") is None
-    assert not run_breaker("run-a").tripped  # a released run starts afresh
-    release_run_breaker("run-a")
+def test_a_run_s_guards_travel_to_another_process_as_they_stand():
+    """RunGuards.for_replay: a replay on a Dask worker gets a copy that pickles (no lock travels), with the
+    breaker as it stands (a run stopped already stops that replay at its first stage)."""
+    import pickle
+
+    from om_core.workers.stages import RunGuards, RunStopped
+
+    guards = RunGuards(CircuitBreaker(failure_limit=7))
+    fresh = pickle.loads(pickle.dumps(guards.for_replay(None)))
+    assert not fresh.breaker.tripped and fresh.breaker.failure_limit == 7 and fresh.budget is None
+    fresh.check()
+    guards.breaker.trip(ModelError("AuthenticationError: no", "permanent", 401, "auth"))
+    stopped = pickle.loads(pickle.dumps(guards.for_replay(None)))
+    with pytest.raises(RunStopped, match="AuthenticationError: no"):
+        stopped.check()
+    assert not fresh.breaker.tripped  # a copy made before is its own
 
 
 # ------------------------------------------------------------------ preflight

@@ -24,7 +24,7 @@ from om_core.catalog import PiDeclines, cut_point
 from om_core.errors import EntryNotFound
 from om_core.ingest import ingest
 from om_core.memory import compact
-from om_core.replay.branch import replay_in_process
+from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
 from om_core.workspace import Workspace
@@ -48,7 +48,7 @@ def worlds(tmp_path_factory):
     sid = ingest(workspace(db_path), [path]).files[0].session_id
     con = dbmod.connect(db_path)
     try:
-        replay_in_process(Workspace.on_connection(con, SETTINGS), sid, make_brain(ModelConfig(model="offline"), SETTINGS))
+        replay_session(Workspace.on_connection(con, SETTINGS), sid, make_brain(ModelConfig(model="offline"), SETTINGS))
     finally:
         con.close()
     out = tmp / "exported.jsonl"

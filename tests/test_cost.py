@@ -1,7 +1,7 @@
 """Model cost (issue 14, item 4): prices from litellm's local cost map, the estimate before a run,
 the budget that stops a run before it would pass --max-cost, and the cost views.
 
-The budget tests replay a session through the stage runner (``execute_stage``) against the fake model server (no
+The budget tests replay a session (``replay_session``, with the run's guards holding the budget) against the fake model server (no
 Prefect): the stop is clean (nothing half-done is appended) and a rerun resumes where it stopped."""
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from om_core.cost import (
 )
 from om_core.ingest import ingest
 from om_core.model import RetryPolicy
-from om_core.replay.branch import replay_session
+from om_core.replay.engine import replay_session
 from om_core.settings import Settings
-from om_core.replay.stage_runner import BudgetReached, execute_stage
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.stages import ModelConfig, RunGuards, make_brain
 from om_core.workspace import Workspace
 
 SID = "0c057000-0000-4000-8000-000000000001"
@@ -52,14 +51,15 @@ def config(server: FakeOpenAI) -> ModelConfig:
 
 
 def replay(db, server: FakeOpenAI, budget: CostBudget | None):
+    """The session replayed with the run's guards holding ``budget``; None when the budget stopped it (the
+    stage runner stops the replay there, what it appended is committed, a rerun resumes it)."""
     ws = Workspace.on_connection(dbmod.connect(db), SETTINGS)
+    guards = RunGuards(budget=budget)
     try:
-        def run_stage(request):
-            return execute_stage(ws, request, make_brain(config(server), SETTINGS, [], budget=budget), "run-1")
-
-        return replay_session(ws, SID, run_stage, drain=True, run_id="run-1")
-    except BudgetReached:  # the stage runner stops the replay there; a rerun resumes it
-        return None
+        result = replay_session(ws, SID, make_brain(config(server), SETTINGS, guards), guards=guards, drain=True,
+                                run_id="run-1")
+        assert result.error is None, result.error
+        return None if result.budget_stop else result.branches
     finally:
         ws.close()
 
@@ -205,3 +205,23 @@ def test_session_costs_view_gives_cost_per_session_and_per_million_source_tokens
         assert (run_calls, run_usd) == (n, pytest.approx(usd))
     finally:
         con.close()
+
+
+def test_a_budget_lent_to_replays_elsewhere_never_passes_its_limit():
+    """A replay on a Dask worker's process spends from a part of the run's budget set aside for it
+    (CostBudget.lend; RunGuards.for_replay carries it); what it spent returns to the run (settle). Lent
+    parts never add up to more than what is left, so the run never passes --max-cost."""
+    import pickle
+
+    from om_core.workers.stages import RunGuards
+
+    guards = RunGuards(budget=CostBudget(max_usd=1.0, price=PRICE))
+    parts = [guards.budget.lend(4) for _ in range(6)]  # six replays in flight, a window of four
+    assert sum(parts) <= 1.0 and parts[0] == pytest.approx(0.25)
+    away = pickle.loads(pickle.dumps(guards.for_replay(parts[0])))  # what the worker gets
+    assert away.budget.max_usd == parts[0] and away.budget.spent == 0
+    guards.budget.settle(parts[0], 0.2)  # it spent 0.2 of its 0.25
+    assert guards.budget.spent == pytest.approx(0.2)
+    assert guards.budget.reserved == pytest.approx(sum(parts[1:]))
+    guards.budget.exhausted = True
+    assert pickle.loads(pickle.dumps(guards.for_replay(0.1))).budget.exhausted  # a spent run starts none

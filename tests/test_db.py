@@ -24,7 +24,7 @@ from om_core import db as dbmod
 from om_core.catalog import run_sql
 from om_core.errors import InvalidArgument
 from om_core.ingest import ingest
-from om_core.replay.branch import replay_in_process
+from om_core.replay.engine import replay_session
 from om_core.replay.plan import record_replay
 from om_core.settings import Settings
 from om_core.sqlfiles import migrations, schema_snapshot, view_scripts
@@ -96,7 +96,7 @@ def populated(tmp_path: Path, server) -> Path:
     con = dbmod.connect(db)
     try:
         ws = Workspace.on_connection(con, SETTINGS)
-        replay_in_process(ws, SID, make_brain(ModelConfig(model="offline"), SETTINGS), run_id="run-offline")
+        replay_session(ws, SID, make_brain(ModelConfig(model="offline"), SETTINGS), run_id="run-offline")
         record_replay(con, SID, "fingerprint-1", "run-offline")
     finally:
         con.close()

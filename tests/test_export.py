@@ -17,7 +17,7 @@ from flows.cli.main import app
 from om_core.errors import InvalidArgument
 from om_core.export import js_iso
 from om_core.ingest import ingest
-from om_core.replay.branch import replay_in_process
+from om_core.replay.engine import replay_session
 from om_core.session import parse_lines
 from om_core.settings import Settings
 from om_core.tree import build_forest
@@ -56,7 +56,7 @@ def replayed_db(tmp_path, path, settings=SETTINGS):
     session_id = ingest(workspace(db_path), [path]).files[0].session_id
     con = dbmod.connect(db_path)
     try:
-        replay_in_process(Workspace.on_connection(con, settings), session_id,
+        replay_session(Workspace.on_connection(con, settings), session_id,
                           make_brain(ModelConfig(model="offline"), settings))
     finally:
         con.close()
@@ -156,7 +156,7 @@ def test_the_drain_ends_its_chunks_before_pis_cut_point_and_the_next_compaction_
     con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), DRAIN_SETTINGS)
-        (report,) = replay_in_process(Workspace.on_connection(con, DRAIN_SETTINGS), session_id, brain)
+        (report,) = replay_session(Workspace.on_connection(con, DRAIN_SETTINGS), session_id, brain).branches
     finally:
         con.close()
     assert report.drained and report.stages.get("observer:recorded", 0) >= 2

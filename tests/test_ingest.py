@@ -718,7 +718,7 @@ def test_om_ingest_of_a_folder_with_a_stray_file_exits_0_with_one_note(tmp_path)
 
 
 def test_a_run_plan_notes_a_stray_file_and_counts_no_error(tmp_path, db_path):
-    from om_core.replay.plan import plan_run
+    from om_core.replay.plan import check_targets, ingest_targets, plan_run
 
     root = tmp_path / "sessions"
     b = SessionBuilder(SID)
@@ -726,12 +726,35 @@ def test_a_run_plan_notes_a_stray_file_and_counts_no_error(tmp_path, db_path):
     b.write(root / "s.jsonl")
     (root / "tool.log.jsonl").write_text('{"level": "info"}\n')
     (root / "new.jsonl").write_text("")  # Pi created it and has not written its header yet
-    plan = plan_run(workspace(db_path), [str(root)], model="offline", drain=True)
-    assert plan.errors == [] and plan.session_ids == [SID]
+    ws = workspace(db_path)
+    targets = check_targets(ws, [str(root)])
+    plan = plan_run(ws, targets, ingest_targets(ws, targets), model="offline", drain=True)
+    assert plan.errors == () and plan.session_ids == (SID,) and plan.due == (SID,)
     assert [n.split(": ", 1)[1] for n in sorted(plan.notes)] == [
         "empty file: no session header yet", "not a Pi session file (no valid session header in 1 line(s)): skipped"]
-    plan = plan_run(workspace(db_path), [str(root)], model="offline", drain=True, exclude=["tool.*"])
-    assert plan.errors == [] and plan.notes == []  # (the empty file is unchanged: nothing new to say)
+    plan = plan_run(ws, targets, ingest_targets(ws, targets, exclude=["tool.*"]), model="offline", drain=True)
+    assert plan.errors == () and plan.notes == ()  # (the empty file is unchanged: nothing new to say)
+    with pytest.raises(Exception):  # a value: nothing changes it after the plan
+        plan.due = ()
+
+
+def test_a_plan_has_no_side_effects_the_ingest_is_its_own_step(tmp_path, db_path):
+    """Issue 34 item 2: ``plan_run`` reads only. Given the checked targets without their ingest, a new
+    file's session is not in the plan and nothing was written; after the ingest step it is."""
+    from om_core.replay.plan import check_targets, ingest_targets, plan_run
+
+    b = SessionBuilder(SID)
+    b.user("hello")
+    path = b.write(tmp_path / "s.jsonl")
+    ws = workspace(db_path)
+    ingest(ws, [])  # the database exists, empty
+    targets = check_targets(ws, [str(path)])
+    before = q(db_path, "SELECT count(*) FROM sessions")
+    plan = plan_run(ws, targets, None, model="offline", drain=True)
+    assert plan.session_ids == () and plan.due == ()
+    assert q(db_path, "SELECT count(*) FROM sessions") == before == [(0,)]
+    plan = plan_run(ws, targets, ingest_targets(ws, targets), model="offline", drain=True)
+    assert plan.due == (SID,) and q(db_path, "SELECT count(*) FROM sessions") == [(1,)]
 
 
 def test_missing_path_is_reported_and_others_ingested(tmp_path, db_path):
@@ -1239,7 +1262,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     as deep as the ingest did."""
     from fake_openai import text
     from om_core.model import RetryPolicy
-    from om_core.replay.branch import replay_in_process
+    from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.replay.stage_runner import observe_now
     from om_core.workers.stages import ModelConfig, make_brain
@@ -1266,7 +1289,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     settings = Settings(observeAfterTokens=10, reflectAfterTokens=20, compactAfterTokens=30, keepRecentTokens=10)
     con = dbmod.connect(db_path)
     try:
-        replay_in_process(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
+        replay_session(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
     finally:
         con.close()
     assert q(db_path, "SELECT count(*) FROM ledger WHERE origin = 'pipeline'")[0][0] >= 1

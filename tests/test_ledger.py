@@ -17,6 +17,7 @@ from builders import SessionBuilder
 from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
+from om_core.settings import Settings
 from om_core.ingest import ingest
 from om_core.ledger import ObservationsRecorded, append_record, memory_id
 
@@ -209,7 +210,7 @@ def test_an_invalid_watermark_does_not_move_a_clock(con):
                     "coversUpToId": "00000002"})
     sb.user("z" * 12)  # 3 tokens
     load(con, sb)
-    clocks = memory.clocks(con, sb.session_id, "00000004")
+    clocks = memory.clocks(con, sb.session_id, "00000004", Settings())
     assert clocks["observer"].tokens_pi == 33
     assert clocks["observer"].watermark_entry_id is None
 

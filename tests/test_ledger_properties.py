@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
+from om_core.settings import Settings
 from om_core.ingest import ingest
 from om_core.ledger import (
     ObservationsDropped,
@@ -286,7 +287,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
             assert norm(wire(got.memory.reflections)) == norm(refl), (first_kept, pool, replayed)
             assert (got.summary is None) == (not obs and not refl)
     # clocks and coverage tiers
-    clocks = {name: c.tokens_pi for name, c in memory.clocks(con, session_id, tip).items()}
+    clocks = {name: c.tokens_pi for name, c in memory.clocks(con, session_id, tip, Settings()).items()}
     assert clocks == world.clocks(tip)
     assert [(c.observation.id, c.coverage) for c in memory.coverage(con, session_id, tip)] == world.coverage(tip)
     # recall

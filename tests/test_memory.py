@@ -20,6 +20,7 @@ from builders import SessionBuilder
 from conftest import workspace
 from om_core import db as dbmod
 from om_core import memory
+from om_core.settings import Settings
 from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.ledger import (
@@ -175,7 +176,7 @@ def test_positions_not_id_strings_decide_coverage(con):
     sid = load(con, sb)
     assert contents(memory.full_memory(con, sid, "0000ff04", "aaaa0002").observations) == ["alpha"]
     assert contents(memory.full_memory(con, sid, "0000ff04", "ffff0001").observations) == ["alpha"]
-    assert memory.clocks(con, sid, "0000ff04")["observer"].watermark_entry_id == "ffff0001"
+    assert memory.clocks(con, sid, "0000ff04", Settings())["observer"].watermark_entry_id == "ffff0001"
 
 
 def test_dangling_watermark_never_enters_a_projection(con):
@@ -195,8 +196,8 @@ def test_dangling_watermark_never_enters_a_projection(con):
     for pool in (1, 20_000):  # full fold and normal: neither lets a dangling record in
         c = memory.compaction_projection(con, sid, E[7], E[7], pool)
         assert (c.fullFold, c.observationIds, c.reflectionIds) == (pool == 1, [mid("beta")], [])
-    assert memory.clocks(con, sid, E[7])["observer"].watermark_entry_id == E[2]
-    assert memory.clocks(con, sid, E[7])["reflector"].watermark_entry_id is None
+    assert memory.clocks(con, sid, E[7], Settings())["observer"].watermark_entry_id == E[2]
+    assert memory.clocks(con, sid, E[7], Settings())["reflector"].watermark_entry_id is None
 
 
 def test_watermark_on_another_branch_is_dangling(con):
@@ -395,13 +396,13 @@ def test_simulated_compactions_count_like_the_extensions(con):
     # reflection and the drop stay out, as the extension folding this file would leave them
     c = memory.compaction_projection(con, sid, E[9], E[8], 20_000)
     assert (c.fullFold, c.observationIds, c.reflectionIds, c.world) == (False, [mid("alpha"), mid("beta")], [], "file")
-    assert memory.clocks(con, sid, E[9])["compaction"].tokens_pi == 2 + 1 + 10 + 10  # from E6: "three" 2, "four" 1
+    assert memory.clocks(con, sid, E[9], Settings())["compaction"].tokens_pi == 2 + 1 + 10 + 10  # from E6: "three" 2, "four" 1
 
     with dbmod.transaction(con):
         store_simulated_compaction(con, sid, anchor_entry_id=E[9], first_kept_entry_id=E[8], details=None,
                                    summary=None, note="native fallback", seed="sim-2")
     assert memory.replayed_memory(con, sid, E[9]).wire() == lists(details)  # a fallback folds nothing
-    assert memory.clocks(con, sid, E[9])["compaction"].tokens_pi == 20  # from E8
+    assert memory.clocks(con, sid, E[9], Settings())["compaction"].tokens_pi == 20  # from E8
     assert con.execute("SELECT origin, first_kept_entry_id, folded, full_fold FROM compactions "
                        "WHERE session_id = ? ORDER BY first_kept_entry_id", [sid]).fetchall() == [
         ("simulated", E[6], True, True), ("simulated", E[8], False, None)]
@@ -447,7 +448,7 @@ def test_visible_counts_only_the_files_compactions_and_replayed_adds_simulated_o
     visible_ref, replayed_ref, simulated = memory.latest_folds(con, sid, E[6])
     assert (visible_ref.compaction_id, visible_ref.origin, visible_ref.first_kept_entry_id) == (E[4], "imported", E[2])
     assert (replayed_ref.compaction_id, replayed_ref.origin, simulated) == (late_id, "simulated", 2)
-    s = memory.memory_status(con, sid, E[6])
+    s = memory.memory_status(con, sid, E[6], Settings())
     assert (s.observations["visible"], s.visible_compaction.compaction_id) == (1, E[4])
     assert (s.replayed.observations, s.replayed.compaction.compaction_id, s.replayed.simulated_compactions) == (
         2, late_id, 2)
@@ -504,14 +505,14 @@ def test_the_four_clocks(con):
     sid = load(con, sb)
 
     def clocks(tip):
-        return {name: (c.tokens_pi, c.watermark_entry_id) for name, c in memory.clocks(con, sid, tip).items()}
+        return {name: (c.tokens_pi, c.watermark_entry_id) for name, c in memory.clocks(con, sid, tip, Settings()).items()}
 
     assert clocks(E[8]) == {"observer": (70, E[2]), "reflector": (90, E[1]), "dropper": (100, None),
                             "compaction": (100, None)}  # no compaction yet: from the start
     assert clocks(E[12]) == {"observer": (124, E[2]), "reflector": (144, E[1]), "dropper": (154, None),
                              "compaction": (94, E[9])}  # from E9's first kept entry E6, inclusive
     assert clocks(E[14])["compaction"] == (2, E[13])  # after the compaction entry itself
-    c = memory.clocks(con, sid, E[14])["observer"]
+    c = memory.clocks(con, sid, E[14], Settings())["observer"]
     assert (c.tokens_pi, c.threshold, c.reached) == (126, 10_000, False)
 
 

@@ -295,7 +295,7 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
 
 def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
     """The extractive observer quotes the session; a replay folds its excerpts into compactions."""
-    from om_core.replay.branch import replay_in_process
+    from om_core.replay.engine import replay_session
     from om_core.workers.stages import make_brain
 
     b, _ = leaky_session()
@@ -304,7 +304,7 @@ def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
                         observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)
     con = dbmod.connect(db_path)
     try:
-        replay_in_process(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
+        replay_session(Workspace.on_connection(con, settings), SID, make_brain(ModelConfig(model="offline"), settings))
     finally:
         con.close()
     with dbmod.reading(db_path) as con:

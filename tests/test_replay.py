@@ -13,7 +13,8 @@ from om_core import db as dbmod
 from om_core import memory
 from om_core.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.ingest import ingest
-from om_core.replay.branch import Event, ReplayEntry, replay_events, replay_in_process
+from om_core.replay.branch import Event, ReplayEntry, replay_events
+from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain
@@ -95,7 +96,7 @@ def replayed(tmp_path, sb: SessionBuilder, settings: Settings = SETTINGS) -> str
     con = dbmod.connect(db_path)
     try:
         brain = make_brain(ModelConfig(model="offline"), settings)
-        replay_in_process(Workspace.on_connection(con, settings), sb.session_id, brain)
+        replay_session(Workspace.on_connection(con, settings), sb.session_id, brain)
     finally:
         con.close()
     return str(db_path)

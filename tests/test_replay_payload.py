@@ -1,6 +1,7 @@
-"""One writer, many workers (om_core.replay.payload): a session's replay on an in-memory copy of its
-rows appends exactly what a replay on the database file appends, and the flow's commit of those rows
-is idempotent and keeps the ledger's order."""
+"""One writer, many workers (om_core.replay.payload, om_core.replay.engine): a session's replay on an
+in-memory copy of its rows, its payload carried across a process boundary and its rows committed by
+the writer, appends exactly what the one-call replay (``replay_session``) appends, and the commit of
+those rows is idempotent and keeps the ledger's order."""
 
 from __future__ import annotations
 
@@ -17,14 +18,12 @@ from fake_openai import FakeOpenAI
 
 from conftest import workspace
 from flows.storage import PrefectStageResults, dump_stage_result, load_stage_result, stage_result_name
-from om_core import db as dbmod
 from om_core.ingest import ingest
-from om_core.replay.branch import replay_in_process
-from om_core.replay.engine import replay_payload
-from om_core.replay.payload import commit_replayed_rows, payload_workspace, read_session_payload
+from om_core.replay.engine import commit_replay, replay_payload, replay_session
+from om_core.replay.payload import payload_workspace, read_session_payload
 from om_core.runs import mark_abandoned_runs, start_run
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.stages import ModelConfig, RunGuards, make_brain
 from om_core.workspace import Workspace
 
 SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,
@@ -61,13 +60,11 @@ def rows(db, sql):
         con.close()
 
 
-def replay_on_file(db, run_id):
-    con = dbmod.connect(db)
-    try:
-        brain = make_brain(ModelConfig(model="offline"), SETTINGS)
-        replay_in_process(Workspace.on_connection(con, SETTINGS), SID, brain, run_id=run_id)
-    finally:
-        con.close()
+def replay_now(db, run_id):
+    """The one call: payload, replay, commit, exactly-once through the database's stage_results."""
+    result = replay_session(Workspace.open(db, settings=SETTINGS), SID, make_brain(ModelConfig(model="offline"),
+                                                                                 SETTINGS), run_id=run_id)
+    assert result.error is None and result.complete, result.error
 
 
 class KeptResults:
@@ -91,11 +88,12 @@ def replay_task(db, run_id, brain=None, results=None, commit=True):
     payload = pickle.loads(pickle.dumps(payload))  # it crosses a process boundary on a cluster
     brain = brain or make_brain(ModelConfig(model="offline"), SETTINGS)
     result = replay_payload(payload, SETTINGS, brain, results or KeptResults(), drain=True, run_id=run_id)
-    assert result["error"] is None, result["error"]
+    result = pickle.loads(pickle.dumps(result))  # and so does its result
+    assert result.error is None, result.error
     if commit:
-        with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
-            commit_replayed_rows(con, result["rows"])
-    return result["rows"]
+        with Workspace.open(db, settings=SETTINGS).write() as con:
+            commit_replay(con, result)
+    return result
 
 
 def replay_on_payload(db, run_id):
@@ -103,12 +101,12 @@ def replay_on_payload(db, run_id):
 
 
 @pytest.mark.parametrize("with_extension_record", [False, True])
-def test_a_replay_on_the_payload_appends_what_a_replay_on_the_file_appends(tmp_path, with_extension_record):
+def test_a_replay_task_appends_what_a_replay_now_appends(tmp_path, with_extension_record):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     direct = session(tmp_path / "a", with_extension_record)
     via_payload = session(tmp_path / "b", with_extension_record)
-    replay_on_file(direct, "run-direct")
-    result = replay_on_payload(via_payload, "run-payload")
+    replay_now(direct, "run-direct")
+    result = replay_on_payload(via_payload, "run-payload").rows
     assert result.rows["om_internal.ledger"] > 3 and result.rows["om_internal.compactions"] >= 1
     assert rows(via_payload, LEDGER) == rows(direct, LEDGER)  # record for record, in ledger order
     assert rows(via_payload, ITEMS) == rows(direct, ITEMS)
@@ -126,8 +124,8 @@ def test_a_result_committed_twice_changes_nothing(tmp_path):
     db = session(tmp_path)
     result = replay_on_payload(db, "run-1")
     before = (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stages"))
-    with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
-        written = commit_replayed_rows(con, result)
+    with Workspace.open(db, settings=SETTINGS).write() as con:
+        written = commit_replay(con, result)
     assert "om_internal.ledger" not in written and "om_internal.compactions" not in written
     assert (rows(db, LEDGER), rows(db, ITEMS), rows(db, FOLDS), rows(db, "SELECT count(*) FROM stages")) == before
 
@@ -136,7 +134,7 @@ def test_a_second_replay_of_a_replayed_session_appends_nothing(tmp_path):
     db = session(tmp_path)
     replay_on_payload(db, "run-1")
     before = rows(db, LEDGER)
-    again = replay_on_payload(db, "run-2")
+    again = replay_on_payload(db, "run-2").rows
     assert again.rows["om_internal.ledger"] == 0 and again.rows["om_internal.compactions"] == 0
     assert rows(db, LEDGER) == before
 
@@ -331,23 +329,21 @@ def test_a_result_storage_write_failure_stops_every_later_stage_at_the_stage_run
     """Issue 26 item 2 in the one stage runner: the first stage whose result cannot be kept fails
     (its model calls stay recorded), the run's breaker trips with the storage error, and no stage
     starts after it (RunStopped at the runner's check: the replay ends 'stopped')."""
-    from om_core.circuit import CircuitBreaker
-
     db = session(tmp_path)
     with Workspace.open(db, settings=SETTINGS).read() as con:
         payload = read_session_payload(con, SID)
-    breaker = CircuitBreaker()
-    brain = make_brain(ModelConfig(model="offline"), SETTINGS, breaker=breaker)
+    guards = RunGuards()
+    brain = make_brain(ModelConfig(model="offline"), SETTINGS, guards)
     results = FullDisk(room=1)
-    result = replay_payload(payload, SETTINGS, brain, results, drain=True, run_id="run-full")
+    result = replay_payload(payload, SETTINGS, brain, results, drain=True, run_id="run-full", guards=guards)
     assert results.refused == 1  # no stage was computed after the failed write
-    assert breaker.tripped and "No space left on device" in str(breaker.reason)
-    assert [f for branch in result["branches"] for f in branch["failures"]], result["branches"]
+    assert guards.breaker.tripped and "No space left on device" in str(guards.breaker.reason)
+    assert [f for branch in result.branches for f in branch.failures], result.branches
     # the run's next stage (here: another replay task of the run) is refused at the runner's check
-    again = replay_payload(payload, SETTINGS, brain, results, drain=True, run_id="run-full")
-    assert again["stopped"] and "No space left on device" in again["error"] and results.refused == 1
-    with Workspace.open(db, settings=SETTINGS).write() as con, dbmod.transaction(con):
-        commit_replayed_rows(con, result["rows"])
+    again = replay_payload(payload, SETTINGS, brain, results, drain=True, run_id="run-full", guards=guards)
+    assert again.stopped and "No space left on device" in again.error and results.refused == 1
+    with Workspace.open(db, settings=SETTINGS).write() as con:
+        commit_replay(con, result)
     stages = rows(db, "SELECT stage, outcome, error FROM om_internal.stages WHERE run_id = 'run-full' "
                       "ORDER BY started_at")
     assert [outcome for _, outcome, _ in stages] == ["recorded", "failed"], stages  # nothing after the failure

@@ -17,7 +17,7 @@ from conftest import workspace
 from om_core import db as dbmod
 from om_core.errors import SessionNotFound
 from om_core.ingest import ingest
-from om_core.replay.branch import replay_in_process
+from om_core.replay.engine import replay_session
 from om_core.report import GAP_CLASSES, build_report, fmt_cost, fmt_short, nice_max, ticks
 from om_core.settings import Settings
 from om_core.workspace import Workspace
@@ -83,7 +83,7 @@ def built(tmp_path_factory) -> tuple[Path, Path, str]:
     con = dbmod.connect(path)
     try:
         brain = make_brain(ModelConfig(model="offline"), SETTINGS)
-        replay_in_process(Workspace.on_connection(con, SETTINGS), WORKED, brain)
+        replay_session(Workspace.on_connection(con, SETTINGS), WORKED, brain)
     finally:
         con.close()
     add_model_calls(path)

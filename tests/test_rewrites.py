@@ -18,7 +18,7 @@ from conftest import workspace
 from om_core import db as dbmod
 from om_core.ingest import ingest
 from om_core.recall import recall
-from om_core.replay.branch import replay_in_process
+from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
 from om_core.workspace import Workspace
@@ -53,7 +53,7 @@ def replayed(tmp_path):
     ingest(workspace(db), [path])
     con = dbmod.connect(db)
     try:
-        replay_in_process(Workspace.on_connection(con, SETTINGS), SID, make_brain(ModelConfig(model="offline"), SETTINGS))
+        replay_session(Workspace.on_connection(con, SETTINGS), SID, make_brain(ModelConfig(model="offline"), SETTINGS))
     finally:
         con.close()
     records = q(db, "SELECT ledger_id, anchor_entry_id FROM ledger WHERE origin = 'pipeline'")

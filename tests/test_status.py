@@ -12,13 +12,14 @@ from typer.testing import CliRunner
 
 from om_core import db as dbmod
 from om_core.ingest import ingest
-from om_core.replay.branch import replay_events, replay_session
+from om_core.replay.branch import replay_events
+from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
 from om_core.status import status
 from om_core.workers.llm import LoopResult
 from om_core.workers.offline import OfflineBrain
-from om_core.replay.stage_runner import execute_stage
+from om_core.workers.stages import compute_stage
 from om_core.workspace import Workspace
 
 SID = "5a7e0000-0000-4000-8000-000000000001"
@@ -55,13 +56,13 @@ def replay(con, brain: Brain, *, drain: bool = True, record: bool = True,
     ws = Workspace.on_connection(con, settings)
     asked: dict[str, list[str]] = {}
 
-    def run_stage(req):
+    def compute(prepared):
         before = len(brain.asked)
-        outcome = execute_stage(ws, req, brain, "run-1")
-        asked.setdefault(req.tip, []).extend(brain.asked[before:])
-        return outcome
+        computed = compute_stage(prepared, brain, settings)
+        asked.setdefault(prepared.request.tip, []).extend(brain.asked[before:])
+        return computed
 
-    replay_session(ws, SID, run_stage, drain=drain, run_id="run-1")
+    replay_session(ws, SID, brain, drain=drain, run_id="run-1", compute=compute)
     if record:
         [(_, printed)] = fingerprints(con, [SID], settings, "offline", drain).items()
         record_replay(con, SID, printed.now, "run-1")

@@ -79,7 +79,7 @@ def observations_of(db, ledger_id: str) -> list[dict]:
 def observer_watermark(db) -> str | None:
     with dbmod.reading(db) as con:
         tip = resolve_tip(con, SID, None)
-        return clocks(con, SID, tip)["observer"].watermark_entry_id
+        return clocks(con, SID, tip, Settings())["observer"].watermark_entry_id
 
 
 def memory(db):

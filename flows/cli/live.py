@@ -18,7 +18,7 @@ from rich.markup import escape
 from flows.cli.common import err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
 from om_core.db import default_db_path
-from om_core.workspace import FileDatabase, Workspace
+from om_core.workspace import Workspace
 
 EXTENSION = Path(__file__).resolve().parents[2] / "deployments" / "pi" / "om-memory.ts"
 
@@ -33,8 +33,7 @@ WaitOpt = typer.Option(2.0, "--wait", min=0, metavar="SECONDS",
 
 
 def _live_workspace(wait: float) -> Workspace:
-    ws = workspace()
-    return Workspace(FileDatabase(ws.path, wait), resolve=lambda: ws.resolved)
+    return workspace().waiting(wait)
 
 
 def _db_source() -> str:

@@ -20,6 +20,7 @@ from flows import progress
 from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, err, examples, model_config, out, \
     print_json, print_rows, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
+from flows.limits import run_guards
 from flows.preflight import check_cluster_run
 from flows.runner import prepare_environment, run_pipeline
 from om_core.db import new_run_id
@@ -64,7 +65,7 @@ def run(
         raise InvalidArgument(f"unknown --task-runner {runner!r}: use threads or dask")
     if dask_address:
         runner = "dask"  # an address names a Dask cluster: no other runner can use it
-    from om_core.replay.plan import plan_run  # for speed, see above
+    from om_core.replay.plan import check_targets, ingest_targets, plan_run  # for speed, see above
 
     ws = workspace()
     settings = ws.settings
@@ -79,31 +80,32 @@ def run(
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
     with ws.one_writer("run"):  # from before the plan's ingest to the last commit: a second run gets exit 3
         say("checking the targets and ingesting new lines…")
-        plan = plan_run(ws, targets, model=config.name, drain=not no_drain, exclude=exclude or ())
+        checked = check_targets(ws, targets)
+        plan = plan_run(ws, checked, ingest_targets(ws, checked, exclude=exclude or ()), model=config.name,
+                        drain=not no_drain)
         if not as_json:
             announce_model(config)
             for line in plan.warnings:  # a rewritten file that lost entries or the evidence of memory records
                 err.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
             for note in plan.notes:
                 err.print(f"  [yellow]note[/] {escape(note)}", highlight=False)
-        estimate = None
+        estimate, guards = None, None
         if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
-            summary = {"run_id": None, "sessions": [], "errors": plan.errors}
+            summary = {"run_id": None, "sessions": [], "errors": list(plan.errors)}
         else:
             estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
             say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator "
                 "(Prefect)…")
-            summary = _run_with_display(ws, plan, config, concurrency, not no_drain,
+            guards = run_guards(config, settings)  # the run's breaker, budget and call gate: one value
+            summary = _run_with_display(ws, plan, config, guards, concurrency, not no_drain,
                                         runner, dask_address, as_json, verbose)
-            summary["errors"] = plan.errors + summary["errors"]
-    due = set(plan.due) if not settings.passive else set()
-    skipped = [sid for sid in plan.session_ids if sid not in due]
+    skipped = plan.skipped if not settings.passive else list(plan.session_ids)
     rows, failures = _run_rows(ws, summary), _run_failures(ws, summary)
-    cost = _run_cost(ws, summary, max_cost, estimate)
+    cost = _run_cost(ws, summary, max_cost, estimate, guards.budget if guards is not None else None)
     if as_json:
         print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
                     "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost,
-                    "warnings": plan.warnings, "notes": plan.notes})
+                    "warnings": list(plan.warnings), "notes": list(plan.notes)})
     else:
         if summary["run_id"] is None:
             why = "passive is set: ingest only" if settings.passive else "nothing changed since the last replay"
@@ -140,12 +142,9 @@ def _cost_estimate(ws, targets, config, max_cost, as_json: bool):
     return estimate
 
 
-def _run_cost(ws, summary: dict, max_cost, estimate) -> dict:
-    """The run's real cost from the provider's usage, and whether --max-cost stopped it."""
+def _run_cost(ws, summary: dict, max_cost, estimate, budget) -> dict:
+    """The run's real cost from the provider's usage, and whether --max-cost (the run's ``budget``) stopped it."""
     run_id = summary["run_id"]
-    from om_core.cost import finished_budget  # for speed, see above
-
-    budget = finished_budget(run_id)  # this process's budget (the threads runner)
     stopped = (budget is not None and budget.exhausted) or any(s.get("budget_stop") for s in summary["sessions"])
     try:
         [row] = ws.rows("run_cost", {"run_id": run_id})
@@ -260,7 +259,7 @@ def _describe_sessions(ws, session_ids) -> None:
                                          "entries": r["entry_count"]} for r in rows})
 
 
-def _run_with_display(ws, plan, config, concurrency, drain, runner, dask_address, quiet,
+def _run_with_display(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet,
                       verbose):
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
@@ -268,16 +267,16 @@ def _run_with_display(ws, plan, config, concurrency, drain, runner, dask_address
 
     def work():
         # planned once: the flow takes this plan (and the workspace's spec) as values, and plans nothing again
-        return run_pipeline(plan.due, spec=ws.spec(), plan=plan, model=config,
+        return run_pipeline(list(plan.due), spec=ws.spec(), plan=plan, model=config, guards=guards,
                             concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
                             run_id=run_id)
 
     try:
         if quiet or not err.is_terminal:
-            return run_interruptibly(ws, run_id, work)
+            return run_interruptibly(ws, run_id, guards, work)
         board = LiveBoard(err)
         try:
-            return run_interruptibly(ws, run_id, work, on_tick=board.tick)
+            return run_interruptibly(ws, run_id, guards, work, on_tick=board.tick)
         finally:
             board.stop()
     except RunInterrupted as exc:  # not Prefect's shutdown: the flow's thread is abandoned

@@ -9,6 +9,7 @@
 * ``report``: per-type scores, tokens, cost and time (from ``llm_calls``), ``report.json`` and HTML.
 * ``run``: the run itself, instances in parallel on a thread pool, model calls under one limit.
 
-The library's integration points are few and all in ``conditions.om_memory`` (ingest, replay with
-``execute_stage``, the final compaction) and ``run.open_database``.
+The library's integration points are few: the ingest and the one replay path
+(``om_core.replay.engine.replay_session``) in ``run``, the final compaction in ``conditions.om_memory``,
+and ``run.open_database``.
 """

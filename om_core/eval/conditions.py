@@ -19,7 +19,6 @@ from ``haystack_dates``; the question's from ``question_date``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -32,7 +31,7 @@ from om_core.db import named_row, named_rows
 from om_core.errors import OmError
 from om_core.eval.data import Instance
 from om_core.eval.haystack import Haystack, HistoryTurn
-from om_core.replay.branch import BranchReplayer, session_leaves
+from om_core.replay.branch import BranchReport
 from om_core.settings import Settings
 from om_core.tokens import count_text_tokens
 
@@ -143,9 +142,6 @@ NO_CUT_NOTE = "no compaction: Pi would not compact this history (it fits keepRec
 # ------------------------------------------------------------------ om
 
 
-StageRunner = Callable[[Any], Any]
-
-
 @dataclass
 class OmMemory:
     summary: str | None
@@ -154,27 +150,20 @@ class OmMemory:
     facts: dict[str, Any]
 
 
-def om_memory(db: Any, haystack: Haystack, settings: Settings, run_stage: StageRunner,
+def om_memory(db: Any, haystack: Haystack, settings: Settings, branches: list[BranchReport],
               run_id: str | None = None) -> OmMemory:
-    """Replay and drain the session (stages through ``run_stage``), then the final compaction.
+    """The final compaction, after the session's replay and drain (``branches``: the replay's reports,
+    om_core.replay.engine.replay_session on ``db``, the evaluation's workspace).
 
     The final compaction cuts where the drain cut (Pi's cut point at the tip, bounded by the latest
     compaction the replay simulated, as Pi would be), so no observed batch crosses it; where the
     drain had no cut, Pi's cut over the whole history.
-
-    Integration points with the pipeline: ``BranchReplayer`` (with a stage runner calling
-    ``execute_stage``) and ``simulate_compaction``; ``db`` is the evaluation's workspace.
     """
     sid = haystack.session_id
-    reports, drained_at = [], None
-    for leaf in session_leaves(db, sid):  # a haystack has one branch
-        replayer = BranchReplayer(db, sid, leaf, run_stage, drain=True, run_id=run_id)
-        reports.append(replayer.run())
-        position = replayer.drain_cut() if replayer.branch else None
-        drained_at = replayer.branch[position].entry_id if position else None
-    failures = [f for r in reports for f in r.failures]
+    failures = [f for r in branches for f in r.failures]
     if failures:
         raise MemoryIncomplete(f"{len(failures)} memory stage(s) failed: {failures[0]}")
+    drained_at = branches[-1].drain_first_kept if branches else None  # a haystack has one branch
     with db.read() as con:  # stage runs, not the replay's outcome events (most of those reuse a result)
         stages = {r["stage_outcome"]: int(r["runs"]) for r in named_rows(con, "eval_stage_runs", {"session_id": sid})}
     tip, first_kept = final_cut(db, sid, settings)

@@ -28,6 +28,7 @@ from om_core.eval import reader as R
 from om_core.eval.conditions import (
     CONDITIONS,
     NO_CUT_NOTE,
+    MemoryIncomplete,
     ReaderContext,
     compacted,
     final_cut,
@@ -41,8 +42,8 @@ from om_core.eval.results import ConditionFiles
 from om_core.model import LiteLLMModel, ModelError, RetryPolicy
 from om_core.settings import Settings
 from om_core.workspace import Workspace
-from om_core.replay.stage_runner import execute_stage
-from om_core.workers.stages import ModelConfig, StageRequest, make_brain
+from om_core.replay.engine import replay_session
+from om_core.workers.stages import ModelConfig, RunGuards, compute_stage, make_brain
 
 DEFAULT_READER_WINDOW = 128_000
 ANSWER_RESERVE_TOKENS = 2_048  # room left in the reader's window for its answer
@@ -64,6 +65,7 @@ class EvalOptions:
     out: Path
     model: str | None  # the memory workers' model (om), or 'offline' for the extractive baseline
     reader: str
+    settings: Settings  # the workspace's (the memory's and the calls' settings: no default of its own)
     judge: str | None = None  # None: the reader's model; 'off': no judge
     conditions: list[str] = field(default_factory=lambda: list(CONDITIONS))
     types: list[str] | None = None
@@ -73,7 +75,6 @@ class EvalOptions:
     reader_recall: bool = False
     reader_window: int | None = None
     concurrency: int | None = None
-    settings: Settings = field(default_factory=Settings)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     @property
@@ -145,9 +146,17 @@ class _Run:
         self.failures: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.db = None
-        # one breaker for every call of the run: a permanent provider error (bad key, unknown model)
-        # stops the run's calls at once instead of failing 500 questions one by one
-        self.breaker = CircuitBreaker()
+        # the run's guards, one value for every call of the run: a permanent provider error (bad key,
+        # unknown model) stops the run's calls at once instead of failing 500 questions one by one, and
+        # every call (the memory workers', the reader's, the judge's) holds a slot of the one gate
+        self.guards = RunGuards(CircuitBreaker(), None, self.gate)
+        # the memory workers' model
+        self.config = ModelConfig(model=options.model, api_base=options.api_base, api_key=options.api_key,
+                                  timeout=self.settings.requestTimeoutSeconds, retry=options.retry)
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        return self.guards.breaker
 
     def gate(self):
         return self.gate_semaphore
@@ -155,7 +164,7 @@ class _Run:
     def _model(self, name: str, record) -> LiteLLMModel:
         return LiteLLMModel(name, api_base=self.o.api_base, api_key=self.o.api_key,
                             timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry, record=record,
-                            gate=self.gate, breaker=self.breaker, keep_texts=self.settings.storePrompts)
+                            gate=self.guards.gate, breaker=self.guards.breaker, keep_texts=self.settings.storePrompts)
 
     def _check(self) -> None:
         if self.stop.is_set():
@@ -178,18 +187,20 @@ class _Run:
                 return compacted("native", inst, hay, None, None, [NO_CUT_NOTE])
             summary, _ = self.native(hay, first_kept, log.recorder("native:native"))
             return compacted("native", inst, hay, summary, first_kept, [])
-        # om
-        calls: list = []
-        config = ModelConfig(model=self.o.model, api_base=self.o.api_base, api_key=self.o.api_key,
-                             timeout=self.settings.requestTimeoutSeconds, retry=self.o.retry)
-        brain = make_brain(config, self.settings, calls, gate=self.gate, breaker=self.breaker)
+        # om: the session replayed and drained on the one replay path (payload, replay, commit), exactly-once
+        # through the evaluation database's stage_results; a stop ends it before its next stage
+        brain = make_brain(self.config, self.settings, self.guards)
 
-        def run_stage(request: StageRequest):
+        def compute(prepared):  # noqa: ANN001, ANN202 - PreparedStage -> ComputedStage
             self._check()
-            return execute_stage(self.db, request, brain, self.run_id)
+            return compute_stage(prepared, brain, self.settings)
 
-        memory = om_memory(self.db, hay, self.settings, run_stage, self.run_id)
+        replayed = replay_session(self.db, hay.session_id, brain, guards=self.guards, drain=True, run_id=self.run_id,
+                                  compute=compute)
         self._check()
+        if replayed.error:
+            raise MemoryIncomplete(f"the replay failed: {replayed.error}")
+        memory = om_memory(self.db, hay, self.settings, replayed.branches, self.run_id)
         notes = list(memory.notes)
         summary = memory.summary
         if summary is None and memory.first_kept is not None:

@@ -11,8 +11,8 @@ taken from the same branch rows (prefix sums), so a 1,000-entry branch costs a h
 With ``clockBasis`` usage (SPEC §7) the observer and reflector clocks are the provider's context
 growth since their watermark, from running sums over the branch (``ContextUsage``), falling back to
 the source-token clock where usage cannot measure it.
-Stages run through a ``StageRunner`` (om_core.replay.stage_runner, the one runner of commands, tests
-and the flow's replay tasks), compactions through ``simulate_compaction``.
+Stages run through a ``StageRunner`` (om_core.replay.stage_runner, the one runner of every stage),
+compactions through ``simulate_compaction``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ def replay_events(branch: list[ReplayEntry]) -> list[Event]:
     return sorted(events, key=lambda e: (e.position, _KIND_ORDER[e.kind]))
 
 
-RunStage = Callable[[StageRequest], StageOutcome]
 Compactor = Callable[..., SimulatedCompaction]
 Progress = Callable[[dict[str, Any]], None]
 
@@ -101,7 +100,7 @@ class BranchReport:
     native_fallbacks: int = 0
     failures: list[str] = field(default_factory=list)
     drained: bool = False
-
+    drain_first_kept: str | None = None  # drained: where Pi cuts the finished branch (F), where it would compact
     def count(self, outcome: StageOutcome) -> None:
         key = f"{outcome.stage}:{outcome.outcome}"
         self.stages[key] = self.stages.get(key, 0) + 1
@@ -110,14 +109,16 @@ class BranchReport:
 
 
 class BranchReplayer:
-    def __init__(self, ws: Any, session_id: str, leaf: str, run_stage: RunStage, *,
+    """One branch's replay; ``runner`` runs its stages (None: an outlook, which runs none)."""
+
+    def __init__(self, ws: Any, session_id: str, leaf: str, runner: StageRunner | None, *,
                  drain: bool = True, compactor: Compactor = simulate_compaction, run_id: str | None = None,
                  progress: Progress | None = None) -> None:
         self.db = ws  # the workspace: its database and its settings
         self.session_id = session_id
         self.leaf = leaf
         self.settings: Settings = ws.settings
-        self.run_stage = run_stage
+        self.runner = runner
         self.drain = drain
         self.compactor = compactor
         self.run_id = run_id
@@ -243,15 +244,13 @@ class BranchReplayer:
         k = bisect.bisect_right(self.changes, position)
         if version != self._version or position > t or (k < len(self.changes) and self.changes[k] <= t):
             return None
-        check = getattr(self.run_stage, "check", None)
-        if check is not None:
-            check()  # the run's breaker and budget stop a repeated stage as they stop any other
+        self.runner.check()  # the run's breaker and budget stop a repeated stage as they stop any other
         return replace(outcome, tip=req.tip, receipts=[], calls=[])
 
     def _stage(self, report: BranchReport, t: int, req: StageRequest) -> StageOutcome:
         outcome = self._repeat(t, req)
         if outcome is None:
-            outcome = self.run_stage(req)
+            outcome = self.runner(req)
             if req.stage in LEDGER_INPUT and outcome.outcome in ("skipped", "empty") and not outcome.ledger_id:
                 self._unchanged[req.stage] = (t, self._version, outcome)
         report.count(outcome)
@@ -357,6 +356,7 @@ class BranchReplayer:
         if self.clocks(end)[reflector.kind] > 0:
             self._run(report, end, reflector)
         report.drained = True
+        report.drain_first_kept = self.branch[first_kept].entry_id if first_kept else None
 
 
     # ---------------------------------------------------------------- outlook (om status)
@@ -403,10 +403,7 @@ class Outlook:
 
 def branch_outlook(ws: Any, session_id: str, tip: str, model: str) -> Outlook:
     """``BranchReplayer.outlook`` of the branch ending at ``tip``, with the workspace's settings."""
-    def run_nothing(req: StageRequest) -> StageOutcome:
-        raise AssertionError("an outlook runs no stage")
-
-    return BranchReplayer(ws, session_id, tip, run_nothing).outlook(model)
+    return BranchReplayer(ws, session_id, tip, None).outlook(model)
 
 
 def session_leaves(ws: Any, session_id: str) -> list[str]:
@@ -416,16 +413,9 @@ def session_leaves(ws: Any, session_id: str) -> list[str]:
                                                                      {"session_id": session_id}))]
 
 
-def replay_session(ws: Any, session_id: str, run_stage: RunStage, *, drain: bool = True,
-                   run_id: str | None = None, progress: Progress | None = None) -> list[BranchReport]:
-    """Replay every branch of a session, in file order, one stage at a time, with the workspace's settings."""
-    return [BranchReplayer(ws, session_id, leaf, run_stage, drain=drain, run_id=run_id, progress=progress).run()
+def replay_branches(ws: Any, session_id: str, runner: StageRunner, *, drain: bool = True,
+                    run_id: str | None = None, progress: Progress | None = None) -> list[BranchReport]:
+    """Replay every branch of a session, in file order, one stage at a time, with the workspace's settings
+    (the replay engine's loop: om_core.replay.engine.replay_payload)."""
+    return [BranchReplayer(ws, session_id, leaf, runner, drain=drain, run_id=run_id, progress=progress).run()
             for leaf in session_leaves(ws, session_id)]
-
-
-def replay_in_process(ws: Any, session_id: str, brain: Any, *, drain: bool = True, run_id: str | None = None,
-                      progress: Progress | None = None) -> list[BranchReport]:
-    """Replay a session in this process with the one stage runner, exactly-once through the workspace's
-    ``stage_results`` (tests, benchmarks; the flow replays a payload instead: om_core.replay.engine)."""
-    return replay_session(ws, session_id, StageRunner(ws, brain, run_id=run_id), drain=drain,
-                          run_id=run_id, progress=progress)

@@ -104,6 +104,14 @@ class ReplayedRows:
     def empty(self) -> bool:
         return not any(self.rows.values())
 
+    @property
+    def cost(self) -> float:
+        """What its model calls cost, as priced (USD; unpriced calls count nothing)."""
+        data = self.tables.get("om_internal.llm_calls")
+        if data is None:
+            return 0.0
+        return float(sum(c for c in _from_ipc(data).column("cost").to_pylist() if c is not None))
+
 
 def read_session_payload(con: duckdb.DuckDBPyConnection, session_id: str) -> SessionPayload:
     payload = SessionPayload(session_id)

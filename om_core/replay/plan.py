@@ -1,7 +1,9 @@
 """What a run will do, decided before any orchestrator starts (``om run``'s first second).
 
-* the targets are checked offline: paths exist, session ids resolve;
-* new lines of the given files are ingested;
+Three steps, in this order: the targets are checked offline (``check_targets``: paths exist, session
+ids resolve); new lines of the given files are ingested (``ingest_targets``, the one step that
+writes); then the plan is computed, a value, without side effects (``plan_run``):
+
 * a session is **due** unless its last complete replay started from exactly what it would start
   from now: the same session rows (entries, leaf, the ledger records and compactions the file
   holds), the same settings, the same model and the same drain. Its fingerprint is kept in
@@ -16,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import duckdb
+from pydantic import BaseModel, ConfigDict, Field
 
 from om_core.db import named_column, named_row, named_rows
 from om_core.errors import InvalidArgument, OmError
@@ -99,25 +101,42 @@ def record_replay(con: duckdb.DuckDBPyConnection, session_id: str, fingerprint: 
     con.execute(query("put_session_replay"), {"session_id": session_id, "fingerprint": fingerprint, "run_id": run_id})
 
 
-@dataclass
-class RunPlan:
-    session_ids: list[str] = field(default_factory=list)  # every session the run covers, largest first
-    due: list[str] = field(default_factory=list)  # the ones to replay
-    errors: list[str] = field(default_factory=list)  # files that could not be ingested
-    notes: list[str] = field(default_factory=list)  # no failure, one line each: files skipped as no session
-    # (yet), copies of a session file already ingested
-    warnings: list[str] = field(default_factory=list)  # rewritten files that lost entries or memory evidence
-    ingest: dict[str, Any] = field(default_factory=lambda: {"files": [], "missing": []})
+class RunPlan(BaseModel):
+    """What a run will do: a value, computed once (``plan_run``) and handed on unchanged."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_ids: tuple[str, ...] = ()  # every session the run covers, largest first
+    due: tuple[str, ...] = ()  # the ones to replay
+    errors: tuple[str, ...] = ()  # missing targets, files that could not be ingested
+    notes: tuple[str, ...] = ()  # no failure, one line each: files skipped as no session (yet), copies of a
+    # session file already ingested
+    warnings: tuple[str, ...] = ()  # rewritten files that lost entries or memory evidence
+    ingest: dict[str, Any] = Field(default_factory=lambda: {"files": [], "missing": []})  # the ingest's report
     # session id -> its fingerprint now (taken once, here): the flow records it when the replay completes
-    fingerprints: dict[str, str] = field(default_factory=dict)
+    fingerprints: dict[str, str] = Field(default_factory=dict)
 
     @property
     def nothing_due(self) -> bool:
         return not self.due
 
+    @property
+    def skipped(self) -> list[str]:
+        """The sessions unchanged since their last complete replay (nothing to do)."""
+        due = set(self.due)
+        return [sid for sid in self.session_ids if sid not in due]
 
-def check_targets(ws: Any, targets: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Paths to ingest, resolved session ids, and a problem for every missing path or unknown id."""
+
+class Targets(NamedTuple):
+    paths: list[str]  # files and directories to ingest
+    session_ids: list[str]  # ingested sessions named by id (or prefix)
+    problems: list[str]  # a missing path or an unknown id, one line each
+
+
+def check_targets(ws: Any, targets: list[str], *, strict: bool = True) -> Targets:
+    """The run's targets, checked offline (it reads only). ``strict`` (a command): a missing path or unknown
+    session id stops everything, in one line, before anything is done (``TargetsMissing``); otherwise (a
+    scheduled flow) it is one of the plan's errors."""
     from om_core.catalog import resolve_session
 
     paths, refs, missing = split_targets(targets)
@@ -133,41 +152,47 @@ def check_targets(ws: Any, targets: list[str]) -> tuple[list[str], list[str], li
                         session_ids.append(resolve_session(con, ref))
                     except OmError as exc:
                         problems.append(f"{ref}: {exc}")
-    return paths, session_ids, problems
-
-
-def plan_run(ws: Any, targets: list[str], *, model: str, drain: bool, command: str = "ingest",
-             strict: bool = True, progress: Callable[..., None] | None = None, exclude: Sequence[str] = ()) -> RunPlan:
-    """Check the targets, ingest the paths' new lines (``exclude``: globs leaving out files a directory
-    walk finds), and find the sessions that are due.
-
-    ``strict`` (a command): a missing path or unknown session id stops everything, in one line,
-    before anything is done; otherwise (a scheduled flow) it is one of the run's errors."""
-    from om_core.ingest import ingest
-
-    paths, session_ids, problems = check_targets(ws, targets)
     if problems and strict:
         raise TargetsMissing("; ".join(problems))
-    plan = RunPlan(errors=list(problems))
-    if paths:
-        report = ingest(ws, paths, command=command, progress=progress, exclude=exclude)
-        plan.ingest = {"files": [f.model_dump() for f in report.files], "missing": report.missing_paths}
-        for f in report.files:
-            plan.warnings += [f"{f.path}: {loss.describe()}" for loss in f.replaced]
-            plan.notes += [f"{f.path}: {done.describe()}" for done in f.followed]  # Pi's migration or a fork, followed
+    return Targets(paths, session_ids, problems)
+
+
+def ingest_targets(ws: Any, targets: Targets, *, command: str = "ingest", progress: Callable[..., None] | None = None,
+                   exclude: Sequence[str] = ()) -> Any:
+    """The step before the plan: the new lines of the targets' paths ingested (``exclude``: globs leaving
+    out files a directory walk finds). Returns the ingest's report (om_core.ingest), None without paths."""
+    if not targets.paths:
+        return None
+    from om_core.ingest import ingest
+
+    return ingest(ws, targets.paths, command=command, progress=progress, exclude=exclude)
+
+
+def plan_run(ws: Any, targets: Targets, ingested: Any, *, model: str, drain: bool) -> RunPlan:
+    """The run's plan from its checked targets and what their ingest reported (``ingested``: None when
+    nothing was ingested): the sessions it covers, the ones due and their fingerprints. It reads only."""
+    session_ids = list(targets.session_ids)
+    errors, notes, warnings = list(targets.problems), [], []
+    report: dict[str, Any] = {"files": [], "missing": []}
+    if ingested is not None:
+        report = {"files": [f.model_dump() for f in ingested.files], "missing": ingested.missing_paths}
+        for f in ingested.files:
+            warnings += [f"{f.path}: {loss.describe()}" for loss in f.replaced]
+            notes += [f"{f.path}: {done.describe()}" for done in f.followed]  # Pi's migration or a fork, followed
             if f.status in ("new", "appended", "rewritten", "unchanged") and f.session_id:
                 session_ids.append(f.session_id)
             elif f.status == "duplicate_session":  # a copy of a file already ingested: skipped, nothing failed
-                plan.notes.append(f"{f.path}: {'; '.join(f.notes) or f.status}")
+                notes.append(f"{f.path}: {'; '.join(f.notes) or f.status}")
             elif f.error:
-                plan.errors.append(f"{f.path}: {f.error}")
+                errors.append(f"{f.path}: {f.error}")
             else:  # not a session (yet): an empty file, or another program's file a directory walk found
-                plan.notes += [f"{f.path}: {note}" for note in f.notes]
-        plan.errors += [f"{p}: no such file or directory" for p in report.missing_paths]
+                notes += [f"{f.path}: {note}" for note in f.notes]
+        errors += [f"{p}: no such file or directory" for p in ingested.missing_paths]
     session_ids = list(dict.fromkeys(session_ids))
-    if not session_ids:
-        return plan
-    with ws.read() as con:
-        plan.session_ids = named_column(con, "sessions_largest_first", {"session_ids": session_ids})
-        plan.due, plan.fingerprints = due_sessions(con, plan.session_ids, ws.settings, model, drain)
-    return plan
+    ordered, due, prints = [], [], {}
+    if session_ids:
+        with ws.read() as con:
+            ordered = named_column(con, "sessions_largest_first", {"session_ids": session_ids})
+            due, prints = due_sessions(con, ordered, ws.settings, model, drain)
+    return RunPlan(session_ids=tuple(ordered), due=tuple(due), errors=tuple(errors), notes=tuple(notes),
+                   warnings=tuple(warnings), ingest=report, fingerprints=prints)

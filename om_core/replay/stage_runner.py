@@ -1,10 +1,11 @@
 """The one stage runner: prepare -> exactly-once lookup -> compute with the brain -> record.
 
 Every stage om runs goes through ``StageRunner``: `om observe`/`om reflect` on the user's database,
-the tests' and benchmarks' in-process replays, and the flow's replay tasks on a task-local
-in-memory database (``om_core.replay.engine``). The run's circuit breaker and its cost budget are
-checked here, before a stage is prepared, and nowhere else (the model consults the same breaker
-and budget before each of its calls, mid-stage). A result that cannot be kept for a storage error
+and every replay (the flow's tasks, `om eval`, tests and benchmarks) on a replay's in-memory copy of
+a session (``om_core.replay.engine``). The run's guards (``RunGuards``: circuit breaker, cost budget,
+call gate) are one value the runner is given; the breaker and the budget are checked here, before a
+stage is prepared, and nowhere else (the model consults the same guards before each of its calls,
+mid-stage). A result that cannot be kept for a storage error
 (a full disk) trips the breaker here too: no stage of the run starts after the first write failure.
 
 Exactly-once sits behind ``StageResults``: a result computed but not yet appended is found again
@@ -20,21 +21,15 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from om_core.catalog import resolve_session, resolve_tip
-from om_core.circuit import CircuitBreaker
-from om_core.errors import StorageError, storage_error
+from om_core.db import scalar
+from om_core.errors import storage_error
 from om_core.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
-from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, compute_stage, make_brain, \
-    prepare_stage, record_stage
+from om_core.workers.stages import BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards, \
+    RunStopped, compute_stage, make_brain, prepare_stage, record_stage
 
-
-class RunStopped(Exception):
-    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
-
-
-class BudgetReached(Exception):
-    """The run's --max-cost stopped a stage before its model call: the replay ends there, cleanly
-    (nothing half-done is recorded), and a rerun resumes it (om_core.cost)."""
+__all__ = ["BudgetReached", "RunGuards", "RunStopped", "StageResults", "StageRunner", "TableStageResults",
+           "observe_now", "reflect_now"]
 
 
 class StageResults(Protocol):
@@ -48,19 +43,22 @@ class StageResults(Protocol):
 
 
 class TableStageResults:
-    """Exactly-once for a command: the ``stage_results`` table of the database the stage writes to.
-    ``prepare_stage`` already read the row (``PreparedStage.cached_result``); a row is deleted in
-    the transaction that appends its record (om_core.workers.stages.record_outcome)."""
+    """Exactly-once for a command: the ``stage_results`` table of ``ws``, the user's database (also when
+    the stage itself runs on a replay's in-memory copy of it). A kept result is deleted once its record
+    is in the ledger: in the append's transaction (om_core.workers.stages.record_outcome) or, for a
+    replay, in its commit's (om_core.replay.engine.commit_replay)."""
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
 
     def get(self, prepared: PreparedStage) -> ComputedStage | None:
-        if prepared.cached_result is None:
-            return None
         req = prepared.request
+        with self.ws.read() as con:
+            kept = scalar(con, "stage_result", {"session_id": req.session_id, "stage_key": prepared.stage_key})
+        if kept is None:
+            return None
         stage = STAGES[req.stage]
-        payload = stage.payload.model_validate_json(prepared.cached_result)
+        payload = stage.payload.model_validate_json(kept)
         outcome = StageOutcome(req.stage, "recorded", req.session_id, req.tip, prepared.model,
                                stage_key=prepared.stage_key,
                                reason="computed by an earlier run; appended without calling the model again",
@@ -92,32 +90,27 @@ def _failed(prepared: PreparedStage, computed: ComputedStage, exc: BaseException
 class StageRunner:
     """Run one stage against a workspace: ``runner(request) -> StageOutcome``.
 
-    ``brain`` answers (its ``breaker`` and ``budget``, when it has them, are the run's); ``results``
-    is the exactly-once store; ``compute`` runs the brain on a prepared input (the flow wraps it as a
-    Prefect task, to see it in the UI). Raises ``RunStopped`` once the run's breaker tripped and
-    ``BudgetReached`` once its budget is reached, before anything is recorded for the stage."""
+    ``brain`` answers; ``results`` is the exactly-once store (default: ``ws``'s own ``stage_results``);
+    ``guards`` are the run's breaker, budget and call gate (the brain's model was built with the same
+    ones: om_core.workers.stages.make_brain); ``compute`` runs the brain on a prepared input (the flow
+    wraps it as a Prefect task, to see it in the UI). Raises ``RunStopped`` once the run's breaker
+    tripped and ``BudgetReached`` once its budget is reached, before anything is recorded for the stage.
+    ``kept`` lists the stage keys whose results this runner found or put in ``results``: once the
+    replay's rows are committed, nothing asks for them again."""
 
     def __init__(self, ws: Any, brain: Brain, results: StageResults | None = None, run_id: str | None = None,
-                 compute: Compute | None = None) -> None:
+                 compute: Compute | None = None, guards: RunGuards | None = None) -> None:
         self.ws = ws
         self.brain = brain
         self.results = TableStageResults(ws) if results is None else results
         self.run_id = run_id
+        self.guards = guards if guards is not None else RunGuards()
         self.compute = compute or (lambda prepared: compute_stage(prepared, brain, ws.settings))
+        self.kept: list[str] = []
 
     def check(self) -> None:
         """The run's breaker and budget: the one place a stage is refused before it starts."""
-        breaker = getattr(self.brain, "breaker", None)
-        if breaker is not None and breaker.tripped:
-            raise RunStopped(str(breaker.reason))
-        budget = getattr(self.brain, "budget", None)
-        if budget is not None and budget.exhausted:
-            raise BudgetReached("the run's cost budget (--max-cost) is reached; rerun to resume")
-
-    def _stop(self, reason: StorageError) -> None:
-        breaker = getattr(self.brain, "breaker", None)
-        if breaker is not None:
-            breaker.trip(reason)
+        self.guards.check()
 
     def __call__(self, req: StageRequest) -> StageOutcome:
         self.check()
@@ -127,7 +120,9 @@ class StageRunner:
         if prepared is None:
             return outcome  # nothing to do: no input, already appended, or a deliberate empty result before
         computed = self.results.get(prepared)
-        if computed is None:
+        if computed is not None:
+            self.kept.append(prepared.stage_key)
+        else:
             computed = self.compute(prepared)
             for call in computed.outcome.calls:  # kept with the result: a resuming run records them as this run's
                 call.run_id = self.run_id
@@ -137,18 +132,14 @@ class StageRunner:
             if computed.outcome.outcome != "failed":
                 try:
                     self.results.put(prepared, computed)
+                    self.kept.append(prepared.stage_key)
                 except Exception as exc:  # e.g. result storage unreachable: fail the stage, keep its calls
                     stored = storage_error(exc)
                     if stored is not None:  # a full disk: the run's breaker stops every later stage (check)
-                        self._stop(stored)
+                        self.guards.breaker.trip(stored)
                     computed = _failed(prepared, computed, exc)
         with self.ws.write() as con:
             return record_stage(con, computed, self.run_id, started)
-
-
-def execute_stage(ws: Any, req: StageRequest, brain: Brain, run_id: str | None = None) -> StageOutcome:
-    """One stage now against ``ws``, exactly-once through its ``stage_results`` table."""
-    return StageRunner(ws, brain, TableStageResults(ws), run_id)(req)
 
 
 # ------------------------------------------------------------------ manual stages (om observe / om reflect)
@@ -164,7 +155,8 @@ def observe_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
                 run_id: str | None = None) -> StageOutcome:
     """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
     sid, tip = _session_and_tip(ws, session, leaf)
-    runner = StageRunner(ws, make_brain(config, ws.settings, [], breaker=CircuitBreaker()), run_id=run_id)
+    guards = RunGuards()
+    runner = StageRunner(ws, make_brain(config, ws.settings, guards), run_id=run_id, guards=guards)
     return runner(StageRequest(sid, tip, "observer"))
 
 
@@ -172,5 +164,6 @@ def reflect_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
                 run_id: str | None = None) -> list[StageOutcome]:
     """The reflector now; then the dropper if it appended reflections and the pool is over target."""
     sid, tip = _session_and_tip(ws, session, leaf)
-    runner = StageRunner(ws, make_brain(config, ws.settings, [], breaker=CircuitBreaker()), run_id=run_id)
+    guards = RunGuards()
+    runner = StageRunner(ws, make_brain(config, ws.settings, guards), run_id=run_id, guards=guards)
     return run_in_order(runner, StageRequest(sid, tip, "reflector"))

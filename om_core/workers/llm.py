@@ -87,8 +87,9 @@ class ModelBrain:
     offline = False
 
     def __init__(self, model: ChatModel, max_turns: int = 16, redact_secrets: bool = True,
-                 closing_turn: bool = False) -> None:
+                 closing_turn: bool = False, calls: list | None = None) -> None:
         self.model = model
+        self.calls = [] if calls is None else calls  # the model's call records (its ``record`` appends them)
         self.name = model.name
         self.max_turns = max_turns
         self.redact_secrets = redact_secrets

@@ -231,6 +231,7 @@ class OfflineBrain:
 
     def __init__(self, redact_secrets: bool = True) -> None:
         self.redact_secrets = redact_secrets
+        self.calls: list = []  # it calls no model
 
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
         chunk = inp.chunk

@@ -43,6 +43,7 @@ class Brain(Protocol):
 
     name: str
     offline: bool
+    calls: list[CallRecord]  # the model calls it made (none offline), in order
 
     def observe(self, inp: Any, check: ObservationCheck) -> LoopResult: ...
 

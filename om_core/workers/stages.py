@@ -12,6 +12,8 @@ with exactly-once and the run's breaker and budget, is ``om_core.replay.stage_ru
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -21,7 +23,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
 
 from om_core import db as dbmod
-from om_core.circuit import preflight_model
+from om_core.circuit import CircuitBreaker, preflight_model
 from om_core.ledger import append_record
 from om_core.cost import CostBudget
 from om_core.model import OFFLINE, CallRecord, LiteLLMModel, RetryPolicy
@@ -86,25 +88,84 @@ class ModelConfig(BaseModel):
             preflight_model(self.model, self.api_base, self.key)
 
 
-def make_brain(config: ModelConfig, settings: Settings, calls: list[CallRecord] | None = None,
-               gate: Any = None, breaker: Any = None, budget: CostBudget | None = None) -> Brain:
-    """The offline baseline or a model brain; a model brain keeps its call records in ``brain.calls``
-    and consults ``breaker`` (om_core.circuit) and ``budget`` (a run's --max-cost, om_core.cost)
-    before every call."""
+class RunStopped(Exception):
+    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
+
+
+class BudgetReached(Exception):
+    """The run's --max-cost stopped a stage before its model call: the replay ends there, cleanly
+    (nothing half-done is recorded), and a rerun resumes it (om_core.cost)."""
+
+
+class RunGuards:
+    """What stops or paces a run's model calls, as one value: the run's circuit breaker (om_core.circuit),
+    its --max-cost budget (om_core.cost, None without a limit) and the gate each call holds a slot of
+    (None: no limit). Built once per run and handed to the stage runner (which refuses a stage once the
+    breaker tripped or the budget is spent) and to the brain's model (which consults them before each
+    call). Every replay of the run in this process shares the one value; a replay on another process
+    (a Dask worker) gets its own copy (``for_replay``)."""
+
+    def __init__(self, breaker: CircuitBreaker | None = None, budget: CostBudget | None = None,
+                 gate: Callable[[], AbstractContextManager] | None = None) -> None:
+        self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self.budget = budget
+        self.gate = gate
+
+    @classmethod
+    def for_run(cls, config: ModelConfig, settings: Settings,
+                gate: Callable[[], AbstractContextManager] | None = None) -> RunGuards:
+        """A run's guards: its breaker counts ``breakerFailures``; its budget is ``config.max_cost`` at the
+        model's price (``ValueError`` when litellm has none: a limit could not be kept)."""
+        budget = None
+        if config.max_cost is not None and not config.offline:
+            from om_core.cost import price_of  # litellm's price list: only when there is a limit
+
+            price = price_of(config.model)
+            if price is None:
+                raise ValueError(f"--max-cost needs the model's price, and litellm has none for {config.model!r}")
+            budget = CostBudget(config.max_cost, price)
+        return cls(CircuitBreaker(failure_limit=settings.breakerFailures), budget, gate)
+
+    def for_replay(self, allowance: float | None) -> RunGuards:
+        """A copy for a replay on another process: the breaker as it stands (a run stopped already stops
+        the replay at its first stage) and a budget of ``allowance`` dollars (the part of the run's budget
+        the caller set aside for it; unused without a budget). It pickles (no locks travel)."""
+        breaker = CircuitBreaker(self.breaker.unreachable_limit, self.breaker.failure_limit)
+        if self.breaker.reason is not None:
+            breaker.trip(self.breaker.reason)
+        budget = None if self.budget is None else CostBudget(max(0.0, allowance or 0.0), self.budget.price,
+                                                             exhausted=self.budget.exhausted)
+        return RunGuards(breaker, budget, self.gate)
+
+    def check(self) -> None:
+        """Raise the reason the run refuses its next stage: ``RunStopped`` (the breaker tripped) or
+        ``BudgetReached`` (the budget is spent)."""
+        if self.breaker.tripped:
+            raise RunStopped(str(self.breaker.reason))
+        if self.budget is not None and self.budget.exhausted:
+            raise BudgetReached("the run's cost budget (--max-cost) is reached; rerun to resume")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"breaker": self.breaker, "budget": self.budget, "gate": self.gate}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def make_brain(config: ModelConfig, settings: Settings, guards: RunGuards | None = None,
+               calls: list[CallRecord] | None = None) -> Brain:
+    """The offline baseline or a model brain; a model brain's model consults ``guards`` (the run's
+    breaker, budget and call gate) before every call and keeps its call records in ``brain.calls``."""
     if config.offline:
-        brain = OfflineBrain(redact_secrets=settings.redactSecrets)
-        brain.breaker, brain.budget = breaker, None  # a run's breaker stops offline stages too (a full disk)
-        return brain
+        return OfflineBrain(redact_secrets=settings.redactSecrets)
+    guards = guards if guards is not None else RunGuards()
     calls = [] if calls is None else calls
     model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.key, thinking=config.thinking,
                          timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
-                         gate=gate, breaker=breaker, keep_texts=settings.storePrompts, budget=budget)
-    brain = ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
-                       closing_turn=settings.agentClosingTurn)
-    brain.calls = calls
-    brain.breaker = breaker  # the stage runner checks these before a stage starts (om_core.replay.stage_runner)
-    brain.budget = budget
-    return brain
+                         gate=guards.gate, breaker=guards.breaker, keep_texts=settings.storePrompts,
+                         budget=guards.budget)
+    return ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
+                      closing_turn=settings.agentClosingTurn, calls=calls)
 
 
 # ------------------------------------------------------------------ writing results
@@ -181,7 +242,6 @@ class PreparedStage:
     input: Any  # ObserverInput | ReflectorInput | DropperInput
     stage_key: str
     model: str
-    cached_result: str | None = None  # a result in stage_results, computed but not appended (TableStageResults)
 
 
 @dataclass
@@ -212,13 +272,13 @@ def prepare_stage(con: duckdb.DuckDBPyConnection, req: StageRequest, settings: S
         outcome.outcome = "empty"
         outcome.reason = "this exact input gave a deliberate empty result before; not asked again"
         return None, outcome
-    return PreparedStage(req, inp, key, model, state["cached_result"]), outcome
+    return PreparedStage(req, inp, key, model), outcome
 
 
 def compute_stage(prepared: PreparedStage, brain: Brain, settings: Settings) -> ComputedStage:
     """Run the worker on a prepared input; no database is touched."""
     req = prepared.request
-    calls: list[CallRecord] = getattr(brain, "calls", None) if getattr(brain, "calls", None) is not None else []
+    calls = brain.calls
     calls_before = len(calls)
     outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, brain.name)
     outcome, payload = STAGES[req.stage].run(prepared.input, brain, settings, outcome)

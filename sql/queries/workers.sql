@@ -51,9 +51,17 @@ SELECT EXISTS (SELECT 1 FROM om_internal.ledger WHERE session_id = $session_id A
            AS appended,
        EXISTS (SELECT 1 FROM om_internal.stages WHERE session_id = $session_id AND stage_key = $stage_key
                                           AND outcome = 'empty')
-           AS was_empty,
-       (SELECT result FROM om_internal.stage_results WHERE session_id = $session_id AND stage_key = $stage_key)
-           AS cached_result;
+           AS was_empty;
+
+-- name: stage_result
+-- A stage result computed but not yet appended (a command's exactly-once: om_core.replay.stage_runner).
+SELECT result FROM om_internal.stage_results WHERE session_id = $session_id AND stage_key = $stage_key;
+
+-- name: delete_committed_stage_results
+-- A session's kept stage results whose records are in the ledger now: nothing will ask for them again.
+DELETE FROM om_internal.stage_results
+WHERE session_id = $session_id
+  AND stage_key IN (SELECT stage_key FROM om_internal.ledger WHERE session_id = $session_id AND stage_key IS NOT NULL);
 
 -- name: put_stage_result
 INSERT OR REPLACE INTO om_internal.stage_results (session_id, stage_key, stage, result)
