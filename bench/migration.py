@@ -42,7 +42,7 @@ from pi_rpc import RpcPi, agent_dir, missing, os_env  # noqa: E402
 import om_core.ingest.file_ingest as file_ingest  # noqa: E402
 from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.replay.branch import replay_in_process  # noqa: E402
+from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.replay.plan import due_sessions, fingerprints, record_replay  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
@@ -93,7 +93,7 @@ def run(name: str, profile: str, settings: Settings, root: Path) -> dict:
     try:
         [sid] = [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
         cpu = time.process_time()
-        replay_in_process(Workspace.on_connection(con, settings), sid, make_brain(ModelConfig(model="offline"), settings))
+        replay_session(Workspace.on_connection(con, settings), sid, make_brain(ModelConfig(model="offline"), settings))
         replay_cpu = time.process_time() - cpu
         [(_, printed)] = fingerprints(con, [sid], settings, "offline", True).items()
         record_replay(con, sid, printed.now, "bench")

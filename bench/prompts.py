@@ -58,10 +58,9 @@ import duckdb  # noqa: E402
 from fake_openai import FakeOpenAI, PrefixCache, Reply, prompt_text, text, tool_call  # noqa: E402
 from om_core import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.replay.branch import replay_session  # noqa: E402
-from om_core.replay.stage_runner import execute_stage  # noqa: E402
+from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workers.stages import ModelConfig, StageRequest, make_brain  # noqa: E402
+from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
 from om_core.workspace import Workspace  # noqa: E402
 
 SHARED = (REPO.parent / "shared" / "sessions").resolve()
@@ -274,8 +273,7 @@ def run_one(session_path: Path, model: str, workdir: Path, overrides: dict[str, 
     ws = Workspace.on_connection(dbmod.connect(db_path), settings)
     config = ModelConfig(model="openai/fake-model", api_base=server.base_url)
     try:
-        replay_session(ws, sid, lambda req: execute_stage(ws, req, make_brain(config, settings, []), run_id),
-                       drain=True, run_id=run_id)
+        replay_session(ws, sid, make_brain(config, settings), drain=True, run_id=run_id)
     finally:
         ws.close()
         server.stop()

@@ -25,7 +25,7 @@ from om_core.cutpoint import compaction_cut_point
 from om_core.ingest import ingest
 from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live
 from om_core.memory import compact
-from om_core.replay.branch import replay_in_process
+from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
@@ -71,8 +71,7 @@ def maintain(path: Path, db: Path) -> None:
     try:
         [sid] = [r[0] for r in con.execute("SELECT session_id FROM sessions WHERE file_path = ?",
                                            [str(path.resolve())]).fetchall()]
-        replay_in_process(Workspace.on_connection(con, SETTINGS), sid, make_brain(ModelConfig(model="offline"),
-                                                                                  SETTINGS))
+        replay_session(Workspace.on_connection(con, SETTINGS), sid, make_brain(ModelConfig(model="offline"), SETTINGS))
         [(_, printed)] = fingerprints(con, [sid], SETTINGS, "offline", True).items()
         record_replay(con, sid, printed.now, "run-1")
     finally:
@@ -161,8 +160,7 @@ def test_a_v1_file_migrated_by_pi_keeps_its_memory_at_every_point(maintained_v1)
     # and a replay anyway appends nothing (every stage finds its input answered or not due)
     con = dbmod.connect(db)
     try:
-        replay_in_process(Workspace.on_connection(con, SETTINGS), SID, make_brain(ModelConfig(model="offline"),
-                                                                                  SETTINGS))
+        replay_session(Workspace.on_connection(con, SETTINGS), SID, make_brain(ModelConfig(model="offline"), SETTINGS))
     finally:
         con.close()
     assert counts(db) == rows
@@ -297,7 +295,7 @@ def test_om_ingest_and_om_run_say_what_they_reanchored(maintained_once, tmp_path
     from typer.testing import CliRunner
 
     from flows.cli.main import app
-    from om_core.replay.plan import plan_run
+    from om_core.replay.plan import check_targets, ingest_targets, plan_run
 
     seen = {}
     for how in ("human", "json", "run"):
@@ -311,10 +309,12 @@ def test_om_ingest_and_om_run_say_what_they_reanchored(maintained_once, tmp_path
                 con.execute(f"UPDATE om_internal.{table} SET file_path = ?", [str(path.resolve())])
         migrate_file(path, seed=17)
         if how == "run":  # om run's plan: the line among its notes, and nothing to replay
-            plan = plan_run(Workspace.open(db, settings=SETTINGS), [str(path)], model="offline", drain=True)
+            ws = Workspace.open(db, settings=SETTINGS)
+            targets = check_targets(ws, [str(path)])
+            plan = plan_run(ws, targets, ingest_targets(ws, targets), model="offline", drain=True)
             [note] = [n for n in plan.notes if "migrated by Pi" in n]
-            assert note.startswith(f"{path.resolve()}: migrated by Pi (v1 → v3)") and plan.warnings == []
-            assert plan.session_ids == [SID] and plan.due == []
+            assert note.startswith(f"{path.resolve()}: migrated by Pi (v1 → v3)") and plan.warnings == ()
+            assert plan.session_ids == (SID,) and plan.due == ()
             continue
         result = CliRunner().invoke(app, ["--db", str(db), "ingest", str(path), *(["--json"] if how == "json" else [])],
                                     env={"COLUMNS": "200"})
@@ -379,8 +379,8 @@ def test_a_real_session_om_maintained_then_opened_in_the_real_pi_keeps_every_rec
     con = dbmod.connect(db)
     try:
         [sid] = [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
-        replay_in_process(Workspace.on_connection(con, REAL_SETTINGS), sid,
-                          make_brain(ModelConfig(model="offline"), REAL_SETTINGS))
+        replay_session(Workspace.on_connection(con, REAL_SETTINGS), sid,
+                       make_brain(ModelConfig(model="offline"), REAL_SETTINGS))
         [(_, printed)] = fingerprints(con, [sid], REAL_SETTINGS, "offline", True).items()
         record_replay(con, sid, printed.now, "run-1")  # as om run records a complete replay
         before = memory_at_every_point(con, sid, REAL_SETTINGS, every=25), recalls(con, sid)
