@@ -65,9 +65,31 @@ class Price:
 
 
 def price_of(model: str | None) -> Price | None:
-    """The model's price from litellm's local cost map, or None when litellm has none."""
+    """The model's price from litellm's local cost map, or None when litellm has none.
+
+    Read from the JSON file litellm ships (milliseconds) for a name the map holds with both per-token
+    prices of one of the common providers (PRICED_PROVIDERS), as itself or as ``provider/name`` of an
+    entry of that provider; litellm itself (seconds to import) is asked for any other name (its
+    aliases, dated and fine-tuned variants, entries it completes from others): the fallback.
+    tests/test_cost.py checks that both give the same price for every name of the map."""
     if not model or model == "offline":
         return None
+    entry = _cost_map().get(model)
+    if entry is None and "/" in model:
+        provider, bare = model.split("/", 1)
+        found = _cost_map().get(bare)
+        entry = found if found is not None and found.get("litellm_provider") == provider else None
+    if (entry is None or entry.get("litellm_provider") not in PRICED_PROVIDERS
+            or entry.get("input_cost_per_token") is None or entry.get("output_cost_per_token") is None):
+        return _litellm_price_of(model)  # the fallback: litellm's own resolution of the name
+    return _price(model, entry)
+
+
+# Providers whose ``provider/name`` litellm prices as the map's ``name`` (checked by tests/test_cost.py).
+PRICED_PROVIDERS = frozenset({"openai", "anthropic", "openrouter", "gemini", "groq", "mistral", "deepseek", "xai"})
+
+
+def _litellm_price_of(model: str) -> Price | None:
     from om_core.model import _import_litellm
 
     litellm = _import_litellm()
@@ -75,11 +97,31 @@ def price_of(model: str | None) -> Price | None:
         info = litellm.get_model_info(model)
     except Exception:  # unknown to litellm
         return None
+    return _price(model, info)
+
+
+def _price(model: str, info: Any) -> Price | None:
     input_cost, output_cost = info.get("input_cost_per_token"), info.get("output_cost_per_token")
     if input_cost is None or output_cost is None:
         return None
     return Price(model, float(input_cost), float(output_cost),
                  _float(info.get("cache_read_input_token_cost")), _float(info.get("cache_creation_input_token_cost")))
+
+
+_COST_MAP: dict[str, Any] | None = None
+
+
+def _cost_map() -> dict[str, Any]:
+    """litellm's bundled cost map (the file LITELLM_LOCAL_MODEL_COST_MAP makes litellm read), read once."""
+    global _COST_MAP
+    if _COST_MAP is None:
+        from om_core.tokens import litellm_package_dir
+
+        package = litellm_package_dir()
+        path = None if package is None else package / "model_prices_and_context_window_backup.json"
+        _COST_MAP = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+        _COST_MAP.pop("sample_spec", None)
+    return _COST_MAP
 
 
 def _float(value: Any) -> float | None:

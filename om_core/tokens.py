@@ -162,12 +162,18 @@ class TokenizerUnavailable(RuntimeError):
     """The tiktoken encoding file is not on this machine (nothing is ever downloaded)."""
 
 
-def litellm_tokenizer_dir() -> Path | None:
-    """Where litellm keeps its bundled tiktoken files, found without importing litellm."""
+def litellm_package_dir() -> Path | None:
+    """The installed litellm package's folder, found without importing litellm."""
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def litellm_tokenizer_dir() -> Path | None:
+    """Where litellm keeps its bundled tiktoken files, found without importing litellm."""
+    package = litellm_package_dir()
+    return None if package is None else package / "litellm_core_utils" / "tokenizers"
 
 
 def _tiktoken_cache_dir() -> Path:

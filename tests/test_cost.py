@@ -100,6 +100,45 @@ def test_litellm_prices_two_common_small_models_from_its_local_map():
     assert price_of("openai/fake-model") is None and price_of("offline") is None
 
 
+def test_the_cost_maps_file_prices_every_model_as_litellm_does(monkeypatch):
+    """price_of reads litellm's bundled map without importing litellm where it can: for every name of the
+    map (as itself, as provider/name, without its prefix) it answers as litellm.get_model_info, and it
+    asks litellm (the fallback) for none of the common providers' mapped models."""
+    import om_core.cost as cost
+    from om_core.model import _import_litellm
+
+    litellm = _import_litellm()
+
+    def litellm_price(name):
+        try:
+            info = litellm.get_model_info(name)
+        except Exception:
+            return None
+        if info.get("input_cost_per_token") is None or info.get("output_cost_per_token") is None:
+            return None
+        return tuple(None if info.get(k) is None else float(info[k]) for k in
+                     ("input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
+                      "cache_creation_input_token_cost"))
+
+    asked = []
+    monkeypatch.setattr(cost, "_litellm_price_of", lambda name: asked.append(name))
+    fast = 0
+    for key, entry in cost._cost_map().items():
+        provider = entry.get("litellm_provider")
+        for name in {key, f"{provider}/{key}", key.split("/", 1)[-1]}:
+            before = len(asked)
+            price = price_of(name)
+            if len(asked) > before:
+                continue  # litellm's own answer: nothing to compare
+            fast += 1
+            assert price is not None, name
+            assert (price.input, price.output, price.cache_read, price.cache_write) == litellm_price(name), name
+        if provider in cost.PRICED_PROVIDERS and entry.get("input_cost_per_token") is not None \
+                and entry.get("output_cost_per_token") is not None:
+            assert key not in asked
+    assert fast > 500  # the common providers' models are priced from the file
+
+
 def test_estimate_is_source_tokens_times_the_prompt_ratios():
     est = estimate_run("test-model", 100_000, PRICE, prompt_per_source=1.3, uncached_per_source=1.1,
                        output_per_source=0.05)
