@@ -90,3 +90,87 @@ def js_json_length(value: Any) -> int:
         else:
             total += _js_scalar_json_length(item)
     return total
+
+
+_STRINGIFY_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _js_string_json(text: str) -> str:
+    if _JSON_ESCAPES.search(text) is None:
+        return f'"{text}"'
+    return '"' + _JSON_ESCAPES.sub(lambda m: _STRINGIFY_SHORT.get(m.group()) or f"\\u{ord(m.group()):04x}", text) + '"'
+
+
+def _index_key(key: str) -> int | None:
+    """The number of an object key JavaScript keeps as an array index (listed first, in numeric order)."""
+    if key.isdigit() and key.isascii() and (key == "0" or key[0] != "0") and int(key) < 2**32 - 1:
+        return int(key)
+    return None
+
+
+def _js_keys(item: dict[Any, Any]) -> list[str]:
+    """An object's keys in the order JavaScript enumerates them: array indices ascending, then the rest
+    in insertion order (what JSON.parse then JSON.stringify gives)."""
+    keys = [str(k) for k in item]
+    indices = [k for k in keys if _index_key(k) is not None]
+    if not indices:
+        return keys
+    return sorted(indices, key=_index_key) + [k for k in keys if _index_key(k) is None]
+
+
+def js_stringify(value: Any) -> str:
+    """``JSON.stringify(value)`` for a value parsed from JSON: compact, raw Unicode, JavaScript's number
+    layout (1.0 is ``1``, 1e21 is ``1e+21``) and key order. Iterative, like ``js_json_length``."""
+    parts: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            parts.append(item.text)
+        elif isinstance(item, list):
+            if not item:
+                parts.append("[]")
+                continue
+            parts.append("[")
+            stack.append(_Raw("]"))
+            for i, element in enumerate(reversed(item)):
+                stack.append(element)
+                if i < len(item) - 1:
+                    stack.append(_Raw(","))
+        elif isinstance(item, dict):
+            keys = _js_keys(item)
+            if not keys:
+                parts.append("{}")
+                continue
+            by_name = {str(k): v for k, v in item.items()}
+            parts.append("{")
+            stack.append(_Raw("}"))
+            for i, key in enumerate(reversed(keys)):
+                stack.append(by_name[key])
+                stack.append(_Raw(_js_string_json(key) + ":"))
+                if i < len(keys) - 1:
+                    stack.append(_Raw(","))
+        elif item is None:
+            parts.append("null")
+        elif item is True:
+            parts.append("true")
+        elif item is False:
+            parts.append("false")
+        elif isinstance(item, str):
+            parts.append(_js_string_json(item))
+        elif isinstance(item, int):
+            parts.append(str(item) if -(2**53) < item < 2**53 else js_number(float(item)))
+        elif isinstance(item, float):
+            parts.append(js_number(item))
+        else:
+            parts.append(_js_string_json(str(item)))
+    return "".join(parts)
+
+
+class _Raw:
+    """Text js_stringify writes as it is (brackets, commas, a key and its colon)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text

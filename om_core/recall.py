@@ -139,7 +139,7 @@ def _observation(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, row:
         id=row["id"], status=row["status"], content=row["content"], ts=row["ts"], relevance=row["relevance"],
         ledger_id=row["ledger_id"], item_index=row["item_index"], matched=matched, source_entry_ids=list(row["source_entry_ids"]), session_id=session_id,
     )
-    for entry_id in item.source_entry_ids:
+    for entry_id in dict.fromkeys(item.source_entry_ids):  # an id cited twice is one source (as the extension has it)
         info = resolved.get(entry_id)
         if info is None or info["position"] is None:
             item.missing_source_entry_ids.append(entry_id)
