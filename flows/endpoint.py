@@ -2,9 +2,13 @@
 a process that keeps om loaded, so an answer costs the work (tens of milliseconds) and not a Python
 start (a second or more: measured in bench/live_compaction.py).
 
-One endpoint per database. It announces itself in a file next to the database
-(``<db>.endpoint.json``: its URL, a token, its pid and the database, readable by this user only), which
-is how the extension finds it; the token keeps other local users from reading sessions through it.
+One endpoint per database. It announces itself in this user's state folder
+(``$XDG_STATE_HOME/om/endpoints``, else ``~/.local/state/om/endpoints``; the folder 0700, the file
+0600): its URL, a token, its pid, the database and the session folders it serves. Every om process of
+this user looks there, and so does the extension: a session file under a served folder is answered
+by that endpoint, with that database, without any setting naming it. The token keeps other local
+users from reading sessions through it; an announcement is believed only when this user owns it, no
+one else can read it, it names a loopback URL and a live process of this user.
 
 What it reads is bounded before it reads it: the token is checked before the body, a body over
 ``MAX_BODY_BYTES`` is refused (413) unread, a bad length or JSON nested too deep is a 400 (never a
@@ -12,26 +16,33 @@ traceback), an idle or slow connection is closed after ``SOCKET_SECONDS``, and t
 holds the bursts of concurrent recalls a busy Pi sends. A request names a session file: only a Pi
 session file under the folders the endpoint serves (``om serve --live DIR``, ``om live endpoint
 --sessions DIR``) is read; anything else is refused before it is opened as a session, so nothing
-of it reaches the database (not even its quarantine). Requests
-are answered one at a time, in turn (the process is the database's writer while it ingests), each on a
-connection opened for it and closed after, so an analyst's ``om sql`` and ``om serve``'s runs get
-the file between answers. A request that cannot get the file within ``wait_seconds`` (another
-process is writing it) is answered "busy": the extension then declines, and Pi's own summarizer
-runs. The extension bounds its own wait, so a long queue makes it decline too, never block Pi.
+of it reaches the database (not even its quarantine).
+
+Requests for different session files are answered side by side: they share one open of the database
+(``SharedFileDatabase``: a cursor each, so DuckDB reads for them in parallel), and only the requests
+for one file wait for each other (its new lines are ingested by one request at a time). The file is
+opened when a request arrives and let go once the last answer in progress is sent, so an analyst's
+``om sql`` and ``om serve``'s runs get the file between bursts. A request that cannot get the file
+within ``wait_seconds`` (another process is writing it) is answered "busy": the extension then
+declines, and Pi's own summarizer runs. The extension bounds its own wait, so a long queue makes it
+decline too, never block Pi.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
 import secrets
+import stat
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -41,7 +52,9 @@ from pydantic import ValidationError
 from om_core.errors import DatabaseBusy, OmError
 from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
 from om_core.session import file_header
-from om_core.workspace import Workspace
+from om_core.private_files import private_dir, write_private
+from om_core.settings import Settings
+from om_core.workspace import SharedFileDatabase, Workspace
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
@@ -59,9 +72,21 @@ def default_session_folders() -> list[Path]:
     return [agent / "sessions"]
 
 
+def state_dir() -> Path:
+    """om's folder in the user's state directory: ``$XDG_STATE_HOME/om``, else ``~/.local/state/om``."""
+    base = os.environ.get("XDG_STATE_HOME")
+    return (Path(base) if base and Path(base).is_absolute() else Path.home() / ".local" / "state") / "om"
+
+
+def endpoints_folder() -> Path:
+    """Where every endpoint of this user announces itself (the extension looks here too)."""
+    return state_dir() / "endpoints"
+
+
 def endpoint_file(db_path: str | os.PathLike) -> Path:
-    """Where the endpoint of this database announces itself."""
-    return Path(str(Path(db_path).resolve()) + ".endpoint.json")
+    """Where the endpoint of this database announces itself: a name derived from the database's path."""
+    key = hashlib.sha256(str(Path(db_path).resolve()).encode()).hexdigest()[:16]
+    return endpoints_folder() / f"{key}.json"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -92,27 +117,69 @@ def _loopback(url: Any) -> bool:
         return False
 
 
-def running_endpoint(db_path: str | os.PathLike) -> dict[str, Any] | None:
-    """The announcement of the endpoint serving this database, when it is one this user's endpoint wrote:
-    the file owned by this user and readable by no one else, a loopback URL, a live pid, this database.
-    (The Pi extension applies the same rules before it sends anything to an endpoint.)"""
-    path = endpoint_file(db_path)
+def _private_folder(folder: Path) -> bool:
+    """This user's folder, which no one else may write (so no one else can plant an announcement)."""
     try:
-        info = path.stat()
+        info = folder.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def read_announcement(path: Path) -> dict[str, Any] | None:
+    """The announcement in ``path`` when this user's endpoint wrote it: a regular file owned by this user
+    and readable by no one else, a loopback URL, a token, a live pid, an absolute database path and the
+    session folders it serves. None otherwise (a stale or planted file is never believed)."""
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            return None
         found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not isinstance(found, dict):
+    if not isinstance(found, dict) or not _loopback(found.get("url")) or not isinstance(found.get("token"), str):
         return None
-    if not _loopback(found.get("url")) or not isinstance(found.get("token"), str):
+    if not isinstance(found.get("db"), str) or not Path(found["db"]).is_absolute():
         return None
-    if found.get("db") != str(Path(db_path).resolve()):
+    sessions = found.get("sessions")
+    if not isinstance(sessions, list) or not all(isinstance(s, str) and Path(s).is_absolute() for s in sessions):
         return None
     try:
         pid = int(found.get("pid") or 0)
     except (TypeError, ValueError):
         return None
     return found if pid > 0 and _own_live_pid(pid) else None
+
+
+def running_endpoint(db_path: str | os.PathLike) -> dict[str, Any] | None:
+    """The announcement of the endpoint serving this database, when it is one this user's endpoint wrote
+    (``read_announcement``) and names this database. (The Pi extension applies the same rules before
+    it sends anything to an endpoint.)"""
+    if not _private_folder(endpoints_folder()):
+        return None
+    found = read_announcement(endpoint_file(db_path))
+    return found if found is not None and found["db"] == str(Path(db_path).resolve()) else None
+
+
+def endpoint_for_session(session_file: str | os.PathLike) -> dict[str, Any] | None:
+    """The running endpoint that serves ``session_file`` (the file under one of its session folders,
+    links followed), or None: where a session's memory is when nothing names a database. When several
+    serve it, the one with the closest folder (then the latest started) wins."""
+    folder = endpoints_folder()
+    if not _private_folder(folder):
+        return None
+    path = Path(session_file).expanduser().resolve()
+    best: tuple[int, float, dict[str, Any]] | None = None
+    for candidate in sorted(folder.glob("*.json")):
+        found = read_announcement(candidate)
+        if found is None:
+            continue
+        depths = [len(Path(s).parts) for s in found["sessions"] if path.is_relative_to(Path(s))]
+        if depths:
+            rank = (max(depths), float(found.get("started") or 0), found)
+            if best is None or rank[:2] > best[:2]:
+                best = rank
+    return best[2] if best else None
 
 
 def ask(announcement: dict[str, Any], op: str, payload: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
@@ -138,18 +205,25 @@ class LiveEndpoint:
 
     def __init__(self, ws: Workspace, *, port: int = 0, wait_seconds: float = 2.0,
                  sessions: Iterable[str | os.PathLike] | None = None, socket_seconds: float = SOCKET_SECONDS,
-                 on_answer: Callable[[str], None] | None = None) -> None:
+                 on_answer: Callable[[str], None] | None = None,
+                 settings_for: Callable[[Path, bool], Settings] | None = None) -> None:
         if ws.path is None:
             raise TypeError("the live endpoint serves a database file")
         self.db_path = ws.path.resolve()
         # the session folders it reads from (default: Pi's own); a request for any other file is refused
         self.sessions = [Path(p).expanduser().resolve() for p in (sessions or default_session_folders())]
-        # opening the file waits at most wait_seconds for another writer: then the answer is "busy"
-        self.ws = ws.waiting(wait_seconds)
+        # one open of the file for the requests in progress; opening it waits at most wait_seconds for
+        # another writer: then the answer is "busy"
+        self.db = SharedFileDatabase(self.db_path, wait_seconds)
+        self.ws = Workspace(self.db, ws.settings)
+        # a request naming its session's folder (cwd) gets that project's settings, as an om command
+        # run there would (project False: the folder is not trusted, its own files do not count)
+        self.settings_for = settings_for
         self.port, self.wait_seconds, self.on_answer = port, wait_seconds, on_answer or (lambda line: None)
         self.socket_seconds = socket_seconds
         self.token = secrets.token_hex(16)
-        self.lock = threading.Lock()  # one answer at a time: this process is the writer while it ingests
+        self._files_lock = threading.Lock()
+        self._file_locks: dict[Path, threading.Lock] = {}  # one request at a time per session file
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -170,13 +244,18 @@ class LiveEndpoint:
         return self
 
     def _announce(self) -> None:
-        path = endpoint_file(self.db_path)
-        text = json.dumps({"url": self.url, "token": self.token, "pid": os.getpid(), "db": str(self.db_path)})
-        partial = path.with_name(path.name + f".{os.getpid()}.tmp")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the token: this user only
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(partial, path)
+        folder = endpoints_folder()
+        private_dir(folder)
+        if not _private_folder(folder):  # made by hand, or by an older om: this user's only, or refuse
+            try:
+                if folder.lstat().st_uid != os.geteuid():
+                    raise OmError(f"{folder} belongs to another user: the endpoint cannot announce itself there")
+                folder.chmod(0o700)
+            except OSError as exc:
+                raise OmError(f"cannot use {folder} for the endpoint's announcement: {exc.strerror or exc}") from None
+        text = json.dumps({"url": self.url, "token": self.token, "pid": os.getpid(), "db": str(self.db_path),
+                           "sessions": [str(p) for p in self.sessions], "started": time.time()})
+        write_private(endpoint_file(self.db_path), text.encode())  # the token: this user only
 
     def stop(self) -> None:
         if self._server is None:
@@ -229,8 +308,23 @@ class LiveEndpoint:
             raise OmError(f"{path} is not a Pi session file (no session header in its first lines)")
         return path
 
-    def answer(self, op: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, JSON answer) for one request."""
+    def _file_lock(self, path: Path) -> threading.Lock:
+        with self._files_lock:
+            return self._file_locks.setdefault(path, threading.Lock())
+
+    def _workspace(self, request: CompactRequest | RecallRequest) -> Workspace:
+        """The endpoint's workspace, with the settings of the request's project when it names its folder."""
+        cwd = getattr(request, "cwd", None)
+        if cwd is None or self.settings_for is None:
+            return self.ws
+        folder = Path(cwd)
+        if not folder.is_absolute() or not folder.is_dir():
+            raise OmError(f"the session's folder must be an existing absolute path, not {cwd!r}")
+        return Workspace(self.db, self.settings_for(folder, request.project_settings))
+
+    def answer(self, op: str, body: dict[str, Any], after_reply: ExitStack | None = None) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON answer) for one request. ``after_reply``: the caller closes it once the
+        answer is sent, so the database is let go (and checkpointed) after the reply, not before."""
         started = time.perf_counter()
         if op == "info":
             return 200, {"result": self.info()}
@@ -244,19 +338,28 @@ class LiveEndpoint:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
             return 400, {"error": f"bad {op} request: {problems}"}
         try:
-            request.session_file = str(self.session_file(request.session_file))
+            path = self.session_file(request.session_file)
         except OmError as exc:
             return 403, {"error": str(exc)}
-        if not self.lock.acquire(timeout=QUEUE_SECONDS):
-            return 503, {"error": f"om answered other sessions for {QUEUE_SECONDS:.0f} s without reaching this one"}
+        request.session_file = str(path)
         try:
-            result = handler(self.ws, request)
+            ws = self._workspace(request)
+        except OmError as exc:  # a bad folder, or that project's settings are invalid
+            return 422, {"error": str(exc)}
+        one_file = self._file_lock(path)
+        if not one_file.acquire(timeout=QUEUE_SECONDS):
+            return 503, {"error": f"om answered other requests for {path.name} for {QUEUE_SECONDS:.0f} s "
+                                  "without reaching this one"}
+        try:
+            if after_reply is not None:
+                after_reply.enter_context(self.db.holding())
+            result = handler(ws, request)
         except DatabaseBusy as exc:
             return 503, {"error": str(exc)}
         except OmError as exc:
             return 422, {"error": str(exc)}
         finally:
-            self.lock.release()
+            one_file.release()
         ms = (time.perf_counter() - started) * 1000
         if op == "compact":
             what = (f"{result.observations} observation(s), {result.reflections} reflection(s)" if result.compaction
@@ -335,11 +438,12 @@ def _handler(endpoint: LiveEndpoint) -> type[BaseHTTPRequestHandler]:
             except _BadRequest as exc:
                 self._reply(exc.status, {"error": str(exc)}, close=True)
                 return
-            try:
-                status, payload = endpoint.answer(self.path.strip("/"), body)
-            except Exception as exc:  # never a dead endpoint: the extension declines with this line
-                status, payload = 500, {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
-            self._reply(status, payload)
+            with ExitStack() as after_reply:  # the database is let go once the answer is sent
+                try:
+                    status, payload = endpoint.answer(self.path.strip("/"), body, after_reply)
+                except Exception as exc:  # never a dead endpoint: the extension declines with this line
+                    status, payload = 500, {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+                self._reply(status, payload)
 
         def do_GET(self) -> None:  # noqa: N802
             self._serve(read_body=False)

@@ -23,6 +23,7 @@ from om_core.memory import compact
 from om_core.recall import recall
 from om_core.recall_tool import tool_result
 from om_core.redact import redact
+from om_core.render import with_instructions
 from om_core.tokens import count_tokens
 
 if TYPE_CHECKING:
@@ -30,12 +31,18 @@ if TYPE_CHECKING:
 
 
 class CompactRequest(BaseModel):
-    """Pi's ``session_before_compact``: the session file, the branch tip and Pi's own cut."""
+    """Pi's ``session_before_compact``: the session file, the branch tip and Pi's own cut; the user's
+    ``/compact`` instructions when given; the session's folder (``cwd``), whose project settings the
+    endpoint then uses (``project_settings`` False: Pi does not trust that folder, so its own files
+    do not count)."""
 
     session_file: str = Field(min_length=1)
     leaf: str = Field(min_length=1)
     first_kept_entry_id: str = Field(min_length=1)
     tokens_before: int = Field(ge=0)
+    custom_instructions: str | None = Field(default=None, max_length=20_000)
+    cwd: str | None = None
+    project_settings: bool = True
 
 
 class RecallRequest(BaseModel):
@@ -95,7 +102,8 @@ def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
     if result.summary is None:
         answer.declined = f"no memory before entry {req.first_kept_entry_id} of this session yet"
         return answer
-    answer.compaction = {"summary": result.summary, "firstKeptEntryId": req.first_kept_entry_id,
+    summary = with_instructions(result.summary, req.custom_instructions)
+    answer.compaction = {"summary": summary, "firstKeptEntryId": req.first_kept_entry_id,
                          "tokensBefore": req.tokens_before, "details": result.details()}
     return answer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from om_core.prompts import SUMMARY_PREAMBLE
-from om_core.redact import redact_line
+from om_core.redact import redact, redact_line
 
 
 def observation_line(obs_id: str, timestamp: str, relevance: str, content: str) -> str:
@@ -30,3 +30,12 @@ def render_summary(reflection_lines: Sequence[str], observation_lines: Sequence[
     if observation_lines:
         parts.append("## Observations\n" + "\n".join(map(redact_line, observation_lines)))
     return "\n\n".join(parts)
+
+
+def with_instructions(summary: str, instructions: str | None) -> str:
+    """The summary with the user's instructions for this compaction (Pi's ``customInstructions``, from
+    ``/compact TEXT``) after the memory, where the agent reads them with it; unchanged without any.
+    Redacted like every line of the summary."""
+    if not instructions or not instructions.strip():
+        return summary
+    return f"{summary}\n\n## Instructions for this compaction\n{redact(instructions.strip())}"

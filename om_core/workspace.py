@@ -53,6 +53,67 @@ class FileDatabase:
         return f"FileDatabase({str(self.path)!r})"
 
 
+class SharedFileDatabase:
+    """The user's file, opened once for the uses in progress at the same time and closed when the last
+    of them ends: each use gets a cursor of its own (DuckDB runs them side by side), so concurrent
+    requests (the live endpoint's sessions) share one open instead of queueing for the file, and
+    between bursts the file is free for other processes, as with ``FileDatabase``.
+
+    ``holding()`` keeps the file open across several uses (a request and its reply: the close, which
+    checkpoints, comes after the answer is sent)."""
+
+    def __init__(self, path: str | os.PathLike, busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> None:
+        self.path = Path(path)
+        self.busy_seconds = busy_seconds
+        self._lock = threading.Lock()  # the open happens under it: the others wait for that one open
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._users = 0
+        self.opens = 0  # how many times the file was opened (the tests and the bench read it)
+
+    def _acquire(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            if self._con is None:
+                self._con = dbmod.connect(self.path, busy_seconds=self.busy_seconds)
+                self.opens += 1
+            self._users += 1
+            return self._con
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._con is not None:
+                con, self._con = self._con, None
+                con.close()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        self._acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    @contextmanager
+    def _use(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        cursor = self._acquire().cursor()
+        try:
+            yield cursor
+        finally:
+            try:
+                cursor.close()
+            finally:
+                self._release()
+
+    def read(self):
+        return self._use()
+
+    def write(self):
+        return self._use()
+
+    def __repr__(self) -> str:
+        return f"SharedFileDatabase({str(self.path)!r})"
+
+
 class ConnectionDatabase:
     """One open connection, used for every read and write (a command's many steps, a test, a task).
 

@@ -3,7 +3,10 @@ tests that need them are skipped there with a clear reason (CI always has them).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 # Nothing in the tests may reach the network or a real model.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# The endpoints' announcements (flows.endpoint.endpoints_folder) go to a state folder of the test run's
+# own, never the developer's: every process the tests start (om, Pi and its extension) inherits it.
+_STATE = tempfile.mkdtemp(prefix="om-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE
+atexit.register(shutil.rmtree, _STATE, True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -131,6 +131,61 @@ def test_several_sessions_at_once_and_an_analyst_between_them(tmp_path):
     assert json.loads(analyst.stdout)[0]["n"] in range(0, 5)
 
 
+def test_requests_share_one_open_and_wait_only_for_their_own_file(tmp_path):
+    """Requests for different session files are answered side by side on one open of the database; only
+    a request for the same file waits (its new lines are ingested one request at a time)."""
+    files = []
+    for n in range(4):
+        sb = extension_session()
+        sb.header["id"] = f"{n}" + sb.header["id"][1:]
+        files.append(sb.write(tmp_path / f"live{n}.jsonl"))
+    with LiveEndpoint(workspace(tmp_path / "om.duckdb", POOL), wait_seconds=30, sessions=[tmp_path]) as endpoint:
+        announcement = running_endpoint(endpoint.db_path)
+        answers: dict[int, dict] = {}
+
+        def ask_for(n: int) -> threading.Thread:
+            thread = threading.Thread(target=lambda: answers.__setitem__(
+                n, ask(announcement, "compact", compact_payload(files[n]), timeout=120)))
+            thread.start()
+            return thread
+
+        busy = endpoint._file_lock(files[0].resolve())
+        with endpoint.db.holding():  # the file open, as for a request in progress
+            with busy:  # and file 0 being answered
+                waiting = ask_for(0)
+                others = [ask_for(n) for n in (1, 2, 3)]
+                for t in others:
+                    t.join(120)
+                assert sorted(answers) == [1, 2, 3]  # answered, while the request for file 0 waits for its turn
+                assert waiting.is_alive()
+            waiting.join(120)
+            assert sorted(answers) == [0, 1, 2, 3] and len({a["session_id"] for a in answers.values()}) == 4
+        assert endpoint.db.opens == 1  # all on one open
+        ask(announcement, "compact", compact_payload(files[1]))
+        assert endpoint.db.opens == 2  # let go after the last answer: a later request opens it again
+
+
+def test_a_request_naming_its_folder_gets_that_projects_settings(tmp_path):
+    """The extension hands om the session's cwd: the endpoint answers with the settings an om command run
+    there would use (that folder's om.toml), not its own."""
+    from flows.cli.live import project_settings
+
+    path = extension_session().write(tmp_path / "live.jsonl")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "om.toml").write_text("observationsPoolMaxTokens = 160\n")
+    with LiveEndpoint(workspace(tmp_path / "om.duckdb"), sessions=[tmp_path], settings_for=project_settings) as endpoint:
+        announcement = running_endpoint(endpoint.db_path)
+        own = ask(announcement, "compact", compact_payload(path))
+        there = ask(announcement, "compact", {**compact_payload(path), "cwd": str(project)})
+        assert own["compaction"]["details"] == compact_live(workspace(tmp_path / "om.duckdb"), CompactRequest(
+            **compact_payload(path))).compaction["details"]
+        assert there["compaction"]["details"] == compact_live(workspace(tmp_path / "om.duckdb", POOL), CompactRequest(
+            **compact_payload(path))).compaction["details"] != own["compaction"]["details"]
+        with pytest.raises(OmError, match="must be an existing absolute path"):
+            ask(announcement, "compact", {**compact_payload(path), "cwd": "relative/dir"})
+
+
 def test_one_endpoint_per_database_and_its_announcement_goes_with_it(tmp_path):
     ws = workspace(tmp_path / "om.duckdb")
     other = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(ws.path), "live", "endpoint"],
@@ -148,7 +203,7 @@ def test_one_endpoint_per_database_and_its_announcement_goes_with_it(tmp_path):
     assert not endpoint_file(ws.path).exists()  # removed on the way out
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     endpoint_file(ws.path).write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t", "pid": int(gone.stdout),
-                                                  "db": str(ws.path.resolve())}))
+                                                  "db": str(ws.path.resolve()), "sessions": [str(tmp_path)]}))
     endpoint_file(ws.path).chmod(0o600)
     assert running_endpoint(ws.path) is None  # a killed endpoint's announcement
     with LiveEndpoint(ws) as endpoint:  # is replaced

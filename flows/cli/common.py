@@ -56,6 +56,7 @@ err = Console(stderr=True)
 class _State:
     db: Path = Path("om.duckdb")  # set by the callback: --db, OM_DB, or the user's data directory
     db_existed: Optional[bool] = None  # whether the database was there before the command
+    db_named: bool = False  # --db or OM_DB named it (else om's default; `om live` may find the endpoint's)
     config: Optional[Path] = None
     project_settings: bool = True  # the working folder's .pi/settings.json and om.toml count
 
@@ -82,6 +83,7 @@ def _global(
     state.project_settings = project_settings
     state.db = resolve_db_path(db)
     state.db_existed = state.db.exists()
+    state.db_named = bool(db)
     state.config = config
     for console in (out, err):
         if not console.is_terminal:

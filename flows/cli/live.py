@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -18,22 +18,21 @@ from rich.markup import escape
 from flows.cli.common import err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
 from om_core.db import default_db_path
-from om_core.workspace import Workspace
+from om_core.errors import DatabaseMissing
+from om_core.workspace import FileDatabase, Workspace
 
-EXTENSION = Path(__file__).resolve().parents[2] / "deployments" / "pi" / "om-memory.ts"
+PACKAGE = Path(__file__).resolve().parents[2] / "deployments" / "pi"
+EXTENSION = PACKAGE / "om-memory.ts"
 
 live_app = Typer(name="live", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                  help="Memory for a live Pi: the compaction and recall its om extension asks for, and the "
                  "endpoint that answers them in milliseconds.",
-                 epilog=examples("pi -e $(om live info --extension)", "om live endpoint",
+                 epilog=examples("pi install \"$(om live info --package)\"", "pi -e \"$(om live info --extension)\"",
+                                 "om live endpoint",
                                  "om live compact SESSION.jsonl --leaf ID --first-kept ID --tokens-before 91000"))
 
 WaitOpt = typer.Option(2.0, "--wait", min=0, metavar="SECONDS",
                        help="How long to wait for the database when another process is writing it.")
-
-
-def _live_workspace(wait: float) -> Workspace:
-    return workspace().waiting(wait)
 
 
 def _db_source() -> str:
@@ -42,37 +41,77 @@ def _db_source() -> str:
     return "default (the user's data directory)" if state.db == default_db_path() else "--db"
 
 
-@live_app.command("info", epilog=examples("om live info", "om live info --json", "pi -e $(om live info --extension)"))
-def info(
-    extension: bool = typer.Option(False, "--extension", help="Print only the path of the Pi extension file."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"db", "db_source", "db_exists", "settings_files", '
-                                 '"observations_pool_max_tokens", "endpoint", "extension"}.'),
-) -> None:
-    """Which database and settings om uses here (as every om command resolves them), whether an
-    endpoint serves that database, and where the Pi extension file is."""
-    from flows.endpoint import running_endpoint
+def _database_for(session_file: Path | None) -> tuple[Path, str, dict[str, Any] | None]:
+    """The database om answers a session from, where that choice came from, and the running endpoint
+    serving it: --db or OM_DB when given, else the database of the endpoint that serves the session's
+    folder (`om serve --live DIR`, `om live endpoint`: every om process of this user finds its
+    announcement), else om's default."""
+    from flows.endpoint import endpoint_for_session, running_endpoint
 
-    if extension:
-        sys.stdout.write(f"{EXTENSION}\n")
-        return
+    if not state.db_named and session_file is not None:
+        found = endpoint_for_session(session_file)
+        if found is not None:
+            return Path(found["db"]), "the endpoint serving the session's folder", found
+    db = state.db.resolve()
+    return db, _db_source(), running_endpoint(db)
+
+
+def _live_workspace(wait: float, session_file: Path) -> Workspace:
+    """The workspace for a live question about ``session_file``: its database must exist (a live
+    question never creates one: it would hold nothing but this session, and answer nothing)."""
+    db, source, _ = _database_for(session_file)
+    if not db.exists():
+        raise DatabaseMissing(f"no om database at {db} ({source}); nothing was created "
+                              "(`om serve` or `om ingest` makes one)")
     ws = workspace()
-    resolved = ws.resolved
-    db = ws.path.resolve()
+    return Workspace(FileDatabase(db, wait), resolve=lambda: ws.resolved)
+
+
+@live_app.command("info", epilog=examples("om live info", "om live info --json --session S.jsonl",
+                                           "pi install \"$(om live info --package)\""))
+def info(
+    extension: bool = typer.Option(False, "--extension", help="Print only the path of the Pi extension file "
+                                   "(`pi -e PATH`: one session)."),
+    package: bool = typer.Option(False, "--package", help="Print only the path of the Pi package "
+                                 "(`pi install PATH`: every session)."),
+    session: Optional[Path] = typer.Option(None, "--session", metavar="FILE", help="The database for this session "
+                                           "file: the endpoint serving its folder names it when --db and OM_DB "
+                                           "do not."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"db", "db_source", "db_exists", "settings_files", '
+                                 '"observations_pool_max_tokens", "endpoint", "extension", "package"}.'),
+) -> None:
+    """Which database and settings om uses here (as every om command resolves them; for --session, the
+    database of the endpoint serving that session's folder), whether an endpoint serves that database,
+    and where the Pi extension and its package are."""
+    if extension or package:
+        sys.stdout.write(f"{EXTENSION if extension else PACKAGE}\n")
+        return
+    db, source, found = _database_for(session)
+    resolved = workspace().resolved
     files = sorted({src.split(" (")[0] for src in resolved.sources.values()
                     if not src.startswith(("env ", "flag", "default"))})
-    found = running_endpoint(db)
-    answer = {"db": str(db), "db_source": _db_source(), "db_exists": db.exists(), "settings_files": files,
+    answer = {"db": str(db), "db_source": source, "db_exists": db.exists(), "settings_files": files,
               "observations_pool_max_tokens": resolved.settings.observationsPoolMaxTokens,
-              "endpoint": {"url": found["url"], "pid": found["pid"]} if found else None, "extension": str(EXTENSION)}
+              "endpoint": {"url": found["url"], "pid": found["pid"]} if found else None,
+              "extension": str(EXTENSION), "package": str(PACKAGE)}
     if as_json:
         print_json(answer)
         return
-    out.print(f"database: {escape(str(db))} ({answer['db_source']}{'' if answer['db_exists'] else ', not created yet'})",
+    out.print(f"database: {escape(str(db))} ({source}{'' if answer['db_exists'] else ', not created yet'})",
               highlight=False)
     out.print(f"settings: {escape(', '.join(files)) if files else 'defaults'}", highlight=False)
     out.print(f"endpoint: {found['url']} (pid {found['pid']})" if found else
               "endpoint: none (start one with `om live endpoint`, or `om serve`)", highlight=False)
-    out.print(f"extension: {escape(str(EXTENSION))}", highlight=False)
+    out.print(f"extension: {escape(str(EXTENSION))} (pi install {escape(str(PACKAGE))})", highlight=False)
+
+
+def project_settings(cwd: Path, project: bool):
+    """The settings a request from a session in ``cwd`` is answered with: what an om command run in that
+    folder resolves (with this command's --config and environment); ``project`` False (Pi does not
+    trust the folder): its own files do not count, as with --no-project-settings."""
+    from om_core.settings import load_settings
+
+    return load_settings(state.config, cwd=cwd, project=project).settings
 
 
 @live_app.command("compact", epilog=examples(
@@ -83,6 +122,8 @@ def compact(
     first_kept: str = typer.Option(..., "--first-kept", help="Pi's firstKeptEntryId."),
     tokens_before: int = typer.Option(0, "--tokens-before", min=0, metavar="N", help="Pi's tokensBefore (returned "
                                       "as given)."),
+    instructions: Optional[str] = typer.Option(None, "--instructions", metavar="TEXT", help="Pi's customInstructions "
+                                               "(`/compact TEXT`): added to the summary after the memory."),
     wait: float = WaitOpt,
     as_json: bool = typer.Option(False, "--json", help='Print {"session_id", "leaf", "compaction": {"summary", '
                                  '"firstKeptEntryId", "tokensBefore", "details"} or null, "declined", …}.'),
@@ -92,8 +133,9 @@ def compact(
     why there is none (then Pi's own summarizer runs)."""
     from om_core.live import CompactRequest, compact_live
 
-    answer = compact_live(_live_workspace(wait), CompactRequest(
-        session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before))
+    answer = compact_live(_live_workspace(wait, session_file), CompactRequest(
+        session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before,
+        custom_instructions=instructions))
     if as_json:
         print_json(answer.model_dump(mode="json"))
     elif answer.compaction is None:
@@ -114,7 +156,7 @@ def recall(
     shape): the exact evidence behind the id on that branch."""
     from om_core.live import RecallRequest, recall_live
 
-    result = recall_live(_live_workspace(wait), RecallRequest(session_file=str(session_file), leaf=leaf,
+    result = recall_live(_live_workspace(wait, session_file), RecallRequest(session_file=str(session_file), leaf=leaf,
                                                               id=memory_id))
     if as_json:
         print_json(result)
@@ -132,16 +174,18 @@ def endpoint(
     wait: float = WaitOpt,
 ) -> None:
     """Answer the extension's compactions and recalls on 127.0.0.1 until Ctrl-C, for this database and
-    the Pi session files under the session folders. It announces itself in DB.endpoint.json (URL,
-    token, pid; this user only), where the extension finds it. `om serve` runs the same endpoint; this
+    the Pi session files under the session folders. It announces itself in this user's state folder
+    ($XDG_STATE_HOME/om/endpoints, else ~/.local/state/om/endpoints: URL, token, pid, database, the
+    folders it serves; this user only), where the extension and every om command find it. `om serve` runs the same endpoint; this
     is for teams without it."""
     from flows.endpoint import LiveEndpoint
     from flows.interrupt import serve_until_signal
 
     if state.db_existed:  # a new one is warned about when this command creates it
         warn_exposure(state.db)
-    served = LiveEndpoint(_live_workspace(wait), port=port, wait_seconds=wait, sessions=sessions,
-                          on_answer=lambda line: err.print(escape(line), highlight=False))
+    served = LiveEndpoint(workspace(), port=port, wait_seconds=wait, sessions=sessions,
+                          on_answer=lambda line: err.print(escape(line), highlight=False),
+                          settings_for=project_settings)
 
     def serve() -> None:  # started under the signal handling: a signal right after it is announced still cleans up
         served.start()

@@ -103,11 +103,12 @@ def _mark_interrupted(ws, pids: list[int], signum: int) -> list[str]:
 def _live_endpoint(ws, live: Path | None):
     """The live endpoint of this database in a thread, answering for the session files under the --live
     folder (without one, Pi's own), or None (and one line why) when another runs."""
+    from flows.cli.live import project_settings
     from flows.endpoint import LiveEndpoint
     from om_core.errors import OmError
 
     try:
-        answering = LiveEndpoint(ws, sessions=[live] if live is not None else None,
+        answering = LiveEndpoint(ws, sessions=[live] if live is not None else None, settings_for=project_settings,
                                  on_answer=lambda line: err.print(escape(line), highlight=False)).start()
     except OmError as exc:
         err.print(f"live endpoint: not started here: {escape(str(exc))}", highlight=False)
