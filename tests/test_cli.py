@@ -150,7 +150,7 @@ def test_the_default_database_is_in_the_user_s_data_directory_and_this_user_s_on
     assert q(db, "SELECT session_id FROM sessions") == [(SID_A,)]
     assert stat.S_IMODE((data / "om").stat().st_mode) == 0o700 and stat.S_IMODE(db.stat().st_mode) == 0o600
     info = json.loads(run_om(["live", "info", "--json"], tmp_path).stdout)
-    assert info["db"] == str(db) and info["db_source"] == "default (the user's data directory)"
+    assert info["db"] == str(db) and info["db_source"] == "om's default, in the user's data directory"
     monkeypatch.delenv("XDG_DATA_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert run_om(["ingest", str(path)], tmp_path).returncode == 0

@@ -29,6 +29,7 @@ from conftest import REPO, workspace
 from flows.endpoint import LiveEndpoint, ask, endpoint_file, running_endpoint
 from om_core.errors import OmError
 from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live
+from om_core.private_files import private_dir
 from om_core.settings import Settings
 
 POOL = Settings(observationsPoolMaxTokens=160)
@@ -400,7 +401,9 @@ def test_om_trusts_only_this_user_s_own_endpoint_file(tmp_path):
     tests/test_pi_trust.py)."""
     db = tmp_path / "om.duckdb"
     path = endpoint_file(db)
-    valid = {"url": "http://127.0.0.1:9", "token": "t", "pid": os.getpid(), "db": str(db.resolve())}
+    private_dir(path.parent)
+    valid = {"url": "http://127.0.0.1:9", "token": "t", "pid": os.getpid(), "db": str(db.resolve()),
+             "sessions": [str(tmp_path)]}
 
     def planted(mode: int = 0o600, owner: int | None = None, **changes):
         path.unlink(missing_ok=True)
@@ -416,3 +419,10 @@ def test_om_trusts_only_this_user_s_own_endpoint_file(tmp_path):
     assert planted(db=str(tmp_path / "other.duckdb")) is None
     if os.geteuid() == 0:  # root can chown: a file of another user's
         assert planted(owner=65534) is None
+    assert planted(sessions="everything") is None  # not what om's endpoint writes
+    planted()
+    path.parent.chmod(0o777)  # a folder anyone could plant an announcement in
+    try:
+        assert running_endpoint(db) is None
+    finally:
+        path.parent.chmod(0o700)

@@ -27,7 +27,9 @@ from fake_openai import FakeOpenAI, Reply
 from pi_rpc import RpcPi, agent_dir, missing, os_env
 
 from conftest import workspace
+from flows.endpoint import endpoint_file
 from om_core.ingest import ingest
+from om_core.private_files import private_dir
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
@@ -50,6 +52,9 @@ def test_an_untrusted_project_chooses_neither_the_command_nor_om_s_settings(tmp_
         "observational-memory": {"apiBase": "http://127.0.0.1:9/v1", "redactSecrets": False}}))
     (project / "om.toml").write_text('apiBase = "http://127.0.0.1:9/v1"\n')
     db = tmp_path / "om.duckdb"
+    b = SessionBuilder("7e11e000-aaaa-bbbb-cccc-000000000001")
+    b.user("hello")
+    ingest(workspace(db), [b.write(tmp_path / "other.jsonl")])  # a database to name (a missing one is one line)
     with FakeOpenAI(default=Reply(text=NATIVE)) as server:
         agent_dir(home, server.base_url, {})
         env = os_env(PATH=f"{BIN}:{os.environ['PATH']}", OM_DB=str(db))
@@ -120,12 +125,14 @@ def test_a_foreign_endpoint_file_gets_nothing_and_the_command_path_runs(tmp_path
     b = SessionBuilder("7e11e000-aaaa-bbbb-cccc-dddddddddddd")
     b.user("hello")
     ingest(workspace(db), [b.write(tmp_path / "other.jsonl")])  # the database om resolves exists
-    announcement = Path(f"{db}.endpoint.json")
+    announcement = endpoint_file(db)  # where om's endpoint for that database announces itself
+    private_dir(announcement.parent)
     local = _Recorder("127.0.0.1")
     elsewhere_host = _other_address()
     elsewhere = _Recorder(elsewhere_host) if elsewhere_host else None
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    valid = {"url": local.url, "token": "t0ken", "pid": os.getpid(), "db": str(db.resolve())}
+    valid = {"url": local.url, "token": "t0ken", "pid": os.getpid(), "db": str(db.resolve()),
+             "sessions": [str(tmp_path / "sessions")]}
 
     def plant(mode: int = 0o600, owner: int | None = None, **changes) -> None:
         announcement.unlink(missing_ok=True)
@@ -171,7 +178,9 @@ def test_a_foreign_endpoint_file_gets_nothing_and_the_command_path_runs(tmp_path
             plant()  # this user's own endpoint file: asked
             lines = compact(len(planted))
             assert [path for path, _ in local.requests] == ["/compact"], lines
-            assert lines == ["om: answered by a stranger; Pi's own summarizer runs"], lines
+            # asked, its error answer not taken: the om command is asked next (and fails here)
+            assert lines == ["om failed: exit code 1 (before it, the endpoint said: answered by a stranger); "
+                             "Pi's own summarizer runs"], lines
         finally:
             pi.close()
             local.stop()

@@ -1,46 +1,107 @@
 /**
  * om for a live Pi: compactions from om's memory, and the `recall` tool, answered by om.
  *
- *   pi -e "$(om live info --extension)"        (or list this file under "extensions" in Pi's settings)
+ *   pi install "$(om live info --package)"     (every session; this folder is a Pi package)
+ *   pi -e "$(om live info --extension)"        (one session)
  *
  * - session_before_compact: om ingests the session file's new lines and answers with the compaction
- *   at Pi's own cut point (summary and om.folded details, what `om compact` gives on that file). When
- *   om has no memory there, is not installed, fails, or does not answer within `timeoutMs`, the hook
- *   declines and Pi's own summarizer runs; one line says why.
- * - the `recall` tool: the exact evidence behind a memory id, answered by `om live recall`.
+ *   at Pi's own cut point (summary and om.folded details, what `om compact` gives on that file; Pi's
+ *   customInstructions, from `/compact TEXT`, follow the memory). The answer is checked before Pi
+ *   writes it (a non-empty summary, Pi's own firstKeptEntryId and tokensBefore, details an object).
+ *   When om has no memory there, is not installed, fails, answers something else or does not answer
+ *   within `timeoutMs`, the hook declines and Pi's own summarizer runs; one line says why.
+ * - the `recall` tool: the exact evidence behind a memory id, answered by om (the extension's text).
  * - with `tick` on, `om run FILE --no-drain` in the background when the agent settles (for teams
  *   without `om serve`); it never blocks a turn.
- * - at session start, one line names om's database and settings.
+ * - at session start, one line names om's database and settings (`om live info`, with a deadline of
+ *   its own, `infoTimeoutMs`).
+ * - with pi-observational-memory also loaded (a `recall` tool of another extension's, or its
+ *   /om:status command), this extension steps aside for the session in one line: no tool, no hook;
+ *   the other answers compactions and recall.
  *
- * om is asked through the endpoint that serves its database (`om serve` or `om live endpoint`: it
- * announces itself in DB.endpoint.json) when one runs, otherwise through the `om` command. An
- * endpoint file counts only when this user owns it, no one else can read it, and it names a loopback
- * URL, a live pid of this user's and the database om resolves; any other is ignored (the command
- * runs). om finds its database and settings as every om command does in the session's directory
- * (--db/OM_DB, om.toml, Pi's settings); the "om" key of Pi's settings files may override:
- *   {"om": {"enabled": true, "command": "om", "db": "...", "config": "...", "timeoutMs": 5000, "tick": false}}
- * A project's own settings (its .pi/settings.json here, its .pi/settings.json and om.toml for om) count
- * only when Pi trusts the project (ctx.isProjectTrusted()), as Pi's own do: a cloned repository cannot
- * choose the command that runs, the database, or where om sends the session.
- * No imports beyond node's: nothing to install next to this file.
+ * Where om's memory is: the database named in the "om" settings below, else OM_DB, else the
+ * database of the endpoint that serves the session's folder (`om serve --live DIR`, `om live
+ * endpoint`: they announce themselves in this user's state folder, $XDG_STATE_HOME/om/endpoints or
+ * ~/.local/state/om/endpoints), else om's default. A database named that does not exist is one line
+ * ("no om database at ..."), and nothing is created. om is asked through that endpoint when one runs
+ * (fast), otherwise, or when the endpoint fails, through the `om` command run in the session's folder.
+ * An announcement counts only when it is a regular file this user owns and no one else can read,
+ * in a folder no one else can write, naming a loopback address, a live process of this user's, and
+ * the database om resolves. Requests carry the session's folder, so the endpoint answers with that
+ * project's settings, as the om command run there does.
+ *
+ * The "om" key of Pi's settings files (global, then the project's when Pi trusts the project:
+ * ctx.isProjectTrusted(); an untrusted project's own files are not om's settings either) may set:
+ *   {"om": {"enabled": true, "command": "om", "db": "...", "config": "...", "timeoutMs": 5000,
+ *           "infoTimeoutMs": 15000, "tick": false}}
+ *
+ * Other extensions see a compaction in progress on Pi's event bus: "om:compaction" carries
+ * {state: "pending", sessionFile, firstKeptEntryId, reason, done} when Pi starts one (done: a promise
+ * of {compacted, fromExtension, aborted} once Pi has written it or given up) and {state: "finished",
+ * ...} after; emitting "om:compaction:query" with {reply(pending)} gets the pending one (or undefined).
+ *
+ * Imports: node's, and typebox, which Pi supplies to extensions (nothing to install next to this file).
  */
-import type { ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
+import type {
+	AgentToolResult,
+	ExtensionAPI,
+	ExtensionContext,
+	SessionBeforeCompactEvent,
+	SessionBeforeCompactResult,
+} from "@earendil-works/pi-coding-agent";
+import { Type } from "typebox";
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, lstatSync, readFileSync, statSync } from "node:fs";
+import { existsSync, lstatSync, readdirSync, readFileSync, realpathSync, statSync } from "node:fs";
 import { homedir } from "node:os";
-import { join, resolve } from "node:path";
+import { isAbsolute, join, resolve, sep } from "node:path";
 
-type Options = { enabled: boolean; command: string[]; db?: string; config?: string; timeoutMs: number; tick: boolean; trusted: boolean };
-type Answer = { result: any; via: string } | { why: string };
-type Info = { db: string; db_source: string; settings_files: string[]; endpoint: { url: string } | null };
+type Options = {
+	enabled: boolean;
+	command: string[];
+	db?: string; // named by the settings or OM_DB: the database, wherever the session lies
+	dbFrom?: string;
+	config?: string;
+	timeoutMs: number;
+	infoTimeoutMs: number;
+	tick: boolean;
+	trusted: boolean;
+};
+type Announcement = { url: string; token: string; pid: number; db: string; sessions: string[]; started: number };
+type Ran = { code: number | null; stdout: string; stderr: string; why?: string };
+type Info = { db: string; db_source: string; db_exists: boolean; settings_files: string[]; endpoint: { url: string } | null };
+type Compaction = { summary: string; firstKeptEntryId: string; tokensBefore: number; details: Record<string, unknown> };
+type CompactAnswer =
+	| { compaction: Compaction; observations: number; reflections: number; via: string; after?: string }
+	| { declined: string }
+	| { why: string };
+type RecallResult = AgentToolResult<unknown>;
+type CompactionOutcome = { compacted: boolean; fromExtension: boolean; aborted: boolean };
+type PendingCompaction = {
+	state: "pending";
+	sessionFile: string | undefined;
+	firstKeptEntryId: string;
+	reason: string;
+	done: Promise<CompactionOutcome>;
+};
 
-const DEFAULTS = { enabled: true, command: ["om"], timeoutMs: 5000, tick: false };
+const DEFAULTS = { command: ["om"], timeoutMs: 5000, infoTimeoutMs: 15_000 };
 const TICK_TIMEOUT_MS = 30 * 60_000;
+const GRACE_MS = 10_000; // after SIGTERM, om run's time to stop its helpers before SIGKILL
+
+// ------------------------------------------------------------------ settings
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+	return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function errorCode(err: unknown): string | undefined {
+	return isRecord(err) && typeof err.code === "string" ? err.code : undefined;
+}
 
 function settingsFile(path: string): Record<string, unknown> {
 	try {
-		const section = JSON.parse(readFileSync(path, "utf8"))?.om;
-		return section && typeof section === "object" ? section : {};
+		const parsed: unknown = JSON.parse(readFileSync(path, "utf8"));
+		return isRecord(parsed) && isRecord(parsed.om) ? parsed.om : {};
 	} catch {
 		return {};
 	}
@@ -55,6 +116,10 @@ function projectTrusted(ctx: ExtensionContext): boolean {
 	}
 }
 
+function positive(value: unknown, fallback: number): number {
+	return typeof value === "number" && Number.isFinite(value) && value > 0 ? value : fallback;
+}
+
 /** The "om" key of Pi's global then, for a trusted project, project settings (read at each use: edits
  * apply at once). */
 function readOptions(ctx: ExtensionContext): Options {
@@ -62,14 +127,17 @@ function readOptions(ctx: ExtensionContext): Options {
 	const trusted = projectTrusted(ctx);
 	const agentDir = process.env.PI_CODING_AGENT_DIR || join(homedir(), ".pi", "agent");
 	const raw = { ...settingsFile(join(agentDir, "settings.json")), ...(trusted ? settingsFile(join(cwd, ".pi", "settings.json")) : {}) };
-	const command = typeof raw.command === "string" ? [raw.command] : Array.isArray(raw.command) ? raw.command.map(String) : DEFAULTS.command;
-	const timeoutMs = typeof raw.timeoutMs === "number" && raw.timeoutMs > 0 ? raw.timeoutMs : DEFAULTS.timeoutMs;
+	const listed = Array.isArray(raw.command) ? raw.command.filter((part): part is string => typeof part === "string") : [];
+	const command = typeof raw.command === "string" ? [raw.command] : listed.length ? listed : DEFAULTS.command;
+	const named = typeof raw.db === "string" ? { db: resolve(cwd, raw.db), dbFrom: "the om settings' db" }
+		: process.env.OM_DB ? { db: resolve(cwd, process.env.OM_DB), dbFrom: "OM_DB" } : {};
 	return {
 		enabled: raw.enabled !== false,
-		command: command.length ? command : DEFAULTS.command,
-		db: typeof raw.db === "string" ? resolve(cwd, raw.db) : undefined,
+		command,
+		...named,
 		config: typeof raw.config === "string" ? resolve(cwd, raw.config) : undefined,
-		timeoutMs,
+		timeoutMs: positive(raw.timeoutMs, DEFAULTS.timeoutMs),
+		infoTimeoutMs: positive(raw.infoTimeoutMs, DEFAULTS.infoTimeoutMs),
 		tick: raw.tick === true,
 		trusted,
 	};
@@ -79,15 +147,150 @@ function seconds(ms: number): string {
 	return `${Math.round(ms / 100) / 10} s`;
 }
 
-/** Run om in the session's directory; resolves (never rejects) with what happened. */
-function runOm(o: Options, cwd: string, args: string[], timeoutMs: number, signal?: AbortSignal,
-	started?: (child: ChildProcess) => void, boundMs = timeoutMs): Promise<{ code: number | null; stdout: string; stderr: string; why?: string }> {
-	// an untrusted project's own files (.pi/settings.json, om.toml) are not om's settings either
-	const global = [...(o.db ? ["--db", o.db] : []), ...(o.config ? ["--config", o.config] : []),
-		...(o.trusted ? [] : ["--no-project-settings"])];
+// ------------------------------------------------------------------ the endpoints' announcements
+
+function endpointsFolder(): string {
+	const state = process.env.XDG_STATE_HOME;
+	return join(state && isAbsolute(state) ? state : join(homedir(), ".local", "state"), "om", "endpoints");
+}
+
+/** A loopback address written as one (127.x.x.x, [::1]): no name a resolver could send elsewhere. */
+function loopbackUrl(url: unknown): url is string {
+	try {
+		const u = new URL(String(url));
+		return u.protocol === "http:" && (/^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(u.hostname) || u.hostname === "[::1]");
+	} catch {
+		return false;
+	}
+}
+
+function liveOwnPid(pid: unknown): pid is number {
+	if (typeof pid !== "number" || !Number.isInteger(pid) || pid <= 0) return false;
+	try {
+		return statSync(`/proc/${pid}`).uid === process.getuid?.(); // Linux: gone, or another user's
+	} catch (err) {
+		if (errorCode(err) !== "ENOENT" || existsSync("/proc/self")) return false;
+	}
+	try {
+		process.kill(pid, 0); // no /proc: EPERM (another user's process) and ESRCH (gone) both refuse
+		return true;
+	} catch {
+		return false;
+	}
+}
+
+function ownPrivate(path: string, folder: boolean): boolean {
+	try {
+		const st = lstatSync(path);
+		const kind = folder ? st.isDirectory() : st.isFile();
+		return kind && st.uid === process.getuid?.() && (st.mode & (folder ? 0o022 : 0o077)) === 0;
+	} catch {
+		return false;
+	}
+}
+
+/** An announcement this user's om wrote: a regular file this user owns and no one else can read,
+ * naming a loopback URL, a live process of this user's, a database and the folders it serves. A file
+ * committed to a repository, planted by another user or left by a dead endpoint is never believed:
+ * the session's path, leaf and ids are never sent to a server om did not start. */
+function announcement(path: string): Announcement | undefined {
+	if (!ownPrivate(path, false)) return undefined;
+	try {
+		const found: unknown = JSON.parse(readFileSync(path, "utf8"));
+		if (!isRecord(found) || typeof found.token !== "string" || !loopbackUrl(found.url) || !liveOwnPid(found.pid)) return undefined;
+		if (typeof found.db !== "string" || !isAbsolute(found.db)) return undefined;
+		const sessions = Array.isArray(found.sessions) ? found.sessions.filter((s): s is string => typeof s === "string" && isAbsolute(s)) : [];
+		const started = typeof found.started === "number" ? found.started : 0;
+		return { url: found.url, token: found.token, pid: found.pid, db: found.db, sessions, started };
+	} catch {
+		return undefined;
+	}
+}
+
+function realpath(path: string): string {
+	try {
+		return realpathSync(path);
+	} catch {
+		return resolve(path);
+	}
+}
+
+function within(path: string, folder: string): boolean {
+	return path === folder || path.startsWith(folder.endsWith(sep) ? folder : folder + sep);
+}
+
+/** The running endpoint for this session: the one serving ``db`` when a database is named, else the one
+ * whose session folders hold the file (the closest folder, then the latest started), as om itself
+ * chooses (flows/endpoint.py). */
+function findEndpoint(db: string | undefined, sessionFile: string | undefined): Announcement | undefined {
+	const folder = endpointsFolder();
+	if (!ownPrivate(folder, true)) return undefined;
+	let names: string[];
+	try {
+		names = readdirSync(folder).filter((n) => n.endsWith(".json")).sort();
+	} catch {
+		return undefined;
+	}
+	const file = sessionFile ? realpath(sessionFile) : undefined;
+	const wanted = db ? realpath(db) : undefined;
+	let best: { depth: number; started: number; found: Announcement } | undefined;
+	for (const name of names) {
+		const found = announcement(join(folder, name));
+		if (!found) continue;
+		if (wanted) {
+			if (realpath(found.db) === wanted) return found;
+			continue;
+		}
+		if (!file) continue;
+		const depths = found.sessions.filter((s) => within(file, s)).map((s) => s.split(sep).filter(Boolean).length);
+		if (!depths.length) continue;
+		const depth = Math.max(...depths);
+		if (!best || depth > best.depth || (depth === best.depth && found.started > best.started)) best = { depth, started: found.started, found };
+	}
+	return best?.found;
+}
+
+// ------------------------------------------------------------------ om as a process
+
+/** The options every om command gets: the database and settings named, and for an untrusted project
+ * --no-project-settings (its own .pi/settings.json and om.toml are not om's settings either). */
+function globalArgs(o: Options, db: string | undefined): string[] {
+	return [...(db ? ["--db", db] : []), ...(o.config ? ["--config", o.config] : []), ...(o.trusted ? [] : ["--no-project-settings"])];
+}
+
+/** Stop a child: SIGTERM, then SIGKILL if it is still there after ``graceMs``. Resolves once it is gone
+ * (or once the SIGKILL is sent). */
+function stopChild(child: ChildProcess, graceMs: number): Promise<void> {
+	if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
 	return new Promise((done) => {
-		let stdout = "", stderr = "", why: string | undefined;
-		const child = spawn(o.command[0], [...o.command.slice(1), ...global, ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+		const timer = setTimeout(() => {
+			child.kill("SIGKILL");
+			done();
+		}, graceMs);
+		child.once("exit", () => {
+			clearTimeout(timer);
+			done();
+		});
+		child.kill("SIGTERM");
+	});
+}
+
+/** Run om in the session's folder; resolves (never rejects) with what happened. At ``timeoutMs`` (or on
+ * ``signal``) the answer is given up at once and the child stopped (SIGTERM, then SIGKILL after
+ * ``graceMs``). */
+function runOm(o: Options, cwd: string, db: string | undefined, args: string[], timeoutMs: number,
+	{ signal, started, boundMs = timeoutMs, graceMs = 0 }: { signal?: AbortSignal; started?: (child: ChildProcess) => void; boundMs?: number; graceMs?: number } = {}): Promise<Ran> {
+	return new Promise((done) => {
+		let stdout = "";
+		let stderr = "";
+		let why: string | undefined;
+		let child: ChildProcess;
+		try {
+			child = spawn(o.command[0], [...o.command.slice(1), ...globalArgs(o, db), ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+		} catch (err) {
+			done({ code: null, stdout, stderr, why: `cannot run om: ${err instanceof Error ? err.message : String(err)}` });
+			return;
+		}
 		started?.(child);
 		let ended = false;
 		const finish = (code: number | null, error?: string) => {
@@ -98,209 +301,305 @@ function runOm(o: Options, cwd: string, args: string[], timeoutMs: number, signa
 			done({ code, stdout, stderr, why: why ?? error });
 		};
 		// answer at once: a child of om's may keep the pipes open after om itself is gone
-		const stop = (reason: string) => { why ??= reason; child.kill("SIGKILL"); finish(null); };
+		const stop = (reason: string) => {
+			why ??= reason;
+			void stopChild(child, graceMs);
+			finish(null);
+		};
 		const timer = setTimeout(() => stop(`om did not answer within ${seconds(boundMs)}`), timeoutMs);
 		const onAbort = () => stop("the compaction was aborted");
 		signal?.addEventListener("abort", onAbort, { once: true });
-		child.stdout.on("data", (d) => (stdout += d));
-		child.stderr.on("data", (d) => (stderr += d));
-		child.on("error", (err: NodeJS.ErrnoException) =>
-			finish(null, err.code === "ENOENT" ? `om is not installed (no ${o.command[0]} on PATH)` : `cannot run om: ${err.message}`));
+		child.stdout?.on("data", (d: Buffer) => (stdout += d));
+		child.stderr?.on("data", (d: Buffer) => (stderr += d));
+		child.on("error", (err) =>
+			finish(null, errorCode(err) === "ENOENT" ? `om is not installed (no ${o.command[0]} on PATH)` : `cannot run om: ${err.message}`));
 		child.on("close", (code) => finish(code));
 	});
 }
 
 /** om's one-line error (its stderr says `error: …`), or the exit code. */
-function failure(r: { code: number | null; stderr: string; why?: string }): string {
+function failure(r: Ran): string {
 	if (r.why) return r.why;
 	const line = r.stderr.split("\n").map((l) => l.trim()).filter(Boolean).pop();
 	return `om failed: ${line ? line.replace(/^error:\s*/, "") : `exit code ${r.code}`}`;
 }
 
-/** The promise's value, or undefined once ``ms`` have passed. */
-function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
-	let timer: NodeJS.Timeout | undefined;
-	const late = new Promise<undefined>((r) => (timer = setTimeout(r, ms)));
-	return Promise.race([promise, late]).finally(() => clearTimeout(timer));
-}
-
-/** A loopback address written as one (127.x.x.x, [::1]): no name a resolver could send elsewhere. */
-function loopbackUrl(url: unknown): boolean {
+function parseJson(text: string): unknown {
 	try {
-		const u = new URL(String(url));
-		return u.protocol === "http:" && (/^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(u.hostname) || u.hostname === "[::1]");
-	} catch {
-		return false;
-	}
-}
-
-function liveOwnPid(pid: unknown): boolean {
-	if (typeof pid !== "number" || !Number.isInteger(pid) || pid <= 0) return false;
-	try {
-		return statSync(`/proc/${pid}`).uid === process.getuid?.(); // Linux: gone, or another user's
-	} catch (err: any) {
-		if (err?.code !== "ENOENT" || existsSync("/proc/self")) return false;
-	}
-	try {
-		process.kill(pid, 0); // no /proc: EPERM (another user's process) and ESRCH (gone) both refuse
-		return true;
-	} catch {
-		return false;
-	}
-}
-
-/** The endpoint serving ``db``, when its announcement is one this user's om wrote: a regular file this
- * user owns and no one else can read, naming a loopback URL, a live pid of this user's and ``db``
- * itself. A file committed to a repository, planted by another user or left by a dead endpoint is
- * ignored: the session's path, leaf and ids are never sent to a server om did not start. */
-function endpointOf(db: string | undefined): { url: string; token: string } | undefined {
-	if (!db) return undefined;
-	const file = `${db}.endpoint.json`;
-	try {
-		const st = lstatSync(file);
-		if (!st.isFile() || (st.mode & 0o077) !== 0 || st.uid !== process.getuid?.()) return undefined;
-		const found = JSON.parse(readFileSync(file, "utf8"));
-		if (typeof found?.token !== "string" || !loopbackUrl(found?.url) || !liveOwnPid(found?.pid)) return undefined;
-		if (typeof found?.db !== "string" || resolve(found.db) !== resolve(db)) return undefined;
-		return found;
+		return JSON.parse(text);
 	} catch {
 		return undefined;
 	}
 }
 
-export default function omMemory(pi: ExtensionAPI) {
-	let info: Promise<Info | string> | undefined; // where om's memory is, or why om cannot say
-	let tick: ChildProcess | undefined;
+// ------------------------------------------------------------------ answers, checked
 
-	const describe = (o: Options, cwd: string): Promise<Info | string> =>
-		runOm(o, cwd, ["live", "info", "--json"], Math.max(o.timeoutMs, 15_000)).then((r) => {
-			if (r.code !== 0) return failure(r);
-			try {
-				return JSON.parse(r.stdout) as Info;
-			} catch {
-				return "om live info printed no JSON (is om older than this extension?)";
-			}
-		});
-
-	/** One question to om: the endpoint of its database when one answers, otherwise the om command. */
-	async function ask(ctx: ExtensionContext, o: Options, op: "compact" | "recall", payload: Record<string, unknown>,
-		cli: string[], signal?: AbortSignal): Promise<Answer> {
-		const deadline = Date.now() + o.timeoutMs;
-		info ??= describe(o, ctx.cwd);
-		const known = o.db ? undefined : await within(info, o.timeoutMs);
-		const endpoint = endpointOf(o.db ?? (typeof known === "object" ? known?.db : undefined));
-		if (endpoint) {
-			try {
-				const response = await fetch(`${endpoint.url}/${op}`, {
-					method: "POST", body: JSON.stringify(payload),
-					headers: { "Content-Type": "application/json", Authorization: `Bearer ${endpoint.token}` },
-					signal: AbortSignal.any([AbortSignal.timeout(Math.max(1, deadline - Date.now())), ...(signal ? [signal] : [])]),
-				});
-				const answer = await response.json();
-				return "error" in answer ? { why: `om: ${answer.error}` } : { result: answer.result, via: "the endpoint" };
-			} catch (err: any) {
-				if (err?.name === "TimeoutError") return { why: `om did not answer within ${seconds(o.timeoutMs)}` };
-				if (signal?.aborted) return { why: "the compaction was aborted" };
-				// no endpoint answers there (it stopped): the om command still can
-			}
-		}
-		const wait = Math.min(2, o.timeoutMs / 3000).toFixed(1);
-		const r = await runOm(o, ctx.cwd, ["live", op, ...cli, "--wait", wait, "--json"], Math.max(1, deadline - Date.now()), signal,
-			undefined, o.timeoutMs);
-		if (r.code !== 0 || r.why) return { why: failure(r) };
-		try {
-			return { result: JSON.parse(r.stdout), via: "the om command" };
-		} catch {
-			return { why: "om printed no JSON" };
-		}
+/** om's compaction answer, checked before Pi writes it: a non-empty summary and details that are an
+ * object, for Pi's own cut (firstKeptEntryId and tokensBefore are Pi's, whatever om said). */
+function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: number, via: string): CompactAnswer {
+	if (!isRecord(result)) return { why: `${via} answered no object` };
+	if (result.compaction === null || result.compaction === undefined) {
+		return typeof result.declined === "string" && result.declined ? { declined: result.declined } : { why: `${via} answered neither a compaction nor why not` };
 	}
+	const c = result.compaction;
+	if (!isRecord(c)) return { why: `${via} answered a compaction that is no object` };
+	if (typeof c.summary !== "string" || !c.summary.trim()) return { why: `${via} answered an empty summary` };
+	if (c.firstKeptEntryId !== firstKeptEntryId) return { why: `${via} answered a compaction at ${JSON.stringify(c.firstKeptEntryId)}, not at Pi's cut ${firstKeptEntryId}` };
+	if (typeof c.tokensBefore !== "number" || c.tokensBefore !== tokensBefore) return { why: `${via} answered tokensBefore ${JSON.stringify(c.tokensBefore)}, not Pi's ${tokensBefore}` };
+	if (!isRecord(c.details)) return { why: `${via} answered details that are no object` };
+	const count = (value: unknown) => (typeof value === "number" && Number.isFinite(value) ? value : 0);
+	return {
+		compaction: { summary: c.summary, firstKeptEntryId, tokensBefore, details: c.details },
+		observations: count(result.observations), reflections: count(result.reflections), via,
+	};
+}
+
+/** om's recall answer, checked: the tool result's shape (text content, details an object). */
+function recallAnswer(result: unknown): RecallResult | undefined {
+	if (!isRecord(result) || !Array.isArray(result.content) || !result.content.length || !isRecord(result.details)) return undefined;
+	const content: RecallResult["content"] = [];
+	for (const part of result.content) {
+		if (!isRecord(part) || part.type !== "text" || typeof part.text !== "string") return undefined;
+		content.push({ type: "text", text: part.text });
+	}
+	return { content, details: result.details };
+}
+
+/** One POST to the endpoint; the answer's ``result``, or why there is none (an HTTP error included). */
+async function post(endpoint: Announcement, op: "compact" | "recall", payload: Record<string, unknown>, ms: number,
+	signal?: AbortSignal): Promise<{ result: unknown } | { why: string }> {
+	try {
+		const response = await fetch(`${endpoint.url}/${op}`, {
+			method: "POST", body: JSON.stringify(payload),
+			headers: { "Content-Type": "application/json", Authorization: `Bearer ${endpoint.token}` },
+			signal: AbortSignal.any([AbortSignal.timeout(Math.max(1, ms)), ...(signal ? [signal] : [])]),
+		});
+		const answer: unknown = parseJson(await response.text());
+		const said = isRecord(answer) && typeof answer.error === "string" ? answer.error : undefined;
+		if (!response.ok) return { why: `the endpoint answered HTTP ${response.status}${said ? `: ${said}` : ""}` };
+		if (said !== undefined) return { why: `the endpoint said: ${said}` };
+		return isRecord(answer) && "result" in answer ? { result: answer.result } : { why: "the endpoint answered no result" };
+	} catch (err) {
+		if (signal?.aborted) return { why: "the compaction was aborted" };
+		if (err instanceof Error && err.name === "TimeoutError") return { why: "the endpoint did not answer in time" };
+		return { why: `the endpoint is not answering (${err instanceof Error ? err.message : String(err)})` };
+	}
+}
+
+// ------------------------------------------------------------------ the extension
+
+/** Another memory extension's registrations: pi-observational-memory's recall tool or its commands. */
+function otherMemory(pi: ExtensionAPI): string | undefined {
+	const tool = pi.getAllTools().find((t) => t.name === "recall");
+	if (tool) return `a recall tool from ${tool.sourceInfo.path}`;
+	const command = pi.getCommands().find((c) => c.name === "om:status" || c.name === "om:view");
+	return command ? `its /${command.name} command from ${command.sourceInfo.path}` : undefined;
+}
+
+export default function omMemory(pi: ExtensionAPI) {
+	let known: Info | undefined; // where om's memory is, as `om live info` said at session start
+	let tick: ChildProcess | undefined;
+	let pending: PendingCompaction | undefined;
+	let settle: ((outcome: CompactionOutcome) => void) | undefined;
+	let registered = false;
 
 	const say = (ctx: ExtensionContext, text: string, level: "info" | "warning" = "info") => {
 		if (ctx.hasUI) ctx.ui.notify(text, level);
 		else console.error(text);
 	};
 
+	const describe = (o: Options, ctx: ExtensionContext): Promise<Info | string> => {
+		const file = ctx.sessionManager.getSessionFile();
+		return runOm(o, ctx.cwd, o.db, ["live", "info", "--json", ...(file ? ["--session", file] : [])], o.infoTimeoutMs).then((r) => {
+			if (r.code !== 0 || r.why) return failure(r);
+			const found = parseJson(r.stdout);
+			if (!isRecord(found) || typeof found.db !== "string") return "om live info printed no JSON (is om older than this extension?)";
+			known = {
+				db: found.db, db_source: String(found.db_source ?? ""), db_exists: found.db_exists !== false,
+				settings_files: Array.isArray(found.settings_files) ? found.settings_files.map(String) : [],
+				endpoint: isRecord(found.endpoint) && typeof found.endpoint.url === "string" ? { url: found.endpoint.url } : null,
+			};
+			return known;
+		});
+	};
+
+	/** Why om has no memory to answer from before anything runs: a database named (or found) that does
+	 * not exist. */
+	const missingDatabase = (o: Options, endpoint: Announcement | undefined): string | undefined => {
+		if (endpoint) return undefined;
+		const db = o.db ?? known?.db;
+		if (!db || existsSync(db)) return undefined;
+		return `no om database at ${db}${o.dbFrom ? ` (${o.dbFrom})` : known ? ` (${known.db_source})` : ""}`;
+	};
+
+	/** The compaction at Pi's cut: the endpoint, then the om command, each answer checked; or why not. */
+	async function compactWithOm(event: SessionBeforeCompactEvent, ctx: ExtensionContext, o: Options, file: string): Promise<CompactAnswer> {
+		const deadline = Date.now() + o.timeoutMs;
+		const leaf = event.branchEntries.at(-1)?.id ?? ctx.sessionManager.getLeafId() ?? "";
+		const { firstKeptEntryId, tokensBefore } = event.preparation;
+		const instructions = event.customInstructions?.trim() ? event.customInstructions : undefined;
+		const endpoint = findEndpoint(o.db, file);
+		const missing = missingDatabase(o, endpoint);
+		if (missing) return { why: `om: ${missing}` };
+		let tried: string | undefined;
+		if (endpoint) {
+			const got = await post(endpoint, "compact", {
+				session_file: file, leaf, first_kept_entry_id: firstKeptEntryId, tokens_before: tokensBefore,
+				cwd: ctx.cwd, project_settings: o.trusted, ...(instructions ? { custom_instructions: instructions } : {}),
+			}, deadline - Date.now(), event.signal);
+			if ("result" in got) {
+				const checked = compactAnswer(got.result, firstKeptEntryId, tokensBefore, "the endpoint");
+				if (!("why" in checked)) return checked;
+				tried = checked.why;
+			} else {
+				if (event.signal.aborted) return { why: got.why };
+				tried = got.why;
+			}
+			if (Date.now() >= deadline) return { why: `om did not answer within ${seconds(o.timeoutMs)} (${tried})` };
+		}
+		const wait = Math.min(2, o.timeoutMs / 3000).toFixed(1);
+		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db,
+			["live", "compact", file, "--leaf", leaf, "--first-kept", firstKeptEntryId, "--tokens-before", String(tokensBefore),
+				...(instructions ? ["--instructions", instructions] : []), "--wait", wait, "--json"],
+			Math.max(1, deadline - Date.now()), { signal: event.signal, boundMs: o.timeoutMs });
+		const then = tried ? ` (before it, ${tried})` : "";
+		if (r.code !== 0 || r.why) return { why: `${failure(r)}${then}` };
+		const checked = compactAnswer(parseJson(r.stdout), firstKeptEntryId, tokensBefore, "the om command");
+		if ("why" in checked) return { why: `om: ${checked.why}${then}` };
+		return "compaction" in checked && tried ? { ...checked, after: tried } : checked;
+	}
+
+	async function recallWithOm(ctx: ExtensionContext, o: Options, file: string, id: string, signal: AbortSignal | undefined): Promise<RecallResult | string> {
+		const deadline = Date.now() + o.timeoutMs;
+		const leaf = ctx.sessionManager.getLeafId();
+		const endpoint = findEndpoint(o.db, file);
+		const missing = missingDatabase(o, endpoint);
+		if (missing) return missing;
+		let tried: string | undefined;
+		if (endpoint) {
+			const got = await post(endpoint, "recall", { session_file: file, leaf, id }, deadline - Date.now(), signal);
+			const checked = "result" in got ? recallAnswer(got.result) : undefined;
+			if (checked) return checked;
+			tried = "why" in got ? got.why : "the endpoint answered no recall result";
+		}
+		const wait = Math.min(2, o.timeoutMs / 3000).toFixed(1);
+		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db, ["live", "recall", id, "--file", file, ...(leaf ? ["--leaf", leaf] : []), "--wait", wait, "--json"],
+			Math.max(1, deadline - Date.now()), { signal, boundMs: o.timeoutMs });
+		const then = tried ? ` (before it, ${tried})` : "";
+		if (r.code !== 0 || r.why) return `${failure(r)}${then}`;
+		return recallAnswer(parseJson(r.stdout)) ?? `om printed no recall result${then}`;
+	}
+
+	const finished = (outcome: CompactionOutcome) => {
+		if (!pending) return;
+		const { sessionFile, firstKeptEntryId, reason } = pending;
+		pending = undefined;
+		settle?.(outcome);
+		settle = undefined;
+		pi.events.emit("om:compaction", { state: "finished", sessionFile, firstKeptEntryId, reason, ...outcome });
+	};
+
+	function register(): void {
+		pi.on("session_before_compact", async (event, ctx): Promise<SessionBeforeCompactResult | undefined> => {
+			const o = readOptions(ctx);
+			if (!o.enabled) return undefined;
+			const file = ctx.sessionManager.getSessionFile();
+			finished({ compacted: false, fromExtension: false, aborted: true }); // one Pi never finished
+			const done = new Promise<CompactionOutcome>((r) => (settle = r));
+			pending = { state: "pending", sessionFile: file, firstKeptEntryId: event.preparation.firstKeptEntryId, reason: event.reason, done };
+			pi.events.emit("om:compaction", pending);
+			if (!file) {
+				say(ctx, "om: this session has no file; Pi's own summarizer runs");
+				return undefined;
+			}
+			const started = performance.now();
+			const got = await compactWithOm(event, ctx, o, file);
+			const ms = Math.round(performance.now() - started);
+			if ("why" in got) {
+				say(ctx, `${got.why}; Pi's own summarizer runs`, "warning");
+				return undefined;
+			}
+			if ("declined" in got) {
+				say(ctx, `om: ${got.declined}; Pi's own summarizer runs`);
+				return undefined;
+			}
+			const after = got.after ? ` (before it, ${got.after})` : "";
+			say(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}`);
+			return { compaction: got.compaction };
+		});
+
+		pi.on("session_compact", async (event) => finished({ compacted: true, fromExtension: event.fromExtension, aborted: false }));
+		pi.on("session_compact_failed", async (event) => finished({ compacted: false, fromExtension: event.fromExtension, aborted: event.aborted }));
+		pi.events.on("om:compaction:query", (data) => {
+			if (isRecord(data) && typeof data.reply === "function") data.reply(pending);
+		});
+
+		pi.registerTool({
+			name: "recall",
+			label: "Recall memory evidence",
+			description: "Return the exact source messages behind an observation or reflection id of the compacted memory " +
+				"(the 12-character id in square brackets), on the current branch. Use it when the exact wording, a path, " +
+				"a command or the reason behind a remembered item matters for the next step.",
+			promptSnippet: "Use recall(<id>) to read the original messages behind a compacted memory item when precision matters.",
+			promptGuidelines: [
+				"Use recall with an id shown in the compacted memory before acting on a remembered detail that is unclear.",
+				"recall is not a search: it takes one exact 12-character memory id.",
+			],
+			parameters: Type.Object({
+				id: Type.String({ pattern: "^[a-f0-9]{12}$", description: "A 12-character lowercase hex memory id." }),
+			}, { additionalProperties: false }),
+			async execute(_toolCallId, params, signal, _onUpdate, ctx): Promise<RecallResult> {
+				const o = readOptions(ctx);
+				const file = ctx.sessionManager.getSessionFile();
+				const got = !file ? "this session has no file" : await recallWithOm(ctx, o, file, params.id, signal);
+				if (typeof got !== "string") return got;
+				const message = `The evidence for ${params.id} is unavailable: ${got}.`;
+				return { content: [{ type: "text", text: message }], details: { status: "source_unavailable", memoryId: params.id, message } };
+			},
+		});
+
+		pi.on("agent_settled", async (_event, ctx) => {
+			const o = readOptions(ctx);
+			const file = ctx.sessionManager.getSessionFile();
+			if (!o.enabled || !o.tick || !file || tick) return; // one tick at a time; the next settle catches up
+			if (ctx.hasUI) ctx.ui.setStatus("om", "om: updating memory…");
+			void runOm(o, ctx.cwd, o.db ?? findEndpoint(undefined, file)?.db, ["run", file, "--no-drain", "--json"], TICK_TIMEOUT_MS,
+				{ started: (child) => (tick = child), graceMs: GRACE_MS })
+				.then((r) => {
+					tick = undefined;
+					let line = `om: memory update failed: ${failure(r)}`;
+					const run = parseJson(r.stdout);
+					const s = isRecord(run) && Array.isArray(run.sessions) && isRecord(run.sessions[0]) ? run.sessions[0] : undefined;
+					if (r.code === 0 || s) line = s ? `om: memory +${s.observations} observations, +${s.reflections} reflections` : "om: memory up to date";
+					if (s && typeof s.error === "string" && s.error) line = `om: memory update failed: ${s.error}`;
+					if (ctx.hasUI) ctx.ui.setStatus("om", line);
+				});
+		});
+
+		pi.on("session_shutdown", async () => {
+			// om run stops cleanly on SIGTERM (the next tick, or om run, resumes it); SIGKILL after the grace
+			if (tick) await stopChild(tick, GRACE_MS);
+		});
+	}
+
 	pi.on("session_start", async (_event, ctx) => {
+		const other = otherMemory(pi);
+		if (other) {
+			say(ctx, `om: another memory extension is loaded (${other}); om's extension steps aside in this session (no recall tool, no compaction hook): it answers`);
+			return;
+		}
+		if (!registered) register(); // once per load: a session_start of a new, resumed or forked session too
+		registered = true;
 		const o = readOptions(ctx);
 		if (!o.enabled) return;
-		info = describe(o, ctx.cwd);
-		void info.then((found) => {
+		void describe(o, ctx).then((found) => {
 			if (typeof found === "string") return say(ctx, `om: ${found}; compactions use Pi's own summarizer`, "warning");
+			if (!found.db_exists && !found.endpoint) {
+				return say(ctx, `om: no om database at ${found.db} (${found.db_source}); compactions use Pi's own summarizer until om serve or om ingest makes one`, "warning");
+			}
 			const settings = found.settings_files.length ? found.settings_files.join(", ") : "defaults";
 			const how = found.endpoint ? `answers from the endpoint ${found.endpoint.url}` : "answers through the om command (start `om live endpoint` for faster answers)";
 			say(ctx, `om: memory in ${found.db} (${found.db_source}), settings: ${settings}; ${how}${o.tick ? "; background tick on" : ""}`);
 		});
-	});
-
-	pi.on("session_before_compact", async (event, ctx) => {
-		const o = readOptions(ctx);
-		if (!o.enabled) return;
-		const file = ctx.sessionManager.getSessionFile();
-		if (!file) return say(ctx, "om: this session has no file; Pi's own summarizer runs");
-		const leaf = event.branchEntries.at(-1)?.id ?? ctx.sessionManager.getLeafId();
-		const { firstKeptEntryId, tokensBefore } = event.preparation;
-		const started = performance.now();
-		const got = await ask(ctx, o, "compact",
-			{ session_file: file, leaf, first_kept_entry_id: firstKeptEntryId, tokens_before: tokensBefore },
-			[file, "--leaf", String(leaf), "--first-kept", firstKeptEntryId, "--tokens-before", String(tokensBefore)], event.signal);
-		const ms = Math.round(performance.now() - started);
-		if ("why" in got) return say(ctx, `${got.why}; Pi's own summarizer runs`, "warning");
-		const answer = got.result;
-		if (!answer?.compaction) return say(ctx, `om: ${answer?.declined ?? "no answer"}; Pi's own summarizer runs`);
-		say(ctx, `om: compacted from memory (${answer.observations} observations, ${answer.reflections} reflections) in ${ms} ms, from ${got.via}`);
-		return { compaction: answer.compaction };
-	});
-
-	pi.registerTool({
-		name: "recall",
-		label: "Recall memory evidence",
-		description: "Return the exact source messages behind an observation or reflection id of the compacted memory " +
-			"(the 12-character id in square brackets), on the current branch. Use it when the exact wording, a path, " +
-			"a command or the reason behind a remembered item matters for the next step.",
-		promptSnippet: "Use recall(<id>) to read the original messages behind a compacted memory item when precision matters.",
-		promptGuidelines: [
-			"Use recall with an id shown in the compacted memory before acting on a remembered detail that is unclear.",
-			"recall is not a search: it takes one exact 12-character memory id.",
-		],
-		parameters: {
-			type: "object",
-			properties: { id: { type: "string", pattern: "^[a-f0-9]{12}$", description: "A 12-character lowercase hex memory id." } },
-			required: ["id"],
-			additionalProperties: false,
-		} as any,
-		async execute(_toolCallId: string, params: { id: string }, signal: AbortSignal | undefined, _onUpdate: unknown, ctx: ExtensionContext) {
-			const o = readOptions(ctx);
-			const file = ctx.sessionManager.getSessionFile();
-			const leaf = ctx.sessionManager.getLeafId();
-			const got: Answer = !file ? { why: "this session has no file" }
-				: await ask(ctx, o, "recall", { session_file: file, leaf, id: params.id },
-					[params.id, "--file", file, ...(leaf ? ["--leaf", leaf] : [])], signal);
-			if (!("why" in got)) return got.result;
-			const message = `The evidence for ${params.id} is unavailable: ${got.why}.`;
-			return { content: [{ type: "text", text: message }], details: { status: "source_unavailable", memoryId: params.id, message } };
-		},
-	} as any);
-
-	pi.on("agent_settled", async (_event, ctx) => {
-		const o = readOptions(ctx);
-		const file = ctx.sessionManager.getSessionFile();
-		if (!o.enabled || !o.tick || !file || tick) return; // one tick at a time; the next settle catches up
-		if (ctx.hasUI) ctx.ui.setStatus("om", "om: updating memory…");
-		void runOm(o, ctx.cwd, ["run", file, "--no-drain", "--json"], TICK_TIMEOUT_MS, undefined, (child) => (tick = child))
-			.then((r) => {
-				tick = undefined;
-				let line = `om: memory update failed: ${failure(r)}`;
-				try {
-					const run = JSON.parse(r.stdout);
-					const s = run.sessions?.[0];
-					if (r.code === 0 || s) line = s ? `om: memory +${s.observations} observations, +${s.reflections} reflections` : "om: memory up to date";
-					if (s?.error) line = `om: memory update failed: ${s.error}`;
-				} catch {}
-				if (ctx.hasUI) ctx.ui.setStatus("om", line);
-			});
-	});
-
-	pi.on("session_shutdown", async () => {
-		tick?.kill("SIGTERM"); // om run stops cleanly; the next tick (or om run) resumes it
 	});
 }

@@ -38,7 +38,7 @@ WaitOpt = typer.Option(2.0, "--wait", min=0, metavar="SECONDS",
 def _db_source() -> str:
     if os.environ.get("OM_DB") and Path(os.environ["OM_DB"]) == state.db:
         return "OM_DB"
-    return "default (the user's data directory)" if state.db == default_db_path() else "--db"
+    return "om's default, in the user's data directory" if state.db == default_db_path() else "--db"
 
 
 def _database_for(session_file: Path | None) -> tuple[Path, str, dict[str, Any] | None]:
