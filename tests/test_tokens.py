@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from om_core import tokens
 from om_core.js_length import js_len
@@ -404,6 +406,23 @@ def test_normal_text_is_counted_exactly():
     assert all(tokens.bounded_pieces(t) is None for t in texts)
     assert count_tokens(texts, threads=1) == [len(tokens.get_encoding().encode_ordinary(
         tokens._scrub_surrogates(t))) for t in texts]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab é½_-.1 \n\t\u2003"), st.integers(1, 1_400)), min_size=1, max_size=8))
+def test_the_long_run_pre_check_skips_only_texts_without_a_long_run(runs):
+    """issue 34: bounded_pieces' cheap pre-check gives what the regex scan alone gives, for texts made of
+    runs of letters, digits, punctuation and whitespace of every kind and length around LONG_RUN_CHARS."""
+    text = "".join(char * n for char, n in runs)
+    scanned = None
+    if len(text) > tokens.LONG_RUN_CHARS:  # the scan alone: the pre-check as if every text failed it
+        real = tokens._may_hold_a_long_run
+        tokens._may_hold_a_long_run = lambda _text: True
+        try:
+            scanned = tokens.bounded_pieces(text)
+        finally:
+            tokens._may_hold_a_long_run = real
+    assert tokens.bounded_pieces(text) == scanned
 
 
 @pytest.mark.real_sessions
