@@ -762,6 +762,49 @@ def child_breakdown(archive: str, db: str) -> None:
     print(json.dumps({"wall": wall, "cpu": cpu, "entries": report.entries_added, "errors": errors, "parts": dict(totals)}))
 
 
+def child_cpu(kind: str, archive: str, db: str) -> None:
+    """Runs in a fresh interpreter: one job on the archive, its CPU (user + system) as JSON: ``om``,
+    om's ingest; ``duckdb``, DuckDB's read_json_auto of the same files into a table (the floor a
+    reader of these files could reach, without Pi's tree, hashes or token counts)."""
+    import duckdb
+
+    files = sorted(str(f) for f in Path(archive).rglob("*.jsonl"))
+    if kind == "om":
+        from om_core.ingest import ingest
+        from om_core.settings import Settings
+        from om_core.workspace import Workspace
+        from om_core.tokens import get_encoding
+
+        get_encoding()  # loading the encoding is not ingest work
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    if kind == "om":
+        ingest(Workspace.open(db, settings=Settings()), [archive])
+    else:
+        con = duckdb.connect(db)
+        con.execute("CREATE TABLE lines AS SELECT * FROM read_json_auto(?, format = 'newline_delimited', "
+                    "union_by_name = true, maximum_object_size = 268435456)", [files])
+        con.close()
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"cpu": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)}))
+
+
+def measure_vs_duckdb(archive: Path, work: Path, runs: int) -> dict:
+    """CPU of om's ingest and of DuckDB's read_json_auto on the same files, ``runs`` times each, side by side."""
+    out: dict[str, list[float]] = {"om": [], "duckdb": []}
+    for i in range(runs):
+        for kind in out:
+            db = work / f"vs-{kind}-{i}.duckdb"
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_cpu", kind, str(archive), str(db)],
+                                  capture_output=True, text=True, cwd=str(REPO), check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{kind} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+            out[kind].append(json.loads(proc.stdout.strip().splitlines()[-1])["cpu"])
+            for p in (db, Path(str(db) + ".wal")):
+                p.unlink(missing_ok=True)
+    ratios = [o / d for o, d in zip(out["om"], out["duckdb"])]
+    return {**out, "ratios": ratios, "median_ratio": sorted(ratios)[len(ratios) // 2]}
+
+
 def measure_breakdown(archive: Path, db: Path) -> dict:
     for p in (db, Path(str(db) + ".wal")):
         p.unlink(missing_ok=True)
@@ -784,6 +827,9 @@ def table(rows: list[tuple[str, str]], title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--_cpu":
+        child_cpu(sys.argv[2], sys.argv[3], sys.argv[4])
+        return 0
     if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("--_child", "--_breakdown"):
         (child_ingest if sys.argv[1] == "--_child" else child_breakdown)(sys.argv[2], sys.argv[3])
         return 0
@@ -798,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-mb", default="20,200,600",
                     help="single-file sizes for the memory test (default 20,200,600)")
     ap.add_argument("--skip-memory", action="store_true", help="skip the single-file memory test")
+    ap.add_argument("--vs-duckdb", type=int, default=0, metavar="RUNS",
+                    help="also the CPU of om's ingest against DuckDB's read_json_auto of the same files, each in a "
+                         "fresh process, RUNS times (target: at most 6x)")
     ap.add_argument("--breakdown", action="store_true",
                     help="ingest once more, in a subprocess with timing wrappers, and show where the time goes")
     args = ap.parse_args(argv)
@@ -835,6 +884,10 @@ def main(argv: list[str] | None = None) -> int:
         tok = measure_tokenizer(archive, args.threads)
         results["tokenizer"] = tok
         results["ratio_ingest_to_tokenizer"] = ing["seconds"] / tok["seconds"] if tok["seconds"] else None
+
+        if args.vs_duckdb:
+            log(f"CPU of om's ingest and of DuckDB's read_json_auto, {args.vs_duckdb} run(s) each ...")
+            results["vs_duckdb"] = measure_vs_duckdb(archive, work, args.vs_duckdb)
 
         if args.breakdown:
             log("breakdown: ingesting again with timing wrappers ...")
@@ -877,6 +930,11 @@ def main(argv: list[str] | None = None) -> int:
         ("ratio ingest / tokenizer", f"{results['ratio_ingest_to_tokenizer']:.2f}  (target <= 1.5)"),
         ("encoding load (excluded)", f"{results['encoding_load_seconds']:.2f} s"),
     ]
+    if "vs_duckdb" in results:
+        vs = results["vs_duckdb"]
+        rows.append(("CPU om ingest / read_json_auto", f"x{vs['median_ratio']:.2f} median (target <= 6): om "
+                     + ", ".join(f"{c:.1f}" for c in vs["om"]) + " CPU-s, DuckDB "
+                     + ", ".join(f"{c:.1f}" for c in vs["duckdb"]) + " CPU-s"))
     out = [table(rows, "om ingest benchmark")]
     if "breakdown" in results:
         bd = results["breakdown"]
