@@ -12,8 +12,18 @@ from collections.abc import Callable
 from typing import Any
 
 
+# What om's Prefect API keeps of a run: the flow run, its task runs (named and tagged: what the UI
+# shows of what a run did, issue 25) and its logs; not Prefect's event feed, which per model call
+# is ~3 events and ~10 event-resource rows (~17 KB, bench/run_cpu.py; ~40 GB per 100k sessions in the
+# user's Prefect home, kept 7 days) that nothing om runs reads. A user's own setting wins (README,
+# "What Prefect keeps").
+LEAN_SERVER = {"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false"}
+
+
 def prepare_environment(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    for name, value in LEAN_SERVER.items():  # for the local API this run starts (a server's own: flows/server.py)
+        os.environ.setdefault(name, value)
     if not os.environ.get("PREFECT_API_URL"):
         # The ephemeral API lives only as long as this run: recording every task run into its
         # SQLite database costs a third of the CPU of a busy run and nobody reads it afterwards.

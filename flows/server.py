@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
+from flows.runner import LEAN_SERVER
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's own default (PREFECT_SERVER_API_PORT)
 
@@ -104,7 +106,7 @@ def start_server(host: str = DEFAULT_HOST, port: int | None = None, *, home: Pat
     in its own process group, so stopping it stops everything it started."""
     port = port or free_port(host)
     api_url = f"http://{host}:{port}/api"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(extra_env or {})}
+    env = {**LEAN_SERVER, **os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(extra_env or {})}
     env.pop("PREFECT_API_URL", None)  # the server is not a client of some other API
     if home is not None:
         home.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,11 @@ def before_compaction_offline(_before_compaction_offline, tmp_path) -> tuple[Pat
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+# The test harness's API keeps what om's does (flows/runner.LEAN_SERVER): the UI test reads it as it is.
+from flows.runner import LEAN_SERVER  # noqa: E402
+
+for _name, _value in LEAN_SERVER.items():
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture

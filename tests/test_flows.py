@@ -413,7 +413,8 @@ def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
     """Issue 25 item 5, read through the Prefect client as the UI reads it: task runs named by what
     they do (``replay · <file>``, ``observer · <file> · entries a–b``), the replay tasks tagged with the
     session id and ``stage:replay`` (issue 34: only they, since Prefect asks its API for concurrency
-    slots for every tagged task run), and the run's summary in the flow run's logs."""
+    slots for every tagged task run), and the run's summary in the flow run's logs; and no more:
+    Prefect's event feed is not kept (issue 34: it was most of what a run left in Prefect's database)."""
     import asyncio
     import time
 
@@ -430,14 +431,17 @@ def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]])))
             logs = await client.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result["flow_run_id"]])))
-        return runs, logs
+            events = await client.read_events(limit=10)
+        return runs, logs, events
 
     deadline = time.monotonic() + 30
     while True:  # logs reach the API in batches
-        runs, logs = asyncio.run(read())
+        runs, logs, events = asyncio.run(read())
         if any("sessions replayed" in log.message for log in logs) or time.monotonic() > deadline:
             break
         time.sleep(1)
+    # what the UI shows of a run is all it keeps: not Prefect's event feed (flows/runner.LEAN_SERVER)
+    assert events.total == 0 and events.events == [], [e.event for e in events.events]
     names = sorted(r.name for r in runs)
     assert "replay · s0.jsonl" in names and "replay · s1.jsonl" in names, names
     observers = [r for r in runs if r.name.startswith("observer · ")]
