@@ -49,11 +49,11 @@ def _module_entrypoint():
     return EntrypointType.MODULE_PATH
 
 
-def archive_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
-                       exclude: list[str] | None = None):
+def _archive(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
+             exclude: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     from flows.pipeline import process_sessions
 
-    return process_sessions.to_deployment(
+    return process_sessions, dict(
         name="om-archive",
         parameters={"targets": [str(Path(directory).resolve())], "db_path": db_path, "model": _model_json(model),
                     "settings": settings, "exclude": exclude or []},
@@ -62,13 +62,13 @@ def archive_deployment(directory: Path, db_path: str, model: Any, settings: dict
     )
 
 
-def maintenance_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
-                           every_seconds: int = 600, exclude: list[str] | None = None):
+def _maintenance(directory: Path, db_path: str, model: Any, settings: dict[str, Any], every_seconds: int = 600,
+                 exclude: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     from prefect.client.schemas.objects import ConcurrencyLimitConfig
 
     from flows.pipeline import maintain_sessions
 
-    return maintain_sessions.to_deployment(
+    return maintain_sessions, dict(
         name="om-maintain",
         parameters={"directory": str(Path(directory).resolve()), "db_path": db_path, "model": _model_json(model),
                     "settings": settings, "exclude": exclude or [], "every_seconds": every_seconds},
@@ -79,15 +79,33 @@ def maintenance_deployment(directory: Path, db_path: str, model: Any, settings: 
     )
 
 
+def archive_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
+                       exclude: list[str] | None = None):
+    flow, options = _archive(directory, db_path, model, settings, exclude)
+    return flow.to_deployment(**options)
+
+
+def maintenance_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
+                           every_seconds: int = 600, exclude: list[str] | None = None):
+    flow, options = _maintenance(directory, db_path, model, settings, every_seconds, exclude)
+    return flow.to_deployment(**options)
+
+
 def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: Any,
                   settings: dict[str, Any], every_seconds: int = 600, exclude: list[str] | None = None) -> None:
+    """Serve the deployments from this process until it is stopped. Every parameter of theirs is pinned
+    here (flows.served): a flow run asking for others is refused."""
     from prefect import serve
 
-    deployments = []
+    from flows.served import all_parameters, pin
+
+    served = []
     if archive is not None:
-        deployments.append(archive_deployment(archive, db_path, model, settings, exclude))
+        served.append(_archive(archive, db_path, model, settings, exclude))
     if live is not None:
-        deployments.append(maintenance_deployment(live, db_path, model, settings, every_seconds, exclude))
+        served.append(_maintenance(live, db_path, model, settings, every_seconds, exclude))
+    pin({flow.name: all_parameters(flow.fn, options["parameters"]) for flow, options in served})
     # one flow run at a time: every run writes the one database file; a schedule shorter than
     # Prefect's default poll (10 s) is polled as often as it fires
-    serve(*deployments, limit=1, print_starting_message=False, query_seconds=min(10.0, max(1.0, every_seconds)))
+    serve(*(flow.to_deployment(**options) for flow, options in served), limit=1, print_starting_message=False,
+          query_seconds=min(10.0, max(1.0, every_seconds)))

@@ -41,6 +41,7 @@ from prefect.utilities.annotations import quote
 
 from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, run_guards
+from flows.served import refused_run, steering
 from flows.storage import PrefectStageResults, stage_result_storage
 from flows.run_names import replay_name, run_summary, session_label, session_summary, session_tags, \
     stage_name
@@ -336,6 +337,8 @@ def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: Mode
     ``settings`` are then not read), ``plan`` (its RunPlan: nothing is ingested or planned again) and
     ``guards`` (the run's breaker and budget, which its Ctrl-C trips and its cost line reads). A
     deployment passes JSON (``db_path``, ``settings``), and the flow ingests and plans."""
+    if refused := steering("om-process-sessions", dict(locals())):  # a run of om serve's deployment: as it made it
+        return refused_run(refused)
     config = _model(model)
     return _run(_workspace(spec, db_path, settings), "run", plan, targets, config, guards, drain, run_id, window,
                 exclude or [])
@@ -348,6 +351,8 @@ def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: ModelCo
     """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining.
     Ends with one line saying what the tick did (and, given its schedule's ``every_seconds``, when the next
     one is due), on stdout and in the flow run's logs."""
+    if refused := steering("om-maintain-sessions", dict(locals())):  # a run of om serve's deployment: as it made it
+        return refused_run(refused)
     config = _model(model)
     result = _run(_workspace(None, db_path, settings), "maintain", None, [directory], config, None, False, None, 8,
                   exclude or [])

@@ -6,15 +6,31 @@ storage that they share; without them it would start model calls it cannot finis
 
 from __future__ import annotations
 
+import os
 import socket
 from urllib.parse import urlparse
 
-from flows.server import api_healthy
+from flows.server import api_healthy, api_refuses
 from om_core.errors import InvalidArgument, OmError
 
 
 class ClusterNotReady(OmError):
     """A cluster run's prerequisites are missing; nothing was started."""
+
+
+class PrefectRefused(ClusterNotReady):
+    """The Prefect API om was pointed at refuses its credential; nothing was started."""
+
+
+def check_credential(api_url: str) -> None:
+    """Raise a one-line PrefectRefused when the API at ``api_url`` answers this process's credential
+    (PREFECT_API_AUTH_STRING, or none) with 401."""
+    auth = os.environ.get("PREFECT_API_AUTH_STRING") or None
+    if api_refuses(api_url, auth):
+        how = "refuses the credential in PREFECT_API_AUTH_STRING" if auth else \
+            "requires a credential: set PREFECT_API_AUTH_STRING"
+        raise PrefectRefused(f"the Prefect API at {api_url} (PREFECT_API_URL) {how} (a server om serve started: "
+                             "its om-server.env, README: Security)")
 
 
 def _scheduler_reachable(address: str, timeout: float = 3.0) -> bool:
@@ -36,6 +52,7 @@ def check_cluster_run(dask_address: str, api_url: str | None, result_storage: st
     if not api_healthy(api_url, timeout=5.0):
         raise ClusterNotReady(f"the Prefect API at {api_url} (PREFECT_API_URL) does not answer: start it "
                               "(prefect server start) or fix the address")
+    check_credential(api_url)
     if not result_storage:
         raise ClusterNotReady("--dask-address needs a result storage every worker shares: set resultStorage "
                               "(OM_RESULT_STORAGE, om.toml) to a shared path, an fsspec URL or a storage block")

@@ -7,6 +7,7 @@ turns off its telemetry (there is no network here) unless the user set those the
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,9 +29,26 @@ def prepare_environment(verbose: bool = False) -> None:
         # The ephemeral API lives only as long as this run: recording every task run into its
         # SQLite database costs a third of the CPU of a busy run and nobody reads it afterwards.
         os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
+        lock_ephemeral_api()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def lock_ephemeral_api() -> None:
+    """The local API Prefect starts for this run (``prefect.server.api.server.SubprocessASGIServer``: a
+    uvicorn on 127.0.0.1:8000-8999 that inherits this environment) requires a credential of this run's
+    own and takes no cross-origin call, as the server `om serve` starts does (flows.server): without
+    it, any local user or web page could read the run's parameters and logs and set its states. Only
+    before Prefect is imported (it reads its settings once, and the server and this process must agree).
+    A server credential the user set is kept (and given to this process as the client's)."""
+    if "prefect" in sys.modules:
+        return
+    from flows.server import lock_environment, new_auth_string
+
+    auth = os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or new_auth_string()
+    # no browser page is its client (its UI is off): an origin that cannot exist
+    os.environ.update({**lock_environment(auth, "https://om.invalid"), "PREFECT_API_AUTH_STRING": auth})
 
 
 def task_runner(kind: str, concurrency: int, dask_address: str | None = None):

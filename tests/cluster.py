@@ -10,6 +10,7 @@ Loaded by conftest (``pytest_plugins``); fixtures: ``prefect_server`` (one per t
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,13 +41,22 @@ def _unshare_problem() -> str | None:
     return None
 
 
-def cluster_env(api_url: str, **extra: str) -> dict[str, str]:
-    """What a cluster process needs: the installed code (here: this checkout), the Prefect API, quiet logs."""
+def cluster_env(api: PrefectServer | str, **extra: str) -> dict[str, str]:
+    """What a cluster process needs: the installed code (here: this checkout), the Prefect API (with the
+    credential of a server om started: its ``client_env``), quiet logs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_"))}
-    env.update({"PYTHONPATH": str(REPO), "PREFECT_API_URL": api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    env.update(api.client_env if isinstance(api, PrefectServer) else {"PREFECT_API_URL": api})
+    env.update({"PYTHONPATH": str(REPO), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "PREFECT_LOGGING_LEVEL": "WARNING", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}, **extra)
     return env
+
+
+def basic_auth(server: PrefectServer) -> dict[str, str]:
+    """The Authorization header of the server's credential (Prefect's basic auth), for plain HTTP calls."""
+    import base64
+
+    return {"Authorization": "Basic " + base64.b64encode(server.auth_string.encode()).decode()}
 
 
 @dataclass
@@ -108,12 +118,14 @@ def _wait_for_workers(cluster: DaskCluster, count: int, timeout: float = 90.0) -
             time.sleep(0.3)
 
 
-def start_dask_cluster(root: Path, api_url: str, hidden: list[Path], workers: int = 2, nthreads: int = 2,
+def start_dask_cluster(root: Path, server: PrefectServer, hidden: list[Path], workers: int = 2, nthreads: int = 2,
                        env: dict[str, str] | None = None) -> DaskCluster:
     """A scheduler and ``workers`` worker processes (no nanny: the pid is the worker). Each worker runs
     in its own mount namespace with an empty tmpfs over every ``hidden`` directory, from its own
-    working directory under ``root``."""
-    env = env or cluster_env(api_url)
+    working directory under ``root``. A worker gets the Prefect server's address and credential as the
+    README tells (``set -a; . om-server.env; set +a`` before ``dask worker``), not from this process."""
+    env = env or cluster_env(server.api_url)
+    credentials = server.credentials_file
     port = free_port(HOST)
     address = f"tcp://{HOST}:{port}"
     root.mkdir(parents=True, exist_ok=True)
@@ -131,7 +143,8 @@ def start_dask_cluster(root: Path, api_url: str, hidden: list[Path], workers: in
             workdir = root / name
             workdir.mkdir(exist_ok=True)
             log = root / f"{name}.log"
-            command = (f"{mounts} && cd {workdir} && exec {sys.executable} -m dask worker {address} --name {name} "
+            command = (f"{mounts} && set -a && . {shlex.quote(str(credentials))} && set +a && cd {workdir} && "
+                       f"exec {sys.executable} -m dask worker {address} --name {name} "
                        f"--nthreads {nthreads} --no-nanny --no-dashboard --local-directory {workdir}")
             process = subprocess.Popen(["unshare", "-m", "sh", "-c", command], cwd=workdir, env=env,
                                        stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
@@ -164,7 +177,7 @@ def dask_cluster(tmp_path, prefect_server):
     started: list[DaskCluster] = []
 
     def start(hidden: list[Path], workers: int = 2, **kwargs) -> DaskCluster:
-        cluster = start_dask_cluster(tmp_path / f"cluster{len(started)}", prefect_server.api_url, hidden, workers,
+        cluster = start_dask_cluster(tmp_path / f"cluster{len(started)}", prefect_server, hidden, workers,
                                      **kwargs)
         started.append(cluster)
         return cluster

@@ -200,6 +200,9 @@ XDIST_GROUPS = {
     "tests/test_cluster.py::": "prefect-server",
     "tests/test_serve.py::test_a_deployment_run_honours_a_setting_from_every_source": "prefect-server",
     "tests/test_serve.py::test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress": "prefect-server",
+    "tests/test_serve.py::test_om_serve_on_a_server_that_refuses_its_credential": "prefect-server",
+    # the one om serve (with the Prefect server it starts) of test_serve's test_served_* tests, in order
+    "tests/test_serve.py::test_served_": "om-serve",
     # Pi's live conversation, whose scenarios run in order on one Pi process
     "tests/test_pi_live.py::": "pi-live",
     # the offline replay of before-compaction.jsonl (half a minute under load)

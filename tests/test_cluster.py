@@ -19,11 +19,11 @@ from pathlib import Path
 import duckdb
 import pytest
 from builders import SessionBuilder
-from cluster import REPO, _unshare_problem, cluster_env, ledger_snapshot, start_dask_cluster
+from cluster import REPO, _unshare_problem, basic_auth, cluster_env, ledger_snapshot, start_dask_cluster
 from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI
 
-from flows.server import free_port
+from flows.server import PrefectServer, free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -85,17 +85,17 @@ def module_cluster(tmp_path_factory, prefect_server, hidden_client):
     problem = _unshare_problem()
     if problem:
         pytest.skip(problem)
-    cluster = start_dask_cluster(tmp_path_factory.mktemp("cluster"), prefect_server.api_url, [hidden_client])
+    cluster = start_dask_cluster(tmp_path_factory.mktemp("cluster"), prefect_server, [hidden_client])
     try:
         yield cluster
     finally:
         cluster.stop()
 
 
-def run_env(api_url: str, server: FakeOpenAI, shared: Path, tmp_path: Path) -> dict[str, str]:
+def run_env(api: PrefectServer | str, server: FakeOpenAI, shared: Path, tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "client-home"
     home.mkdir(parents=True, exist_ok=True)
-    return cluster_env(api_url, HOME=str(home), OM_MODEL="openai/fake-model", OM_API_BASE=server.base_url,
+    return cluster_env(api, HOME=str(home), OM_MODEL="openai/fake-model", OM_API_BASE=server.base_url,
                        OM_RESULT_STORAGE=str(shared), OPENAI_API_KEY="sk-fake", **SETTINGS_ENV)
 
 
@@ -106,7 +106,7 @@ def threads_ledger(tmp_path_factory, prefect_server) -> dict:
     sessions = make_sessions(root / "sessions")
     db = root / "om.duckdb"
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        env = run_env(prefect_server.api_url, server, root / "results", root)
+        env = run_env(prefect_server, server, root / "results", root)
         result = om_run(["--db", str(db), "run", str(sessions), "--json", "--concurrency", "4", "--no-drain"], env, root)
     assert result.returncode == 0, result.stderr[-3000:]
     ledger = ledger_snapshot(db)
@@ -157,7 +157,7 @@ def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(module_clust
 
         print(json.dumps({{"client": os.getpid(), "tasks": probe()}}))
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=cluster_env(prefect_server.api_url), cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-c", script], env=cluster_env(prefect_server), cwd=tmp_path,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -167,7 +167,7 @@ def test_a_prefect_flow_runs_on_the_dask_workers_against_the_server(module_clust
     import urllib.request
 
     request = urllib.request.Request(prefect_server.api_url + "/flow_runs/filter", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **basic_auth(prefect_server)})
     with urllib.request.urlopen(request, timeout=30) as response:
         runs = json.loads(response.read())
     assert any(r["name"] and r["state_type"] == "COMPLETED" for r in runs)
@@ -180,7 +180,7 @@ def test_a_cluster_run_gives_the_ledger_of_a_threads_run(module_cluster, prefect
                                                          threads_ledger):
     cluster = module_cluster
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
+        env = run_env(prefect_server, server, client_side["shared"], tmp_path)
         db = client_side["client"] / "om.duckdb"
         result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--no-drain",
                          "--task-runner", "dask", "--dask-address", cluster.address], env, client_side["client"])
@@ -202,7 +202,7 @@ def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, clie
         return script(body)
 
     with FakeOpenAI(responder=responder) as server:
-        env = run_env(prefect_server.api_url, server, client_side["shared"], tmp_path)
+        env = run_env(prefect_server, server, client_side["shared"], tmp_path)
         db = client_side["client"] / "om.duckdb"
         result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--json", "--no-drain",
                          "--task-runner", "dask", "--dask-address", cluster.address], env, client_side["client"])
@@ -214,7 +214,7 @@ def test_a_cluster_run_survives_a_lost_worker(dask_cluster, prefect_server, clie
     assert_workers_wrote_nothing_hidden(cluster, client_side["client"])
 
 
-@pytest.mark.parametrize("api", ["unset", "unreachable", "no-result-storage"])
+@pytest.mark.parametrize("api", ["unset", "unreachable", "no-credential", "no-result-storage"])
 def test_a_cluster_run_without_what_workers_need_refuses_in_one_line(api, client_side, tmp_path, request):
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
         env = run_env("", server, client_side["shared"], tmp_path)
@@ -223,8 +223,11 @@ def test_a_cluster_run_without_what_workers_need_refuses_in_one_line(api, client
         elif api == "unreachable":
             env["PREFECT_API_URL"] = f"http://127.0.0.1:{free_port()}/api"
         else:
-            env["PREFECT_API_URL"] = request.getfixturevalue("prefect_server").api_url
-            env.pop("OM_RESULT_STORAGE")
+            env.update(request.getfixturevalue("prefect_server").client_env)
+            if api == "no-credential":  # a locked server (the test session's), no PREFECT_API_AUTH_STRING
+                env.pop("PREFECT_API_AUTH_STRING")
+            else:
+                env.pop("OM_RESULT_STORAGE")
         db = client_side["client"] / "om.duckdb"
         result = om_run(["--db", str(db), "run", str(client_side["sessions"]), "--dask-address",
                          f"tcp://127.0.0.1:{free_port()}"], env, client_side["client"], timeout=60)
@@ -232,7 +235,8 @@ def test_a_cluster_run_without_what_workers_need_refuses_in_one_line(api, client
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert ("PREFECT_API_URL" if api != "no-result-storage" else "result storage") in lines[0]
+    assert {"no-credential": "requires a credential: set PREFECT_API_AUTH_STRING",
+            "no-result-storage": "result storage"}.get(api, "PREFECT_API_URL") in lines[0]
     assert not db.exists()  # before any work: not even a database
     assert result.stdout == ""
 

@@ -16,8 +16,9 @@ from deployments import resolved_inputs, serve_locally
 from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, print_json, print_rows, state, \
     warn_exposure, workspace
 from flows.interrupt import serve_until_signal
+from flows.preflight import check_credential
 from flows.runner import prepare_environment
-from flows.server import local_server
+from flows.server import CREDENTIALS, api_open, local_server, server_home
 from om_core.errors import InvalidArgument
 
 
@@ -48,14 +49,22 @@ def serve(
     config, settings_dict = resolved_inputs(ws.settings, model, api_base)
     server = None
     if not os.environ.get("PREFECT_API_URL"):  # the ephemeral API runs no schedules: use a real server
-        home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+        home = server_home()
         err.print("starting a local Prefect server (PREFECT_API_URL is not set) ...")
-        server = local_server(log=home / "om-serve-server.log")
-        os.environ["PREFECT_API_URL"] = server.api_url
+        server = local_server(home)
+        # this process, the flow runs it starts and the endpoint are the server's clients: its credential
+        os.environ.update(server.client_env)
         how = "started by om serve; it stops with it" if server.started_here else "already running; reused"
-        err.print(f"Prefect UI: {server.ui_url} ({how})", highlight=False)
+        err.print(f"Prefect UI: {server.ui_url} ({how}; 127.0.0.1 only, user and password in "
+                  f"{escape(str(home / CREDENTIALS))})", highlight=False)
     else:
-        err.print(f"Prefect API: {os.environ['PREFECT_API_URL']}", highlight=False)
+        api_url = os.environ["PREFECT_API_URL"]
+        err.print(f"Prefect API: {escape(api_url)}", highlight=False)
+        check_credential(api_url)
+        if api_open(api_url):
+            err.print("[yellow]warning:[/] this Prefect API answers without credentials: whoever reaches it reads "
+                      "what om's runs record there (folders, settings, logs) and starts or stops them "
+                      "(README: Security)", highlight=False)
     prepare_environment()
     answering = _live_endpoint(ws, live) if endpoint else None
     if config.offline:
