@@ -60,9 +60,25 @@ def steering(flow_name: str, received: dict[str, Any]) -> str | None:
 
 
 def refused_run(line: str):
-    """A refused flow run's end: ``line`` in its logs (the only one), and a Failed state saying it."""
+    """A refused flow run's end: ``line`` in its logs (the only one om writes), and a Failed state saying it.
+
+    Prefect's engine then raises the Failed state's exception and logs it, twice, with a traceback (its
+    flow-run logger, then its engine logger), on the terminal of `om serve` and in the run's logs: nothing
+    went wrong in om's code, so those two records of this refusal are dropped (a handler filter that
+    matches only an exception whose text is ``line``)."""
+    import logging
+
     from prefect import get_run_logger
     from prefect.states import Failed
 
+    class DropRefusalTraceback(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not (record.exc_info and record.exc_info[1] is not None and str(record.exc_info[1]) == line)
+
+    drop = DropRefusalTraceback()
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        handler.addFilter(drop)
     get_run_logger().error(line)
     return Failed(message=line)

@@ -247,7 +247,7 @@ def test_served_a_flow_run_asking_for_other_folders_database_model_or_settings_i
 
     def refusal_logged():
         logs = served.call("/logs/filter", {"logs": {"flow_run_id": {"any_": [steered["id"]]}}})
-        return [row["message"] for row in logs if "refused" in row["message"]] or None
+        return [row["message"] for row in logs if "refused" in row["message"] or "Traceback" in row["message"]] or None
 
     assert _wait_for("the refusal in the run's logs", refusal_logged, 30, served.process, served.log) == [
         state["message"]]
