@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +44,20 @@ def http_as_nobody(method: str, url: str, headers: dict[str, str] | None = None,
     status_line, *lines = head.splitlines()
     found = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
     return int(status_line.split()[1]), found, text
+
+
+@contextmanager
+def traversable(path: Path) -> Iterator[None]:
+    """Every folder above ``path`` searchable by others (o+x, no listing) while the block runs, as a home
+    folder often is: so what another user is refused is the file's own mode, not pytest's 0700 temp root."""
+    changed = []
+    for folder in reversed(Path(path).parents):
+        mode = folder.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(folder, stat.S_IMODE(mode) | stat.S_IXOTH)
+            changed.append((folder, stat.S_IMODE(mode)))
+    try:
+        yield
+    finally:
+        for folder, mode in reversed(changed):
+            os.chmod(folder, mode)

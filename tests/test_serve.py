@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from builders import SessionBuilder
 from cluster import REPO, cluster_env, ledger_snapshot
 
 from flows.endpoint import ask, endpoint_file, running_endpoint
-from other_user import as_nobody, http_as_nobody
+from other_user import as_nobody, http_as_nobody, traversable
 
 from flows.server import CREDENTIALS, api_healthy, free_port, read_credentials, stop_process_group
 
@@ -185,7 +186,8 @@ def test_served_the_prefect_server_refuses_anonymous_and_foreign_origin_callers(
     assert served.credentials["PREFECT_API_URL"] == api
     user, _, password = served.credentials["PREFECT_API_AUTH_STRING"].partition(":")
     assert user and len(password) >= 32
-    assert as_nobody("cat", str(credentials)).returncode != 0  # nobody cannot read it
+    with traversable(credentials):
+        assert "Permission denied" in as_nobody("cat", str(credentials)).stderr  # nobody cannot read it
     listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == served.port}
     assert listening == {"127.0.0.1"}
     # the credential works (the refusals below are the credential's, not a dead server's)
@@ -252,6 +254,36 @@ def test_served_a_flow_run_asking_for_other_folders_database_model_or_settings_i
     assert _wait_for("the refusal in the run's logs", refusal_logged, 30, served.process, served.log) == [
         state["message"]]
     assert state["message"] in served.log.read_text()  # om serve's terminal shows it too
+
+
+def test_served_another_user_reads_none_of_the_files_om_serve_wrote(served):
+    """Issue 31 item 4, as another local user (nobody) would try it, with every folder above searchable
+    (a home folder often is): the database, its lock and endpoint file, the stage results, the Prefect
+    server's home (its database of flow runs' parameters and logs, the credentials, the log) are
+    refused; a file of the same folder that is world-readable is read (so the refusals are the modes')."""
+    db = served.db
+    files = [db, endpoint_file(db), served.prefect_home / CREDENTIALS,
+             served.prefect_home / "prefect.db", served.prefect_home / "om-serve-server.log"]
+    files += [p for p in (db.with_name(db.name + ".wal"), db.with_name(db.name + ".lock")) if p.exists()]
+    folders = [served.prefect_home] + [p for p in [db.with_name(db.name + ".stage-results")] if p.exists()]
+    for path in files:
+        assert path.is_file(), path
+    for path in files + folders:  # this user's only (the folders above are opened below, these are not)
+        assert path.stat().st_mode & 0o077 == 0, path
+    readable = db.parent / "world-readable.txt"
+    readable.write_text("anyone\n")
+    os.chmod(readable, 0o644)
+    try:
+        with traversable(db), traversable(served.prefect_home / CREDENTIALS), traversable(endpoint_file(db)):
+            assert as_nobody("cat", str(readable)).stdout == "anyone\n"
+            for path in files:
+                done = as_nobody("cat", str(path))
+                assert done.returncode != 0 and "Permission denied" in done.stderr, path
+            for folder in folders:
+                done = as_nobody("ls", str(folder))
+                assert done.returncode != 0 and "Permission denied" in done.stderr, folder
+    finally:
+        readable.unlink()
 
 
 def test_served_stopping_om_serve_stops_the_server_it_started(served):
@@ -343,19 +375,25 @@ def test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress(tmp_path, prefec
             stop_process_group(serve)
 
 
+@pytest.mark.parametrize("command", ["serve", "run"])
 @pytest.mark.parametrize("credential", ["none", "wrong"])
-def test_om_serve_on_a_server_that_refuses_its_credential_says_so_in_one_line(tmp_path, prefect_server, credential):
+def test_om_serve_on_a_server_that_refuses_its_credential_says_so_in_one_line(tmp_path, prefect_server, credential,
+                                                                              command):
     """PREFECT_API_URL names a locked server (the test session's) and PREFECT_API_AUTH_STRING is unset or
-    wrong: one line naming the setting, before anything is served."""
+    wrong: `om serve` and `om run` say so in one line naming the setting, before anything is served or run."""
     live = tmp_path / "live"
     live.mkdir()
+    if command == "run":
+        session = SessionBuilder(SESSION)
+        session.work_turns(1, "alpha")
+        session.write(live / "s.jsonl")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_"))}
     env.update({"HOME": str(tmp_path), "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server.api_url})
     if credential == "wrong":
         env["PREFECT_API_AUTH_STRING"] = "om:not-the-credential"
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "serve", "--live",
-                           str(live), "--no-endpoint"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    args = ["serve", "--live", str(live), "--no-endpoint"] if command == "serve" else ["run", str(live)]
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert line == (f"error: the Prefect API at {prefect_server.api_url} (PREFECT_API_URL) "
@@ -363,6 +401,7 @@ def test_om_serve_on_a_server_that_refuses_its_credential_says_so_in_one_line(tm
                        "refuses the credential in PREFECT_API_AUTH_STRING")
                     + " (a server om serve started: its om-server.env, README: Security)"), done.stderr
     assert "Traceback" not in done.stderr and "serving" not in done.stderr
+    assert command == "serve" or not (tmp_path / "om.duckdb").exists()  # om run: before any work
 
 
 def _api(api_url: str, path: str, body: dict | None = None, method: str | None = None, *, auth: str | None = None):
@@ -372,8 +411,14 @@ def _api(api_url: str, path: str, body: dict | None = None, method: str | None =
         headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
     request = urllib.request.Request(api_url + path, data=data, method=method or ("POST" if data else "GET"),
                                      headers=headers)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"null")
+    for attempt in range(5):
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:  # a busy server's SQLite says 503: Prefect's own clients retry it
+            if exc.code != 503 or attempt == 4:
+                raise
+            time.sleep(1 + attempt)
 
 
 def _pi_settings(path: Path, values: dict) -> None:

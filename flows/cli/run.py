@@ -21,7 +21,7 @@ from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, a
     print_json, print_rows, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.limits import run_guards
-from flows.preflight import check_cluster_run
+from flows.preflight import check_cluster_run, check_credential
 from flows.runner import prepare_environment, run_pipeline
 from om_core.db import new_run_id
 from om_core.errors import InvalidArgument
@@ -71,6 +71,8 @@ def run(
     settings = ws.settings
     if dask_address:  # before any work (no database opened): workers elsewhere need a server and shared results
         check_cluster_run(dask_address, os.environ.get("PREFECT_API_URL"), settings.resultStorage)
+    elif os.environ.get("PREFECT_API_URL"):  # a server the user runs: one line, not Prefect's 401 traceback
+        check_credential(os.environ["PREFECT_API_URL"])
     limit = model_limit or ("prefect" if dask_address else "process")
     if limit not in ("process", "prefect"):
         raise InvalidArgument("--model-limit must be 'process' or 'prefect'")
