@@ -199,10 +199,14 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
         if result.stopped and not guards.breaker.tripped:  # it stopped elsewhere: no later replay starts
             guards.breaker.trip(ModelError(result.error.removeprefix("stopped: "), "permanent"))
         waiting = len(queue)
+        committed: list[str] = []
         if not isinstance(guards.breaker.reason, StorageError):  # after a full disk nothing more is written
             try:
                 with COMMIT_LOCK, ws.write() as con:
                     commit_replay(con, result, plan.fingerprints.get(result.session_id))
+                    if result.kept:
+                        committed = dbmod.named_column(con, "committed_stage_keys",
+                                                       {"session_id": result.session_id, "stage_keys": result.kept})
                     if queue:
                         submit_next(con)
             except Exception as exc:
@@ -210,6 +214,8 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
                 if stored is None:
                     raise
                 guards.breaker.trip(stored)  # a full disk: stop the other sessions before their model calls
+        if committed:  # their records are in the ledger: the stage results kept for them can go
+            PrefectStageResults(storage).forget(committed)
         if queue and len(queue) == waiting:  # not read with the commit (a full disk): read it alone
             with ws.read() as con:
                 submit_next(con)

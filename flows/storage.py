@@ -151,4 +151,20 @@ class PrefectStageResults:
     def put(self, prepared, computed) -> None:  # noqa: ANN001 - PreparedStage, ComputedStage
         self._write(stage_result_name(prepared.stage_key), dump_stage_result(prepared, computed))
 
+    def forget(self, stage_keys: list[str]) -> int:
+        """Delete the kept results of stages whose records are committed (nothing asks for them again),
+        so that the storage holds only what an interrupted run left: ~7 KB a stage otherwise, forever.
+        A local folder only: a remote storage block keeps them (its bucket's lifecycle rules can expire
+        them). Returns how many were deleted."""
+        if not isinstance(self.storage, Path):
+            return 0
+        gone = 0
+        for key in stage_keys:
+            try:
+                (self.storage / stage_result_name(key)).unlink()
+                gone += 1
+            except FileNotFoundError:
+                pass
+        return gone
+
 

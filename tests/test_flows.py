@@ -169,6 +169,8 @@ def clean_run(prefect_api, tmp_path_factory) -> dict:
                               capture_output=True, text=True, timeout=300)
         requests = len(server.requests)
     assert done.returncode == 0, done.stderr[-2000:]
+    # issue 34: a stage's kept result goes once its record is committed; a finished run leaves none
+    assert not list(Path(f"{db}.stage-results").glob("*.json"))
     return {"sessions": root / "sessions", "requests": requests, "cost": json.loads(done.stdout)["cost"],
             "snapshot": snapshot(db)}
 
@@ -202,6 +204,8 @@ def test_kill_9_then_resume(prefect_api, tmp_path, clean_run):
         assert script.asked_after_completion == []
         assert_ledger_sound(db)
         resumed_state = snapshot(db)
+        # the results the killed run kept served the resumed run, and went once their records were committed
+        assert not list(Path(f"{db}.stage-results").glob("*.json"))
     # the interrupted-and-resumed run ends where an uninterrupted one does
     clean_state = clean_run["snapshot"]
     assert [r[:4] for r in resumed_state["records"]] == [r[:4] for r in clean_state["records"]]
