@@ -36,6 +36,7 @@ from om_core.branch_entry import branch_entry
 from om_core.cutpoint import NothingToCompact, compaction_cut_point
 from om_core.errors import InvalidArgument, StorageError
 from om_core.ledger import RECORD_MODELS
+from om_core.project_memory import with_project_memory
 from om_core.memory import compaction_projection
 from om_core.session import JS_WHITESPACE
 from om_core.settings import Settings
@@ -223,6 +224,7 @@ def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[
     # cut): the projection resolves it to the entry the record follows.
     leaf = dbmod.scalar(con, "session_leaf", {"session_id": session_id})
     result = compaction_projection(con, session_id, leaf, cut.firstKeptEntryId, settings.observationsPoolMaxTokens)
+    result.summary = with_project_memory(con, session_id, leaf, result.summary, settings)  # off by default
     if result.summary is None:
         return None, "the compaction projection is empty: Pi's native summarizer would run (nothing written)"
     entry: dict[str, Any] = {

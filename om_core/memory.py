@@ -416,4 +416,9 @@ def compact(ws: Workspace, session: str, first_kept: str, leaf: str | None = Non
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        return compaction_projection(con, sid, tip, first_kept, pool, replayed=replayed)
+        result = compaction_projection(con, sid, tip, first_kept, pool, replayed=replayed)
+        if not replayed:  # a session's first compaction may carry its project's memory (a setting, off by default)
+            from om_core.project_memory import with_project_memory
+
+            result.summary = with_project_memory(con, sid, tip, result.summary, ws.settings)
+        return result

@@ -9,7 +9,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from om_core.catalog import resolve_session, resolve_tip
-from om_core.db import named_column, named_rows
+from om_core.db import named_column, named_rows, scalar
 from om_core.errors import AmbiguousMemoryId
 from om_core.ledger import is_memory_id, memory_references
 from om_core.session import loads_line
@@ -31,7 +31,7 @@ class RecallSource(BaseModel):
 
 class RecallObservation(BaseModel):
     id: str
-    status: Literal["active", "dropped"]
+    status: Literal["active", "dropped", "forgotten"]  # forgotten: by the user (om forget), in no fold
     content: str
     ts: str
     relevance: str
@@ -56,6 +56,7 @@ class RecallReflection(BaseModel):
     ledger_id: str
     item_index: int = 0  # its place in that record's list
     session_id: str | None = None
+    forgotten: bool = False  # the user forgot it (om forget): in no fold or compaction
 
 
 class RecallOrphan(BaseModel):
@@ -92,6 +93,28 @@ class RecallGroup(BaseModel):
     missing_supporting_observation_ids: list[str] = Field(default_factory=list)
 
 
+class RecallProjectReflection(BaseModel):
+    """A project reflection with this id, as its project's ledger recorded it."""
+
+    id: str
+    content: str
+    supporting_ids: list[str]  # the session memory ids it rests on
+    ledger_id: str
+    item_index: int = 0
+    status: Literal["current", "retired"] = "current"
+    retired_reason: str | None = None
+
+
+class RecallProject(BaseModel):
+    """The id in one project's memory: its reflection, and each memory id it rests on recalled in the
+    project's sessions holding it (each session's current branch, as SPEC §6 recalls across sessions)."""
+
+    project_id: str
+    reflections: list[RecallProjectReflection] = Field(default_factory=list)
+    sessions: list[RecallGroup] = Field(default_factory=list)
+    missing_supporting_ids: list[str] = Field(default_factory=list)  # recorded in none of its sessions now
+
+
 class RecallResult(BaseModel):
     """Recall of one id. ``sessions`` groups the matches by session (SPEC §6); the flat lists hold the
     same items in session order, and kind/collision/partial sum up the groups: ``collision`` is true
@@ -100,7 +123,7 @@ class RecallResult(BaseModel):
 
     status: Literal["found", "orphaned", "not_found", "invalid_id"]  # orphaned: found only where its source is gone
     id: str
-    kind: Literal["observation", "reflection", "mixed"] | None = None
+    kind: Literal["observation", "reflection", "mixed", "project_reflection"] | None = None
     collision: bool = False
     partial: bool = False
     observations: list[RecallObservation] = Field(default_factory=list)
@@ -109,6 +132,7 @@ class RecallResult(BaseModel):
     session_ids: list[str] = Field(default_factory=list)
     sessions: list[RecallGroup] = Field(default_factory=list)
     orphaned: list[RecallOrphan] = Field(default_factory=list)  # on no branch: kept, their source is gone
+    projects: list[RecallProject] = Field(default_factory=list)  # the id as a project reflection (issue 35)
     message: str | None = None
 
     def as_json(self) -> dict[str, Any]:
@@ -130,6 +154,16 @@ def redacted(result: RecallResult) -> RecallResult:
             source.text = redact(source.text)
     for item in copy.reflections + [r for g in copy.sessions for r in g.reflections] + copy.orphaned:
         item.content = redact_line(item.content)
+    for project in copy.projects:
+        for r in project.reflections:
+            r.content = redact_line(r.content)
+        for group in project.sessions:
+            for o in group.observations:
+                o.content = redact_line(o.content)
+                for source in o.sources:
+                    source.text = redact(source.text)
+            for r in group.reflections:
+                r.content = redact_line(r.content)
     return copy
 
 
@@ -184,7 +218,7 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
         item.superseded_by = list(superseded_by)
     result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledger_id=r["ledger_id"], item_index=r["item_index"],
                                            supporting_observation_ids=list(r["supporting_observation_ids"]),
-                                           session_id=session_id) for r in refl_rows]
+                                           session_id=session_id, forgotten=bool(r["forgotten"])) for r in refl_rows]
     matched_ids = {(o.id, o.ledger_id) for o in result.observations}
     for sid in supporting_ids:
         row = first_support.get(sid)
@@ -259,7 +293,9 @@ def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str 
                                 message=f"no observation or reflection id starts with {memory_id} in {where}")
         memory_id = expanded
         if sid is not None:
-            return recall_in_session(con, sid, resolve_tip(con, sid, leaf), memory_id)
+            one = recall_in_session(con, sid, resolve_tip(con, sid, leaf), memory_id)
+            project = scalar(con, "project_of_session", {"session_id": sid})
+            return _with_projects(con, one, [project] if project else [])
         if not is_memory_id(memory_id):
             return RecallResult(status="invalid_id", id=memory_id,
                                 message="a memory id is 12 lowercase hexadecimal characters")
@@ -283,4 +319,51 @@ def recall(ws: Workspace, memory_id: str, session: str | None = None, leaf: str 
         if combined.status == "not_found":
             combined.message = f"no observation or reflection with id {memory_id} in any ingested session"
         _add_orphaned(con, combined, None)
-        return combined
+        return _with_projects(con, combined, None)
+
+
+def recall_in_projects(con: duckdb.DuckDBPyConnection, memory_id: str,
+                       project_ids: list[str] | None = None) -> list[RecallProject]:
+    """The id as a project reflection, in every project's memory (``project_ids``: only those): the
+    records, and the session memory it rests on recalled in the project's own sessions, so the source
+    entries are reached across sessions."""
+    out = []
+    for project_id in named_column(con, "projects_holding_reflection", {"id": memory_id}):
+        if project_ids is not None and project_id not in project_ids:
+            continue
+        folded = {r["id"]: r for r in named_rows(con, "project_fold_rows", {"project_id": project_id})}
+        found = RecallProject(project_id=project_id)
+        support: list[str] = []
+        for row in named_rows(con, "project_reflection_occurrences", {"project_id": project_id, "id": memory_id}):
+            state = folded.get(row["id"])
+            retired = bool(state and state["retired"])
+            found.reflections.append(RecallProjectReflection(
+                id=row["id"], content=row["content"], supporting_ids=list(row["supporting_ids"]),
+                ledger_id=row["ledger_id"], item_index=row["item_index"], status="retired" if retired else "current",
+                retired_reason=state["retired_reason"] if retired else None))
+            support += [i for i in row["supporting_ids"] if i not in support]
+        for supporting_id in support:
+            holders = named_rows(con, "project_sessions_holding", {"project_id": project_id, "id": supporting_id})
+            groups = [g for h in holders
+                      for g in recall_in_session(con, h["session_id"], h["leaf_id"], supporting_id).sessions]
+            if groups:
+                found.sessions += groups
+            else:
+                found.missing_supporting_ids.append(supporting_id)
+        out.append(found)
+    return out
+
+
+def _with_projects(con: duckdb.DuckDBPyConnection, result: RecallResult, project_ids: list[str] | None) -> RecallResult:
+    """``result`` with the id's project reflections (recall resolves project memory ids too)."""
+    if result.status == "invalid_id":
+        return result
+    result.projects = recall_in_projects(con, result.id, project_ids)
+    if not result.projects:
+        return result
+    if result.status in ("not_found", "orphaned") and not (result.observations or result.reflections):
+        result.status, result.kind, result.message = "found", "project_reflection", None
+    else:
+        result.kind = "mixed"
+    result.partial = result.partial or any(p.missing_supporting_ids for p in result.projects)
+    return result

@@ -99,6 +99,28 @@ class Settings(BaseModel):
     # asking it again (the observer always backs off so, SPEC §9; the extension's reflector does not)
     reflectorBackoff: bool = False
 
+    # --- project memory (issue 35)
+    # folder -> project id: a session whose cwd is that folder or below it belongs to that project
+    # (overrides the git work tree's remote or root, om_core.projects)
+    projects: dict[str, str] = Field(default_factory=dict)
+    # the project stage runs when the project's sessions recorded this many tokens of reflections and
+    # critical observations since it last read them
+    projectReflectAfterTokens: int = Field(2_000, gt=0)
+    projectInputMaxTokens: int = Field(16_000, ge=256)  # new session memory one project stage reads at most
+    # add the project's memory to a session's first compaction (om export --compact, the live compaction)
+    projectMemoryInCompaction: bool = False
+    projectMemoryMaxTokens: int = Field(2_000, gt=0)  # the project reflections such a compaction adds, at most
+
+    @field_validator("projects", mode="before")
+    @classmethod
+    def _projects_json(cls, value: Any) -> Any:
+        """``OM_PROJECTS='{"/src/app": "app"}'``: a JSON object where a mapping is set from text."""
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else {}
+        if isinstance(value, dict):
+            return {str(Path(k).expanduser()) if str(k).startswith("~") else str(k): v for k, v in value.items()}
+        return value
+
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:
         if self.observationsPoolTargetTokens is not None and self.observationsPoolTargetTokens >= self.observationsPoolMaxTokens:

@@ -53,8 +53,12 @@ def rows(db: Path, sql: str) -> list[tuple]:
         con.close()
 
 
-# Tables later migrations add (010: Pi's migration followed): a database at 007 or 008 has no rows for them.
-TABLES_ADDED_AFTER_009 = ("entry_id_map", "replaced_entries")
+# Tables later migrations add (010: Pi's migration followed; 011: projects, the project ledger, the search
+# index): a database at 007 or 008 has no rows for them, nor the views over them.
+TABLES_ADDED_AFTER_009 = ("entry_id_map", "replaced_entries", "project_sessions", "project_ledger",
+                          "project_reflections", "project_retirements", "project_stages", "search_documents",
+                          "search_terms")
+VIEWS_ADDED_AFTER_009 = ("projects", "project_growth")
 
 
 def populated(tmp_path: Path, server) -> Path:
@@ -109,6 +113,13 @@ def populated(tmp_path: Path, server) -> Path:
     with dbmod.writing(db) as con:  # a computed result not yet appended (what a crash leaves)
         con.execute("INSERT INTO om_internal.stage_results (session_id, stage_key, stage, result) "
                     "VALUES (?, 'key-1', 'observer', '[]')", [OTHER])
+    # project memory (issue 35): the offline project stage, and a user's forget of what it recorded
+    from om_core.forget import forget
+    from om_core.project_reflector import run_due_projects
+
+    projects_ws = workspace(db, SETTINGS.model_copy(update={"projectReflectAfterTokens": 1}))
+    (outcome, *_) = run_due_projects(projects_ws, make_brain(ModelConfig(model="offline"), SETTINGS))
+    forget(projects_ws, outcome.reflections[0].id, "no longer true", project=True)
     return db
 
 
@@ -192,11 +203,14 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
         assert after.pop(table) == []
         before.pop(table)
         answers.pop(table, None)
+    for view in VIEWS_ADDED_AFTER_009:
+        answers.pop(view)
     assert after == before
     assert rows(legacy, "SELECT version FROM om_internal.schema_migrations ORDER BY 1") == [
         (v,) for v, _, _ in migrations()]
     assert schema(legacy, internal_tables=False) == {}  # main: views and macros only
-    assert {k: v for k, v in public_answers(legacy).items() if k not in TABLES_ADDED_AFTER_009} == answers
+    assert {k: v for k, v in public_answers(legacy).items()
+            if k not in TABLES_ADDED_AFTER_009 + VIEWS_ADDED_AFTER_009} == answers
 
     # the record order continues after every position taken; keys and defaults hold
     taken = rows(legacy, "SELECT max(append_seq) FROM om_internal.ledger")[0][0]
@@ -235,8 +249,11 @@ def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, se
         assert after.pop(table) == []
         before.pop(table)
         answers.pop(table, None)
+    for view in VIEWS_ADDED_AFTER_009:
+        answers.pop(view)
     assert after == before
-    assert {k: v for k, v in public_answers(current).items() if k not in TABLES_ADDED_AFTER_009} == answers
+    assert {k: v for k, v in public_answers(current).items()
+            if k not in TABLES_ADDED_AFTER_009 + VIEWS_ADDED_AFTER_009} == answers
     assert [r[0] for r in rows(current, "DESCRIBE drops")][-1] == "reason"
     assert "ts_repaired_from" in [r[0] for r in rows(current, "DESCRIBE observations")]
 

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 # the command groups, in the order `om --help` lists them (each module registers its commands on app)
-from flows.cli import catalog, memory, reports, workers, run, serve  # noqa: F401
+from flows.cli import catalog, memory, projects, reports, workers, run, serve  # noqa: F401
 from flows.cli.common import app, err, warn_if_created
 from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads inside its command
 from flows.cli.live import live_app  # what a live Pi's extension asks; no litellm, no Prefect

@@ -160,7 +160,8 @@ def _print_recall(result) -> None:
         flags = [f for f, on in (("collision", x.collision), ("partial", x.partial)) if on]
         return f"{x.kind}" + (f" ({', '.join(flags)})" if flags else "")
 
-    out.print(f"[bold]{result.id}[/]: {flagged(result)} in {', '.join(result.session_ids)}")
+    where = result.session_ids + [f"project {p.project_id}" for p in result.projects]
+    out.print(f"[bold]{result.id}[/]: {flagged(result)} in {escape(', '.join(where))}")
 
     for group in result.sessions:  # each session's branch on its own (SPEC §6)
         if len(result.sessions) > 1:
@@ -190,6 +191,26 @@ def _print_recall(result) -> None:
                 out.print(f"  [yellow]not source entries:[/] {', '.join(o.non_source_entry_ids)}")
         if group.missing_supporting_observation_ids:
             out.print(f"[yellow]supporting ids never recorded:[/] {', '.join(group.missing_supporting_observation_ids)}")
+    for project in result.projects:  # a project reflection, and the session memory it rests on
+        out.print(f"\n[bold]project {escape(project.project_id)}[/]")
+        for r in project.reflections:
+            state = "current" if r.status == "current" else f"retired: {r.retired_reason}"
+            out.print(f"\n[bold]project reflection[/] ({escape(state)}) ", end="")
+            _exact(f"[{r.id}] {r.content}")
+            out.print(f"  rests on {', '.join(r.supporting_ids)}")
+        for group in project.sessions:
+            for item in group.reflections:
+                out.print(f"\n[bold]session reflection[/] in {escape(group.session_id)} ", end="")
+                _exact(f"[{item.id}] {item.content}")
+            for o in group.observations:
+                out.print(f"\n[bold]session observation[/] ({o.status}) in {escape(group.session_id)} ", end="")
+                _exact(f"[{o.id}] {o.ts} [{o.relevance}] {o.content}")
+                for src in o.sources:
+                    out.print(f"[dim]--- source {escape(src.entry_id)} {escape(src.role or '')} "
+                              f"@ {escape(src.ts or '')}[/]")
+                    _exact(src.text)
+        if project.missing_supporting_ids:
+            out.print(f"[yellow]recorded in none of its sessions now:[/] {', '.join(project.missing_supporting_ids)}")
     if result.orphaned:
         out.print("\n[bold]also in records whose source is gone[/] (the session file was rewritten)")
         _print_orphaned(result.orphaned)

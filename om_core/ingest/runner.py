@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,9 @@ from om_core.ingest.files import discover
 from om_core.ingest.read_ahead import ReadAhead
 from om_core.ingest.reader import ProgressFn
 from om_core.ingest.reports import FileReport, IngestReport
+from om_core.projects import record_session_projects
 from om_core.runs import finish_run, start_run
+from om_core.search import refresh_search_index
 from om_core.tokens import DEFAULT_ENCODING
 
 if TYPE_CHECKING:
@@ -50,14 +52,16 @@ def ingest(
     around an open connection (a command's step, a test) it writes through that connection.
     One bad file never stops the others; its error is in the report.
     """
+    projects = ws.settings.projects
     if ws.path is not None:
-        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude)
+        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude, projects)
     with ws.write() as con:
-        return _ingest(con, paths, progress, encoding, threads, command, exclude)
+        return _ingest(con, paths, progress, encoding, threads, command, exclude, projects)
 
 
 def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathLike], progress: ProgressFn | None,
-            encoding: str, threads: int, command: str, exclude: Iterable[str]) -> IngestReport:
+            encoding: str, threads: int, command: str, exclude: Iterable[str],
+            projects: Mapping[str, str]) -> IngestReport:
     started = time.monotonic()
     paths = list(paths)
     files, missing = discover(paths, exclude)
@@ -66,7 +70,7 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
     report = IngestReport(run_id=run_id, missing_paths=missing)
     where = None if isinstance(db, duckdb.DuckDBPyConnection) else db
     try:
-        return _ingest_files(db, files, named, report, started, progress, encoding, threads, command)
+        return _ingest_files(db, files, named, report, started, progress, encoding, threads, command, projects)
     except Exception as exc:
         # A write error of the storage ends the ingest: every later file would fail the same way.
         stored = storage_error(exc, where)
@@ -77,7 +81,8 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
 
 
 def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport, started: float,
-                  progress: ProgressFn | None, encoding: str, threads: int, command: str) -> IngestReport:
+                  progress: ProgressFn | None, encoding: str, threads: int, command: str,
+                  projects: Mapping[str, str]) -> IngestReport:
     run_id = report.run_id
     holder = WriteConnection(db)
     ahead: ReadAhead | None = None
@@ -106,6 +111,12 @@ def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport,
                     raise  # but a full disk is fatal to all
                 report.files.append(FileReport(path=str(path), status="error",
                                                error=f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+        # what the run's sessions are now: each new session's project (its cwd read once, here) and the
+        # search index of what this ingest added or took away
+        con = holder.breathe()
+        with dbmod.transaction(con):
+            record_session_projects(con, projects)
+            refresh_search_index(con, sorted({f.session_id for f in report.files if f.session_id}))
         report.seconds = time.monotonic() - started
         status = "failed" if any(f.error for f in report.files) else "ok"
         finish_run(holder.con, run_id, status, report.summary())

@@ -95,9 +95,12 @@ ORDER BY s.session_id;
 
 -- name: memory_ids_by_prefix
 -- `om recall PREFIX`: the observation and reflection ids that start with it, in one session or all.
+-- Project reflection ids count too: everywhere, or in the session's own project.
 SELECT DISTINCT id FROM (
     SELECT session_id, obs_id AS id FROM om_internal.observations
     UNION ALL SELECT session_id, refl_id FROM om_internal.reflections
+    UNION ALL SELECT p.session_id, x.refl_id FROM om_internal.project_reflections x
+              JOIN om_internal.project_sessions p ON p.project_id = x.project_id
 ) WHERE starts_with(id, $prefix) AND ($session_id IS NULL OR session_id = $session_id)
 ORDER BY id LIMIT 6;
 

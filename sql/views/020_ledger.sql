@@ -57,9 +57,20 @@ CREATE OR REPLACE MACRO position_on_branch(p_session, p_tip, p_entry) AS (
 -- this project appended there (pipeline records, simulated compactions), then append order.
 CREATE OR REPLACE MACRO appended_by_project(p_origin) AS p_origin IN ('pipeline', 'simulated');
 
+-- The ids a user forgot in a session (om forget): the items of the session's drop records of origin
+-- user. A forgotten id leaves every fold, projection and compaction of that session, on every branch
+-- and at every boundary (a forget is the user's, not a point in the conversation).
+CREATE OR REPLACE MACRO forgotten_ids(p_session) AS TABLE
+    SELECT DISTINCT d.obs_id AS id
+    FROM om_internal.drops d
+    JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id
+    WHERE d.session_id = p_session AND r.origin = 'user';
+
 -- The record order: every valid ledger record on the branch to p_tip in branch order (anchor
 -- position, then the tie-break above), with its watermark position (wm_pos NULL = dangling).
--- Every fold, projection, clock and recall walks records through this macro.
+-- Every fold, projection, clock and recall walks records through this macro. A user's forget (a
+-- drop record of origin user) has no place in it: it applies to every branch and boundary
+-- (forgotten_ids), and it is no dropper's watermark.
 CREATE OR REPLACE MACRO branch_records(p_session, p_tip) AS TABLE
     WITH b AS (SELECT position, entry_id FROM branch(p_session, p_tip))
     SELECT r.ledger_id, r.kind, r.origin, r.covers_up_to_id, r.anchor_entry_id, r.append_seq,
@@ -68,7 +79,7 @@ CREATE OR REPLACE MACRO branch_records(p_session, p_tip) AS TABLE
     FROM om_internal.ledger r
     JOIN b a ON a.entry_id = r.anchor_entry_id
     LEFT JOIN b w ON w.entry_id = r.covers_up_to_id
-    WHERE r.session_id = p_session;
+    WHERE r.session_id = p_session AND r.origin <> 'user';
 
 -- The compaction order: every compaction on the branch to p_tip in the same branch order, with
 -- where its first kept entry sits (NULL: not on the branch). A macro of its own only because

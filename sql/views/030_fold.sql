@@ -63,6 +63,7 @@ CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_thr
         JOIN first_seen f ON f.kind = s.kind AND f.id = s.id AND f.first_at = (s.rec_order, s.item_index)
         LEFT JOIN tombstones t ON s.kind = 'om.observations.recorded' AND t.id = s.id
         WHERE s.kind <> 'om.observations.dropped'
+          AND s.id NOT IN (SELECT id FROM forgotten_ids(p_session))  -- the user's forget: gone at every boundary
     )
     SELECT CASE kind WHEN 'om.observations.recorded' THEN 'observation' ELSE 'reflection' END AS item_kind,
            row_number() OVER (ORDER BY rec_order, item_index) AS fold_order,
@@ -107,7 +108,8 @@ CREATE OR REPLACE MACRO folded_projection(p_session, p_tip, p_replayed) AS TABLE
            l.origin AS compaction_origin
     FROM om_internal.compaction_items i
     JOIN latest l ON l.compaction_id = i.compaction_id
-    WHERE i.session_id = p_session;
+    WHERE i.session_id = p_session
+      AND i.id NOT IN (SELECT id FROM forgotten_ids(p_session));  -- a stored compaction shows no forgotten id
 
 -- Visible projection (SPEC §4): what the session file shows the agent.
 CREATE OR REPLACE MACRO visible_projection(p_session, p_tip) AS TABLE

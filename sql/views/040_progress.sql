@@ -67,7 +67,8 @@ CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
     )
     SELECT o.obs_id AS id, o.ledger_id, r.rec_order, o.item_index, o.content, o.ts, o.relevance,
            o.source_entry_ids, o.token_count,
-           CASE WHEN x.obs_id IS NULL THEN 'active' ELSE 'dropped' END AS status,
+           CASE WHEN o.obs_id IN (SELECT id FROM forgotten_ids(p_session)) THEN 'forgotten'
+                WHEN x.obs_id IS NULL THEN 'active' ELSE 'dropped' END AS status,
            row_number() OVER (PARTITION BY o.obs_id ORDER BY r.rec_order, o.item_index) AS occurrence
     FROM om_internal.observations o
     JOIN recs r ON r.ledger_id = o.ledger_id AND r.kind = 'om.observations.recorded'
@@ -76,7 +77,8 @@ CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
 
 CREATE OR REPLACE MACRO recall_reflections(p_session, p_tip, p_id) AS TABLE
     SELECT f.refl_id AS id, f.ledger_id, r.rec_order, f.item_index, f.content,
-           f.supporting_observation_ids, f.token_count
+           f.supporting_observation_ids, f.token_count,
+           f.refl_id IN (SELECT id FROM forgotten_ids(p_session)) AS forgotten
     FROM om_internal.reflections f
     JOIN branch_records(p_session, p_tip) r ON r.ledger_id = f.ledger_id AND r.kind = 'om.reflections.recorded'
     WHERE f.session_id = p_session AND f.refl_id = p_id;
