@@ -9,10 +9,10 @@ retirements of project reflections (a superseded one, one no longer true). Code,
 ids, token counts and checks, as for the session workers; a model failure records nothing and moves
 no watermark; a deliberate empty result waits for another ``projectReflectAfterTokens`` of input.
 
-Two brains run it: a model (the tool loop of ``om_core.workers.llm``, the prompt below), and the
-offline baseline (``distil_offline``: extractive, no model). The stage is run by ``run_due_projects``
+Two brains run it: a model (the tool loop of ``om_core.workers.llm``, with the prompt of
+``om_core.project_distil``), and the offline baseline (``distil_offline`` there: extractive, no model). The stage is run by ``run_due_projects``
 (om run and om serve, after their sessions: a Prefect task of its own in ``flows.pipeline``) and by
-``om project reflect``.
+``om project --reflect``.
 
 The prompt has a system prompt and a tool of its own rather than the session workers' shared head:
 a provider's prompt cache serves a request's prefix only when it starts with the same tools, so
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -37,10 +36,11 @@ import duckdb
 
 from om_core import db as dbmod
 from om_core.db import named_rows, scalar
-from om_core.ledger import is_memory_id, memory_id, memory_references
+from om_core.ledger import is_memory_id
+from om_core.project_distil import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, ProjectCheck, distil_offline
 from om_core.project_memory import ProjectReflection, Retirement, append_project_records, current_reflections
 from om_core.sqlfiles import query
-from om_core.workers.checks import MAX_CONTENT_CHARS, NearDuplicates, normalised_words, pi_token_counter
+from om_core.workers.checks import normalised_words
 
 if TYPE_CHECKING:
     from om_core.settings import Settings
@@ -48,53 +48,6 @@ if TYPE_CHECKING:
 
 STAGE = "project"
 MAX_STAGES_PER_RUN = 20  # a project's stages in one run at most (each reads one chunk of new input)
-
-# ---------------------------------------------------------------- the prompt (our own words)
-
-PROJECT_SYSTEM = """\
-You keep the memory of a software project across the coding sessions that worked in it. Each \
-session between a user and an AI coding agent kept its own memory: dated observations and durable \
-reflections. From them you distil project reflections: what an agent starting a new session in this \
-repository should know before its first step. Code, not you, makes ids, counts tokens and checks \
-every item.
-
-"## Project memory" lists the current project reflections, one per line: \
-`[id] content (supports: id, ...)`. "## New session memory" lists what the project's sessions \
-recorded since you last read them, under one heading per session: its reflections \
-`[id] reflection: content` and its critical observations `[id] YYYY-MM-DD HH:MM [critical] content`.
-
-Record (record_project_reflections) only what holds beyond one session:
-- the user's standing preferences, rules and constraints for this repository, in their terms;
-- lasting facts about the project: its layout, architecture, commands, tools and versions, with \
-exact identifiers copied as written (paths, names, flags, error text);
-- decisions that still hold, with their reasons; a pitfall met again, with its fix.
-Leave out one session's task, progress or open requests, guesses, and what the project memory \
-already says. Each project reflection is one line of plain prose that stands on its own, and cites \
-in supportingIds the ids of the session memory lines it rests on: ids from "## New session \
-memory", or the supports of a project reflection it replaces. When new session memory changes what \
-a project reflection says, write the replacement and name the old one in its content: \
-"(supersedes [id])"; the old one is then retired. Retire (retire, with a short reason) a project \
-reflection the new memory shows to be no longer true.
-
-Most calls add few project reflections or none. To record nothing, answer in a few words without \
-calling the tool. Each tool call gets a receipt; one that rejects an item gives you another turn: \
-send only the corrected items."""
-
-RECORD_PROJECT_REFLECTIONS_TOOL = (
-    "record_project_reflections",
-    "Record project reflections, each citing the session memory ids it rests on; retire outdated ones.",
-    {"type": "object", "properties": {
-        "reflections": {"type": "array", "items": {
-            "type": "object",
-            "properties": {"content": {"type": "string", "description": "One line"},
-                           "supportingIds": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
-            "required": ["content", "supportingIds"]}},
-        "retire": {"type": "array", "items": {
-            "type": "object",
-            "properties": {"id": {"type": "string"}, "reason": {"type": "string"}},
-            "required": ["id", "reason"]}}},
-     "required": ["reflections"]},
-)
 
 
 def memory_lines(memory: list[ProjectReflection]) -> str:
@@ -211,195 +164,6 @@ def read_project_input(con: duckdb.DuckDBPyConnection, project_id: str, settings
                         watermark=watermark, previous=previous, session_labels=labels)
 
 
-# ---------------------------------------------------------------- the check
-
-
-class _Rejected(Exception):
-    pass
-
-
-_SUPERSEDES = re.compile(r"\s*\(supersedes(?: \[[0-9a-f]{12}\],?)+\)\s*$")
-
-
-@dataclass
-class ProjectCheck:
-    """Checks one tool call of the project stage: accepted reflections (ids made here, support only
-    from this project's sessions) and retirements (of current project reflections)."""
-
-    tool = RECORD_PROJECT_REFLECTIONS_TOOL[0]
-    allowed: set[str]
-    held: dict[str, set[str]]
-    memory: list[ProjectReflection]
-    count_tokens: Any = pi_token_counter
-    accepted: list[ProjectReflection] = field(default_factory=list)
-    retired: list[Retirement] = field(default_factory=list)
-    duplicates: int = 0
-    rejected: int = 0
-
-    def __post_init__(self) -> None:
-        self._current = {r.id: r for r in self.memory}
-        self._similar = NearDuplicates((r.id, r.content) for r in self.memory)
-
-    @property
-    def problems(self) -> int:
-        return self.rejected
-
-    def submit(self, args: Any) -> str:
-        if not isinstance(args, dict) or not isinstance(args.get("reflections", []), list) \
-                or not isinstance(args.get("retire", []), list):
-            self.rejected += 1
-            return 'rejected: expected {"reflections": [...], "retire": [...]}'
-        lines = []
-        for n, item in enumerate(args.get("reflections") or [], start=1):
-            lines.append(f"{n}. {self._one(item)}")
-        for item in args.get("retire") or []:
-            lines.append(f"retire: {self._retire(item)}")
-        return f"{self.tool} receipt:\n" + ("\n".join(lines) if lines else "(nothing given)")
-
-    def _one(self, item: Any) -> str:
-        try:
-            return self._accept(item)
-        except _Rejected as exc:
-            self.rejected += 1
-            return f"rejected: {exc}"
-
-    def _accept(self, item: Any) -> str:
-        if not isinstance(item, dict) or not isinstance(item.get("content"), str) or not item["content"].strip():
-            raise _Rejected("content must be non-empty text")
-        content = item["content"].strip()
-        if "\n" in content or "\r" in content:
-            raise _Rejected("content must be a single line")
-        if len(content) > MAX_CONTENT_CHARS:
-            content = content[:MAX_CONTENT_CHARS] + " [… truncated]"
-        support = item.get("supportingIds")
-        if not isinstance(support, list) or not support or not all(isinstance(s, str) and s for s in support):
-            raise _Rejected("supportingIds must be a non-empty list of session memory ids")
-        support = list(dict.fromkeys(support))
-        outside = [s for s in support if s not in self.allowed]
-        if outside:
-            elsewhere = [s for s in outside if s in self.held]
-            hint = (" (they are this project's, but neither new nor cited by a current project reflection)"
-                    if elsewhere else "")
-            raise _Rejected(f"supportingIds {', '.join(outside)} are not session memory ids of this input{hint}")
-        named = memory_references(content)
-        unknown = [i for i in named if i not in self._current]
-        if unknown:
-            raise _Rejected(f"content names [{'], ['.join(unknown)}], which is no current project reflection")
-        refl_id = memory_id(content)
-        if refl_id in self._current or any(a.id == refl_id for a in self.accepted):
-            self.duplicates += 1
-            return f"duplicate [{refl_id}]: this project reflection exists, skipped"
-        plain = _SUPERSEDES.sub("", content)
-        earlier = self._similar.of(plain)
-        if earlier is not None and earlier not in named:
-            self.duplicates += 1
-            return f"duplicate [{refl_id}]: nearly the same as project reflection [{earlier}], skipped"
-        self.accepted.append(ProjectReflection(id=refl_id, content=content, supportingIds=support,
-                                               tokenCount=self.count_tokens(content)))
-        self._similar.add(refl_id, plain)
-        for old in named:
-            self._retire_id(old, f"superseded by [{refl_id}]")
-        return f"recorded [{refl_id}]" + (f", retiring {', '.join(named)}" if named else "")
-
-    def _retire(self, item: Any) -> str:
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-            self.rejected += 1
-            return 'rejected: expected {"id": ..., "reason": ...}'
-        if item["id"] not in self._current:
-            self.rejected += 1
-            return f"rejected {item['id']!r}: not a current project reflection"
-        reason = " ".join(str(item.get("reason") or "").split())[:1000] or "retired by the project stage"
-        self._retire_id(item["id"], reason)
-        return f"retired [{item['id']}]"
-
-    def _retire_id(self, refl_id: str, reason: str) -> None:
-        if not any(r.id == refl_id for r in self.retired):
-            self.retired.append(Retirement(id=refl_id, reason=reason))
-
-
-# ---------------------------------------------------------------- the offline baseline
-
-_ABSOLUTE = re.compile(r"(?i)\b(never|always|must( not)?|do not|don'?t|not allowed|only|forbid(s|den)?|required?)\b")
-_IN_SESSIONS = re.compile(r" \(in \d+ sessions?\)$")
-MAX_OFFLINE_PROPOSALS = 20
-
-
-_SUFFIX = re.compile(r"(ing|es|ed|s)$")
-OFFLINE_SIMILARITY = 0.8  # two sessions' lines saying the same thing in slightly other words
-
-
-def _stems(text: str) -> tuple[str, ...]:
-    words = [p for w in normalised_words(_IN_SESSIONS.sub("", text)) for p in (w.split("-") if "-" in w else [w]) if p]
-    return tuple(_SUFFIX.sub("", w) if len(w) > 4 else w for w in words)
-
-
-class _Similar:
-    """The offline baseline's grouping of lines across sessions: normalised words with plural and verb
-    endings cut, difflib's ratio at least ``OFFLINE_SIMILARITY``, the same numbers and identifiers."""
-
-    def __init__(self, texts: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]
-        self.known: list[tuple[str, tuple[str, ...]]] = []
-        for key, text in texts:
-            self.add(key, text)
-
-    def add(self, key: str, text: str) -> None:
-        self.known.append((key, _stems(text)))
-
-    def of(self, text: str) -> str | None:
-        from difflib import SequenceMatcher
-
-        words = _stems(text)
-        marks = {w for w in words if any(c.isdigit() or c in "./:@#_+" for c in w)}
-        for key, other in self.known:
-            if marks != {w for w in other if any(c.isdigit() or c in "./:@#_+" for c in w)}:
-                continue
-            if SequenceMatcher(None, words, other, autojunk=False).ratio() >= OFFLINE_SIMILARITY:
-                return key
-        return None
-
-
-def _in_sessions(text: str, n: int) -> str:
-    return f"{text} (in {n} session{'s' if n != 1 else ''})"
-
-
-def distil_offline(inp: ProjectInput) -> dict[str, Any]:
-    """The extractive baseline's proposals (a fallback, named as one). Each new session reflection, and
-    each critical observation that states an absolute rule or recurs in two or more sessions, becomes a
-    project reflection worded as recorded, with the number of sessions it was seen in; near-duplicates
-    across sessions are one reflection citing all of them. A new line that repeats a current project
-    reflection replaces it (supersedes) with the wider support and count."""
-    clusters: list[dict[str, Any]] = []
-    similar = _Similar()
-    for item in inp.new:
-        text = item.content.strip()
-        found = similar.of(text)
-        if found is None:
-            similar.add(str(len(clusters)), text)
-            clusters.append({"text": text, "items": [item]})
-        else:
-            clusters[int(found)]["items"].append(item)
-    current = _Similar([(r.id, _SUPERSEDES.sub("", r.content)) for r in inp.memory])
-    by_id = {r.id: r for r in inp.memory}
-    proposals: list[dict[str, Any]] = []
-    for cluster in clusters:
-        items = cluster["items"]
-        ids = list(dict.fromkeys(i.id for i in items))
-        sessions = set().union(*(inp.held.get(i, {x.session_id for x in items if x.id == i}) for i in ids))
-        replaces = current.of(cluster["text"])
-        if replaces is not None:
-            old = by_id[replaces]
-            support = list(dict.fromkeys(old.supportingIds + ids))
-            if support == old.supportingIds:
-                continue  # nothing it does not rest on already
-            sessions |= set().union(*(inp.held.get(s, set()) for s in old.supportingIds))
-            proposals.append({"content": f"{_in_sessions(cluster['text'], len(sessions))} (supersedes [{replaces}])",
-                              "supportingIds": support})
-            continue
-        durable = any(i.kind == "reflection" for i in items) or len(sessions) >= 2 or _ABSOLUTE.search(cluster["text"])
-        if durable:
-            proposals.append({"content": _in_sessions(cluster["text"], len(sessions)), "supportingIds": ids})
-    return {"reflections": proposals[:MAX_OFFLINE_PROPOSALS]}
-
 
 # ---------------------------------------------------------------- running it
 
@@ -514,8 +278,11 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
     return outcome
 
 
-def project_stage(ws: Workspace, project_id: str, brain: Any, *, run_id: str | None = None) -> ProjectOutcome | None:
-    """One project stage: read its input, run it, record it. None when nothing is new."""
+def project_stage(ws: Workspace, project_id: str, brain: Any, *, run_id: str | None = None,
+                  compute: Any = None) -> ProjectOutcome | None:
+    """One project stage: read its input, run it, record it. None when nothing is new. ``compute``
+    runs the model part (``compute_project_stage``'s arguments; the flow passes its Prefect task), which
+    touches no database: only this process reads and writes it."""
     settings = ws.settings
     with ws.read() as con:
         inp = read_project_input(con, project_id, settings)
@@ -526,7 +293,7 @@ def project_stage(ws: Workspace, project_id: str, brain: Any, *, run_id: str | N
             return ProjectOutcome(project_id=project_id, model=brain.name, outcome="empty", stage_key=key,
                                   reason="this exact input gave a deliberate empty result before; not asked again")
     started = datetime.now(timezone.utc)
-    outcome = compute_project_stage(inp, brain, settings)
+    outcome = (compute or compute_project_stage)(inp, brain, settings)
     if outcome.outcome == "skipped":  # the run's cost budget stopped it before its model call: nothing is recorded
         return outcome
     with ws.write() as con:
@@ -540,7 +307,7 @@ def due_projects(con: duckdb.DuckDBPyConnection, settings: Settings) -> list[str
 
 
 def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: str | None = None,
-                       force: bool = False) -> list[ProjectOutcome]:
+                       force: bool = False, compute: Any = None) -> list[ProjectOutcome]:
     """The project's stages until its clock is below its threshold (``force``: until nothing is new),
     a stage fails, or ``MAX_STAGES_PER_RUN``."""
     outcomes: list[ProjectOutcome] = []
@@ -551,7 +318,7 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
         if not growth or (float(growth[0]["new_tokens"]) < threshold
                           and not (force and int(growth[0]["latest_seq"] or 0) > int(growth[0]["watermark_seq"] or 0))):
             break
-        outcome = project_stage(ws, project_id, brain, run_id=run_id)
+        outcome = project_stage(ws, project_id, brain, run_id=run_id, compute=compute)
         if outcome is None:
             break
         outcomes.append(outcome)
@@ -561,13 +328,14 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
     return outcomes
 
 
-def run_due_projects(ws: Workspace, brain: Any, *, run_id: str | None = None) -> list[ProjectOutcome]:
+def run_due_projects(ws: Workspace, brain: Any, *, run_id: str | None = None,
+                     compute: Any = None) -> list[ProjectOutcome]:
     """Every due project's stages (om run, om serve, after their sessions)."""
     with ws.read() as con:
         due = due_projects(con, ws.settings)
     outcomes: list[ProjectOutcome] = []
     for project_id in due:
-        outcomes += run_project_stages(ws, project_id, brain, run_id=run_id)
+        outcomes += run_project_stages(ws, project_id, brain, run_id=run_id, compute=compute)
     return outcomes
 
 

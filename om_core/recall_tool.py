@@ -176,6 +176,25 @@ def _text(result: RecallResult, sources: _Sources, source_ids: list[str]) -> str
     return "\n\n".join(sections) or f"Memory {result.id} was found, but no source evidence rendered."
 
 
+def _project_text(result: RecallResult) -> str:
+    """A project reflection's evidence for the model: the reflection, then each session memory line it
+    rests on, with that line's source entries as its own session holds them."""
+    sections: list[str] = []
+    for project in result.projects:
+        for r in project.reflections:
+            state = "" if r.status == "current" else f" (retired: {r.retired_reason})"
+            sections.append(f"Project reflection of {project.project_id}{state}:\n[{r.id}] {r.content}")
+        for group in project.sessions:
+            lines = [f"[{x.id}] reflection: {x.content}" for x in group.reflections]
+            for o in group.observations:
+                lines.append(_observation_line(o))
+                lines += [f"--- {src.entry_id} {src.role} @ {src.ts}\n{src.text}" for src in o.sources]
+            sections.append(f"From session {group.session_id}:\n" + "\n".join(lines))
+        if project.missing_supporting_ids:
+            sections.append("Recorded in none of the project's sessions now: " + ", ".join(project.missing_supporting_ids))
+    return "\n\n".join(sections)
+
+
 def tool_result(ws: Workspace, session_id: str, leaf: str, result: RecallResult) -> dict[str, Any]:
     """``{content, details}`` of the ``recall`` tool for one recall on the branch ending at ``leaf``."""
     if result.status == "invalid_id":
@@ -200,4 +219,9 @@ def tool_result(ws: Workspace, session_id: str, leaf: str, result: RecallResult)
         "sourceCharacterCount": js_len(sources.rendered(source_ids)),
     }
     details = {"status": _status(details), **details}
-    return {"content": [{"type": "text", "text": _text(result, sources, source_ids)}], "details": details}
+    said = _text(result, sources, source_ids) if result.observations or result.reflections else ""
+    if result.projects:  # a project reflection (issue 35): its evidence lies in the project's other sessions
+        details["projects"] = [p.model_dump(mode="json") for p in result.projects]
+        said = "\n\n".join(part for part in (said, _project_text(result)) if part)
+    return {"content": [{"type": "text", "text": said or f"Memory {result.id} was found, but none of its evidence has text."}],
+            "details": details}

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
+import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from om_core.db import named_rows, scalar
@@ -28,20 +29,43 @@ from om_core.sqlfiles import query
 if TYPE_CHECKING:
     from om_core.workspace import Workspace
 
-# each step of a refresh, with the parameters its statement takes
-_STEPS = (("search_wanted_keys", ("sessions", "projects")), ("search_drop_unwanted", ("sessions", "projects")),
-          ("search_new_texts", ("sessions",)), ("search_insert_docs", ()), ("search_insert_terms", ()))
+def _entry_texts(con: duckdb.DuckDBPyConnection, sessions: list[str]) -> pa.Table:
+    """The texts of the source entries the index lacks, as ``om recall`` renders them. In Python, not
+    SQL: it reads every line the ingest kept (deep nesting, lone surrogates) where DuckDB's JSON
+    functions refuse some."""
+    from om_core.session import loads_line
+    from om_core.source_text import entry_text
+
+    rows = named_rows(con, "search_missing_entries", {"sessions": sessions})
+    texts = []
+    for row in rows:
+        try:
+            text = entry_text(row["entry_type"], loads_line(row["raw"]))
+        except Exception:  # an entry that renders no text is indexed without terms, never fatal
+            text = ""
+        texts.append(text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates: not UTF-8
+    return pa.table({"doc_kind": pa.array(["entry"] * len(rows), pa.string()),
+                     "scope_id": pa.array([r["session_id"] for r in rows], pa.string()),
+                     "doc_id": pa.array([r["entry_id"] for r in rows], pa.string()),
+                     "text": pa.array(texts, pa.string())})
 
 
 def refresh_search_index(con: duckdb.DuckDBPyConnection, session_ids: Iterable[str] = (),
                          project_ids: Iterable[str] = ()) -> None:
     """Bring the index up to date for these sessions and projects (what a write touched), and drop
     the documents of sessions and projects that are gone. Call inside the writer's transaction."""
-    params = {"sessions": sorted(set(session_ids)), "projects": sorted(set(project_ids))}
+    sessions, projects = sorted(set(session_ids)), sorted(set(project_ids))
     con.execute(query("search_drop_gone_scopes"))
-    if params["sessions"] or params["projects"]:
-        for step, names in _STEPS:
-            con.execute(query(step), {name: params[name] for name in names})
+    if sessions or projects:
+        con.execute(query("search_wanted_keys"), {"sessions": sessions, "projects": projects})
+        con.execute(query("search_drop_unwanted"), {"sessions": sessions, "projects": projects})
+        con.register("search_entry_batch", _entry_texts(con, sessions))
+        try:
+            con.execute(query("search_new_texts"))
+        finally:
+            con.unregister("search_entry_batch")
+        con.execute(query("search_insert_docs"))
+        con.execute(query("search_insert_terms"))
         con.execute(query("search_done"))
     con.execute(query("search_drop_gone_terms"))
 
@@ -101,9 +125,10 @@ def catch_up(ws: Workspace) -> int:
 
 
 def search(ws: Workspace, text: str, *, project: str | None = None, session: str | None = None,
-           limit: int = 20) -> SearchResult:
+           limit: int = 20, raw: bool = False) -> SearchResult:
     """The best ``limit`` hits for ``text``, in one project (its id, name or folder), one session, or
-    everywhere. An index that lacks documents is brought up to date first when nobody else writes."""
+    everywhere, their texts' secrets redacted as in compaction summaries (``raw``: as stored). An index
+    that lacks documents is brought up to date first when nobody else writes."""
     from om_core.catalog import resolve_session
     from om_core.errors import InvalidArgument
 
@@ -118,8 +143,11 @@ def search(ws: Workspace, text: str, *, project: str | None = None, session: str
 
             pid = resolve_project(con, project, ws.settings.projects).project_id
         rows = named_rows(con, "search", {"query": text, "project": pid, "session": sid, "limit": limit})
+    from om_core.redact import redact
+
     hits = [SearchHit(**{**r, "source_entry_ids": list(r["source_entry_ids"] or []),
-                         "memory_ids": list(r["memory_ids"] or []), "text": r["text"] or ""}) for r in rows]
+                         "memory_ids": list(r["memory_ids"] or []),
+                         "text": (r["text"] or "") if raw else redact(r["text"] or "")}) for r in rows]
     return SearchResult(query=text, project_id=pid, session_id=sid, hits=hits, unindexed=behind)
 
 

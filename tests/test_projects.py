@@ -361,3 +361,89 @@ def test_forget_of_a_project_reflection_retires_it_in_the_project_ledger(two_rep
     assert victim.id not in {r.id for r in after.reflections}
     assert [(f.reflection.id, f.retired_reason) for f in after.retired] == [(victim.id, "outdated")]
     assert _rows(two_repos["db"], "SELECT origin, reason FROM project_retirements") == [("user", "outdated")]
+
+
+# ---------------------------------------------------------------- using project memory
+
+
+def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_path):
+    from om_core import memory
+    from om_core.export import export_session
+    from om_core.project_memory import PROJECT_SECTION, show_project
+    from om_core.project_reflector import run_due_projects
+
+    ws, entries = two_repos["ws"], two_repos["entries"]
+    run_due_projects(ws, _offline_brain())
+    ids = [r.id for r in show_project(ws, "github.com/acme/app").reflections]
+    plain = memory.compact(ws, A2, entries[A2][-1])
+    on = Settings(projectReflectAfterTokens=1, projectMemoryInCompaction=True, keepRecentTokens=1)
+    joined = memory.compact(workspace(two_repos["db"], on), A2, entries[A2][-1])
+    assert PROJECT_SECTION not in plain.summary  # off by default: the compaction as it was
+    assert joined.summary.replace(plain.summary.split("\n\n## ", 1)[0], "", 1).lstrip().startswith(PROJECT_SECTION)
+    assert all(f"[{i}]" in joined.summary for i in ids) and joined.details() == plain.details()
+    assert joined.summary.endswith(plain.summary.split("\n\n## ", 1)[1])  # the session's memory unchanged
+    b_memory = show_project(ws, str(two_repos["repo_b"])).reflections
+    assert not any(f"[{r.id}]" in joined.summary for r in b_memory)  # only its own project's
+    out = tmp_path / "a2.jsonl"
+    export_session(workspace(two_repos["db"], on), A2, out, compact=True)
+    assert PROJECT_SECTION in json.loads(out.read_text().splitlines()[-1])["summary"]
+    # a session whose file holds a compaction on its branch already: its next one is not its first
+    a4 = "aaaa0004-0000-4000-8000-000000000004"
+    b = SessionBuilder(session_id=a4, cwd=str(two_repos["repo_a"]))
+    first = b.user("Never force-push to main, please.")
+    b.assistant("Understood.")
+    b.compaction("Pi's own summary", first)
+    kept = b.user("Now add a test for the retry.")
+    b.assistant("Added tests/test_upload.py.")
+    path = two_repos["files"] / "a4.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in [b.header, *b.entries]) + "\n")
+    ingest(ws, [path])
+    con = dbmod.connect(two_repos["db"])
+    try:
+        _record(con, a4, kept, [_observation("User asked for a test of the retry", [kept])], [])
+    finally:
+        con.close()
+    again = memory.compact(workspace(two_repos["db"], on), a4, kept)
+    assert again.summary is not None and PROJECT_SECTION not in again.summary
+
+
+def test_the_recall_tool_of_a_live_pi_resolves_a_project_reflection(two_repos):
+    from om_core.project_memory import show_project
+    from om_core.project_reflector import run_due_projects
+    from om_core.recall import recall
+    from om_core.recall_tool import tool_result
+
+    ws, entries = two_repos["ws"], two_repos["entries"]
+    run_due_projects(ws, _offline_brain())
+    force = next(r for r in show_project(ws, "github.com/acme/app").reflections if "2 sessions" in r.content)
+    answer = tool_result(ws, A2, entries[A2][-1], recall(ws, force.id, A2))
+    said = answer["content"][0]["text"]
+    assert f"[{force.id}]" in said and "Never force-push to main; the CI needs" in said  # A1's entry, from A2
+    assert answer["details"]["projects"][0]["project_id"] == "github.com/acme/app"
+    assert recall(ws, force.id, B1).status == "not_found"  # another project's session does not reach it
+
+
+def test_the_commands(two_repos):
+    from typer.testing import CliRunner
+
+    from flows.cli.main import app
+
+    db, ids = str(two_repos["db"]), two_repos["ids"]
+    runner = CliRunner()
+
+    def om(*args):
+        result = runner.invoke(app, ["--db", db, *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    listed = json.loads(om("project", "--list", "--json"))
+    assert {p["project_id"] for p in listed} == {"github.com/acme/app", str(two_repos["repo_b"].resolve())}
+    om("project", "github.com/acme/app", "--reflect")
+    shown = json.loads(om("project", str(two_repos["repo_a"] / "src"), "--json"))  # a folder inside the repository
+    assert shown["project_id"] == "github.com/acme/app" and shown["reflections"]
+    hits = json.loads(om("search", "ERR_UPLOAD_4417", "--json"))["hits"]
+    assert "ERR_UPLOAD_4417" in hits[0]["text"]
+    forgot = json.loads(om("forget", ids[B1][0], "--reason", "a test", "--json"))
+    assert forgot["recorded"][0]["scope_id"] == B1
+    assert runner.invoke(app, ["--db", db, "search", "zzzunknownzzz"]).exit_code == 1
+    assert runner.invoke(app, ["--db", db, "forget", "0123456789ab", "--reason", "x"]).exit_code == 1

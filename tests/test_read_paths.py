@@ -27,7 +27,9 @@ print("HEAVY=" + ",".join(heavy))
 @pytest.mark.parametrize("command", [["view", "1111"], ["view", "1111", "--full"], ["status", "1111"],
                                      ["recall", "0123456789ab"], ["sql", "SELECT count(*) FROM entries"],
                                      ["compact", "1111", "--first-kept", "00000001"], ["sessions"], ["gaps"],
-                                     ["logs"], ["logs", "--full", "--json"]])
+                                     ["logs"], ["logs", "--full", "--json"], ["search", "hello"],
+                                     ["search", "hello", "--json"], ["project", "--list"],
+                                     ["project", "/home/dev/project", "--json"]])
 def test_read_commands_import_no_heavy_library(tmp_path, command):
     b = SessionBuilder()
     b.user("hello")

@@ -89,6 +89,7 @@ class IngestReport(BaseModel):
     files: list[FileReport] = Field(default_factory=list)
     missing_paths: list[str] = Field(default_factory=list)
     seconds: float = 0.0
+    index_error: str | None = None  # the search index could not be brought up to date (om search catches up)
 
     @property
     def entries_added(self) -> int:
@@ -125,6 +126,7 @@ class IngestReport(BaseModel):
             "rewrites": [{"path": f.path, **r.model_dump()} for f in self.files for r in f.replaced],
             "reanchored": [{"path": f.path, **r.model_dump()} for f in self.files for r in f.followed],
             "seconds": round(self.seconds, 3),
+            **({"index_error": self.index_error} if self.index_error else {}),
         }
 
 

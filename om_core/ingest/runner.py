@@ -116,7 +116,13 @@ def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport,
         con = holder.breathe()
         with dbmod.transaction(con):
             record_session_projects(con, projects)
-            refresh_search_index(con, sorted({f.session_id for f in report.files if f.session_id}))
+        try:
+            with dbmod.transaction(con):
+                refresh_search_index(con, sorted({f.session_id for f in report.files if f.session_id}))
+        except duckdb.Error as exc:  # the index is derived: what the ingest stored stays, a search catches up
+            if storage_error(exc) is not None:
+                raise
+            report.index_error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
         report.seconds = time.monotonic() - started
         status = "failed" if any(f.error for f in report.files) else "ok"
         finish_run(holder.con, run_id, status, report.summary())

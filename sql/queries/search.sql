@@ -33,8 +33,9 @@ WHERE ((d.doc_kind <> 'project_reflection' AND list_contains($sessions, d.scope_
                   WHERE w.doc_kind = d.doc_kind AND w.scope_id = d.scope_id AND w.doc_id = d.doc_id);
 
 -- name: search_new_texts
--- The terms of the documents not indexed yet (an entry's text as entry_texts renders it; one it renders
--- none for is indexed with no terms, so it is not looked at again).
+-- The terms of the documents not indexed yet (an entry's text as om recall renders it, from
+-- search_entry_batch: om_core.search renders it in Python, which reads every line the ingest kept; one
+-- with no text is indexed with no terms, so it is not looked at again).
 CREATE OR REPLACE TEMP TABLE search_new AS
 WITH missing AS (
     SELECT w.* FROM search_wanted w
@@ -56,14 +57,20 @@ WITH missing AS (
     WHERE (x.project_id, x.refl_id) IN (SELECT scope_id, doc_id FROM missing WHERE doc_kind = 'project_reflection')
     GROUP BY ALL
     UNION ALL
-    SELECT 'entry', t.session_id, t.entry_id, t.text
-    FROM entry_texts t
-    WHERE list_contains($sessions, t.session_id)
-      AND (t.session_id, t.entry_id) IN (SELECT scope_id, doc_id FROM missing WHERE doc_kind = 'entry')
+    SELECT 'entry', scope_id, doc_id, text FROM search_entry_batch
 )
 SELECT m.doc_kind, m.scope_id, m.doc_id, text_terms(left(coalesce(t.text, ''), 65536)) AS terms
 FROM missing m
 LEFT JOIN texts t ON t.doc_kind = m.doc_kind AND t.scope_id = m.scope_id AND t.doc_id = m.doc_id;
+
+-- name: search_missing_entries
+-- The source entries search_wanted holds that the index does not: their lines, to render.
+SELECT e.session_id, e.entry_id, e.entry_type, e.raw
+FROM search_wanted w
+JOIN om_internal.entries e ON e.session_id = w.scope_id AND e.entry_id = w.doc_id
+WHERE w.doc_kind = 'entry' AND list_contains($sessions, e.session_id)
+  AND NOT EXISTS (SELECT 1 FROM om_internal.search_documents d
+                  WHERE d.doc_kind = 'entry' AND d.scope_id = w.scope_id AND d.doc_id = w.doc_id);
 
 -- name: search_insert_docs
 INSERT INTO om_internal.search_documents (doc_kind, scope_id, doc_id, length)

@@ -110,9 +110,18 @@ CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
         JOIN ranked k ON k.doc_kind = 'project_reflection' AND k.scope_id = x.project_id AND k.doc_id = x.refl_id
         GROUP BY x.project_id, x.refl_id
     ),
+    hit_entries AS (
+        SELECT e.session_id, e.entry_id, json_valid(e.raw) AS valid, e.raw
+        FROM om_internal.entries e
+        JOIN ranked k ON k.doc_kind = 'entry' AND k.scope_id = e.session_id AND k.doc_id = e.entry_id
+    ),
+    -- an entry's text as entry_texts renders it; a line DuckDB's JSON functions refuse (a lone
+    -- surrogate) is shown as stored (om search renders those from Python, as om recall does)
     texts AS (
         SELECT t.session_id, t.entry_id, t.text FROM entry_texts t
-        JOIN ranked k ON k.doc_kind = 'entry' AND k.scope_id = t.session_id AND k.doc_id = t.entry_id
+        WHERE (t.session_id, t.entry_id) IN (SELECT session_id, entry_id FROM hit_entries WHERE valid)
+        UNION ALL
+        SELECT session_id, entry_id, raw FROM hit_entries WHERE NOT valid
     )
     SELECT k.rank, k.score, k.matched_terms, k.doc_kind AS kind,
            CASE WHEN k.doc_kind = 'project_reflection' THEN NULL ELSE k.scope_id END AS session_id,
