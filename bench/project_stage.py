@@ -86,12 +86,11 @@ def parts(body: dict) -> dict[str, int]:
 
 
 def run(sessions: list[Path]) -> dict[str, Any]:
-    from om_core import db as dbmod
     from om_core.ingest import ingest
     from om_core.project_reflector import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, run_project_stages
     from om_core.prompts import WORKER_SYSTEM, WORKER_TOOLS
     from om_core.projects import list_projects
-    from om_core.replay.branch import replay_in_process
+    from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.workers.stages import ModelConfig, make_brain
     from om_core.workspace import Workspace
@@ -106,11 +105,7 @@ def run(sessions: list[Path]) -> dict[str, Any]:
         model = make_brain(ModelConfig(model="openai/fake-model", api_base=server.base_url, api_key="k"), settings)
         for path in sessions:
             sid = ingest(ws, [path]).files[0].session_id
-            con = dbmod.connect(db)
-            try:
-                replay_in_process(Workspace.on_connection(con, settings), sid, offline, run_id="bench-offline")
-            finally:
-                con.close()
+            replay_session(ws, sid, offline, run_id="bench-offline")
             with ws.read() as con:
                 (project,) = [p for p in list_projects(con) if p.sessions]  # the samples share one folder
             seen = len(server.requests)
