@@ -1,12 +1,15 @@
 """Running the pipeline locally on Prefect's ephemeral API (nothing to install or start).
 
 Call ``prepare_environment()`` before anything imports Prefect: it quiets Prefect's logging and
-turns off its telemetry (there is no network here) unless the user set those themselves.
+turns off its telemetry (there is no network here) unless the user set those themselves, and locks the
+local API Prefect starts for a run (a credential of the run's own; flows/server.py's server uses the same
+settings).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import threading
 from collections.abc import Callable
@@ -19,6 +22,23 @@ from typing import Any
 # user's Prefect home, kept 7 days) that nothing om runs reads. A user's own setting wins (README,
 # "What Prefect keeps").
 LEAN_SERVER = {"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false"}
+
+
+# what a browser may send from another origin: nothing (the UI is served from the API's own origin)
+CORS_METHODS = "GET,POST,PUT,PATCH,DELETE"
+CORS_HEADERS = "authorization,content-type,x-prefect-api-version,x-csrf-token,x-prefect-ui"
+
+
+def new_auth_string() -> str:
+    """A credential for Prefect's basic auth ("user:password"; the UI asks for the two halves)."""
+    return "om:" + secrets.token_urlsafe(32)
+
+
+def lock_environment(auth_string: str, origin: str) -> dict[str, str]:
+    """The settings that lock a Prefect API server: its credential, and cross-origin calls only from ``origin``."""
+    return {"PREFECT_SERVER_API_AUTH_STRING": auth_string, "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": origin,
+            "PREFECT_SERVER_API_CORS_ALLOWED_METHODS": CORS_METHODS,
+            "PREFECT_SERVER_API_CORS_ALLOWED_HEADERS": CORS_HEADERS}
 
 
 def prepare_environment(verbose: bool = False) -> None:
@@ -44,8 +64,6 @@ def lock_ephemeral_api() -> None:
     A server credential the user set is kept (and given to this process as the client's)."""
     if "prefect" in sys.modules:
         return
-    from flows.server import lock_environment, new_auth_string
-
     auth = os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or new_auth_string()
     # no browser page is its client (its UI is off): an origin that cannot exist
     os.environ.update({**lock_environment(auth, "https://om.invalid"), "PREFECT_API_AUTH_STRING": auth})

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import ctypes
 import os
-import secrets
 import shlex
 import signal
 import socket
@@ -34,15 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
-from flows.runner import LEAN_SERVER
+from flows.runner import LEAN_SERVER, lock_environment, new_auth_string
 from om_core.private_files import private_dir, write_private
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's own default (PREFECT_SERVER_API_PORT)
 CREDENTIALS = "om-server.env"  # in the server's PREFECT_HOME
-# what a browser may send from another origin: nothing (the UI is served from the API's own origin)
-CORS_METHODS = "GET,POST,PUT,PATCH,DELETE"
-CORS_HEADERS = "authorization,content-type,x-prefect-api-version,x-csrf-token,x-prefect-ui"
 
 
 def api_healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -52,18 +48,6 @@ def api_healthy(api_url: str, timeout: float = 2.0) -> bool:
             return response.status == 200
     except (OSError, urllib.error.URLError, ValueError):
         return False
-
-
-def new_auth_string() -> str:
-    """A credential for Prefect's basic auth ("user:password"; the UI asks for the two halves)."""
-    return "om:" + secrets.token_urlsafe(32)
-
-
-def lock_environment(auth_string: str, origin: str) -> dict[str, str]:
-    """The settings that lock a Prefect API server: its credential, and cross-origin calls only from ``origin``."""
-    return {"PREFECT_SERVER_API_AUTH_STRING": auth_string, "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": origin,
-            "PREFECT_SERVER_API_CORS_ALLOWED_METHODS": CORS_METHODS,
-            "PREFECT_SERVER_API_CORS_ALLOWED_HEADERS": CORS_HEADERS}
 
 
 def _status(api_url: str, path: str, auth_string: str | None, timeout: float = 5.0) -> int | None:
