@@ -43,7 +43,7 @@ from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, run_guards
 from flows.served import refused_run, steering
 from flows.storage import PrefectStageResults, stage_result_storage
-from flows.run_names import replay_name, run_summary, session_label, session_summary, session_tags, \
+from flows.run_names import project_stage_name, project_summary, replay_name, run_summary, session_label, session_summary, session_tags, \
     stage_name
 from flows.ticks import announce_tick, log_to_run
 from om_core import db as dbmod
@@ -53,6 +53,7 @@ from om_core.model import ModelError
 from om_core.replay.engine import ReplayResult, commit_replay, replay_payload
 from om_core.replay.payload import read_session_payload
 from om_core.replay.plan import RunPlan, check_targets, ingest_targets, plan_run
+from om_core.project_reflector import ProjectInput, ProjectOutcome, compute_project_stage, run_due_projects
 from om_core.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, RunGuards, compute_stage, make_brain
@@ -105,6 +106,37 @@ def replay_session_task(payload: Any, model: ModelConfig, settings: Settings, dr
     progress_board.update({"session_id": payload.session_id,
                            **({"error": result.error} if result.error else {"done": True})})
     return result
+
+
+@task(name="project-stage", persist_result=False, cache_policy=NO_CACHE)
+def project_stage_task(inp: ProjectInput, brain: Any, settings: Settings) -> ProjectOutcome:
+    """One project stage's model run (issue 35) on its read input; touches no database (this process
+    reads the input and records the outcome: om_core.project_reflector.project_stage)."""
+    return compute_project_stage(inp, brain, settings)
+
+
+def _project_stages(ws: Workspace, model: ModelConfig, guards: RunGuards, run_id: str) -> list[dict[str, Any]]:
+    """After the run's sessions are committed: every project whose sessions' reflections and critical
+    observations grew by ``projectReflectAfterTokens`` gets its stages, each model run a task named by
+    what it reads, under the run's guards (a tripped breaker or a spent budget starts none). A failure
+    is the project's outcome, never the run's end; a full disk trips the breaker."""
+    brain = make_brain(model, ws.settings, guards)
+
+    def compute(inp: ProjectInput, brain_: Any, settings: Settings) -> ProjectOutcome:
+        return project_stage_task.with_options(task_run_name=project_stage_name(inp))(
+            quote(inp), quote(brain_), quote(settings))
+
+    try:
+        outcomes = run_due_projects(ws, brain, run_id=run_id, compute=compute, guards=guards)
+    except Exception as exc:
+        stored = storage_error(exc, ws.path)
+        if stored is not None:
+            guards.breaker.trip(stored)
+        log_to_run(f"project stages failed: {type(exc).__name__}: {exc}", logging.ERROR)
+        return [{"outcome": "failed", "error": f"{type(exc).__name__}: {exc}"}]
+    for outcome in outcomes:
+        log_to_run(project_summary(outcome))
+    return [o.as_json() for o in outcomes]
 
 
 # Commits are serialised, and an interrupted run takes this lock for good before it exits, so the
@@ -234,18 +266,20 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
         collect(done)
     order = {sid: i for i, sid in enumerate(session_ids)}
     results.sort(key=lambda r: order[r.session_id])
+    projects = [] if guards.breaker.tripped else _project_stages(ws, model, guards, run_id)
     stopped = guards.breaker.reason
     if stopped is not None:
         errors.insert(0, f"model calls stopped: {stopped}" if isinstance(stopped, ModelError) else str(stopped))
     failed = bool(errors) or any(r.error for r in results)
     _finish(ws, run_id, "failed" if failed else "ok",
-            {"sessions": len(results), "errors": errors + [r.error for r in results if r.error]})
+            {"sessions": len(results), "errors": errors + [r.error for r in results if r.error],
+             "projects": [{k: p.get(k) for k in ("project_id", "outcome", "error")} for p in projects]})
     sessions = [r.summary() for r in results]
     for r in sessions:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
         log_to_run(session_summary(labels.get(r["session_id"], r["session_id"][:8]), r))
     log_to_run(run_summary(run_id, sessions, len(plan.skipped), errors))
     return {"run_id": run_id, "sessions": sessions, "errors": errors, "ingest": plan.ingest, "skipped": plan.skipped,
-            "stopped": None if stopped is None else str(stopped), "flow_run_id": _flow_run_id()}
+            "stopped": None if stopped is None else str(stopped), "projects": projects, "flow_run_id": _flow_run_id()}
 
 
 def _flow_run_id() -> str | None:

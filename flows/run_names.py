@@ -31,6 +31,20 @@ def stage_name(prepared: Any, label: str) -> str:
     return f"{stage} · {label} · at {prepared.request.tip}"
 
 
+def project_stage_name(inp: Any) -> str:
+    """``project · github.com/acme/app · 12 new lines from 2 sessions``."""
+    return f"project · {inp.project_id} · {_count(len(inp.new), 'new line')} from {_count(len(inp.new_sessions()), 'session')}"
+
+
+def project_summary(outcome: Any) -> str:
+    """``project github.com/acme/app: recorded, 3 reflections, 1 retired`` (or why nothing was)."""
+    said = f"project {outcome.project_id}: {outcome.outcome}"
+    if outcome.outcome == "recorded":
+        said += f", {_count(len(outcome.reflections), 'reflection')}, {len(outcome.retirements)} retired"
+    why = outcome.error or outcome.reason
+    return f"{said} ({why})" if why else said
+
+
 def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 

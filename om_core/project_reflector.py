@@ -44,6 +44,7 @@ from om_core.workers.checks import normalised_words
 
 if TYPE_CHECKING:
     from om_core.settings import Settings
+    from om_core.workers.stages import RunGuards
     from om_core.workspace import Workspace
 
 STAGE = "project"
@@ -307,9 +308,13 @@ def due_projects(con: duckdb.DuckDBPyConnection, settings: Settings) -> list[str
 
 
 def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: str | None = None,
-                       force: bool = False, compute: Any = None) -> list[ProjectOutcome]:
+                       force: bool = False, compute: Any = None, guards: RunGuards | None = None) -> list[ProjectOutcome]:
     """The project's stages until its clock is below its threshold (``force``: until nothing is new),
-    a stage fails, or ``MAX_STAGES_PER_RUN``."""
+    a stage fails, or ``MAX_STAGES_PER_RUN``. ``guards``: the run's breaker and budget, checked before
+    each stage as the session stages' runner checks them (a stopped run ends with a "skipped" outcome
+    saying why; nothing is recorded for it)."""
+    from om_core.workers.stages import BudgetReached, RunStopped
+
     outcomes: list[ProjectOutcome] = []
     threshold = 1 if force else ws.settings.projectReflectAfterTokens
     for _ in range(MAX_STAGES_PER_RUN):
@@ -317,6 +322,12 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
             growth = named_rows(con, "project_growth_of", {"project_id": project_id})
         if not growth or (float(growth[0]["new_tokens"]) < threshold
                           and not (force and int(growth[0]["latest_seq"] or 0) > int(growth[0]["watermark_seq"] or 0))):
+            break
+        try:
+            if guards is not None:
+                guards.check()
+        except (RunStopped, BudgetReached) as exc:
+            outcomes.append(ProjectOutcome(project_id=project_id, model=brain.name, reason=f"stopped: {exc}"))
             break
         outcome = project_stage(ws, project_id, brain, run_id=run_id, compute=compute)
         if outcome is None:
@@ -328,14 +339,17 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
     return outcomes
 
 
-def run_due_projects(ws: Workspace, brain: Any, *, run_id: str | None = None,
-                     compute: Any = None) -> list[ProjectOutcome]:
-    """Every due project's stages (om run, om serve, after their sessions)."""
+def run_due_projects(ws: Workspace, brain: Any, *, run_id: str | None = None, compute: Any = None,
+                     guards: RunGuards | None = None) -> list[ProjectOutcome]:
+    """Every due project's stages (om run, om serve, after their sessions; flows.pipeline); a run
+    stopped by its guards starts no further project's."""
     with ws.read() as con:
         due = due_projects(con, ws.settings)
     outcomes: list[ProjectOutcome] = []
     for project_id in due:
-        outcomes += run_project_stages(ws, project_id, brain, run_id=run_id, compute=compute)
+        outcomes += run_project_stages(ws, project_id, brain, run_id=run_id, compute=compute, guards=guards)
+        if outcomes and (outcomes[-1].reason or "").startswith("stopped: "):
+            break
     return outcomes
 
 

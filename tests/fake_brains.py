@@ -33,8 +33,16 @@ def user_text(body: dict) -> str:
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
 
 
+_SESSION_REFLECTION = re.compile(r"^\[([0-9a-f]{12})\] reflection: (.+)$", re.MULTILINE)
+
+
 def stage_of(body: dict) -> str:
-    """The worker a request is from, by its task (the three share their system prompt and tools)."""
+    """The worker a request is from, by its task (the three share their system prompt and tools), or
+    the project stage (issue 35: a system prompt of its own)."""
+    from om_core.project_distil import PROJECT_SYSTEM
+
+    if body["messages"][0]["content"] == PROJECT_SYSTEM:
+        return "project"
     assert body["messages"][0]["content"] == prompts.WORKER_SYSTEM
     return {"observe": "observer", "reflect": "reflector", "drop": "dropper"}[_TASK.search(user_text(body)).group(1)]
 
@@ -94,6 +102,12 @@ class ScriptedWorkers:
                 {"timestamp": f"{stamp.group(1)} {stamp.group(2)}" if stamp else "2026-01-15 14:00",
                  "content": f"Work happened between {first} and {last}.", "relevance": "medium",
                  "sourceEntryIds": list(dict.fromkeys([first, last]))}]})
+        if stage == "project":  # one project reflection per session reflection shown (at most 4), citing it
+            shown = _SESSION_REFLECTION.findall(user.split("## Task", 1)[-1])[:4]
+            if not shown:
+                return text("nothing here holds beyond its session")
+            return tool_call("record_project_reflections", {"reflections": [
+                {"content": f"Across sessions: {content}", "supportingIds": [rid]} for rid, content in shown]})
         dropped = {i.strip() for line in _DROPPED.findall(user) for i in line.split(",")}
         active = [obs_id for obs_id in _OBSERVATION.findall(user) if obs_id not in dropped]
         covered = {i.strip() for line in _COVERED.findall(user) for i in line.split(",")}

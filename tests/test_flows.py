@@ -578,3 +578,79 @@ def test_a_model_config_travels_as_json_without_its_key_and_a_bad_one_is_one_lin
         _model({"model": "openai/fake-model", "limit": "everywhere", "retries": 3})
     message = str(bad.value)
     assert "\n" not in message and "limit" in message and "retries" in message
+
+
+@pytest.mark.parametrize("brain", ["offline", "fake model"])
+def test_om_run_runs_the_project_stage_when_its_clock_says_so(prefect_api, tmp_path, brain):
+    """Issue 35 item 2: after a run's sessions are committed, a project whose sessions' reflections grew
+    by projectReflectAfterTokens gets its stage, a task of its own ("project · …") under the run's guards,
+    with the offline baseline and with a model (the fake server, through litellm's HTTP path); a second
+    run with nothing new runs none; below the threshold it does not run."""
+    from flows.runner import run_pipeline
+
+    paths = []
+    for n in range(2):  # both in /home/dev/project: one project; each with a rule the user states
+        b = SessionBuilder(session_id=f"0000000{n}-eeee-bbbb-cccc-dddddddddddd", start=f"2026-03-0{n + 1}T09:00:00")
+        b.user("Never force-push to main: the CI needs a linear history.")
+        b.assistant("Understood, no force-pushes to main.")
+        b.work_turns(5, f"topic{n}")
+        paths.append(b.write(tmp_path / "sessions" / f"s{n}.jsonl"))
+    db = tmp_path / "om.duckdb"
+
+    def run(server, **settings):
+        model = ({"model": "openai/fake-model", "api_base": server.base_url, "retry": FAST_RETRIES} if server
+                 else {"model": "offline"})
+        return run_pipeline([str(p) for p in paths], db_path=str(db), model=model,
+                            settings=SETTINGS.model_copy(update={"reflectAfterTokens": 60, **settings}).model_dump(),
+                            concurrency=2)
+
+    def stage_rows():
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            return con.execute("SELECT run_id, project_id, model, outcome, records FROM project_stages "
+                               "ORDER BY started_at").fetchall()
+        finally:
+            con.close()
+
+    def go(**settings):
+        if brain == "offline":
+            return run(None, **settings)
+        with FakeOpenAI(responder=ScriptedWorkers()) as server:
+            result = run(server, **settings)
+        asked = [b for b in server.requests if "record_project_reflections" in json.dumps(b.get("tools") or [])]
+        return {**result, "project_requests": len(asked)}
+
+    first = go(projectReflectAfterTokens=1)
+    assert first["errors"] == [], first["errors"]
+    assert [p["outcome"] for p in first["projects"]] == ["recorded"], first["projects"]
+    assert first["projects"][0]["project_id"] == "/home/dev/project" and first["projects"][0]["reflections"]
+    rows = stage_rows()
+    assert [(r[0], r[1], r[3]) for r in rows] == [(first["run_id"], "/home/dev/project", "recorded")]
+    if brain == "fake model":
+        assert first["project_requests"] >= 1 and rows[0][2] == "openai/fake-model"
+        assert all(r["content"].startswith("Across sessions: ") for r in first["projects"][0]["reflections"])
+    else:
+        assert rows[0][2] == "offline"
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def task_names():
+        async with get_client() as client:
+            return [r.name for r in await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[first["flow_run_id"]])))]
+
+    named = [n for n in asyncio.run(task_names()) if n.startswith("project · ")]
+    assert named and all(n.startswith("project · /home/dev/project · ") for n in named), named
+    again = go(projectReflectAfterTokens=1)  # nothing new: no session replayed, no project stage
+    assert again.get("projects", []) == [] and len(stage_rows()) == 1
+
+
+def test_the_project_stage_waits_for_its_threshold(prefect_api, tmp_path):
+    paths = make_sessions(tmp_path / "sessions", count=1)
+    from flows.runner import run_pipeline
+
+    result = run_pipeline([str(p) for p in paths], db_path=str(tmp_path / "om.duckdb"), model={"model": "offline"},
+                          settings=SETTINGS.model_copy(update={"projectReflectAfterTokens": 10**9}).model_dump())
+    assert result["errors"] == [] and result["projects"] == []

@@ -107,6 +107,7 @@ def run(
     if as_json:
         print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
                     "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost,
+                    "projects": summary.get("projects", []),
                     "warnings": list(plan.warnings), "notes": list(plan.notes)})
     else:
         if summary["run_id"] is None:
@@ -114,6 +115,11 @@ def run(
             out.print(f"{len(plan.session_ids)} session(s), none to replay ({why})", highlight=False)
         else:
             _print_run_table(summary, rows, skipped)
+            for p in summary.get("projects", []):  # the project stages after the sessions (issue 35)
+                why = p.get("error") or p.get("reason")
+                out.print(escape(f"project {p.get('project_id', '?')}: {p['outcome']}"
+                                 + (f", {len(p['reflections'])} reflection(s)" if p["outcome"] == "recorded" else "")
+                                 + (f" ({why})" if why else "")), highlight=False)
         _print_failures(summary, failures)
         _print_cost(cost)
     if summary["errors"] or failures or any(r["error"] for r in summary["sessions"]):
