@@ -36,8 +36,10 @@ def serve(
 ) -> None:
     """Serve the Prefect deployments from this process: archive processing and scheduled live
     maintenance, with the resolved settings. With no PREFECT_API_URL, a local Prefect server (with its
-    scheduler and UI) is reused or started, and stopped again with this command. It also serves the
-    live endpoint of this database (unless --no-endpoint, or one already runs)."""
+    scheduler and UI) is started, on 127.0.0.1 only and with a new credential (user and password in its
+    om-server.env), and stopped again with this command; one another om serve started is reused. A flow
+    run of these deployments with other parameters than this command gave them is refused. It also
+    serves the live endpoint of this database (unless --no-endpoint, or one already runs)."""
     if archive is None and live is None:
         raise InvalidArgument("give --archive DIR and/or --live DIR")
     for path in (archive, live):
