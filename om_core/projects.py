@@ -181,10 +181,12 @@ def project_of(facts: ProjectFacts, overrides: Mapping[str, str] | None = None) 
     return None, "none"
 
 
-def record_session_projects(con: duckdb.DuckDBPyConnection, overrides: Mapping[str, str] | None = None) -> int:
-    """At ingest: resolve the sessions that have no project facts yet (the filesystem, once each), then
-    assign every session's project from its facts and ``overrides``. Returns the sessions resolved."""
-    new = named_rows(con, "sessions_without_project", {})
+def record_session_projects(con: duckdb.DuckDBPyConnection, overrides: Mapping[str, str] | None = None,
+                            session_ids: list[str] | None = None) -> int:
+    """At ingest: resolve the sessions (``session_ids``, the ingest's own; None: all) that have no project
+    facts yet (the filesystem, once each), then assign every session's project from its facts and
+    ``overrides``. Returns the sessions resolved."""
+    new = named_rows(con, "sessions_without_project", {"sessions": session_ids})
     for row in new:
         facts = resolve_facts(row["cwd"])
         project_id, how = project_of(facts, overrides)

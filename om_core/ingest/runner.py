@@ -114,11 +114,12 @@ def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport,
         # what the run's sessions are now: each new session's project (its cwd read once, here) and the
         # search index of what this ingest added or took away
         con = holder.breathe()
-        with dbmod.transaction(con):
-            record_session_projects(con, projects)
+        touched = sorted({f.session_id for f in report.files if f.session_id})
+        with dbmod.transaction(con):  # only this ingest's sessions: a concurrent one (the endpoint's) has its own
+            record_session_projects(con, projects, touched)
         try:
             with dbmod.transaction(con):
-                refresh_search_index(con, sorted({f.session_id for f in report.files if f.session_id}))
+                refresh_search_index(con, touched)
         except duckdb.Error as exc:  # the index is derived: what the ingest stored stays, a search catches up
             if storage_error(exc) is not None:
                 raise

@@ -3,10 +3,12 @@
 -- name: sessions_without_project
 SELECT s.session_id, s.cwd FROM om_internal.sessions s
 WHERE NOT EXISTS (SELECT 1 FROM om_internal.project_sessions p WHERE p.session_id = s.session_id)
+  AND ($sessions IS NULL OR list_contains($sessions, s.session_id))
 ORDER BY s.session_id;
 
 -- name: insert_session_project
-INSERT INTO om_internal.project_sessions (session_id, cwd, git_root, git_remote, project_id, how)
+-- OR IGNORE: a concurrent ingest (the endpoint's requests) may have assigned this new session first
+INSERT OR IGNORE INTO om_internal.project_sessions (session_id, cwd, git_root, git_remote, project_id, how)
 VALUES ($session_id, $cwd, $git_root, $git_remote, $project_id, $how);
 
 -- name: session_project_facts
