@@ -12,8 +12,9 @@ A cost cut must leave what om writes unchanged. Each profile runs `om run` on a 
 
 The digest covers the records, their items, the compactions and their items, the stage runs and the
 model calls' requests and responses, without what differs between any two runs (run ids, times,
-latencies, random row ids); the order of records and compactions within a session is kept (their
-append order), the order between sessions (which replay committed first) is not.
+latencies, random row ids, the fake model's random tool call ids); the order of records and
+compactions within a session is kept (their append order), the order between sessions (which replay
+committed first) is not.
 
 Usage (from the repository root):
 
@@ -54,7 +55,10 @@ DIGESTS = {
     "stages": """SELECT session_id, stage, stage_key, tip_entry_id, chunk_first_id, chunk_last_id, model, outcome,
                         records, items, rejected, error_kind, error, receipts FROM om_internal.stages""",
     "llm_calls": """SELECT c.session_id, c.stage, c.model, c.turn, c.input_tokens, c.output_tokens, c.cached_tokens,
-                           c.status, c.error_kind, c.attempt, s.stage_key, t.request, t.response
+                           c.status, c.error_kind, c.attempt, s.stage_key,
+                           -- the fake model names its tool calls at random (tests/fake_openai.py)
+                           regexp_replace(t.request, 'call_[0-9a-f]{12}', 'call_', 'g') AS request,
+                           regexp_replace(t.response, 'call_[0-9a-f]{12}', 'call_', 'g') AS response
                     FROM om_internal.llm_calls c
                     LEFT JOIN om_internal.stages s ON s.stage_run_id = c.stage_run_id
                     LEFT JOIN om_internal.llm_call_texts t ON t.call_id = c.call_id""",
