@@ -1,5 +1,5 @@
 """What a fresh om database costs to build: an in-memory one (``MemoryDatabase()``, each replay task's
-database and most tests'), and a new file (``om_core.db.connect`` on a path that does not exist yet,
+database and most tests'), and a new file (``om_core.store.db.connect`` on a path that does not exist yet,
 closed again). With --parts, also what the template saves: the process's one template build (once,
 on first use), the snapshot built in place on a new in-memory connection (``build_schema``: what
 every new database would cost without the template), and every migration run from 001 (what every
@@ -28,8 +28,8 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from om_core import db as dbmod  # noqa: E402
-from om_core.workspace import MemoryDatabase  # noqa: E402
+from om_core.store import db as dbmod  # noqa: E402
+from om_core.store.workspace import MemoryDatabase  # noqa: E402
 
 
 def _memory() -> tuple[float, float]:

@@ -510,7 +510,7 @@ def generate(root: Path, total_mb: float, seed: int, *, sizes: tuple[float, floa
 def measure_ingest(db_path: Path, archive: Path, threads: int = 2) -> dict:
     from om_core.ingest import ingest
     from om_core.settings import Settings
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
     t0 = time.perf_counter()
     report = ingest(Workspace.open(db_path, settings=Settings()), [archive], threads=threads)
@@ -524,8 +524,8 @@ def measure_ingest(db_path: Path, archive: Path, threads: int = 2) -> dict:
 def measure_tokenizer(archive: Path, threads: int = 2) -> dict:
     """Parse like the ingest (untimed), then time count_tokens over the ingest's batches (timed)."""
     from om_core.ingest import discover, reader as ingest_reader
-    from om_core.session import ParsedEntry, RejectedLine, SessionHeader, SessionParser
-    from om_core.tokens import DEFAULT_ENCODING, count_tokens
+    from om_core.pi.session import ParsedEntry, RejectedLine, SessionHeader, SessionParser
+    from om_core.pi.tokens import DEFAULT_ENCODING, count_tokens
 
     files, _ = discover([archive])
     token_seconds = parse_seconds = 0.0
@@ -612,8 +612,8 @@ def child_ingest(file: str, db: str) -> None:
     """
     from om_core.ingest import ingest
     from om_core.settings import Settings
-    from om_core.workspace import Workspace
-    from om_core.tokens import get_encoding
+    from om_core.store.workspace import Workspace
+    from om_core.pi.tokens import get_encoding
 
     get_encoding()
     start = _rss_kb()
@@ -652,13 +652,13 @@ def child_breakdown(archive: str, db: str) -> None:
     import threading
     from collections import defaultdict
 
-    import om_core.db as dbmod
+    import om_core.store.db as dbmod
     import om_core.ingest as ing
     from om_core.settings import Settings
-    from om_core.workspace import Workspace
-    import om_core.tokens as tok
+    from om_core.store.workspace import Workspace
+    import om_core.pi.tokens as tok
     from om_core.ingest import file_ingest, files as ing_files, read_ahead, reader as ing_reader, writer as ing_writer
-    from om_core.tokens import get_encoding
+    from om_core.pi.tokens import get_encoding
 
     get_encoding()
     totals: dict[str, float] = defaultdict(float)
@@ -772,8 +772,8 @@ def child_cpu(kind: str, archive: str, db: str) -> None:
     if kind == "om":
         from om_core.ingest import ingest
         from om_core.settings import Settings
-        from om_core.workspace import Workspace
-        from om_core.tokens import get_encoding
+        from om_core.store.workspace import Workspace
+        from om_core.pi.tokens import get_encoding
 
         get_encoding()  # loading the encoding is not ingest work
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -857,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
     results: dict = {"seed": args.seed, "size_mb_requested": args.size_mb, "work_dir": str(work)}
     try:
-        from om_core.tokens import get_encoding
+        from om_core.pi.tokens import get_encoding
 
         t0 = time.perf_counter()
         get_encoding()  # loaded once up front, so neither timing below includes it

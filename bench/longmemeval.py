@@ -39,9 +39,9 @@ from fake_openai import FakeOpenAI  # noqa: E402
 from longmemeval_builders import EvalModel, large_instance  # noqa: E402
 
 from om_core.eval.run import EvalOptions, run_longmemeval  # noqa: E402
-from om_core.model import _import_litellm  # noqa: E402
+from om_core.model.client import _import_litellm  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.tokens import count_text_tokens  # noqa: E402
+from om_core.pi.tokens import count_text_tokens  # noqa: E402
 
 
 def one_run(conditions: list[str], workdir: Path) -> tuple[dict, float]:

@@ -40,13 +40,13 @@ from memory_points import memory_at_every_point, recalls, translate  # noqa: E40
 from pi_rpc import RpcPi, agent_dir, missing, os_env  # noqa: E402
 
 import om_core.ingest.file_ingest as file_ingest  # noqa: E402
-from om_core import db as dbmod  # noqa: E402
+from om_core.store import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.replay.plan import due_sessions, fingerprints, record_replay  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
 
 SESSIONS = ROOT.parent / "shared" / "sessions"
 PROFILES = {

@@ -44,13 +44,13 @@ for extra in (ROOT, ROOT / "tests"):
 from fake_openai import FakeOpenAI, Reply, http_error, text, tool_call  # noqa: E402
 from pi_rpc import NODE, RpcPi, agent_dir, missing, os_env  # noqa: E402
 
-from om_core.branch_entry import message_tokens  # noqa: E402
-from om_core.catalog import branch_for_cut_point  # noqa: E402
-from om_core.cutpoint import NothingToCompact, compaction_cut_point  # noqa: E402
+from om_core.pi.branch_entry import message_tokens  # noqa: E402
+from om_core.store.catalog import branch_for_cut_point  # noqa: E402
+from om_core.pi.cutpoint import NothingToCompact, compaction_cut_point  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.memory import clocks  # noqa: E402
+from om_core.memory.fold import clocks  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
 
 PROBE = ROOT / "bench" / "pi16_probe.ts"
 KEEP_RECENT = (100, 400, 1000, 2000, 3000, 5000, 20000)

@@ -87,13 +87,13 @@ def parts(body: dict) -> dict[str, int]:
 
 def run(sessions: list[Path]) -> dict[str, Any]:
     from om_core.ingest import ingest
-    from om_core.project_reflector import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, run_project_stages
-    from om_core.prompts import WORKER_SYSTEM, WORKER_TOOLS
-    from om_core.projects import list_projects
+    from om_core.project.stage import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, run_project_stages
+    from om_core.workers.prompts import WORKER_SYSTEM, WORKER_TOOLS
+    from om_core.project.repository import list_projects
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.workers.stages import ModelConfig, make_brain
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
     cache = PrefixCache()
     stages: list[dict[str, Any]] = []

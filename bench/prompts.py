@@ -56,12 +56,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network here
 import duckdb  # noqa: E402
 
 from fake_openai import FakeOpenAI, PrefixCache, Reply, prompt_text, text, tool_call  # noqa: E402
-from om_core import db as dbmod  # noqa: E402
+from om_core.store import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
 
 SHARED = (REPO.parent / "shared" / "sessions").resolve()
 SAMPLES = [SHARED / "before-compaction.jsonl", SHARED / "large-session.jsonl"]

@@ -42,11 +42,11 @@ from builders import SessionBuilder  # noqa: E402
 from fake_brains import ScriptedWorkers  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
-from om_core.catalog import run_sql  # noqa: E402
+from om_core.store.catalog import run_sql  # noqa: E402
 from om_core.errors import OmError  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
 
 QUERY = "SELECT kind, count(*) FROM ledger GROUP BY ALL"
 SETTINGS_ENV = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300", "OM_COMPACT_AFTER_TOKENS": "700",

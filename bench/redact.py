@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Redactor benchmark: throughput of ``om_core.redact.redact`` in MB/s.
+"""Redactor benchmark: throughput of ``om_core.redaction.redact.redact`` in MB/s.
 
 Corpora (MB = 10^6 bytes of UTF-8):
 * ``sessions``: the text the observer reads of every source entry of the real sessions in
@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from om_core.redact import redact  # noqa: E402
-from om_core.secret_rules import rules  # noqa: E402
+from om_core.redaction.redact import redact  # noqa: E402
+from om_core.redaction.rules import rules  # noqa: E402
 from secret_corpus import all_texts, rnd  # noqa: E402
 
 WORDS = ("the quick service returns order items when the retry policy allows it and the cache is warm so "
@@ -70,7 +70,7 @@ def synthetic(mb: float, seed: int = 7) -> str:
 def session_entries() -> list[tuple[str, str, str]]:
     """(file name, entry id, text the observer reads) of every source entry of the real sessions
     and the examples."""
-    from om_core.source_text import entry_text
+    from om_core.recall.source_text import entry_text
 
     paths = sorted((ROOT.parent / "shared" / "sessions").glob("*.jsonl")) + sorted((ROOT / "examples" / "sessions").glob("*.jsonl"))
     entries = []
@@ -90,7 +90,7 @@ def session_text() -> str | None:
 
 
 def list_redactions() -> None:
-    from om_core.redact import secret_spans
+    from om_core.redaction.redact import secret_spans
 
     entries = session_entries()
     count, kinds = 0, {}

@@ -4,7 +4,7 @@
 Builds two Pi sessions, each holding one tool result of ``--mb`` MB (default 20): one of a single
 repeated character, one of words, and ingests each into a fresh database (alternating, ``--runs``
 times each). Prints the median wall times and their ratio: the target is at most 3x (issue 15).
-Without the bounded run count (``om_core.tokens.LONG_RUN_CHARS``) the repeated character took
+Without the bounded run count (``om_core.pi.tokens.LONG_RUN_CHARS``) the repeated character took
 4.1x as long at 20 MB and grew faster than linearly.
 
 ``--tokenizer`` also times the tokenizer alone on the two texts, bounded and exact (the exact one
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
-from om_core import tokens  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
+from om_core.pi import tokens  # noqa: E402
 
 VOCAB = ("the service returns order items when retry policy allows cache warm branch merge tests pass "
          "function value request session token count handler error config module build deploy").split()

@@ -27,7 +27,7 @@ Reported per session and run:
 
 * prompt tokens per 1,000 source tokens: every request's messages (system, user, assistant tool
   calls, tool receipts) plus its tool definitions, counted with tiktoken o200k_base
-  (``om_core.tokens.count_tokens``; no per-message chat-template overhead), divided by the session's
+  (``om_core.pi.tokens.count_tokens``; no per-message chat-template overhead), divided by the session's
   source tokens counted the same way (``entries.tokens``). For the fake run the fake server's own
   usage figure is shown too (``llm_calls.input_tokens``, which it derives as len(JSON body) / 4).
 * stable prefix share: for consecutive observer stages (their first-turn requests), the longest
@@ -38,7 +38,7 @@ Reported per session and run:
   first turn whole) is shown as well.
 * source tokens per active-memory token at the branch tip: source tokens (Pi's estimate,
   ``entries.tokens_pi``) over the tokenCounts of the active observations plus current reflections
-  (``om_core.memory.ledger_memory``; tokenCount uses the same Pi estimate by default). With the fake
+  (``om_core.memory.fold.active_memory``; tokenCount uses the same Pi estimate by default). With the fake
   server the memory is the scripted model's (one generic observation per chunk), so that figure
   says how many chunks were observed, not how good the notes are.
 
@@ -71,14 +71,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network here
 
 import duckdb  # noqa: E402
 
-from om_core import db as dbmod  # noqa: E402
+from om_core.store import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.memory import ledger_memory  # noqa: E402
-from om_core.model import ChatReply  # noqa: E402
+from om_core.memory.fold import active_memory, ledger_rows  # noqa: E402
+from om_core.model.client import ChatReply  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.tokens import count_tokens  # noqa: E402
+from om_core.pi.tokens import count_tokens  # noqa: E402
 from om_core.workers.llm import ModelBrain  # noqa: E402
 from om_core.workers.offline import OfflineBrain  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
@@ -211,7 +211,7 @@ class _RecordingModel:
 
     def complete(self, messages, tools, turn):  # noqa: ANN001 - ChatModel protocol
         try:  # as LiteLLMModel sends them to an OpenAI-compatible provider
-            from om_core.model import prepare_messages
+            from om_core.model.client import prepare_messages
 
             messages = prepare_messages(messages, False)
         except ImportError:  # the code before issue 14 sent plain strings already
@@ -306,7 +306,7 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
             "AND status = 'ok' GROUP BY stage ORDER BY stage", [sid]).fetchall()
         stages = con.execute("SELECT stage, outcome, count(*) FROM stages WHERE session_id = ? GROUP BY ALL "
                              "ORDER BY ALL", [sid]).fetchall()
-        memory = ledger_memory(con, sid, leaf)
+        memory = active_memory(ledger_rows(con, sid, leaf))
         recorded = con.execute("SELECT count(*) FROM observations WHERE session_id = ?", [sid]).fetchone()[0]
         simulated = con.execute("SELECT count(*) FROM compactions WHERE session_id = ? AND origin = 'simulated'",
                                 [sid]).fetchone()[0]
@@ -390,14 +390,14 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
 
 def _price(model: str):
     try:
-        from om_core.cost import price_of
+        from om_core.model.cost import price_of
     except ImportError:
         return None
     return price_of(model)
 
 
 try:
-    from om_core.model import takes_cache_breakpoints  # noqa: F401 - marks Anthropic cache breakpoints
+    from om_core.model.client import takes_cache_breakpoints  # noqa: F401 - marks Anthropic cache breakpoints
     MARKS_BREAKPOINTS = True
 except ImportError:
     MARKS_BREAKPOINTS = False

@@ -32,15 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from om_core.catalog import PiDeclines, cut_point  # noqa: E402
+from om_core.store.catalog import PiDeclines, cut_point  # noqa: E402
 from om_core.errors import OmError  # noqa: E402
-from om_core.export import export_session  # noqa: E402
+from om_core.pi.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.memory import compact  # noqa: E402
+from om_core.memory.fold import compact  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
-from om_core.workspace import Workspace  # noqa: E402
+from om_core.store.workspace import Workspace  # noqa: E402
 
 DEFAULT_SESSIONS = sorted((ROOT.parent / "shared" / "sessions").glob("*.jsonl"))
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from deployments import archive_deployment, maintenance_deployment, resolved_inputs
+from flows.deployments import archive_deployment, maintenance_deployment, resolved_inputs
 from om_core.errors import OmError
-from om_core.private_files import use_private_umask
-from om_core.workspace import Workspace
+from om_core.store.private_files import use_private_umask
+from om_core.store.workspace import Workspace
 
 
 def main(argv: list[str] | None = None) -> None:

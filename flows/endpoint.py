@@ -50,11 +50,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from om_core.errors import DatabaseBusy, OmError
-from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
-from om_core.session import file_header
-from om_core.private_files import private_dir, write_private
+from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
+from om_core.pi.session import file_header
+from om_core.store.private_files import private_dir, write_private
 from om_core.settings import Settings
-from om_core.workspace import SharedFileDatabase, Workspace
+from om_core.store.workspace import SharedFileDatabase, Workspace
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself

@@ -10,7 +10,7 @@ stage results they computed are in the result storage, so rerunning the same com
 
 The helper processes are noted (pid and start time) in the writer lock file from before the flow's
 work begins and every second after, so that after a kill -9 of ``om`` the next writer's start ends
-those still alive (om_core.writer_lock, om_core.helpers); the run's row names them too.
+those still alive (om_core.store.writer_lock, om_core.store.helpers); the run's row names them too.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def child_pids() -> list[int]:
 def end_processes(pids: list[int], timeout: float = 3.0) -> None:
     import psutil
 
-    from om_core.helpers import terminate_then_kill
+    from om_core.store.helpers import terminate_then_kill
 
     procs = []
     for pid in pids:
@@ -95,9 +95,9 @@ def _interrupt(ws: Any, run_id: str, guards: Any, signum: int) -> Interruption:
     import json
 
     from flows.pipeline import COMMIT_LOCK
-    from om_core.db import named_row
-    from om_core.model import ModelError
-    from om_core.sqlfiles import query
+    from om_core.store.db import named_row
+    from om_core.model.client import ModelError
+    from om_core.store.sqlfiles import query
 
     logging.disable(logging.CRITICAL)  # the abandoned flow's errors and Prefect's shutdown are not news
     stderr = silence_stderr()
@@ -153,8 +153,8 @@ class _Signals:
 
 def _record_helpers(ws: Any) -> None:
     """Note the run's helper processes in the writer lock file, for the next start after a kill -9
-    (the run's row got those already running when the flow inserted it: om_core.runs.start_run)."""
-    from om_core import writer_lock
+    (the run's row got those already running when the flow inserted it: om_core.store.runs.start_run)."""
+    from om_core.store import writer_lock
 
     if ws.path is not None:
         writer_lock.record_helpers(ws.path)

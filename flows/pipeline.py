@@ -46,18 +46,18 @@ from flows.storage import PrefectStageResults, stage_result_storage
 from flows.run_names import project_stage_name, project_summary, replay_name, run_summary, session_label, session_summary, session_tags, \
     stage_name
 from flows.ticks import announce_tick, log_to_run
-from om_core import db as dbmod
-from om_core import writer_lock
+from om_core.store import db as dbmod
+from om_core.store import writer_lock
 from om_core.errors import DatabaseBusy, InvalidArgument, StorageError, storage_error
-from om_core.model import ModelError
+from om_core.model.client import ModelError
 from om_core.replay.engine import ReplayResult, commit_replay, replay_payload
 from om_core.replay.payload import read_session_payload
 from om_core.replay.plan import RunPlan, check_targets, ingest_targets, plan_run
-from om_core.project_reflector import ProjectInput, ProjectOutcome, compute_project_stage, run_due_projects
-from om_core.runs import finish_run, start_run
+from om_core.project.stage import ProjectInput, ProjectOutcome, compute_project_stage, run_due_projects
+from om_core.store.runs import finish_run, start_run
 from om_core.settings import Settings
 from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, RunGuards, compute_stage, make_brain
-from om_core.workspace import Workspace, WorkspaceSpec
+from om_core.store.workspace import Workspace, WorkspaceSpec
 
 
 def _brain(config: ModelConfig, settings: Settings, guards: RunGuards):
@@ -111,7 +111,7 @@ def replay_session_task(payload: Any, model: ModelConfig, settings: Settings, dr
 @task(name="project-stage", persist_result=False, cache_policy=NO_CACHE)
 def project_stage_task(inp: ProjectInput, brain: Any, settings: Settings) -> ProjectOutcome:
     """One project stage's model run (issue 35) on its read input; touches no database (this process
-    reads the input and records the outcome: om_core.project_reflector.project_stage)."""
+    reads the input and records the outcome: om_core.project.stage.project_stage)."""
     return compute_project_stage(inp, brain, settings)
 
 
@@ -310,7 +310,7 @@ def _plan_here(ws: Workspace, targets: list[str], model: ModelConfig, drain: boo
 
 def _run(ws: Workspace, command: str, plan: RunPlan | None, targets: list[str], model: ModelConfig,
          guards: RunGuards | None, drain: bool, run_id: str | None, window: int, exclude: list[str]) -> dict[str, Any]:
-    """The flow's work holding the database's writer lock (om_core.writer_lock). Held already by this
+    """The flow's work holding the database's writer lock (om_core.store.writer_lock). Held already by this
     process (``om run``'s command) it is taken again at once; held by another process (``om run`` beside
     `om serve`), a scheduled tick is skipped with a line saying so (the next tick does its work), a run
     fails in one line."""

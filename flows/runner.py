@@ -100,7 +100,7 @@ def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
     ``window``: sessions in flight at once (their payloads are read just before they start;
     default twice the concurrency)."""
     from flows.pipeline import process_sessions
-    from om_core.db import resolve_db_path
+    from om_core.store.db import resolve_db_path
 
     flow = process_sessions.with_options(task_runner=task_runner_override or task_runner(runner, concurrency,
                                                                                          dask_address))

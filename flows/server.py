@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from flows.runner import LEAN_SERVER, lock_environment, new_auth_string
-from om_core.private_files import private_dir, write_private
+from om_core.store.private_files import private_dir, write_private
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's own default (PREFECT_SERVER_API_PORT)
@@ -246,7 +246,7 @@ def server_home() -> Path:
     """The PREFECT_HOME of the server `om serve` starts: the user's PREFECT_HOME when set, else a folder
     of om's own in the user's data directory (``…/om/prefect``), so what the server stores (flow
     runs' parameters and logs) is this user's only."""
-    from om_core.db import data_dir
+    from om_core.store.db import data_dir
 
     explicit = os.environ.get("PREFECT_HOME")
     return Path(explicit).expanduser() if explicit else data_dir() / "prefect"
@@ -283,12 +283,3 @@ def _server_of_ours(home: Path) -> PrefectServer | None:
     if _listener_uid(DEFAULT_HOST, port) != os.geteuid() or not api_locked(url, auth):
         return None
     return PrefectServer(url, None, auth_string=auth, home=home)
-
-
-@contextmanager
-def running_server(**kwargs) -> Iterator[PrefectServer]:
-    server = start_server(**kwargs)
-    try:
-        yield server
-    finally:
-        server.stop()

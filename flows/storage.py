@@ -22,16 +22,12 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from om_core.private_files import private_dir, write_private
+from om_core.store.private_files import private_dir, write_private
 from om_core.settings import Settings
 
 _BLOCK_SLUG = re.compile(r"^[a-z0-9-]+/[A-Za-z0-9_.-]+$")
 STAGE_RESULT_FORMAT = "om-stage-result/1"
 _SUFFIX = ".json"  # results of the pickled form were named by the bare stage key: never read
-
-
-def describe_result_storage(settings: Settings, db_path: str) -> str:
-    return settings.resultStorage or str(Path(f"{db_path}.stage-results"))
 
 
 def stage_result_storage(settings: Settings, db_path: str) -> Path | str:
@@ -51,11 +47,6 @@ def stage_result_storage(settings: Settings, db_path: str) -> Path | str:
     if _BLOCK_SLUG.match(where) and not Path(where).exists():
         return where  # Prefect loads the saved block by its slug
     return Path(where).expanduser().resolve()
-
-
-def is_shared_storage(settings: Settings) -> bool:
-    """Whether workers on other machines can reach the stage results (a cluster needs that)."""
-    return bool(settings.resultStorage)
 
 
 # ------------------------------------------------------------------ the format

@@ -54,7 +54,7 @@ def workspace(db, values=None):
     import duckdb
 
     from om_core.settings import Settings
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
     settings = values if values is not None else Settings()
     if isinstance(db, duckdb.DuckDBPyConnection):
@@ -88,12 +88,12 @@ def db_path(tmp_path: Path) -> Path:
 def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
     """before-compaction.jsonl ingested and replayed with the offline baseline on om's defaults: the
     same replay several tests read, made once per test session (half a minute under load)."""
-    from om_core import db as dbmod
+    from om_core.store import db as dbmod
     from om_core.ingest import ingest
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.workers.stages import ModelConfig, make_brain
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
     db = tmp_path_factory.mktemp("before-compaction-offline") / "om.duckdb"
     session_id = ingest(workspace(db), [shared_session("before-compaction.jsonl")]).files[0].session_id

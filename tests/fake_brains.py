@@ -10,7 +10,7 @@ import threading
 
 from fake_openai import Reply, text, tool_call
 
-from om_core import prompts
+from om_core.workers import prompts
 
 _CHUNK = re.compile(r"^## New entries \((\S+) to (\S+)\)$", re.MULTILINE)
 _FIRST_STAMP = re.compile(r"^=== (\d{4}-\d{2}-\d{2}) ===\n\n\[\S+ [^\]\n]*?(\d{2}:\d{2})\]", re.MULTILINE)
@@ -39,7 +39,7 @@ _SESSION_REFLECTION = re.compile(r"^\[([0-9a-f]{12})\] reflection: (.+)$", re.MU
 def stage_of(body: dict) -> str:
     """The worker a request is from, by its task (the three share their system prompt and tools), or
     the project stage (issue 35: a system prompt of its own)."""
-    from om_core.project_distil import PROJECT_SYSTEM
+    from om_core.project.distil import PROJECT_SYSTEM
 
     if body["messages"][0]["content"] == PROJECT_SYSTEM:
         return "project"

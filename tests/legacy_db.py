@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from om_core.sqlfiles import migrations
+from om_core.store.sqlfiles import migrations
 
 # Migration 008's renames: the name a table had before it -> its name in om_internal.
 RENAMED_BY_008 = {

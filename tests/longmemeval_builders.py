@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fake_openai import Reply, text, tool_call
 
-from om_core import eval_prompts as P
+from om_core.eval import prompts as P
 
 TYPES = ["single-session-user", "single-session-assistant", "single-session-preference", "multi-session",
          "temporal-reasoning", "knowledge-update"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import duckdb
 
-from om_core.memory import clocks
-from om_core.recall import recall_in_session
+from om_core.memory.fold import clocks
+from om_core.recall.evidence import recall_in_session
 from om_core.settings import Settings
 
 _FOLD = ("SELECT item_kind, fold_order, id, content, ts, relevance, source_entry_ids, supporting_observation_ids, "

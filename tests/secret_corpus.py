@@ -231,7 +231,7 @@ IDENTIFIERS: list[tuple[str, str]] = [
     ("file-line", "tests/test_check_secrets.py:11"),
     ("file-line", "src/harbor_sync/config.py:9:5"),
     ("file-line", "config.py:9"),
-    ("file-line", "om_core/redact.py#L42-L57"),
+    ("file-line", "om_core/redaction/redact.py#L42-L57"),
     ("test-id", "tests/test_redact.py::test_each_secret_kind_becomes_a_marker[openai]"),
     ("test-id", "tests/test_auth.py::TestTokenRefresh::test_expired_token_is_refreshed"),
     ("uuid", "d703a1a9-1b7b-4fb1-b512-c9738b1fe617"),
@@ -282,7 +282,7 @@ IDENTIFIERS: list[tuple[str, str]] = [
     ("code", "AuthTokenProvider"),
     ("code", "PASSWORD_MIN_LENGTH"),
     ("code", "self._token_cache"),
-    ("code", "om_core.secret_rules.secret_name"),
+    ("code", "om_core.redaction.rules.secret_name"),
     ("code", "hashPassword2"),
 ]
 
@@ -382,7 +382,7 @@ def escaped(text: str) -> str:
 def score() -> Score:
     """Every secret and every identifier of the corpus, as written and JSON-escaped, through the
     redactor (imported here, so a test can swap its rules)."""
-    from om_core.redact import redact, secret_spans
+    from om_core.redaction.redact import redact, secret_spans
 
     result = Score()
     for family, template, secret in SECRETS:

@@ -11,7 +11,8 @@ import pytest
 from builders import SessionBuilder
 from conftest import workspace
 from legacy_db import legacy_copy
-from om_core import catalog, db as dbmod
+from om_core.store import catalog
+from om_core.store import db as dbmod
 from om_core.errors import AmbiguousSession, DatabaseMissing, EntryNotFound, InvalidArgument, OmError, SessionNotFound
 from om_core.ingest import ingest
 
@@ -545,8 +546,8 @@ def _every_kind_of_entry() -> SessionBuilder:
 
 def test_entry_texts_is_each_entry_as_recall_prints_it(tmp_path, db_path):
     from conftest import EXAMPLES
-    from om_core.session import loads_line
-    from om_core.source_text import entry_text  # what om recall prints for a source entry
+    from om_core.pi.session import loads_line
+    from om_core.recall.source_text import entry_text  # what om recall prints for a source entry
 
     paths = [_every_kind_of_entry().write(tmp_path / "kinds.jsonl"), *sorted(EXAMPLES.glob("*.jsonl"))]
     ingest(workspace(db_path), paths)

@@ -17,7 +17,7 @@ from fake_openai import FakeOpenAI, Reply, http_error
 
 import om_cli
 from conftest import workspace
-from om_core.circuit import (
+from om_core.model.circuit import (
     PROVIDER_KEYS,
     CircuitBreaker,
     CircuitOpen,
@@ -26,7 +26,7 @@ from om_core.circuit import (
     preflight_model,
 )
 from om_core.ingest import ingest
-from om_core.model import LiteLLMModel, ModelError, RetryPolicy, classify
+from om_core.model.client import LiteLLMModel, ModelError, RetryPolicy, classify
 
 SID = "c1c1c1c1-0000-4000-8000-000000000001"
 KEY_VARIABLES = sorted({v for names in PROVIDER_KEYS.values() for v in names} | {"OPENAI_API_BASE", "OPENAI_BASE_URL"})
@@ -212,7 +212,7 @@ def no_keys(monkeypatch):
 
 @pytest.mark.parametrize("provider", sorted(PROVIDER_KEYS))
 def test_the_known_key_variables_agree_with_litellm(no_keys, provider):
-    from om_core.model import _import_litellm
+    from om_core.model.client import _import_litellm
 
     litellm = _import_litellm()
     name = f"{provider}/some-model"

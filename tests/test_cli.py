@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from builders import SessionBuilder
 import om_cli
 from conftest import shared_session, workspace
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from flows.cli.main import app
 from om_core.errors import DatabaseBusy, InvalidArgument
 from om_core.ingest import ingest

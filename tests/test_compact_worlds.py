@@ -19,15 +19,15 @@ from typer.testing import CliRunner
 
 from conftest import workspace
 from flows.cli.main import app
-from om_core import db as dbmod
-from om_core.catalog import PiDeclines, cut_point
+from om_core.store import db as dbmod
+from om_core.store.catalog import PiDeclines, cut_point
 from om_core.errors import EntryNotFound
 from om_core.ingest import ingest
-from om_core.memory import compact
+from om_core.memory.fold import compact
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 SETTINGS = Settings(observeAfterTokens=80, reflectAfterTokens=160, compactAfterTokens=300, keepRecentTokens=200,
                     observationsPoolMaxTokens=40, observationsPoolTargetTokens=20)

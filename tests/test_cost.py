@@ -15,8 +15,8 @@ from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI
 
 from conftest import workspace
-from om_core import db as dbmod
-from om_core.cost import (
+from om_core.store import db as dbmod
+from om_core.model.cost import (
     OUTPUT_ALLOWANCE,
     BudgetExceeded,
     CostBudget,
@@ -27,11 +27,11 @@ from om_core.cost import (
     request_tokens,
 )
 from om_core.ingest import ingest
-from om_core.model import RetryPolicy
+from om_core.model.client import RetryPolicy
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, RunGuards, make_brain
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 SID = "0c057000-0000-4000-8000-000000000001"
 SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,
@@ -104,8 +104,8 @@ def test_the_cost_maps_file_prices_every_model_as_litellm_does(monkeypatch):
     """price_of reads litellm's bundled map without importing litellm where it can: for every name of the
     map (as itself, as provider/name, without its prefix) it answers as litellm.get_model_info, and it
     asks litellm (the fallback) for none of the common providers' mapped models."""
-    import om_core.cost as cost
-    from om_core.model import _import_litellm
+    import om_core.model.cost as cost
+    from om_core.model.client import _import_litellm
 
     litellm = _import_litellm()
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from om_core.branch_entry import BranchEntry
-from om_core.cutpoint import (
+from om_core.pi.branch_entry import BranchEntry
+from om_core.pi.cutpoint import (
     DEFAULT_KEEP_RECENT_TOKENS,
     CutPoint,
     NothingToCompact,
@@ -18,7 +18,7 @@ from om_core.cutpoint import (
     is_cut_point,
 )
 
-from om_core.cutpoint import compaction_cut_point as _compaction_cut_point
+from om_core.pi.cutpoint import compaction_cut_point as _compaction_cut_point
 
 _n = 0
 

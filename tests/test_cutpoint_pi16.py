@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from om_core.branch_entry import BranchEntry, branch_entry
-from om_core.cutpoint import NothingToCompact, compaction_cut_point, project_branch
-from om_core.session import SessionParser
+from om_core.pi.branch_entry import BranchEntry, branch_entry
+from om_core.pi.cutpoint import NothingToCompact, compaction_cut_point, project_branch
+from om_core.pi.session import SessionParser
 
 IMAGE = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
 # Tool declarations as a Pi 1.6 system message lists them (toolsAdded): READ's JSON is 198 characters,
@@ -378,7 +378,7 @@ def test_a_context_edit_that_replaces_an_entry():
 
 
 def branch_entry_is_source(entry: BranchEntry) -> bool:
-    from om_core.session import is_source_entry
+    from om_core.pi.session import is_source_entry
 
     return is_source_entry(entry.entry_type, entry.role)
 

@@ -1,4 +1,4 @@
-"""The database's schema (om_core.db): migration 008 keeps om's tables in om_internal, the default
+"""The database's schema (om_core.store.db): migration 008 keeps om's tables in om_internal, the default
 schema main holds only the documented views and macros, and a database written before 008 keeps every
 row, constraint and answer."""
 
@@ -20,16 +20,16 @@ from typer.testing import CliRunner
 
 from flows.cli.main import app
 
-from om_core import db as dbmod
-from om_core.catalog import run_sql
+from om_core.store import db as dbmod
+from om_core.store.catalog import run_sql
 from om_core.errors import InvalidArgument
 from om_core.ingest import ingest
 from om_core.replay.engine import replay_session
 from om_core.replay.plan import record_replay
 from om_core.settings import Settings
-from om_core.sqlfiles import migrations, schema_snapshot, view_scripts
+from om_core.store.sqlfiles import migrations, schema_snapshot, view_scripts
 from om_core.workers.stages import ModelConfig, make_brain
-from om_core.workspace import MemoryDatabase, Workspace
+from om_core.store.workspace import MemoryDatabase, Workspace
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
@@ -114,8 +114,8 @@ def populated(tmp_path: Path, server) -> Path:
         con.execute("INSERT INTO om_internal.stage_results (session_id, stage_key, stage, result) "
                     "VALUES (?, 'key-1', 'observer', '[]')", [OTHER])
     # project memory (issue 35): the offline project stage, and a user's forget of what it recorded
-    from om_core.forget import forget
-    from om_core.project_reflector import run_due_projects
+    from om_core.ledger.forget import forget
+    from om_core.project.stage import run_due_projects
 
     projects_ws = workspace(db, SETTINGS.model_copy(update={"projectReflectAfterTokens": 1}))
     (outcome, *_) = run_due_projects(projects_ws, make_brain(ModelConfig(model="offline"), SETTINGS))
@@ -463,7 +463,7 @@ def test_a_forked_process_builds_its_own_template_and_leaves_its_parents(tmp_pat
     script = tmp_path / "fork.py"
     script.write_text(
         "import os, sys\n"
-        "from om_core import db\n"
+        "from om_core.store import db\n"
         "parent = db.template_path()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"

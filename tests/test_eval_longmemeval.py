@@ -15,7 +15,7 @@ from om_core.eval.data import load_dataset
 from om_core.eval.haystack import build_haystack
 from om_core.errors import OmError
 from om_core.eval.run import EvalOptions, run_longmemeval
-from om_core.model import RetryPolicy
+from om_core.model.client import RetryPolicy
 from om_core.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("isolated_home")

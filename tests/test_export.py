@@ -12,16 +12,16 @@ from builders import SessionBuilder
 from typer.testing import CliRunner
 
 from conftest import workspace
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from flows.cli.main import app
 from om_core.errors import InvalidArgument
-from om_core.export import js_iso
+from om_core.pi.export import js_iso
 from om_core.ingest import ingest
 from om_core.replay.engine import replay_session
-from om_core.session import parse_lines
+from om_core.pi.session import parse_lines
 from om_core.settings import Settings
-from om_core.tree import build_forest
-from om_core.workspace import Workspace
+from om_core.pi.tree import build_forest
+from om_core.store.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain
 
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,

@@ -85,7 +85,7 @@ def test_a_kill_9_after_the_prefect_server_started_leaves_no_orphan_past_the_nex
 def test_a_helper_pid_reused_by_another_process_is_never_ended(tmp_path):
     """The lock file names a gone holder's helper by pid and start time: a live process on that pid
     with another start time is someone else's, and stays."""
-    from om_core import writer_lock
+    from om_core.store import writer_lock
 
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # prefect uvicorn"])
     try:
@@ -108,7 +108,7 @@ def test_a_helper_pid_reused_by_another_process_is_never_ended(tmp_path):
 def test_a_helper_of_a_live_holder_is_left_alone(tmp_path):
     """`om serve`'s Prefect server is its own to stop: a writer never ends the helpers of a holder still
     running (here: this process, noted as another holder with its real start time)."""
-    from om_core import writer_lock
+    from om_core.store import writer_lock
 
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -20,7 +20,7 @@ from fake_brains import ScriptedWorkers, stage_key
 from fake_openai import FakeOpenAI, http_error
 
 from conftest import workspace
-from om_core.ledger import parse_folded, parse_record
+from om_core.ledger.records import parse_folded, parse_record
 from om_core.settings import Settings
 
 pytestmark = pytest.mark.prefect
@@ -263,7 +263,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     con.close()
     assert failed == [("00000002-aaaa-bbbb-cccc-dddddddddddd", "permanent")]
     assert per_session.get("00000000-aaaa-bbbb-cccc-dddddddddddd") and per_session.get("00000001-aaaa-bbbb-cccc-dddddddddddd")
-    from om_core.status import status
+    from om_core.memory.status import status
 
     shown = status(workspace(db), "00000002")
     assert shown.last_errors and "BadRequestError" in shown.last_errors[0]["detail"]
@@ -322,7 +322,7 @@ def test_om_run_on_a_full_disk_ends_with_one_line(prefect_api, tmp_path, small_f
 
 
 def test_the_flows_and_deployments_take_exclude_globs(tmp_path):
-    from deployments import archive_deployment, maintenance_deployment
+    from flows.deployments import archive_deployment, maintenance_deployment
     from flows.pipeline import maintain_sessions
 
     root = tmp_path / "live"
@@ -397,7 +397,7 @@ def test_a_tick_beside_another_writer_is_skipped_with_a_line(prefect_api, tmp_pa
     seconds, then ends ok without touching the database, and says so; the next tick does the work."""
     live, db = tmp_path / "live", tmp_path / "om.duckdb"
     make_sessions(live, count=1)
-    hold = ("import sys, time\nfrom om_core.writer_lock import one_writer\n"
+    hold = ("import sys, time\nfrom om_core.store.writer_lock import one_writer\n"
             "with one_writer(sys.argv[1], 'run', 0):\n    print('held', flush=True)\n    time.sleep(600)\n")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
     try:
@@ -557,10 +557,10 @@ def test_om_run_builds_one_model_config_and_the_flow_carries_it_to_every_replay(
 def test_a_model_config_travels_as_json_without_its_key_and_a_bad_one_is_one_line():
     """What a deployment carries: the ModelConfig's JSON (retry policy included, never the API key),
     which the flow validates back into the same config; a mistyped field is one clear error."""
-    from deployments import archive_deployment
+    from flows.deployments import archive_deployment
     from flows.pipeline import _model
     from om_core.errors import InvalidArgument
-    from om_core.model import RetryPolicy
+    from om_core.model.client import RetryPolicy
     from om_core.workers.stages import ModelConfig
 
     config = ModelConfig(model="openai/fake-model", api_base="http://127.0.0.1:9/v1", api_key="sk-secret-value",

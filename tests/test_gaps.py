@@ -9,11 +9,11 @@ from builders import SessionBuilder
 from typer.testing import CliRunner
 
 from conftest import workspace
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from flows.cli.main import app
-from om_core.gaps import GapReport, compaction_gaps, gap_safe_position, gaps
+from om_core.memory.gaps import GapReport, compaction_gaps, gap_safe_position, gaps
 from om_core.ingest import ingest
-from om_core.ledger import memory_id
+from om_core.ledger.records import memory_id
 
 
 def obs(content: str, sources: list[str]) -> dict:

@@ -1,11 +1,11 @@
-"""What redaction's guesses leave alone (om_core/identifiers.py, issue 23): the shapes are told apart
+"""What redaction's guesses leave alone (om_core/redaction/identifiers.py, issue 23): the shapes are told apart
 from secrets of the same characters, and references from ids a secret's name may hold."""
 
 from __future__ import annotations
 
 import pytest
 
-from om_core.identifiers import identifier_kind, name_like, placeholder, reference_kind
+from om_core.redaction.identifiers import identifier_kind, name_like, placeholder, reference_kind
 from secret_corpus import AWS_SECRET, IDENTIFIERS, rnd
 
 

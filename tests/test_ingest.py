@@ -17,7 +17,7 @@ import pytest
 from builders import SessionBuilder, incompressible_sessions
 from conftest import SHARED_SESSIONS, shared_session, workspace
 from legacy_db import legacy_copy
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest import ingest
 
 SID = "0a0b0c0d-1111-2222-3333-444444444444"
@@ -971,7 +971,7 @@ def test_failed_append_after_chunk_commits_keeps_the_earlier_state(tmp_path, db_
 def test_token_counts_match_tiktoken_for_each_entry(tmp_path, db_path, tiny_chunks):
     """Counts come from joined tokenizer calls (texts separated by <|endoftext|>); each entry's count
     must still be what encode_ordinary gives its text, whatever the text holds."""
-    from om_core.tokens import get_encoding
+    from om_core.pi.tokens import get_encoding
 
     texts = ["", " ", "plain words", "  leading and trailing  ", "\n\nnew\nlines\n", "<|endoftext|> inside",
              "a<|endofprompt|>b", "emoji 😀 and naïve", "x\ud800y lone surrogate", "'s 12345 ?!\n", "tab\tend\t"]
@@ -1261,12 +1261,12 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     """What reads the stored entry again (observer input, offline baseline, cut points) reads it
     as deep as the ingest did."""
     from fake_openai import text
-    from om_core.model import RetryPolicy
+    from om_core.model.client import RetryPolicy
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.replay.stage_runner import observe_now
     from om_core.workers.stages import ModelConfig, make_brain
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
     depth = 10_000
     b = SessionBuilder(SID)
@@ -1296,7 +1296,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
 
 
 def test_nesting_deeper_than_the_limit_is_quarantined_in_one_line(tmp_path, db_path, monkeypatch):
-    from om_core import session as sessionmod
+    from om_core.pi import session as sessionmod
 
     monkeypatch.setattr(sessionmod, "DEEP_NESTING_LEVELS", 2_000)
     b = SessionBuilder(SID)

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from om_core.js_length import js_json_length, js_len, js_number
+from om_core.pi.js_length import js_json_length, js_len, js_number
 
 
 # ------------------------------------------------------------------ js_len (UTF-16 code units)

@@ -6,17 +6,24 @@ import may make a library faster to load, never hide a cycle), with relative imp
 there for its annotations (``ws: Workspace``) without depending on it.
 
 The layers, top to bottom (a module may import its own layer's modules and any lower layer's):
-    shell      flows.*, deployments.*  (flows.cli is the `om` command line)
-    workspace  om_core.workspace, and the modules that build one below the shells:
+    shell      flows.*, deployments.*  (flows.cli is the `om` command line); deployments imports
+               flows (what it registers), flows never imports deployments
+    workspace  om_core.store.workspace, and the modules that build one below the shells:
                om_core.replay.payload (a replay task's in-memory copy of a session's rows),
-               om_core.replay.engine (the replay of such a copy) and om_core.eval.run (the evaluation's own database in its --out folder)
-    library    every other om_core module (ingest, memory, workers, replay, report, eval, ...)
-    storage    om_core.db, om_core.sqlfiles, om_core.migrations  (open, migrate with frozen data
-               steps, run named SQL)
+               om_core.replay.engine (the replay of such a copy) and om_core.eval.run (the
+               evaluation's own database in its --out folder)
+    library    every other om_core module, in its room (ROOMS)
+    storage    om_core.store (the package), om_core.store.db, .sqlfiles, .migrations (open, migrate
+               with frozen data steps, run named SQL)
     leaves     om_core (the package: its version), om_core.errors, om_core.settings, and Pi's own formats
-               every layer speaks: om_core.session (its JSONL lines), om_core.tokens (its token
-               estimate), om_core.js_length (JavaScript string lengths); pure, importing only leaves
+               every layer speaks: om_core.pi (the package), om_core.pi.session (its JSONL lines),
+               om_core.pi.tokens (its token estimate), om_core.pi.js_length (JavaScript string
+               lengths); pure, importing only leaves
 Storage imports only leaves (and each other); leaves import only leaves.
+
+The rooms (issue 34): om_core holds only the leaves' two modules and packages named after what they
+do, each for its SPEC sections (the README's Design map says which); a package's ``__init__`` imports
+nothing of the project but its own modules, so entering a room costs nothing.
 
 An edge is the module named: ``from om_core.ingest import plan`` is an edge to om_core.ingest.plan,
 ``from om_core.ingest import ingest`` (a name) one to om_core.ingest. Importing a package's module
@@ -35,9 +42,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("om_core", "flows", "deployments")
 MAX_LINES = 500
 
-LEAVES = {"om_core", "om_core.errors", "om_core.settings", "om_core.session", "om_core.tokens", "om_core.js_length"}
-STORAGE = {"om_core.db", "om_core.sqlfiles", "om_core.migrations"}
-WORKSPACE = {"om_core.workspace", "om_core.replay.payload", "om_core.replay.engine", "om_core.eval.run"}
+LEAVES = {"om_core", "om_core.errors", "om_core.settings",
+          "om_core.pi", "om_core.pi.session", "om_core.pi.tokens", "om_core.pi.js_length"}
+STORAGE = {"om_core.store", "om_core.store.db", "om_core.store.sqlfiles", "om_core.store.migrations"}
+WORKSPACE = {"om_core.store.workspace", "om_core.replay.payload", "om_core.replay.engine", "om_core.eval.run"}
+
+# om_core's rooms, named after the SPEC (the README's Design map); nothing else sits in om_core
+ROOMS = {"pi", "store", "ingest", "ledger", "memory", "recall", "workers", "model", "redaction", "replay",
+         "project", "eval", "report"}
+TOP_MODULES = {"__init__.py", "errors.py", "settings.py"}
 
 # Known violations another engineer is fixing in issue 17 (remove each line when its fix is merged).
 PENDING_CYCLES: set[frozenset[str]] = set()
@@ -198,6 +211,23 @@ def test_om_core_imports_no_shell_and_no_prefect():
     assert not bad, "\n".join(bad)
 
 
+def test_om_core_is_its_rooms():
+    top = ROOT / "om_core"
+    assert {p.name for p in top.glob("*.py")} == TOP_MODULES
+    assert {p.name for p in top.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == ROOMS
+    mods = modules()
+    for room in sorted(ROOMS):  # a room's __init__ reaches only into its own room
+        package = f"om_core.{room}"
+        inside = {t for t in imported_names(package, mods[package], set(mods)) if t.split(".")[0] in PACKAGES}
+        assert all(t.startswith(package + ".") for t in inside), (package, inside)
+
+
+def test_flows_never_import_deployments():
+    bad = sorted(f"{name} imports {target}" for name, targets in graph().items() if name.split(".")[0] == "flows"
+                 for target in targets if target.split(".")[0] == "deployments")
+    assert not bad, "\n".join(bad)
+
+
 def test_layers_import_only_downwards():
     bad = []
     for name, targets in graph().items():
@@ -236,12 +266,12 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     source = pkg / "a.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import typed_only\n"
-                      "def f():\n    from . import b\n    from .c import x\n    import om_core.db\n")
+                      "def f():\n    from . import b\n    from .c import x\n    import om_core.store.db\n")
     names = imported_names("pkg.a", source, {"pkg", "pkg.a", "pkg.b", "pkg.c"})
-    assert names == {"typing", "pkg.b", "pkg.c", "om_core.db"}  # b a module of pkg, x a name in pkg.c
+    assert names == {"typing", "pkg.b", "pkg.c", "om_core.store.db"}  # b a module of pkg, x a name in pkg.c
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     mods = dict.fromkeys(["om_core", "om_core.ingest", "om_core.ingest.plan", "om_core.ingest.files", "flows.cli.x"])
-    assert _packages_initialised("om_core.cost", "om_core.ingest.plan", mods) == {"om_core.ingest"}
+    assert _packages_initialised("om_core.model.cost", "om_core.ingest.plan", mods) == {"om_core.ingest"}
     assert _packages_initialised("om_core.ingest.plan", "om_core.ingest.files", mods) == set()
     assert _packages_initialised("flows.cli.x", "om_core.ingest.plan", mods) == {"om_core", "om_core.ingest"}
 

@@ -15,11 +15,11 @@ import pytest
 
 from builders import SessionBuilder
 from conftest import workspace
-from om_core import db as dbmod
-from om_core import memory
+from om_core.store import db as dbmod
+from om_core.memory import fold as memory
 from om_core.settings import Settings
 from om_core.ingest import ingest
-from om_core.ledger import ObservationsRecorded, append_record, memory_id
+from om_core.ledger.records import ObservationsRecorded, append_record, memory_id
 
 OBS = "om.observations.recorded"
 REFL = "om.reflections.recorded"
@@ -182,7 +182,7 @@ def test_invalid_record_is_ignored_and_counted(con, kind, data):
     assert ledger_rows(con, sb.session_id) == []
     full = memory.full_memory(con, sb.session_id, "00000003")
     assert (full.observations, full.reflections) == ([], [])
-    assert memory.ledger_memory(con, sb.session_id, "00000003").empty
+    assert memory.active_memory(memory.ledger_rows(con, sb.session_id, "00000003")).empty
 
 
 def test_the_same_record_when_valid_is_imported(con):
@@ -219,7 +219,7 @@ def test_an_invalid_watermark_does_not_move_a_clock(con):
 
 
 def _observations(con, sid: str, tip: str) -> list[dict]:
-    return memory.ledger_memory(con, sid, tip).wire()["observations"]
+    return memory.active_memory(memory.ledger_rows(con, sid, tip)).wire()["observations"]
 
 
 @pytest.mark.parametrize("tokens", [0, 2.5, 0.001, 123456789])
@@ -273,7 +273,7 @@ def test_v2_and_unknown_om_types_are_ignored_and_counted(con):
     assert rejects(con, sb.session_id) == [("00000002", "om.observations"), ("00000003", "om.memory"),
                                            ("00000004", "om.observation.recorded")]
     assert ledger_rows(con, sb.session_id) == []
-    assert memory.ledger_memory(con, sb.session_id, "00000006").empty
+    assert memory.active_memory(memory.ledger_rows(con, sb.session_id, "00000006")).empty
 
 
 FOLDED_OK = {"type": "om.folded", "version": 1, "fullFold": False, "observations": [GOOD_OBS],
@@ -352,9 +352,9 @@ def test_records_are_branch_local(con):
     right_tip = sb.user("And now?")  # 00000007
     load(con, sb)
     sid = sb.session_id
-    assert [o.id for o in memory.ledger_memory(con, sid, left_tip).observations] == [TABS_ID]
-    assert [o.id for o in memory.ledger_memory(con, sid, right_tip).observations] == [GQL_ID]
-    assert memory.ledger_memory(con, sid, root).empty
+    assert [o.id for o in memory.active_memory(memory.ledger_rows(con, sid, left_tip)).observations] == [TABS_ID]
+    assert [o.id for o in memory.active_memory(memory.ledger_rows(con, sid, right_tip)).observations] == [GQL_ID]
+    assert memory.active_memory(memory.ledger_rows(con, sid, root)).empty
     assert [o.id for o in memory.full_memory(con, sid, right_tip).observations] == [GQL_ID]
     # an imported record is itself an entry: its anchor and ledger id are its own entry id
     assert [(r[0], r[3]) for r in ledger_rows(con, sid)] == [(left_rec, left_rec), (right_rec, right_rec)]
@@ -366,8 +366,8 @@ def test_records_are_branch_local(con):
              "coversUpToId": "00000002"}), anchor_entry_id="00000002", stage_key="branch-local-test")
     assert len(pid) == 8 and pid not in {f"{i:08x}" for i in range(1, 8)}
     assert ledger_rows(con, sid)[-1] == (pid, OBS, "00000002", "00000002", "pipeline")
-    assert [o.id for o in memory.ledger_memory(con, sid, left_tip).observations] == ["0123456789ab", TABS_ID]
-    assert [o.id for o in memory.ledger_memory(con, sid, right_tip).observations] == [GQL_ID]
+    assert [o.id for o in memory.active_memory(memory.ledger_rows(con, sid, left_tip)).observations] == ["0123456789ab", TABS_ID]
+    assert [o.id for o in memory.active_memory(memory.ledger_rows(con, sid, right_tip)).observations] == [GQL_ID]
 
 
 # ---------------------------------------------------------------- incremental import

@@ -22,11 +22,11 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from conftest import workspace
-from om_core import db as dbmod
-from om_core import memory
+from om_core.store import db as dbmod
+from om_core.memory import fold as memory
 from om_core.settings import Settings
 from om_core.ingest import ingest
-from om_core.ledger import (
+from om_core.ledger.records import (
     ObservationsDropped,
     ObservationsRecorded,
     ReflectionsRecorded,
@@ -34,7 +34,7 @@ from om_core.ledger import (
     parse_folded,
     store_simulated_compaction,
 )
-from om_core.recall import recall_in_session
+from om_core.recall.evidence import recall_in_session
 from oracle import DROP, OBS, REFL, OCompaction, OEntry, ORecord, World, valid_folded, valid_record
 
 # Shrinking a failure here can take many minutes; set OM_PROPERTY_SHRINK=1 when debugging one.
@@ -259,7 +259,7 @@ def check_tip(con, session_id: str, world: World, tip: str, sc: dict, rng) -> No
     path = world.branch(tip)
     # plain fold through the tip (what workers read)
     obs, refl = world.plain_fold(tip)
-    got = memory.ledger_memory(con, session_id, tip)
+    got = memory.active_memory(memory.ledger_rows(con, session_id, tip))
     assert norm(wire(got.observations)) == norm(obs)
     assert norm(wire(got.reflections)) == norm(refl)
     # full projection at several boundaries (always the tip: full memory)

@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 
 from builders import SessionBuilder
 from conftest import workspace
-from om_core import db as dbmod
-from om_core import memory
+from om_core.store import db as dbmod
+from om_core.memory import fold as memory
 from om_core.settings import Settings
 from flows.cli.main import app
 from om_core.ingest import ingest
-from om_core.ledger import (
+from om_core.ledger.records import (
     ObservationsDropped,
     ObservationsRecorded,
     ReflectionsRecorded,
@@ -115,7 +115,7 @@ def test_first_valid_record_of_an_id_wins(con):
     reflected(sb, E[5], r("prefers tabs", ["tabs"], tok=4))  # E6
     reflected(sb, E[5], r("prefers tabs", ["spaces"], tok=9))  # E7: same id, ignored
     sid = load(con, sb)
-    m = memory.ledger_memory(con, sid, E[7])
+    m = memory.active_memory(memory.ledger_rows(con, sid, E[7]))
     assert [(x.content, x.timestamp, x.relevance, x.tokenCount) for x in m.observations] == [
         ("tabs", "2026-01-15 14:05", "high", 7), ("spaces", "2026-01-15 14:30", "medium", 10)]
     assert [(x.content, x.supportingObservationIds, x.tokenCount) for x in m.reflections] == [
@@ -129,7 +129,7 @@ def test_later_duplicates_are_ignored_and_order_is_first_seen(con):
     observed(sb, E[1], o("c"), o("b", rel="critical"), o("a", rel="low"))  # E3
     observed(sb, E[1], o("d"), o("c", rel="high"))  # E4
     sid = load(con, sb)
-    m = memory.ledger_memory(con, sid, E[4])
+    m = memory.active_memory(memory.ledger_rows(con, sid, E[4]))
     assert [(x.content, x.relevance) for x in m.observations] == [
         ("a", "medium"), ("b", "medium"), ("c", "medium"), ("d", "medium")]
 
@@ -141,7 +141,7 @@ def test_a_drop_of_an_id_not_yet_seen_tombstones_a_later_observation(con):
     observed(sb, E[1], o("alpha"), o("beta"))  # E3
     sb.assistant("ok")  # E4
     sid = load(con, sb)
-    assert contents(memory.ledger_memory(con, sid, E[4]).observations) == ["beta"]
+    assert contents(memory.active_memory(memory.ledger_rows(con, sid, E[4])).observations) == ["beta"]
     assert contents(memory.full_memory(con, sid, E[4]).observations) == ["beta"]
     assert [(c.observation.content, c.coverage) for c in memory.coverage(con, sid, E[4])] == [("beta", "none")]
 
@@ -158,11 +158,11 @@ def test_plain_fold_by_position_and_projection_by_watermark_differ(con):
     sb.assistant("four")  # E5
     sid = load(con, sb)
     # through E3: the record sits after E3 (plain fold: nothing) but covers E3 (projection: alpha)
-    assert memory.ledger_memory(con, sid, E[3]).empty
+    assert memory.active_memory(memory.ledger_rows(con, sid, E[3])).empty
     assert contents(memory.full_memory(con, sid, E[5], E[3]).observations) == ["alpha"]
     # through E2: neither
     assert memory.full_memory(con, sid, E[5], E[2]).empty
-    assert memory.ledger_memory(con, sid, E[2]).empty
+    assert memory.active_memory(memory.ledger_rows(con, sid, E[2])).empty
 
 
 def test_positions_not_id_strings_decide_coverage(con):
@@ -189,7 +189,7 @@ def test_dangling_watermark_never_enters_a_projection(con):
     dropped(sb, "ghost789", "beta")  # E6
     sb.user("three")  # E7
     sid = load(con, sb)
-    plain = memory.ledger_memory(con, sid, E[7])  # the plain fold sees every record on the branch
+    plain = memory.active_memory(memory.ledger_rows(con, sid, E[7]))  # the plain fold sees every record on the branch
     assert (contents(plain.observations), contents(plain.reflections)) == (["alpha"], ["rule"])
     full = memory.full_memory(con, sid, E[7])
     assert (contents(full.observations), contents(full.reflections)) == (["beta"], [])
@@ -211,10 +211,10 @@ def test_watermark_on_another_branch_is_dangling(con):
     observed(sb, E[4], o("beta"))  # E6
     sb.assistant("ok")  # E7
     sid = load(con, sb)
-    assert contents(memory.ledger_memory(con, sid, E[7]).observations) == ["alpha", "beta"]
+    assert contents(memory.active_memory(memory.ledger_rows(con, sid, E[7])).observations) == ["alpha", "beta"]
     assert contents(memory.full_memory(con, sid, E[7]).observations) == ["beta"]
     assert memory.compaction_projection(con, sid, E[7], E[7], 20_000).observationIds == [mid("beta")]
-    assert memory.ledger_memory(con, sid, E[3]).empty  # the records are not on the left branch
+    assert memory.active_memory(memory.ledger_rows(con, sid, E[3])).empty  # the records are not on the left branch
     assert memory.full_memory(con, sid, E[3]).empty
 
 
@@ -551,14 +551,14 @@ def test_pipeline_records_sort_after_the_imported_record_at_their_anchor_in_appe
             {"reflections": [r("rule", ["beta"])], "coversUpToId": E[1]}), anchor_entry_id=E[4])
         append_record(con, sid, DROP, ObservationsDropped.model_validate(
             {"observationIds": [mid("gamma")], "coversUpToId": E[1]}), anchor_entry_id=E[4])
-    m = memory.ledger_memory(con, sid, E[4])
+    m = memory.active_memory(memory.ledger_rows(con, sid, E[4]))
     assert [(x.content, x.timestamp) for x in m.observations] == [
         ("delta", "2026-01-15 14:30"), ("alpha", "2026-01-15 14:01"), ("beta", "2026-01-15 14:20")]
     assert contents(m.reflections) == ["rule"]
     assert [(x.content, x.timestamp) for x in memory.full_memory(con, sid, E[4]).observations] == [
         ("delta", "2026-01-15 14:30"), ("alpha", "2026-01-15 14:01"), ("beta", "2026-01-15 14:20")]
     # as of E3 the records anchored at E4 are not there yet: gamma is still active
-    assert contents(memory.ledger_memory(con, sid, E[3]).observations) == ["delta", "alpha", "beta", "gamma"]
+    assert contents(memory.active_memory(memory.ledger_rows(con, sid, E[3])).observations) == ["delta", "alpha", "beta", "gamma"]
 
 
 # ---------------------------------------------------------------- rendering (SPEC §5)

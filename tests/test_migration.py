@@ -19,17 +19,17 @@ from memory_points import memory_at_every_point, recalls, translate
 from pi_migrate import fork_file, migrate_file
 
 from conftest import shared_session, workspace
-from om_core import db as dbmod
-from om_core.catalog import branch_for_cut_point
-from om_core.cutpoint import compaction_cut_point
+from om_core.store import db as dbmod
+from om_core.store.catalog import branch_for_cut_point
+from om_core.pi.cutpoint import compaction_cut_point
 from om_core.ingest import ingest
-from om_core.live import CompactRequest, RecallRequest, compact_live, recall_live
-from om_core.memory import compact
+from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live
+from om_core.memory.fold import compact
 from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 SID = "5ea5e000-aaaa-4bbb-8ccc-000000000001"
 FORK = "5ea5e000-aaaa-4bbb-8ccc-00000000f0f0"

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, http_error, text
-from om_core.model import CallRecord, LiteLLMModel, ModelError, RetryPolicy, classify
+from om_core.model.client import CallRecord, LiteLLMModel, ModelError, RetryPolicy, classify
 
 MESSAGES = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Say hi."}]
 TOOLS = [{"type": "function", "function": {
@@ -169,7 +169,7 @@ def test_backoff_grows_exponentially_capped_and_uses_full_jitter(server, monkeyp
             draws.append((a, b))
             return b
 
-    import om_core.model as model_module
+    import om_core.model.client as model_module
 
     monkeypatch.setattr(model_module, "random", TopOfRange)
     sleeps: list[float] = []
@@ -300,7 +300,7 @@ def test_a_missing_api_key_is_permanent_even_when_reported_as_a_500():
 
 
 def test_cache_breakpoints_are_kept_only_for_providers_that_take_them():
-    from om_core.model import prepare_messages, takes_cache_breakpoints
+    from om_core.model.client import prepare_messages, takes_cache_breakpoints
     from om_core.workers.llm import user_parts
 
     messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": user_parts("memory\n\n", "chunk")}]

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from builders import SessionBuilder
 from conftest import workspace
-from om_core import db as dbmod
-from om_core.catalog import resolve_tip
+from om_core.store import db as dbmod
+from om_core.store.catalog import resolve_tip
 from flows.cli.main import app
 from om_core.ingest import ingest
-from om_core.memory import clocks, coverage, ledger_memory
+from om_core.memory.fold import active_memory, clocks, coverage, ledger_rows
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now
 from om_core.workers.stages import ModelConfig
 
@@ -42,7 +42,7 @@ def invoke(args: list[str]):
 def state(db, sid: str):
     with dbmod.reading(db) as con:
         tip = resolve_tip(con, sid, None)
-        memory = ledger_memory(con, sid, tip)
+        memory = active_memory(ledger_rows(con, sid, tip))
         covered = coverage(con, sid, tip)
         branch = {r[0]: r[1] for r in con.execute("SELECT entry_id, is_source FROM branch_detail(?, ?)",
                                                   [sid, tip]).fetchall()}

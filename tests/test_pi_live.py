@@ -40,13 +40,13 @@ from fake_openai import FakeOpenAI, Reply, tool_call
 from pi_rpc import EXTENSION, NODE, PI_CLI, REPO, RpcPi, agent_dir, missing, os_env, session_entries
 
 from flows.endpoint import endpoint_file, running_endpoint
-from om_core.export import export_session
-from om_core.live import RecallRequest, recall_live
-from om_core.memory import CompactionResult, compact
-from om_core.private_files import private_dir, write_private
-from om_core.render import with_instructions
+from om_core.pi.export import export_session
+from om_core.pi.live import RecallRequest, recall_live
+from om_core.memory.fold import CompactionResult, compact
+from om_core.store.private_files import private_dir, write_private
+from om_core.memory.render import with_instructions
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 pytestmark = [pytest.mark.prefect, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 

@@ -29,7 +29,7 @@ from pi_rpc import RpcPi, agent_dir, missing, os_env
 from conftest import workspace
 from flows.endpoint import endpoint_file
 from om_core.ingest import ingest
-from om_core.private_files import private_dir
+from om_core.store.private_files import private_dir
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 

@@ -17,9 +17,9 @@ import pytest
 from builders import SessionBuilder
 from conftest import workspace
 from fake_openai import FakeOpenAI, Reply, text, tool_call
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest import ingest
-from om_core.ledger import (
+from om_core.ledger.records import (
     OBSERVATIONS_RECORDED,
     REFLECTIONS_RECORDED,
     Observation,
@@ -143,8 +143,8 @@ def _offline_brain():
 
 
 def test_the_offline_project_stage_keeps_projects_apart_and_cites_only_their_sessions(two_repos):
-    from om_core.project_memory import show_project
-    from om_core.project_reflector import run_due_projects
+    from om_core.project.memory import show_project
+    from om_core.project.stage import run_due_projects
 
     ws, ids = two_repos["ws"], two_repos["ids"]
     outcomes = run_due_projects(ws, _offline_brain(), run_id="r1")
@@ -164,9 +164,9 @@ def test_the_offline_project_stage_keeps_projects_apart_and_cites_only_their_ses
 
 
 def test_recall_of_a_project_reflection_reaches_the_source_entries_across_sessions(two_repos):
-    from om_core.project_memory import show_project
-    from om_core.project_reflector import run_due_projects
-    from om_core.recall import recall
+    from om_core.project.memory import show_project
+    from om_core.project.stage import run_due_projects
+    from om_core.recall.evidence import recall
 
     ws, entries = two_repos["ws"], two_repos["entries"]
     run_due_projects(ws, _offline_brain())
@@ -183,8 +183,8 @@ def test_recall_of_a_project_reflection_reaches_the_source_entries_across_sessio
 
 
 def test_a_new_session_supersedes_a_project_reflection_and_the_fold_retires_it(two_repos, tmp_path):
-    from om_core.project_memory import project_fold
-    from om_core.project_reflector import run_due_projects
+    from om_core.project.memory import project_fold
+    from om_core.project.stage import run_due_projects
 
     ws = two_repos["ws"]
     run_due_projects(ws, _offline_brain())
@@ -208,8 +208,8 @@ def test_a_new_session_supersedes_a_project_reflection_and_the_fold_retires_it(t
 
 
 def test_a_fake_model_runs_the_project_stage_through_litellm_and_its_checks(two_repos):
-    from om_core.project_memory import show_project
-    from om_core.project_reflector import PROJECT_SYSTEM, run_project_stages
+    from om_core.project.memory import show_project
+    from om_core.project.stage import PROJECT_SYSTEM, run_project_stages
 
     ws, ids = two_repos["ws"], two_repos["ids"]
     good = {"content": "Pushes go to branches: the user forbids force-pushes to main", "supportingIds": [ids[A1][0], ids[A2][0]]}
@@ -233,7 +233,7 @@ def test_a_fake_model_runs_the_project_stage_through_litellm_and_its_checks(two_
 
 def test_a_model_failure_records_nothing_and_moves_no_watermark(two_repos):
     from fake_openai import http_error
-    from om_core.project_reflector import run_project_stages
+    from om_core.project.stage import run_project_stages
 
     ws = two_repos["ws"]
     with FakeOpenAI([http_error(401, "bad key")]) as server:
@@ -245,7 +245,7 @@ def test_a_model_failure_records_nothing_and_moves_no_watermark(two_repos):
 
 
 def test_a_deliberate_empty_result_waits_for_more_input(two_repos):
-    from om_core.project_reflector import run_project_stages
+    from om_core.project.stage import run_project_stages
 
     ws = two_repos["ws"]
     with FakeOpenAI([text("Nothing here outlives its session.")]) as server:
@@ -260,7 +260,7 @@ def test_a_deliberate_empty_result_waits_for_more_input(two_repos):
 
 
 def test_search_ranks_an_exact_identifier_first_with_its_memory_id_and_source(two_repos):
-    from om_core.search import search
+    from om_core.recall.search import search
 
     ws, entries, ids = two_repos["ws"], two_repos["entries"], two_repos["ids"]
     result = search(ws, "ERR_UPLOAD_4417")
@@ -287,9 +287,9 @@ def test_search_has_an_analyst_macro(two_repos):
 
 
 def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
-    from om_core import memory
-    from om_core.forget import forget
-    from om_core.search import search
+    from om_core.memory import fold as memory
+    from om_core.ledger.forget import forget
+    from om_core.recall.search import search
 
     ws, ids, entries = two_repos["ws"], two_repos["ids"], two_repos["entries"]
     forgotten = ids[A1][1]
@@ -312,7 +312,7 @@ def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
     reason = _rows(two_repos["db"], "SELECT origin, reason FROM drops")
     assert reason == [("user", "it names a customer's system")]
     # the source entries stay; recall still shows the evidence, marked forgotten
-    from om_core.recall import recall
+    from om_core.recall.evidence import recall
 
     (obs,) = [o for o in recall(ws, forgotten).observations if o.id == forgotten]
     assert obs.status == "forgotten" and obs.sources
@@ -320,10 +320,10 @@ def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
 
 
 def test_forget_honours_the_stored_compactions_and_om_export_compact(two_repos, tmp_path):
-    from om_core import memory
-    from om_core.export import export_session
-    from om_core.forget import forget
-    from om_core.ledger import FoldedDetails, store_simulated_compaction
+    from om_core.memory import fold as memory
+    from om_core.pi.export import export_session
+    from om_core.ledger.forget import forget
+    from om_core.ledger.records import FoldedDetails, store_simulated_compaction
 
     ws, ids, entries = two_repos["ws"], two_repos["ids"], two_repos["entries"]
     with ws.read() as con:
@@ -347,9 +347,9 @@ def test_forget_honours_the_stored_compactions_and_om_export_compact(two_repos, 
 
 
 def test_forget_of_a_project_reflection_retires_it_in_the_project_ledger(two_repos):
-    from om_core.forget import forget
-    from om_core.project_memory import show_project
-    from om_core.project_reflector import run_due_projects
+    from om_core.ledger.forget import forget
+    from om_core.project.memory import show_project
+    from om_core.project.stage import run_due_projects
 
     ws = two_repos["ws"]
     run_due_projects(ws, _offline_brain())
@@ -367,10 +367,10 @@ def test_forget_of_a_project_reflection_retires_it_in_the_project_ledger(two_rep
 
 
 def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_path):
-    from om_core import memory
-    from om_core.export import export_session
-    from om_core.project_memory import PROJECT_SECTION, show_project
-    from om_core.project_reflector import run_due_projects
+    from om_core.memory import fold as memory
+    from om_core.pi.export import export_session
+    from om_core.project.memory import PROJECT_SECTION, show_project
+    from om_core.project.stage import run_due_projects
 
     ws, entries = two_repos["ws"], two_repos["entries"]
     run_due_projects(ws, _offline_brain())
@@ -408,10 +408,10 @@ def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_
 
 
 def test_the_recall_tool_of_a_live_pi_resolves_a_project_reflection(two_repos):
-    from om_core.project_memory import show_project
-    from om_core.project_reflector import run_due_projects
-    from om_core.recall import recall
-    from om_core.recall_tool import tool_result
+    from om_core.project.memory import show_project
+    from om_core.project.stage import run_due_projects
+    from om_core.recall.evidence import recall
+    from om_core.recall.tool import tool_result
 
     ws, entries = two_repos["ws"], two_repos["entries"]
     run_due_projects(ws, _offline_brain())

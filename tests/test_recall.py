@@ -16,7 +16,7 @@ from builders import SessionBuilder
 from flows.cli.main import app
 from conftest import workspace
 from om_core.ingest import ingest
-from om_core.recall import recall
+from om_core.recall.evidence import recall
 
 OBS = "om.observations.recorded"
 REFL = "om.reflections.recorded"
@@ -324,7 +324,7 @@ def test_recall_keeps_secrets_out_of_the_tool_and_of_om_recall_unless_raw(tmp_pa
     import subprocess
     import sys
 
-    from om_core.live import RecallRequest, recall_live
+    from om_core.pi.live import RecallRequest, recall_live
 
     path = secret_session().write(tmp_path / "secret.jsonl")
     db = tmp_path / "om.duckdb"

@@ -20,14 +20,14 @@ from builders import SessionBuilder
 from fake_brains import _CHUNK as CHUNK, ScriptedWorkers, stage_of
 from fake_openai import FakeOpenAI, Reply, text, tool_call
 from conftest import workspace
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest import ingest
-from om_core.model import RetryPolicy
-from om_core.recall import recall
-from om_core.redact import redact, redact_messages
+from om_core.model.client import RetryPolicy
+from om_core.recall.evidence import recall
+from om_core.redaction.redact import redact
 from secret_corpus import B64, NEAR_MISSES, SECRETS, fill, rnd, score, secret_parts
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now
 from om_core.workers.stages import ModelConfig
 
@@ -108,8 +108,8 @@ def test_the_corpus_is_redacted_with_full_precision_and_recall():
 def test_the_score_falls_when_a_rule_breaks(monkeypatch):
     """The corpus test can fail: an identifier check that no longer knows UUIDs costs precision, a
     provider rule that is gone costs recall."""
-    import om_core.identifiers as identifiers
-    import om_core.redact as redact_module
+    import om_core.redaction.identifiers as identifiers
+    import om_core.redaction.redact as redact_module
 
     monkeypatch.setattr(identifiers, "_UUID", re.compile(r"(?!)"))
     broken = score()
@@ -151,18 +151,6 @@ def test_a_begin_line_alone_is_not_a_private_key():
     lines = [rnd(f"k{i}", 64, B64) for i in range(2)]
     excerpt = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(lines) + "\n[cut]"  # no END line
     assert redact(excerpt) == "[REDACTED:private-key]\n[cut]"
-
-
-def test_redact_messages_covers_text_parts_and_tool_arguments():
-    key = "sk-" + "Abc123Def456Ghi789Jkl012Mno345Pqr678Stu901Vwx"
-    messages = [{"role": "user", "content": f"key {key}"},
-                {"role": "user", "content": [{"type": "text", "text": f"again {key}"}, {"type": "image_url"}]},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"k": key})}}]}]
-    out = redact_messages(messages)
-    assert key not in json.dumps(out)
-    assert key in json.dumps(messages)  # the input is not changed in place
-    assert out[1]["content"][1] == {"type": "image_url"}
 
 
 # ------------------------------------------------------------------ end to end through the fake server
@@ -233,7 +221,7 @@ def assert_no_secret(text: str, where: str) -> None:
 def all_summaries(db_path, tmp_path) -> list[str]:
     """Every compaction summary om can produce for the session: simulated ones stored by a replay,
     `om compact` at each entry, and the visible memory's."""
-    from om_core.memory import compact, view
+    from om_core.memory.fold import compact, view
 
     summaries = []
     with dbmod.reading(db_path) as con:
@@ -379,8 +367,8 @@ def test_on_the_examples_every_redaction_is_a_secret_and_every_secret_is_redacte
     four secret-shaped partner tokens: exactly the tokens go, each wherever it occurs."""
     from pathlib import Path
 
-    from om_core.redact import secret_spans
-    from om_core.source_text import entry_text
+    from om_core.redaction.redact import secret_spans
+    from om_core.recall.source_text import entry_text
 
     redacted, occurrences = [], 0
     for path in sorted((Path(__file__).parent.parent / "examples" / "sessions").glob("*.jsonl")):

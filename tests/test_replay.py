@@ -9,14 +9,14 @@ import pytest
 
 from builders import SessionBuilder
 from conftest import workspace
-from om_core import db as dbmod
-from om_core import memory
-from om_core.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
+from om_core.store import db as dbmod
+from om_core.memory import fold as memory
+from om_core.pi.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.ingest import ingest
 from om_core.replay.branch import Event, ReplayEntry, replay_events
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain
 
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,

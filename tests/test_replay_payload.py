@@ -21,10 +21,10 @@ from flows.storage import PrefectStageResults, dump_stage_result, load_stage_res
 from om_core.ingest import ingest
 from om_core.replay.engine import commit_replay, replay_payload, replay_session
 from om_core.replay.payload import payload_workspace, read_session_payload
-from om_core.runs import mark_abandoned_runs, start_run
+from om_core.store.runs import mark_abandoned_runs, start_run
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, RunGuards, make_brain
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,
                     observerChunkMaxTokens=400, observationsPoolMaxTokens=40, observationsPoolTargetTokens=20)

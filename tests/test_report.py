@@ -14,13 +14,13 @@ import pytest
 
 from builders import SessionBuilder
 from conftest import workspace
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.errors import SessionNotFound
 from om_core.ingest import ingest
 from om_core.replay.engine import replay_session
 from om_core.report import GAP_CLASSES, build_report, fmt_cost, fmt_short, nice_max, ticks
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain
 
 WORKED = "a0000000-0000-4000-8000-00000000000a"

@@ -15,13 +15,13 @@ import pytest
 from builders import SessionBuilder
 
 from conftest import workspace
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest import ingest
-from om_core.recall import recall
+from om_core.recall.evidence import recall
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 SID = "5ea5e000-1111-4222-8333-444444444444"
 OTHER = "0be70000-5555-4666-8777-888888888888"

@@ -236,9 +236,9 @@ def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tm
 
 
 def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path, prefect_api):
-    from om_core.runs import start_run
+    from om_core.store.runs import start_run
     from om_core.settings import Settings
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
     folder = sessions(tmp_path / "sessions", count=1)
     assert om(tmp_path, "ingest", str(folder)).returncode == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builders import SessionBuilder
-from om_core.session import (
+from om_core.pi.session import (
     ParsedEntry,
     SessionHeader,
     SessionParser,
@@ -19,9 +19,9 @@ from om_core.session import (
     mint_v1_id,
     parse_lines,
 )
-from om_core.tree import build_forest
-from om_core.branch_entry import branch_entry
-from om_core.cutpoint import compaction_cut_point
+from om_core.pi.tree import build_forest
+from om_core.pi.branch_entry import branch_entry
+from om_core.pi.cutpoint import compaction_cut_point
 
 SID = "d703a1a9-1b7b-4fb1-b512-c9738b1fe617"
 HEX8 = re.compile(r"^[0-9a-f]{8}$")

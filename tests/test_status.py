@@ -1,6 +1,6 @@
 """`om status` against what the next `om run` does: a clock is due exactly when the planner replays
 the session and the replay runs its stage at the branch's last turn end; otherwise status says why,
-in words (om_core/status.py)."""
+in words (om_core/memory/status.py)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import pytest
 from builders import SessionBuilder
 from typer.testing import CliRunner
 
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest import ingest
 from om_core.replay.branch import replay_events
 from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
-from om_core.status import status
+from om_core.memory.status import status
 from om_core.workers.llm import LoopResult
 from om_core.workers.offline import OfflineBrain
 from om_core.workers.stages import compute_stage
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 SID = "5a7e0000-0000-4000-8000-000000000001"
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=100_000, keepRecentTokens=150,
@@ -165,7 +165,7 @@ def test_after_a_run_with_a_model_status_is_about_that_model_not_the_offline_bas
     the session. With no model given or configured, the status is about the model of the session's
     last replay (its rerun replays nothing), and says that a plain om run would use the offline one."""
     from flows.cli.main import app
-    from om_core.runs import finish_run, start_run
+    from om_core.store.runs import finish_run, start_run
 
     _, _, con, ws = session
     start_run(con, "run-1", "run", {"targets": ["s.jsonl"], "drain": True, "model": ModelBrain.name})

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from om_core import tokens
-from om_core.js_length import js_len
-from om_core.tokens import (
+from om_core.pi import tokens
+from om_core.pi.js_length import js_len
+from om_core.pi.tokens import (
     IMAGE_CHARS,
     TokenizerUnavailable,
     count_text_tokens,
@@ -400,7 +400,7 @@ def test_bounded_count_stays_close_to_the_exact_count():
 
 def test_normal_text_is_counted_exactly():
     prose = ("The retry policy backs off exponentially; see https://example.com/docs/retry?page=2 and "
-             "src/om_core/tokens.py:412 for details. ") * 300
+             "src/om_core/pi/tokens.py:412 for details. ") * 300
     code = "def handler(request):\n    return {'status': 200, 'body': request.json()}\n" * 200
     texts = [prose, code, "naïve café 😀 " * 500, "x\ud800y " * 10]
     assert all(tokens.bounded_pieces(t) is None for t in texts)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from om_core.tree import Forest, TreeNote, build_forest
+from om_core.pi.tree import Forest, TreeNote, build_forest
 
 
 @pytest.fixture(autouse=True)
@@ -215,9 +215,9 @@ def test_intervals_answer_every_branch_question_like_the_paths(parents):
                 min_size=0, max_size=40))
 @example([(0, 1), (1, 2), (2, 0), (3, 0), (4, 4), (5, 9)])  # a ring with two forward edges, a self-parent, an orphan
 def test_migration_004_derives_the_intervals_the_ingest_stores(pairs):
-    """Migration 004 derives entry_tree with its own frozen code (om_core.migrations); for any rows
+    """Migration 004 derives entry_tree with its own frozen code (om_core.store.migrations); for any rows
     (duplicate ids, dangling parents, cycles) it gives what the ingest stores for them today."""
-    from om_core.migrations import entry_tree_004
+    from om_core.store.migrations import entry_tree_004
 
     rows = [(f"e{i}", None if p < 0 else f"e{p}", n + 2) for n, (i, p) in enumerate(pairs)]
     t = build_forest(rows).intervals()

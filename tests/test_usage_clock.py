@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from flows.cli.main import app
 from conftest import workspace
 from om_core.ingest import ingest
-from om_core.cutpoint import usable_usage
-from om_core.memory import clocks
-from om_core.usage_clock import ContextUsage
+from om_core.pi.cutpoint import usable_usage
+from om_core.memory.fold import clocks
+from om_core.memory.usage_clock import ContextUsage
 
 
 def clock(b: Branch, t: int, watermark: int | None):

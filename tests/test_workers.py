@@ -17,18 +17,18 @@ from typer.testing import CliRunner
 from builders import SessionBuilder
 from fake_openai import FakeOpenAI, Reply, http_error, text, tool_call
 from conftest import workspace
-from om_core import db as dbmod
-from om_core.catalog import resolve_tip
+from om_core.store import db as dbmod
+from om_core.store.catalog import resolve_tip
 from flows.cli.main import app
 from om_core.ingest import ingest
-from om_core.ledger import RECORD_MODELS, append_record
-from om_core.memory import clocks, ledger_memory
-from om_core.model import RetryPolicy
-from om_core.prompts import TRUNCATION_MARKER, WORKER_SYSTEM
-from om_core.recall import recall
+from om_core.ledger.records import RECORD_MODELS, append_record
+from om_core.memory.fold import active_memory, clocks, ledger_rows
+from om_core.model.client import RetryPolicy
+from om_core.workers.prompts import TRUNCATION_MARKER, WORKER_SYSTEM
+from om_core.recall.evidence import recall
 from om_core.settings import Settings
 from om_core.workers.inputs import dropper_input, max_drops
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now
 from om_core.workers.stages import ModelConfig
 
@@ -84,7 +84,7 @@ def observer_watermark(db) -> str | None:
 
 def memory(db):
     with dbmod.reading(db) as con:
-        return ledger_memory(con, SID, resolve_tip(con, SID, None))
+        return active_memory(ledger_rows(con, SID, resolve_tip(con, SID, None)))
 
 
 def stages(db) -> list[dict]:
@@ -942,7 +942,7 @@ def test_consecutive_observer_prompts_share_their_memory_as_a_prefix(server, tmp
 
 
 def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
-    from om_core.ledger import LEDGER_KINDS
+    from om_core.ledger.records import LEDGER_KINDS
     from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES
 
     assert list(STAGES) == ["observer", "reflector", "dropper"]

@@ -11,7 +11,7 @@ from conftest import workspace
 from om_core.errors import OmError
 from om_core.ingest import ingest
 from om_core.settings import Settings
-from om_core.workspace import FileDatabase, Workspace
+from om_core.store.workspace import FileDatabase, Workspace
 
 
 def test_open_resolves_settings_only_when_used(tmp_path, monkeypatch):

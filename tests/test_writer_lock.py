@@ -18,12 +18,12 @@ import pytest
 from builders import SessionBuilder
 
 from om_core.errors import DatabaseBusy
-from om_core.writer_lock import lock_path, one_writer
+from om_core.store.writer_lock import lock_path, one_writer
 
 REPO = Path(__file__).resolve().parent.parent
 HOLD = """
 import sys, time
-from om_core.writer_lock import one_writer
+from om_core.store.writer_lock import one_writer
 with one_writer(sys.argv[1], "run", 0):
     print("held", flush=True)
     time.sleep(600)

@@ -73,7 +73,7 @@ def ingest(
 @app.command(epilog=examples('om sessions', 'om sessions --json'))
 def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions as JSON.")) -> None:
     """List ingested sessions."""
-    from om_core.catalog import sessions as list_sessions
+    from om_core.store.catalog import sessions as list_sessions
 
     rows = list_sessions(workspace())
     if as_json:
@@ -109,7 +109,7 @@ def sql(
 
     BLOBs print as hex; on a narrow terminal, wide results print one block per row.
     """
-    from om_core.catalog import run_sql
+    from om_core.store.catalog import run_sql
 
     if statement == "-":
         statement = sys.stdin.read()
@@ -145,7 +145,7 @@ def cutpoint(
     """Where Pi's own compaction would cut this branch (prepareCompaction's cut point), and the
     tokensBefore it would record. Where Pi would not compact, exits 1 with the reason (with --json:
     {"compacts": false, "reason": ...})."""
-    from om_core.catalog import PiDeclines, cut_point
+    from om_core.store.catalog import PiDeclines, cut_point
 
     ws = workspace({"keepRecentTokens": keep_recent, "cutPointRules": rules})
     ws.settings  # noqa: B018  (a bad --rules or setting is reported before the database is read)

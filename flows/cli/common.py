@@ -22,9 +22,9 @@ from rich.cells import cell_len
 from rich.table import Table
 
 from flows.cli.placeholders import Group, Typer
-from om_core.db import resolve_db_path
+from om_core.store.db import resolve_db_path
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 
 # The options several commands take, declared once.
 SessionArg = Annotated[str, typer.Argument(help="Session id, unique id prefix, or ingested file path.")]
@@ -101,7 +101,7 @@ def _print_version(on: bool) -> None:
 def warn_exposure(db: Path) -> None:
     """The lines saying what would let others read the database (a git work tree that does not ignore
     it, a file others can read), on stderr."""
-    from om_core.private_files import exposure_warnings
+    from om_core.store.private_files import exposure_warnings
 
     for line in exposure_warnings(db):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)

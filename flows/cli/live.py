@@ -17,9 +17,9 @@ from rich.markup import escape
 
 from flows.cli.common import err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
-from om_core.db import default_db_path
+from om_core.store.db import default_db_path
 from om_core.errors import DatabaseMissing
-from om_core.workspace import FileDatabase, Workspace
+from om_core.store.workspace import FileDatabase, Workspace
 
 PACKAGE = Path(__file__).resolve().parents[2] / "deployments" / "pi"
 EXTENSION = PACKAGE / "om-memory.ts"
@@ -131,7 +131,7 @@ def compact(
     """Ingest the file's new lines, then the compaction Pi's session_before_compact gets: the memory
     folded at Pi's cut point (what `om compact FILE --first-kept F --leaf LEAF` gives on that file), or
     why there is none (then Pi's own summarizer runs)."""
-    from om_core.live import CompactRequest, compact_live
+    from om_core.pi.live import CompactRequest, compact_live
 
     answer = compact_live(_live_workspace(wait, session_file), CompactRequest(
         session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before,
@@ -154,7 +154,7 @@ def recall(
 ) -> None:
     """Ingest the file's new lines, then the result of the `recall` tool (the TypeScript extension's
     shape): the exact evidence behind the id on that branch."""
-    from om_core.live import RecallRequest, recall_live
+    from om_core.pi.live import RecallRequest, recall_live
 
     result = recall_live(_live_workspace(wait, session_file), RecallRequest(session_file=str(session_file), leaf=leaf,
                                                               id=memory_id))

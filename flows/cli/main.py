@@ -19,7 +19,7 @@ from flows.cli.common import app, err, warn_if_created
 from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads inside its command
 from flows.cli.live import live_app  # what a live Pi's extension asks; no litellm, no Prefect
 from om_core.errors import OmError
-from om_core.private_files import use_private_umask
+from om_core.store.private_files import use_private_umask
 
 app.add_typer(eval_app, name="eval")
 app.add_typer(live_app, name="live")
@@ -27,7 +27,7 @@ app.add_typer(live_app, name="live")
 
 def main() -> None:
     """Console entry point: one error handler for every command. Everything om creates from here on is
-    this user's only (0600 files, 0700 folders: om_core.private_files)."""
+    this user's only (0600 files, 0700 folders: om_core.store.private_files)."""
     use_private_umask()
     try:
         code = _run()

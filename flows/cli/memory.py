@@ -24,7 +24,7 @@ def view(
 ) -> None:
     """Show visible memory (the latest om.folded compaction the session file holds: what the agent saw),
     full memory (--full), or the replayed view of simulated compactions (--replayed)."""
-    from om_core.memory import view as memory_view
+    from om_core.memory.fold import view as memory_view
 
     result = memory_view(workspace(), session, leaf, full, replayed)
     if as_json:
@@ -77,10 +77,10 @@ def compact(
     Without --first-kept, F is Pi's own cut point (as `om cutpoint` shows), and the command says so.
     F may be one of om's records (an entry of the exported file Pi can keep first).
     """
-    from om_core.catalog import cut_point
-    from om_core.cutpoint import DEFAULT_RULES
-    from om_core.gaps import gap_safe_at
-    from om_core.memory import compact as run_compact
+    from om_core.store.catalog import cut_point
+    from om_core.pi.cutpoint import DEFAULT_RULES
+    from om_core.memory.gaps import gap_safe_at
+    from om_core.memory.fold import compact as run_compact
 
     ws = workspace()
     settings = ws.settings
@@ -129,8 +129,8 @@ def recall(
 ) -> None:
     """The exact evidence behind a memory id: records, status, and the original source messages, with
     their secrets redacted (as the recall tool gives them to a model) unless --raw."""
-    from om_core.recall import recall as run_recall
-    from om_core.recall import redacted
+    from om_core.recall.evidence import recall as run_recall
+    from om_core.recall.evidence import redacted
 
     if leaf is not None and session is None:
         raise InvalidArgument("--leaf needs --session")
@@ -246,7 +246,7 @@ def status(
     branch's last turn end. Where a clock passed its threshold and its stage would still not run, the
     reason is given in words (nothing new since the last replay, backed off after an empty result, this
     input already answered)."""
-    from om_core.status import status as branch_status
+    from om_core.memory.status import status as branch_status
 
     s = branch_status(workspace(), session, leaf, model)
     if as_json:

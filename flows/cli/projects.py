@@ -34,11 +34,11 @@ def project(
     folder to a project id of your choice. om run and om serve run the project stage when a project's
     sessions recorded projectReflectAfterTokens of reflections and critical observations since it last
     read them."""
-    from om_core.project_memory import show_project
+    from om_core.project.memory import show_project
 
     ws = workspace()
     if list_all:
-        from om_core.projects import list_projects
+        from om_core.project.repository import list_projects
 
         with ws.read() as con:
             projects = list_projects(con)
@@ -75,8 +75,8 @@ def project(
 
 def _reflect(ws, path: str | None, model: str | None, api_base: str | None, as_json: bool) -> None:  # noqa: ANN001
     from flows.cli.common import model_config
-    from om_core.project_reflector import run_project_stages
-    from om_core.projects import resolve_project
+    from om_core.project.stage import run_project_stages
+    from om_core.project.repository import resolve_project
     from om_core.workers.stages import make_brain
 
     config = model_config(ws.settings, model, api_base, as_json)
@@ -115,8 +115,8 @@ def search(
     with the observations citing it. An exact identifier (ERR_CONN_4417, src/upload.py:42, v1.2.3) is a
     term of its own, so the texts holding it rank above those that only share its words. Forgotten ids
     (om forget) are left out."""
-    from om_core.search import search as run_search
-    from om_core.search import snippet
+    from om_core.recall.search import search as run_search
+    from om_core.recall.search import snippet
 
     if project is not None and session is not None:
         raise InvalidArgument("choose one of --project and --session")
@@ -155,7 +155,7 @@ def forget(
     it, a retirement record. From then on the id is in no fold, projection, compaction (om view, om
     compact, om export --compact, the live compaction), worker input, project memory or search hit;
     the source entries stay, and om recall still shows the evidence, marked forgotten."""
-    from om_core.forget import forget as run_forget
+    from om_core.ledger.forget import forget as run_forget
 
     ws = workspace()
     with ws.one_writer("forget"):

@@ -35,7 +35,7 @@ def gaps(
                        reaching past F was left out (--gap-safe moves F back)
       observer_lag     messages lie between C and F; no record reaches that far
       native_fallback  memory rendered nothing: Pi's own summarizer would run"""
-    from om_core.gaps import gaps as run_gaps
+    from om_core.memory.gaps import gaps as run_gaps
 
     report = run_gaps(workspace(), sessions or None, gap_safe)
     if as_json:
@@ -62,7 +62,7 @@ def export(
 ) -> None:
     """Write a new Pi session file holding this project's ledger records as the extension's custom
     entries, so Pi with the extension continues with this memory."""
-    from om_core.export import export_session
+    from om_core.pi.export import export_session
 
     report = export_session(workspace(), session, out_file, overwrite=force, compact=compact)
     if as_json:

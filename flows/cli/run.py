@@ -23,7 +23,7 @@ from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.limits import run_guards
 from flows.preflight import check_cluster_run, check_credential
 from flows.runner import prepare_environment, run_pipeline
-from om_core.db import new_run_id
+from om_core.store.db import new_run_id
 from om_core.errors import InvalidArgument
 
 
@@ -134,7 +134,7 @@ def _cost_estimate(ws, targets, config, max_cost, as_json: bool):
         if max_cost is not None:
             raise InvalidArgument("--max-cost needs a model (the offline baseline costs nothing)")
         return None
-    from om_core.cost import estimate_for_targets  # for speed, see above
+    from om_core.model.cost import estimate_for_targets  # for speed, see above
 
     estimate, backlog = estimate_for_targets(ws, targets, config.model)
     if estimate.usd is None:  # a model litellm has no price for: no estimate to print
@@ -183,7 +183,7 @@ def _clock(seconds: float) -> str:
 def board_name(row: dict) -> str:
     """A session on the board: its short id (8 characters, what a SESSION argument takes), then its file
     name without what repeats the id (Pi names a file ``<time>_<session id>.jsonl``)."""
-    from om_core.session import file_label
+    from om_core.pi.session import file_label
 
     sid = row["session_id"]
     return f"{sid[:8]} {file_label(row.get('file') or '', sid)}".rstrip()

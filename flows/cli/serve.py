@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from deployments import resolved_inputs, serve_locally
+from flows.deployments import resolved_inputs, serve_locally
 from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, print_json, print_rows, state, \
     warn_exposure, workspace
 from flows.interrupt import serve_until_signal
@@ -103,7 +103,7 @@ def _mark_interrupted(ws, pids: list[int], signum: int) -> list[str]:
     not left ``running``."""
     import signal
 
-    from om_core.runs import mark_interrupted_runs
+    from om_core.store.runs import mark_interrupted_runs
 
     if ws.path is None or not ws.path.exists():
         return []

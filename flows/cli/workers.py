@@ -109,7 +109,7 @@ def logs(
 ) -> None:
     """The model calls, newest first: time, session, stage, model, status, tokens (input, output,
     cached), cost and latency. Request and response texts are kept unless storePrompts is off."""
-    from om_core.logs import model_call_log
+    from om_core.model.logs import model_call_log
 
     calls = model_call_log(workspace(), session=session, stage=stage, limit=limit, full=full)
     if as_json:

@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from om_core import eval_prompts as P
-from om_core.catalog import branch_for_cut_point, resolve_tip
+from om_core.eval import prompts as P
+from om_core.store.catalog import branch_for_cut_point, resolve_tip
 from om_core.replay.compaction import simulate_compaction
-from om_core.cutpoint import NothingToCompact, compaction_cut_point
-from om_core.db import named_row, named_rows
+from om_core.pi.cutpoint import NothingToCompact, compaction_cut_point
+from om_core.store.db import named_row, named_rows
 from om_core.errors import OmError
 from om_core.eval.data import Instance
 from om_core.eval.haystack import Haystack, HistoryTurn
 from om_core.replay.branch import BranchReport
 from om_core.settings import Settings
-from om_core.tokens import count_text_tokens
+from om_core.pi.tokens import count_text_tokens
 
 CONDITIONS = ("om", "oracle", "native", "full")
 MESSAGE_OVERHEAD_TOKENS = 4  # role and separators of one chat message, roughly

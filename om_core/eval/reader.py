@@ -13,13 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from om_core import db as dbmod
-from om_core import eval_prompts as P
+from om_core.store import db as dbmod
+from om_core.eval import prompts as P
 from om_core.eval.conditions import ReaderContext, serialize
 from om_core.eval.data import Instance
 from om_core.eval.haystack import HistoryTurn
-from om_core.model import CallRecord, ChatModel, parse_arguments, tool_schema
-from om_core.recall import recall_in_session, redacted
+from om_core.model.client import CallRecord, ChatModel, parse_arguments, tool_schema
+from om_core.recall.evidence import recall_in_session, redacted
 
 RECALL_TEXT_MAX_CHARS = 12_000
 READER_MAX_TURNS = 8  # recall calls before the reader must answer

@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from om_core.db import rows_as_dicts
+from om_core.store.db import rows_as_dicts
 from om_core.eval.data import QUESTION_TYPES, Instance
 from om_core.eval.haystack import session_id_for
 from om_core.eval.results import ConditionFiles
-from om_core.sqlfiles import query
+from om_core.store.sqlfiles import query
 
 JUDGE_LABEL = "approximate: the built-in judge (our own prompt), not the official LongMemEval evaluator"
 _WORKER_STAGES = {"observer", "reflector", "dropper"}

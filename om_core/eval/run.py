@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from om_core import db as dbmod
-from om_core.catalog import resolve_tip
-from om_core.circuit import CircuitBreaker
+from om_core.store import db as dbmod
+from om_core.store.catalog import resolve_tip
+from om_core.model.circuit import CircuitBreaker
 from om_core.errors import InvalidArgument, OmError
 from om_core.eval import reader as R
 from om_core.eval.conditions import (
@@ -39,9 +39,9 @@ from om_core.eval.data import QUESTION_TYPES, Dataset, Instance, load_dataset, r
 from om_core.eval.haystack import Haystack, build_haystack, evidence_turns
 from om_core.eval.report import build_report, write_report
 from om_core.eval.results import ConditionFiles
-from om_core.model import LiteLLMModel, ModelError, RetryPolicy
+from om_core.model.client import LiteLLMModel, ModelError, RetryPolicy
 from om_core.settings import Settings
-from om_core.workspace import Workspace
+from om_core.store.workspace import Workspace
 from om_core.replay.engine import replay_session
 from om_core.workers.stages import ModelConfig, RunGuards, compute_stage, make_brain
 
@@ -116,7 +116,7 @@ def reader_window(options: EvalOptions) -> tuple[int, str]:
     """The reader's context window: --reader-window, else litellm's model card, else 128k (said so)."""
     if options.reader_window:
         return options.reader_window, "given"
-    from om_core.model import _import_litellm
+    from om_core.model.client import _import_litellm
 
     litellm = _import_litellm()
     try:
@@ -297,7 +297,7 @@ class _Run:
         o = self.o
         o.validate()
         self._preflight()
-        from om_core.model import _import_litellm
+        from om_core.model.client import _import_litellm
 
         _import_litellm()  # seconds, once: not charged to the first questions' wall time
         wall = time.monotonic()

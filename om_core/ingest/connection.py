@@ -8,8 +8,8 @@ import time
 
 import duckdb
 
-from om_core import db as dbmod
-from om_core.sqlfiles import query
+from om_core.store import db as dbmod
+from om_core.store.sqlfiles import query
 
 # DuckDB's memory limit on connections the ingest opens itself (DuckDB's default is 80% of RAM and
 # its cache grows towards it). Raised for a file with very long lines: a row must fit with room.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import duckdb
 
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest import plan as planning
 from om_core.ingest.files import session_file_row
 from om_core.ingest.plan import Plan, state_to_json
@@ -24,10 +24,10 @@ from om_core.ingest.migration import NotFollowed, follow_fork, follow_migration,
 from om_core.ingest.reports import FileReport, FollowedRewrite, no_header_error
 from om_core.ingest.rewrites import Before, before_replacing, what_was_lost
 from om_core.ingest.writer import BatchWriter, store_tree
-from om_core.ledger import ImportCounts, forget_imported, import_entries, ledger_candidates
-from om_core.session import ParserState, RejectedLine
-from om_core.sqlfiles import query
-from om_core.tree import build_forest
+from om_core.ledger.records import ImportCounts, forget_imported, import_entries, ledger_candidates
+from om_core.pi.session import ParserState, RejectedLine
+from om_core.store.sqlfiles import query
+from om_core.pi.tree import build_forest
 
 
 class FileIngest:

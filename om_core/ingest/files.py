@@ -13,8 +13,8 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from om_core import db as dbmod
-from om_core.sqlfiles import query
+from om_core.store import db as dbmod
+from om_core.store.sqlfiles import query
 
 HASH_CHUNK = 1 << 20
 

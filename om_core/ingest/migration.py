@@ -27,10 +27,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from om_core import db as dbmod
-from om_core.db import named_row
-from om_core.session import loads_line
-from om_core.sqlfiles import query
+from om_core.store import db as dbmod
+from om_core.store.db import named_row
+from om_core.pi.session import loads_line
+from om_core.store.sqlfiles import query
 
 # What Pi's migration adds or changes on an entry, set aside when comparing contents: ids and parent ids
 # (v1 → v2), a compaction's firstKeptEntryIndex turned into firstKeptEntryId (compared through the map).

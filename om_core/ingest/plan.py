@@ -18,10 +18,10 @@ from typing import Any
 
 import duckdb
 
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest.files import SessionFileRow, hash_prefix, session_file_row
-from om_core.session import ParserState, SessionHeader
-from om_core.sqlfiles import query
+from om_core.pi.session import ParserState, SessionHeader
+from om_core.store.sqlfiles import query
 
 
 @dataclass(slots=True)

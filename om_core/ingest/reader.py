@@ -1,4 +1,4 @@
-"""Reading one session file: lines through Pi's parser (``om_core.session``: version migration,
+"""Reading one session file: lines through Pi's parser (``om_core.pi.session``: version migration,
 source entries, bad lines set aside) into batches of entries and quarantined lines.
 
 Lines stream through in batches of about 1 MB, so memory does not grow with file size; each
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from om_core.ingest.plan import Plan
-from om_core.session import ParsedEntry, ParserState, RejectedLine, SessionHeader, SessionParser
-from om_core.tokens import TokenCounts, count_tokens
+from om_core.pi.session import ParsedEntry, ParserState, RejectedLine, SessionHeader, SessionParser
+from om_core.pi.tokens import TokenCounts, count_tokens
 
 BATCH_ENTRIES = 2000
 BATCH_BYTES = 1 << 20  # small batches: parsing and tokenizing overlap even in small files

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from om_core.db import named_column, named_rows
+from om_core.store.db import named_column, named_rows
 from om_core.ingest.reports import ReplacedSession
 
 

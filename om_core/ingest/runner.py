@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.errors import OmError, StorageError, storage_error
 from om_core.ingest.connection import WriteConnection
 from om_core.ingest.file_ingest import FileIngest
@@ -25,13 +25,13 @@ from om_core.ingest.files import discover
 from om_core.ingest.read_ahead import ReadAhead
 from om_core.ingest.reader import ProgressFn
 from om_core.ingest.reports import FileReport, IngestReport
-from om_core.projects import record_session_projects
-from om_core.runs import finish_run, start_run
-from om_core.search import refresh_search_index
-from om_core.tokens import DEFAULT_ENCODING
+from om_core.project.repository import record_session_projects
+from om_core.store.runs import finish_run, start_run
+from om_core.recall.search import refresh_search_index
+from om_core.pi.tokens import DEFAULT_ENCODING
 
 if TYPE_CHECKING:
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
 
 def ingest(

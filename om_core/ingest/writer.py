@@ -9,11 +9,11 @@ from collections.abc import Callable
 import duckdb
 import pyarrow as pa
 
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.ingest.reader import Batch
-from om_core.session import ParsedEntry, RejectedLine
-from om_core.tokens import TokenCounts
-from om_core.tree import Forest, TreeIntervals
+from om_core.pi.session import ParsedEntry, RejectedLine
+from om_core.pi.tokens import TokenCounts
+from om_core.pi.tree import Forest, TreeIntervals
 
 INSERT_BYTES = 4 << 20  # consecutive batches go into one INSERT
 COMMIT_BYTES = 16 << 20  # commit a long file in chunks: DuckDB keeps uncommitted rows in memory

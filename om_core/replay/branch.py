@@ -23,13 +23,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from om_core.replay.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
-from om_core.catalog import branch_for_cut_point
-from om_core.db import rows_as_dicts
-from om_core.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
-from om_core.memory import USAGE_CLOCKS, clocks as sql_clocks
-from om_core.usage_clock import ContextUsage
+from om_core.store.catalog import branch_for_cut_point
+from om_core.store.db import rows_as_dicts
+from om_core.pi.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
+from om_core.memory.fold import USAGE_CLOCKS, clocks as sql_clocks
+from om_core.memory.usage_clock import ContextUsage
 from om_core.settings import Settings
-from om_core.sqlfiles import query
+from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
 from om_core.replay.stage_runner import StageRunner
 from om_core.workers.stages import prepare_stage

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from om_core import db as dbmod
-from om_core.gaps import GapSafeBoundary, gap_safe_boundary
-from om_core.ledger import parse_folded, store_simulated_compaction
-from om_core.memory import compaction_projection
+from om_core.store import db as dbmod
+from om_core.memory.gaps import GapSafeBoundary, gap_safe_boundary
+from om_core.ledger.records import parse_folded, store_simulated_compaction
+from om_core.memory.fold import compaction_projection
 from om_core.settings import Settings
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
-from om_core import db as dbmod
+from om_core.store import db as dbmod
 from om_core.settings import Settings
-from om_core.sqlfiles import query
-from om_core.workspace import Workspace
+from om_core.store.sqlfiles import query
+from om_core.store.workspace import Workspace
 
 # The tables a replay reads, in load order; each has its payload_/load_ queries in replay_payload.sql.
 PAYLOAD_TABLES = (

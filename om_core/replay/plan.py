@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
-from om_core.db import named_column, named_row, named_rows
+from om_core.store.db import named_column, named_row, named_rows
 from om_core.errors import InvalidArgument, OmError
 from om_core.settings import Settings
-from om_core.sqlfiles import query
+from om_core.store.sqlfiles import query
 
 
 class TargetsMissing(InvalidArgument):
@@ -137,7 +137,7 @@ def check_targets(ws: Any, targets: list[str], *, strict: bool = True) -> Target
     """The run's targets, checked offline (it reads only). ``strict`` (a command): a missing path or unknown
     session id stops everything, in one line, before anything is done (``TargetsMissing``); otherwise (a
     scheduled flow) it is one of the plan's errors."""
-    from om_core.catalog import resolve_session
+    from om_core.store.catalog import resolve_session
 
     paths, refs, missing = split_targets(targets)
     problems = [f"{p}: no such file or directory" for p in missing]

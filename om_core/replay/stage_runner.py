@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from om_core.catalog import resolve_session, resolve_tip
-from om_core.db import scalar
+from om_core.store.catalog import resolve_session, resolve_tip
+from om_core.store.db import scalar
 from om_core.errors import storage_error
-from om_core.sqlfiles import query
+from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
 from om_core.workers.stages import BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards, \
     RunStopped, compute_stage, make_brain, prepare_stage, record_stage

@@ -2,7 +2,7 @@
 ``sql/queries/report.sql`` into plain typed rows: sessions from the catalog, each session's current
 branch (``branch_detail``), the memory at each position where a ledger record is anchored
 (``ledger_at``), the visible and replayed memory at the tip, compactions with their gap class
-(``om_core.gaps``) and model calls (the ``llm_calls`` view). Counts are those of the current branch
+(``om_core.memory.gaps``) and model calls (the ``llm_calls`` view). Counts are those of the current branch
 of each session. No markup here: ``page`` draws what this module reads.
 """
 
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import duckdb
 from pydantic import BaseModel
 
-from om_core.catalog import SessionInfo, list_sessions, resolve_session
-from om_core.db import named_row, named_rows
-from om_core.gaps import CompactionGap, compaction_gaps
+from om_core.store.catalog import SessionInfo, list_sessions, resolve_session
+from om_core.store.db import named_row, named_rows
+from om_core.memory.gaps import CompactionGap, compaction_gaps
 
 if TYPE_CHECKING:
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
 GAP_CLASSES = ("cross_boundary", "observer_lag", "no_gap", "native_fallback")
 

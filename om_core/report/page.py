@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from om_core.errors import InvalidArgument
-from om_core.gaps import CompactionGap
+from om_core.memory.gaps import CompactionGap
 from om_core.report.data import GAP_CLASSES, CallStats, MemoryPoint, SessionReport, collect
 from om_core.report.svg import HLine, Marker, Series, bar_chart, esc, fmt_int, line_chart
-from om_core.session import file_label
+from om_core.pi.session import file_label
 from om_core.settings import Settings
 
 if TYPE_CHECKING:
-    from om_core.workspace import Workspace
+    from om_core.store.workspace import Workspace
 
 CLASS_COLORS = {"cross_boundary": "#d62728", "observer_lag": "#ff7f0e", "no_gap": "#2ca02c",
                 "native_fallback": "#9467bd"}

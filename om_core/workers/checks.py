@@ -15,11 +15,11 @@ from datetime import datetime, timedelta, timezone
 from difflib import SequenceMatcher
 from typing import Any, ClassVar
 
-from om_core.ledger import (DROP_REASON, RELEVANCE_ORDER, TS_REPAIRED_FROM, Observation, Reflection, memory_id,
+from om_core.ledger.records import (DROP_REASON, RELEVANCE_ORDER, TS_REPAIRED_FROM, Observation, Reflection, memory_id,
                             memory_references)
-from om_core.prompts import TRUNCATION_MARKER
-from om_core.render import observation_line
-from om_core.js_length import js_len
+from om_core.workers.prompts import TRUNCATION_MARKER
+from om_core.memory.render import observation_line
+from om_core.pi.js_length import js_len
 
 MAX_CONTENT_CHARS = 10_000
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}$")

@@ -15,15 +15,16 @@ from typing import Any
 
 import duckdb
 
-from om_core.ledger import Observation, Reflection
-from om_core import db as dbmod
-from om_core.memory import CoveredObservation, ledger_rows, observation_from_row, reflection_from_row, split_rows
-from om_core.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, age, reflection_memory_line
-from om_core.render import observation_line
-from om_core.session import loads_line
+from om_core.ledger.records import Observation, Reflection
+from om_core.store import db as dbmod
+from om_core.memory.fold import (CoveredObservation, active_memory, ledger_rows, observation_from_row,
+                                 reflection_from_row, split_rows)
+from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, age, reflection_memory_line
+from om_core.memory.render import observation_line
+from om_core.pi.session import loads_line
 from om_core.settings import Settings
-from om_core.source_text import entry_text, minute, role_label
-from om_core.sqlfiles import query
+from om_core.recall.source_text import entry_text, minute, role_label
+from om_core.store.sqlfiles import query
 
 
 @dataclass
@@ -283,7 +284,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     if not chunk:
         return None
     state = ledger_rows(con, session_id, tip)
-    memory = split_rows(r for r in state if not r["dropped"])
+    memory = active_memory(state)
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
     layout = laid_out_memory(state, settings.observationsPoolMaxTokens)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from om_core import prompts
-from om_core.model import CACHE_BREAKPOINT, ChatModel, parse_arguments, tool_schema
-from om_core.redact import redact
+from om_core.workers import prompts
+from om_core.model.client import CACHE_BREAKPOINT, ChatModel, parse_arguments, tool_schema
+from om_core.redaction.redact import redact
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput
 
@@ -99,7 +99,7 @@ class ModelBrain:
         return redact(text) if self.redact_secrets else text
 
     # Every worker's request: the shared system prompt and all three tools, the memory (a cache
-    # breakpoint after it), then the stage's task with what is new (om_core.prompts).
+    # breakpoint after it), then the stage's task with what is new (om_core.workers.prompts).
 
     def _memory(self, lines: list[str], dropped: list[str]) -> str:
         return self._clean(prompts.memory_block(lines, dropped))

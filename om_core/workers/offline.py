@@ -18,7 +18,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from om_core.redact import redact, redact_line
+from om_core.redaction.redact import redact, redact_line
 
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput, SourceEntry

@@ -18,8 +18,8 @@ from typing import Any, Literal, Protocol
 import duckdb
 from pydantic import BaseModel
 
-from om_core.cost import BudgetExceeded
-from om_core.ledger import (
+from om_core.model.cost import BudgetExceeded
+from om_core.ledger.records import (
     OBSERVATIONS_DROPPED,
     OBSERVATIONS_RECORDED,
     REFLECTIONS_RECORDED,
@@ -27,9 +27,9 @@ from om_core.ledger import (
     ObservationsRecorded,
     ReflectionsRecorded,
 )
-from om_core.model import CallRecord, ModelError
+from om_core.model.client import CallRecord, ModelError
 from om_core.settings import Settings
-from om_core.tokens import count_text_tokens
+from om_core.pi.tokens import count_text_tokens
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck, pi_token_counter
 from om_core.workers.inputs import dropper_input, observer_input, reflector_input
 from om_core.workers.llm import LoopResult
@@ -102,7 +102,7 @@ class Stage:
     first; ``backs_off``: whether after a deliberate empty result it waits for another threshold of source."""
 
     kind: StageKind
-    record_kind: str  # the ledger record it appends (om_core.ledger)
+    record_kind: str  # the ledger record it appends (om_core.ledger.records)
     payload: type[BaseModel]  # that record's payload: the accepted items and the watermark
     items_field: str  # the payload's list of items
     read_input: Callable[[duckdb.DuckDBPyConnection, StageRequest, Settings], Any]
@@ -138,7 +138,7 @@ class Stage:
             outcome.outcome = "empty"
             return outcome, None
         outcome.outcome = "recorded"
-        notes = getattr(check, "notes", {})  # om's notes on the record (om_core.ledger.om_note)
+        notes = getattr(check, "notes", {})  # om's notes on the record (om_core.ledger.records.om_note)
         return outcome, self.payload(**{self.items_field: accepted, "coversUpToId": self.watermark(inp)}, **notes)
 
     def items(self, payload: BaseModel) -> int:

@@ -22,13 +22,13 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
 
-from om_core import db as dbmod
-from om_core.circuit import CircuitBreaker, preflight_model
-from om_core.ledger import append_record
-from om_core.cost import CostBudget
-from om_core.model import OFFLINE, CallRecord, LiteLLMModel, RetryPolicy
+from om_core.store import db as dbmod
+from om_core.model.circuit import CircuitBreaker, preflight_model
+from om_core.ledger.records import append_record
+from om_core.model.cost import CostBudget
+from om_core.model.client import OFFLINE, CallRecord, LiteLLMModel, RetryPolicy
 from om_core.settings import Settings
-from om_core.sqlfiles import query
+from om_core.store.sqlfiles import query
 from om_core.workers.llm import ModelBrain
 from om_core.workers.offline import OfflineBrain
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest
@@ -51,7 +51,7 @@ class ModelConfig(BaseModel):
     # a stage that succeeds after retries is one recorded stage
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     limit: Literal["process", "prefect"] = "process"  # the model-call limit: this process's, or Prefect's global one
-    max_cost: float | None = None  # the run's --max-cost (om_core.cost)
+    max_cost: float | None = None  # the run's --max-cost (om_core.model.cost)
 
     @classmethod
     def from_settings(cls, settings: Settings, model: str | None = None, api_base: str | None = None,
@@ -83,23 +83,23 @@ class ModelConfig(BaseModel):
         return self.api_key.get_secret_value() if self.api_key is not None else None
 
     def preflight(self) -> None:
-        """Fail before anything starts on what can be checked offline (om_core.circuit)."""
+        """Fail before anything starts on what can be checked offline (om_core.model.circuit)."""
         if not self.offline:
             preflight_model(self.model, self.api_base, self.key)
 
 
 class RunStopped(Exception):
-    """A session's replay ends here: the run's circuit breaker tripped (om_core.circuit)."""
+    """A session's replay ends here: the run's circuit breaker tripped (om_core.model.circuit)."""
 
 
 class BudgetReached(Exception):
     """The run's --max-cost stopped a stage before its model call: the replay ends there, cleanly
-    (nothing half-done is recorded), and a rerun resumes it (om_core.cost)."""
+    (nothing half-done is recorded), and a rerun resumes it (om_core.model.cost)."""
 
 
 class RunGuards:
-    """What stops or paces a run's model calls, as one value: the run's circuit breaker (om_core.circuit),
-    its --max-cost budget (om_core.cost, None without a limit) and the gate each call holds a slot of
+    """What stops or paces a run's model calls, as one value: the run's circuit breaker (om_core.model.circuit),
+    its --max-cost budget (om_core.model.cost, None without a limit) and the gate each call holds a slot of
     (None: no limit). Built once per run and handed to the stage runner (which refuses a stage once the
     breaker tripped or the budget is spent) and to the brain's model (which consults them before each
     call). Every replay of the run in this process shares the one value; a replay on another process
@@ -118,7 +118,7 @@ class RunGuards:
         model's price (``ValueError`` when litellm has none: a limit could not be kept)."""
         budget = None
         if config.max_cost is not None and not config.offline:
-            from om_core.cost import price_of  # litellm's price list: only when there is a limit
+            from om_core.model.cost import price_of  # litellm's price list: only when there is a limit
 
             price = price_of(config.model)
             if price is None:

@@ -1,5 +1,5 @@
 -- Pi 1.6 counts images in user messages (4800 chars, 1200 tokens each; pi-sessions.md §7.2), so
 -- entries.tokens_pi of a stored user message with images grows by 1200 per image, and its session's
--- total with it. The schema does not change: om_core.migrations recomputes those rows from their raw lines
+-- total with it. The schema does not change: om_core.store.migrations recomputes those rows from their raw lines
 -- in this migration's transaction (queries user_messages_with_images, set_entry_tokens_pi and
 -- resum_session_tokens_pi).

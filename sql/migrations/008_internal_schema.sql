@@ -23,10 +23,10 @@
 -- created anew with its columns, constraints and defaults as migrations 001-007 left them, its rows
 -- copied by name, and the old table dropped. The record-order sequence moves too and continues
 -- after every position already taken. The views and macros in main are re-created over the new
--- tables right after the migrations (om_core.db.ensure_views). A new database does not run this
+-- tables right after the migrations (om_core.store.db.ensure_views). A new database does not run this
 -- file: it is built from sql/schema/current.sql, the schema as it stands.
 
-CREATE SCHEMA IF NOT EXISTS om_internal;  -- the bookkeeping may have created it (om_core.db)
+CREATE SCHEMA IF NOT EXISTS om_internal;  -- the bookkeeping may have created it (om_core.store.db)
 
 CREATE SEQUENCE om_internal.ledger_append_seq START 1;
 SELECT count(nextval('om_internal.ledger_append_seq'))

@@ -1,7 +1,7 @@
 -- Project memory, search and forget (issue 35).
 --
 -- project_sessions: the repository each session worked in, resolved once from its header's cwd
--- when the session is first ingested (om_core.projects): the git work tree holding that folder and
+-- when the session is first ingested (om_core.project.repository): the git work tree holding that folder and
 -- its remote, when the folder existed then, else the path. The facts are kept as found; the project
 -- a session belongs to follows from them and from the `projects` setting, and is assigned again by
 -- every ingest (no filesystem is read for that).
@@ -73,7 +73,7 @@ CREATE TABLE om_internal.project_stages (
 );
 
 -- Search: each searchable text (an observation, a reflection, a source entry, a project reflection)
--- as its terms, kept up to date by every writer (om_core.search), so a search reads only these.
+-- as its terms, kept up to date by every writer (om_core.recall.search), so a search reads only these.
 CREATE TABLE om_internal.search_documents (
     doc_kind  VARCHAR NOT NULL,   -- observation | reflection | entry | project_reflection
     scope_id  VARCHAR NOT NULL,   -- the session (observation, reflection, entry) or project

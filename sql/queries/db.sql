@@ -29,7 +29,7 @@ DROP TABLE main.schema_migrations;
 DROP TABLE main.om_meta;
 
 -- A new database is a copy of a template built once per process from the schema snapshot
--- (om_core.db): an in-memory one copies it with COPY FROM DATABASE, which copies catalog entries as
+-- (om_core.store.db): an in-memory one copies it with COPY FROM DATABASE, which copies catalog entries as
 -- they are instead of parsing and binding the snapshot, views and macros again.
 
 -- name: attach_template
@@ -89,7 +89,7 @@ UPDATE om_internal.runs SET finished_at = current_timestamp, status = $status,
        detail = json_merge_patch(coalesce(detail, '{}'::JSON), $detail::JSON)
 WHERE run_id = $run_id;
 
--- Migration 004's data step (om_core/migrations.py), frozen: the schema as it was at 004 (before
+-- Migration 004's data step (om_core/store/migrations.py), frozen: the schema as it was at 004 (before
 -- migration 008 om's tables are in main, so these name them unqualified).
 
 -- name: m004_sessions_without_tree

@@ -1,4 +1,4 @@
--- om forget (om_core.forget).
+-- om forget (om_core.ledger.forget).
 
 -- name: any_memory_ids_by_prefix
 -- The session memory ids (one session's, or all) and project reflection ids that start with it.

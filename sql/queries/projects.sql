@@ -1,4 +1,4 @@
--- Projects (om_core.projects) and the project ledger (om_core.project_memory).
+-- Projects (om_core.project.repository) and the project ledger (om_core.project.memory).
 
 -- name: sessions_without_project
 SELECT s.session_id, s.cwd FROM om_internal.sessions s

@@ -1,4 +1,4 @@
--- The search index (om_core.search): what every writer keeps up to date, and the search itself.
+-- The search index (om_core.recall.search): what every writer keeps up to date, and the search itself.
 
 -- name: search_drop_gone_scopes
 -- Documents of sessions no file holds any more, and of projects no session belongs to.
@@ -34,7 +34,7 @@ WHERE ((d.doc_kind <> 'project_reflection' AND list_contains($sessions, d.scope_
 
 -- name: search_new_texts
 -- The terms of the documents not indexed yet (an entry's text as om recall renders it, from
--- search_entry_batch: om_core.search renders it in Python, which reads every line the ingest kept; one
+-- search_entry_batch: om_core.recall.search renders it in Python, which reads every line the ingest kept; one
 -- with no text is indexed with no terms, so it is not looked at again).
 CREATE OR REPLACE TEMP TABLE search_new AS
 WITH missing AS (

@@ -3,9 +3,9 @@
 --
 -- Every new database (the user's new file, each replay's in-memory database, every test's) is built
 -- from this file and recorded as being at the latest migration, with every migration listed as
--- applied (om_core.db.build_schema). The numbered migrations in sql/migrations/ only upgrade a file
+-- applied (om_core.store.db.build_schema). The numbered migrations in sql/migrations/ only upgrade a file
 -- that already exists: a file at version N runs N+1 up to the latest. Both kinds of database then
--- get the views and macros of sql/views/ (om_core.db.ensure_views); the bookkeeping tables
+-- get the views and macros of sql/views/ (om_core.store.db.ensure_views); the bookkeeping tables
 -- (om_internal.schema_migrations, om_internal.om_meta) come from sql/queries/db.sql in both.
 --
 -- The rule: a schema change is a new numbered migration AND the same change made here. The test
@@ -17,7 +17,7 @@
 -- Big tables have no primary keys: uniqueness is kept by the ingest code, and rows of one session
 -- stay contiguous so DuckDB's zone maps skip other sessions.
 
-CREATE SCHEMA IF NOT EXISTS om_internal;  -- the bookkeeping has created it already (om_core.db)
+CREATE SCHEMA IF NOT EXISTS om_internal;  -- the bookkeeping has created it already (om_core.store.db)
 
 CREATE SEQUENCE om_internal.ledger_append_seq START 1;  -- append_seq: the order records were written
 
@@ -368,7 +368,7 @@ CREATE TABLE om_internal.project_stages (
 );
 
 -- Search: each searchable text (an observation, a reflection, a source entry, a project reflection)
--- as its terms, kept up to date by every writer (om_core.search), so a search reads only these.
+-- as its terms, kept up to date by every writer (om_core.recall.search), so a search reads only these.
 CREATE TABLE om_internal.search_documents (
     doc_kind  VARCHAR NOT NULL,   -- observation | reflection | entry | project_reflection
     scope_id  VARCHAR NOT NULL,   -- the session (observation, reflection, entry) or project

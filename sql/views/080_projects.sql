@@ -1,7 +1,7 @@
 -- Projects and project memory (issue 35): which repository each session worked in, the project
 -- ledger, and its fold.
 
--- Each session's project, with the facts it was resolved from (om_core.projects): sessions whose
+-- Each session's project, with the facts it was resolved from (om_core.project.repository): sessions whose
 -- header names no cwd belong to none.
 CREATE OR REPLACE VIEW project_sessions AS
     SELECT p.project_id, p.session_id, s.file_path, p.cwd, p.git_root, p.git_remote, p.how, s.started_at,

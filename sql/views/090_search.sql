@@ -1,6 +1,6 @@
 -- Search over all memory (issue 35): observations, reflections, source entries and project
 -- reflections, ranked by BM25 over a terms table (om_internal.search_terms, kept by every writer:
--- om_core.search). DuckDB's full-text extension is not used: no registry this project reaches ships
+-- om_core.recall.search). DuckDB's full-text extension is not used: no registry this project reaches ships
 -- it for the DuckDB it runs on, and an extension fetched at run time is what om never does.
 
 -- A text's terms, lower case: its words (letters and digits), its identifiers (words joined by
