@@ -28,10 +28,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from flows.runner import LEAN_SERVER, lock_environment, new_auth_string
 from om_core.store.private_files import private_dir, write_private

@@ -9,7 +9,6 @@ a row in ``ledger_rejects`` so analysts can see why.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from collections.abc import Iterable

@@ -18,7 +18,6 @@ from om_core.errors import EntryNotFound, InvalidArgument
 from om_core.ledger.records import Observation, Reflection
 from om_core.memory.render import observation_line, reflection_line, render_summary
 from om_core.settings import Settings
-from om_core.store.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace

@@ -36,7 +36,6 @@ import duckdb
 
 from om_core.store import db as dbmod
 from om_core.store.db import named_rows, scalar
-from om_core.ledger.records import is_memory_id
 from om_core.project.distil import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, ProjectCheck, distil_offline
 from om_core.project.memory import ProjectReflection, Retirement, append_project_records, current_reflections
 from om_core.store.sqlfiles import query

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any
 
 from om_core.redaction.rules import Rule, anchored, near_word_spans, rules, token_start
 from om_core.redaction.values import KEYWORD_KINDS

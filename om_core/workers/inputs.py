@@ -18,7 +18,7 @@ import duckdb
 from om_core.ledger.records import Observation, Reflection
 from om_core.store import db as dbmod
 from om_core.memory.fold import (CoveredObservation, active_memory, ledger_rows, observation_from_row,
-                                 reflection_from_row, split_rows)
+                                 reflection_from_row)
 from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, age, reflection_memory_line
 from om_core.memory.render import observation_line
 from om_core.pi.session import loads_line
