@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_SESSIONS = (REPO.parent / "shared" / "sessions").resolve()
 EXAMPLES = REPO / "examples" / "sessions"
 
-# Property tests: about 50 examples a test for the inner loop, 300 in CI (.ci/run sets CI=true).
+# Property tests: about 50 examples a test for the inner loop, 300 in CI (.ci/run sets CI=true); the two
+# fold tests, whose examples cost most, take at most 150 (their modules say why).
 # HYPOTHESIS_PROFILE=ci (or dev) picks one explicitly; a test's own @settings still narrows it.
 settings.register_profile("dev", max_examples=50, deadline=None, database=None,
                           suppress_health_check=list(HealthCheck))

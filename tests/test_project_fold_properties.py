@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from om_core.store import db as dbmod
@@ -33,6 +33,8 @@ record = st.one_of(
                                  st.sampled_from(["superseded", "outdated", "user said so"])), min_size=1, max_size=2)))
 
 
+# at most 150 examples in CI (its profile says 300): each is a fold in DuckDB, ~0.1 CPU-s of planning
+@settings(max_examples=min(settings.default.max_examples, 150))
 @given(records=st.lists(record, max_size=8), origins=st.lists(st.sampled_from(["pipeline", "user"]), min_size=8,
                                                                max_size=8),
        forgotten=st.sets(st.sampled_from(SUPPORT), max_size=3), elsewhere=st.sampled_from(SUPPORT))

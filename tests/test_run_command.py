@@ -4,17 +4,23 @@ orchestrator; failed stages are listed under the closing table.
 
 A run whose own local Prefect API is not what the test checks talks to the test session's API
 (``prefect_api``): starting a local API costs a run 10-15 s under load. The Ctrl-C and kill -9 tests
-keep their own local API, whose processes they check end."""
+keep their own local API, whose processes they check end. Each test's fresh HOME gets a copy of one
+Prefect database migrated once per test process (``prefect server database upgrade``), as a user's
+second run finds it: migrating a new one is 9 CPU-s of every first run, and not what these tests check."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,8 +48,23 @@ def sessions(folder: Path, count: int = 3) -> Path:
     return folder
 
 
+@functools.cache
+def migrated_prefect_database() -> Path:
+    """A Prefect database at the installed Prefect's latest migration, made once per test process."""
+    home = Path(tempfile.mkdtemp(prefix="om-prefect-template-"))
+    atexit.register(shutil.rmtree, home, True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    subprocess.run([str(Path(sys.executable).parent / "prefect"), "server", "database", "upgrade", "-y"],
+                   env={**env, "PREFECT_HOME": str(home)}, check=True, capture_output=True, timeout=300)
+    return home / "prefect.db"
+
+
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
-    (tmp_path / "home").mkdir(exist_ok=True)  # Prefect keeps its local API's database under HOME
+    prefect_home = tmp_path / "home" / ".prefect"  # Prefect keeps its local API's database under HOME
+    if "PREFECT_API_URL" not in extra and not prefect_home.exists():
+        prefect_home.mkdir(parents=True, mode=0o700)
+        shutil.copy(migrated_prefect_database(), prefect_home / "prefect.db")
+    (tmp_path / "home").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_API_URL"))}
     return {**env, **SETTINGS_ENV, "HOME": str(tmp_path / "home"), "OPENAI_API_KEY": "not-needed",
             "PYTHONPATH": str(REPO), **extra}
