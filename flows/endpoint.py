@@ -366,7 +366,8 @@ class LiveEndpoint:
                     else f"declined: {result.declined}")
             self.on_answer(f"compact {result.session_id} at {request.first_kept_entry_id}: {what} ({ms:.0f} ms)")
             return 200, {"result": result.model_dump(mode="json")}
-        self.on_answer(f"recall {request.id}: {result['details']['status']} ({ms:.0f} ms)")
+        what = request.id if request.id is not None else "by query"  # the query's words stay out of the log
+        self.on_answer(f"recall {what}: {result['details']['status']} ({ms:.0f} ms)")
         return 200, {"result": result}
 
 

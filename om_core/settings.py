@@ -111,6 +111,11 @@ class Settings(BaseModel):
     projectMemoryInCompaction: bool = False
     projectMemoryMaxTokens: int = Field(2_000, gt=0)  # the project reflections such a compaction adds, at most
 
+    # --- the agent's tools (SPEC §13)
+    # recall by query fuses local semantic similarity (the embeddings extra: a model shipped in its
+    # wheel, no embedding API) with the keyword ranking; off: keyword ranking only
+    recallEmbeddings: bool = False
+
     @field_validator("projects", mode="before")
     @classmethod
     def _projects_json(cls, value: Any) -> Any:

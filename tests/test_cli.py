@@ -731,7 +731,10 @@ def test_recall_of_an_unknown_id_is_an_error(two_sessions, tmp_path):
     assert result.returncode == 1 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     result = run_om(["--db", db, "recall", "0123456789ab", "--json"], cwd=tmp_path)
     assert result.returncode == 1 and json.loads(result.stdout)["status"] == "not_found"
+    # anything but an id or a hex prefix is a query (SPEC §13): one that matches nothing is exit 1
     result = run_om(["--db", db, "recall", "not-an-id"], cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.startswith("error: ")
+    result = run_om(["--db", db, "recall", ""], cwd=tmp_path)  # an empty query
     assert result.returncode == 2 and result.stderr.startswith("error: ")
 
 

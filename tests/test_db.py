@@ -57,7 +57,7 @@ def rows(db: Path, sql: str) -> list[tuple]:
 # index): a database at 007 or 008 has no rows for them, nor the views over them.
 TABLES_ADDED_AFTER_009 = ("entry_id_map", "replaced_entries", "project_sessions", "project_ledger",
                           "project_reflections", "project_retirements", "project_stages", "search_documents",
-                          "search_terms")
+                          "search_terms", "search_vectors")
 VIEWS_ADDED_AFTER_009 = ("projects", "project_growth")
 
 
@@ -120,6 +120,18 @@ def populated(tmp_path: Path, server) -> Path:
     projects_ws = workspace(db, SETTINGS.model_copy(update={"projectReflectAfterTokens": 1}))
     (outcome, *_) = run_due_projects(projects_ws, make_brain(ModelConfig(model="offline"), SETTINGS))
     forget(projects_ws, outcome.reflections[0].id, "no longer true", project=True)
+    # the embeddings of recall by meaning, through the writers' path, with a stand-in model (the
+    # embeddings extra is optional)
+    from om_core.recall.vectors import refresh_vectors
+
+    class Lengths:
+        name = "test/lengths/2"
+
+        def embed(self, texts):
+            return [[1.0, float(len(t) % 7)] for t in texts]
+
+    with dbmod.writing(db) as con, dbmod.transaction(con):
+        assert refresh_vectors(con, Lengths()) > 0
     return db
 
 

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from flows.cli.common import err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
+from om_core.errors import InvalidArgument
 from om_core.store.db import default_db_path
 from om_core.errors import DatabaseMissing
 from om_core.store.workspace import FileDatabase, Workspace
@@ -144,20 +145,28 @@ def compact(
         sys.stdout.write(answer.compaction["summary"] + "\n")
 
 
-@live_app.command("recall", epilog=examples("om live recall 3f9a0c1b2d4e --file S.jsonl --leaf 9f1c2e3a --json"))
+@live_app.command("recall", epilog=examples("om live recall 3f9a0c1b2d4e --file S.jsonl --leaf 9f1c2e3a --json",
+                                             'om live recall --query "upload retries" --file S.jsonl --json'))
 def recall(
-    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id."),
+    memory_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="A 12-hex observation or reflection id."),
+    query_text: Optional[str] = typer.Option(None, "--query", help="Words instead of an id: the memory and "
+                                             "transcript they match, this session's branch first."),
     session_file: Path = typer.Option(..., "--file", help="The live session file."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="The branch tip (default: the file's current leaf)."),
     wait: float = WaitOpt,
     as_json: bool = typer.Option(False, "--json", help='Print the recall tool\'s result: {"content", "details"}.'),
 ) -> None:
     """Ingest the file's new lines, then the result of the `recall` tool (the TypeScript extension's
-    shape): the exact evidence behind the id on that branch."""
+    shape): the exact evidence behind the id on that branch, or the hits of a query."""
+    from pydantic import ValidationError
+
     from om_core.pi.live import RecallRequest, recall_live
 
-    result = recall_live(_live_workspace(wait, session_file), RecallRequest(session_file=str(session_file), leaf=leaf,
-                                                              id=memory_id))
+    try:
+        request = RecallRequest(session_file=str(session_file), leaf=leaf, id=memory_id, query=query_text)
+    except ValidationError:
+        raise InvalidArgument("give an ID or --query WORDS (one of them)") from None
+    result = recall_live(_live_workspace(wait, session_file), request)
     if as_json:
         print_json(result)
     else:

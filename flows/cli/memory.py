@@ -117,23 +117,36 @@ def compact(
 
 
 @app.command(epilog=examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c',
-                            'om recall 3f9a0c1b2d4e --session SESSION --json'))
+                            'om recall 3f9a0c1b2d4e --session SESSION --json',
+                            'om recall "why did the upload retry" --session SESSION',
+                            'om recall src/upload.py --json'))
 def recall(
-    memory_id: str = typer.Argument(..., metavar="ID", help="A 12-hex observation or reflection id, or a unique "
-                                    "prefix of one."),
-    session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions)."),
+    memory_id: str = typer.Argument(..., metavar="ID|QUERY", help="A 12-hex observation or reflection id, or a "
+                                    "unique prefix of one: its exact evidence. Anything else is a query: the "
+                                    "memory and transcript it matches, best first."),
+    session: Optional[str] = typer.Option(None, "--session", help="Limit to one session (default: all sessions); "
+                                          "a query ranks that session's branch first, then its project."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Branch ending at this entry (needs --session)."),
+    limit: int = typer.Option(10, "--limit", min=1, max=200, help="A query's hits, at most."),
+    embeddings: Optional[bool] = typer.Option(None, "--embeddings/--no-embeddings", help="Fuse semantic similarity "
+                                              "into a query's ranking (default: the recallEmbeddings setting)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recall result as JSON."),
     raw: bool = typer.Option(False, "--raw", help="Print the texts exactly as stored, secrets included (default: "
                              "secrets redacted as in compaction summaries, [REDACTED:<kind>])."),
 ) -> None:
     """The exact evidence behind a memory id: records, status, and the original source messages, with
-    their secrets redacted (as the recall tool gives them to a model) unless --raw."""
+    their secrets redacted (as the recall tool gives them to a model) unless --raw. Given words instead
+    of an id: the memory and transcript they match (keyword ranking, fused with semantic similarity
+    when recallEmbeddings is on), each with the id to recall next."""
     from om_core.recall.evidence import recall as run_recall
     from om_core.recall.evidence import redacted
+    from om_core.recall.query import is_query
 
     if leaf is not None and session is None:
         raise InvalidArgument("--leaf needs --session")
+    if is_query(memory_id):
+        _recall_query(memory_id, session, leaf, limit, embeddings, as_json)
+        return
     result = run_recall(workspace(), memory_id, session, leaf)
     if not raw:
         result = redacted(result)
@@ -144,6 +157,33 @@ def recall(
     if result.status == "invalid_id":
         raise typer.Exit(2)
     if result.status not in ("found", "orphaned"):  # orphaned: the records are shown, their source is gone
+        raise typer.Exit(1)
+
+
+def _recall_query(text: str, session: str | None, leaf: str | None, limit: int, embeddings: bool | None,
+                  as_json: bool) -> None:
+    from om_core.recall.query import recall_query
+
+    result = recall_query(workspace(), text, session, leaf, limit=limit, embeddings=embeddings)
+    if as_json:
+        print_json(result.as_json())
+    else:
+        labels = {"branch": "this session", "project": "project", "everywhere": ""}
+        for hit in result.hits:
+            where = labels[hit.where] if hit.kind != "project_reflection" else f"project {hit.project_id}"
+            if hit.where == "project" and hit.kind != "project_reflection":
+                where = f"session {hit.session_id}"
+            ref = hit.memory_id or f"entry {hit.entry_id}"
+            out.print(f"[bold]{hit.rank}.[/] {escape(ref)} [dim]{hit.kind}{', ' + escape(where) if where else ''}"
+                      f"{', exact identifier' if hit.exact_identifier else ''}[/]", highlight=False)
+            _exact("   " + " ".join(hit.text.split()))
+        if result.embeddings and embeddings is not False and result.mode == "keyword":
+            err.print(f"keyword ranking only: {escape(result.embeddings)}", highlight=False)
+        if result.unindexed:
+            err.print(f"{result.unindexed} documents are not indexed yet (another process is writing)")
+    if not result.hits:
+        if not as_json:
+            err.print(f"error: nothing matched {escape(text)!s}", highlight=False)
         raise typer.Exit(1)
 
 

@@ -28,6 +28,7 @@ from om_core.ingest.reports import FileReport, IngestReport
 from om_core.project.repository import record_session_projects
 from om_core.store.runs import finish_run, start_run
 from om_core.recall.search import refresh_search_index
+from om_core.recall.vectors import Embedder, refresh_vectors
 from om_core.pi.tokens import DEFAULT_ENCODING
 
 if TYPE_CHECKING:
@@ -53,15 +54,20 @@ def ingest(
     One bad file never stops the others; its error is in the report.
     """
     projects = ws.settings.projects
+    model = None
+    if ws.settings.recallEmbeddings:  # the writers embed what they index (recall by meaning)
+        from om_core.recall.vectors import embedder
+
+        model = embedder()
     if ws.path is not None:
-        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude, projects)
+        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude, projects, model)
     with ws.write() as con:
-        return _ingest(con, paths, progress, encoding, threads, command, exclude, projects)
+        return _ingest(con, paths, progress, encoding, threads, command, exclude, projects, model)
 
 
 def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathLike], progress: ProgressFn | None,
             encoding: str, threads: int, command: str, exclude: Iterable[str],
-            projects: Mapping[str, str]) -> IngestReport:
+            projects: Mapping[str, str], model: Embedder | None = None) -> IngestReport:
     started = time.monotonic()
     paths = list(paths)
     files, missing = discover(paths, exclude)
@@ -70,7 +76,8 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
     report = IngestReport(run_id=run_id, missing_paths=missing)
     where = None if isinstance(db, duckdb.DuckDBPyConnection) else db
     try:
-        return _ingest_files(db, files, named, report, started, progress, encoding, threads, command, projects)
+        return _ingest_files(db, files, named, report, started, progress, encoding, threads, command, projects,
+                             model)
     except Exception as exc:
         # A write error of the storage ends the ingest: every later file would fail the same way.
         stored = storage_error(exc, where)
@@ -82,7 +89,7 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
 
 def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport, started: float,
                   progress: ProgressFn | None, encoding: str, threads: int, command: str,
-                  projects: Mapping[str, str]) -> IngestReport:
+                  projects: Mapping[str, str], model: Embedder | None) -> IngestReport:
     run_id = report.run_id
     holder = WriteConnection(db)
     ahead: ReadAhead | None = None
@@ -120,6 +127,8 @@ def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport,
         try:
             with dbmod.transaction(con):
                 refresh_search_index(con, touched)
+                if model is not None:
+                    refresh_vectors(con, model)
         except duckdb.Error as exc:  # the index is derived: what the ingest stored stays, a search catches up
             if storage_error(exc) is not None:
                 raise

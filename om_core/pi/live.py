@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
@@ -46,11 +46,20 @@ class CompactRequest(BaseModel):
 
 
 class RecallRequest(BaseModel):
-    """The ``recall`` tool's call: the memory id on the branch ending at ``leaf`` of the file."""
+    """The ``recall`` tool's call: the memory id (SPEC §6), or a query (SPEC §13), on the branch ending
+    at ``leaf`` of the file."""
 
     session_file: str = Field(min_length=1)
     leaf: str | None = None
-    id: str
+    id: str | None = None
+    query: str | None = Field(None, max_length=2000)
+    limit: int = Field(10, ge=1, le=50)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RecallRequest:
+        if (self.id is None) == (self.query is None or not self.query.strip()):
+            raise ValueError("a recall names either an id or a non-empty query")
+        return self
 
 
 class LiveCompaction(BaseModel):
@@ -118,5 +127,9 @@ def recall_live(ws: Workspace, req: RecallRequest) -> dict[str, Any]:
                 leaf = resolve_tip(con, session_id, leaf)
             except EntryNotFound:  # a tool call before its own entry reached the file: the file's leaf
                 leaf = resolve_tip(con, session_id, None)
+        if req.id is None:
+            from om_core.recall.query import recall_query, tool_result as query_result
+
+            return query_result(recall_query(here, req.query or "", session_id, leaf, limit=req.limit))
         result = recall(here, req.id, session_id, leaf)
         return tool_result(here, session_id, leaf, result)

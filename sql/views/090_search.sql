@@ -22,17 +22,11 @@ CREATE OR REPLACE VIEW search_documents AS
 CREATE OR REPLACE VIEW search_terms AS
     SELECT doc_kind, scope_id, doc_id, term, tf FROM om_internal.search_terms;
 
--- BM25 (k1 1.2, b 0.75) of p_query over the documents of one project (p_project: its sessions'
--- memory and entries, and its project reflections), one session (p_session), or everything (both
--- NULL). Ids a user forgot (om forget) are left out. One row per hit, best first:
---   memory_id: the observation's or reflection's id (NULL for an entry);
---   source_entry_ids: where it comes from: an observation's sources, a reflection's supporting
---     observations' sources, the entry itself;
---   memory_ids: the memory ids that rest on the hit (an entry: the observations citing it; a project
---     reflection: the session memory ids it cites).
-CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
-    WITH q AS (SELECT DISTINCT unnest(text_terms(p_query)) AS term),
-    members AS (
+-- The indexed documents a search looks at: one project's (p_project: its sessions' memory and
+-- entries, and its project reflections), one session's (p_session), or everything (both NULL). Ids a
+-- user forgot (om forget) are left out.
+CREATE OR REPLACE MACRO search_scope(p_project, p_session) AS TABLE
+    WITH members AS (
         SELECT session_id FROM om_internal.project_sessions WHERE project_id = p_project
     ),
     forgotten AS (
@@ -53,7 +47,20 @@ CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
                OR (d.doc_kind <> 'project_reflection' AND d.scope_id IN (SELECT session_id FROM members)))
           AND (d.doc_kind = 'entry'
                OR NOT EXISTS (SELECT 1 FROM forgotten f WHERE f.session_id = d.scope_id AND f.id = d.doc_id))
-    ),
+    )
+    SELECT * FROM docs;
+
+-- BM25 (k1 1.2, b 0.75) of p_query over the documents of one project (p_project: its sessions'
+-- memory and entries, and its project reflections), one session (p_session), or everything (both
+-- NULL). Ids a user forgot (om forget) are left out. One row per hit, best first:
+--   memory_id: the observation's or reflection's id (NULL for an entry);
+--   source_entry_ids: where it comes from: an observation's sources, a reflection's supporting
+--     observations' sources, the entry itself;
+--   memory_ids: the memory ids that rest on the hit (an entry: the observations citing it; a project
+--     reflection: the session memory ids it cites).
+CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
+    WITH q AS (SELECT DISTINCT unnest(text_terms(p_query)) AS term),
+    docs AS (SELECT * FROM search_scope(p_project, p_session)),
     stats AS (SELECT count(*) AS n, coalesce(avg(length), 0) AS avgdl FROM docs),
     hits AS (
         SELECT t.doc_kind, t.scope_id, t.doc_id, t.term, t.tf, d.length
