@@ -177,7 +177,7 @@ def _recall_query(text: str, session: str | None, leaf: str | None, limit: int, 
             out.print(f"[bold]{hit.rank}.[/] {escape(ref)} [dim]{hit.kind}{', ' + escape(where) if where else ''}"
                       f"{', exact identifier' if hit.exact_identifier else ''}[/]", highlight=False)
             _exact("   " + " ".join(hit.text.split()))
-        if result.embeddings and embeddings is not False and result.mode == "keyword":
+        if result.embeddings_wanted and result.mode == "keyword":
             err.print(f"keyword ranking only: {escape(result.embeddings)}", highlight=False)
         if result.unindexed:
             err.print(f"{result.unindexed} documents are not indexed yet (another process is writing)")

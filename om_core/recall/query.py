@@ -55,6 +55,7 @@ class QueryRecall(BaseModel):
     session_id: str | None = None
     project_id: str | None = None
     mode: Literal["keyword", "fused"]
+    embeddings_wanted: bool = False  # recallEmbeddings on (or asked for)
     embeddings: str | None = None  # why similarity was not fused in (off, extra absent), or None
     hits: list[QueryHit] = Field(default_factory=list)
     unindexed: int = 0  # documents the keyword index or the embeddings lack (another writer runs)
@@ -172,6 +173,7 @@ def recall_query(ws: Workspace, text: str, session: str | None = None, leaf: str
             semantic_rank=score.get("semantic_rank"), similarity=score.get("similarity"),
             score=round(score["score"], 6), text=redact(_text(row, text))))
     return QueryRecall(query=text, session_id=sid, project_id=pid, mode="fused" if model is not None else "keyword",
+                       embeddings_wanted=want,
                        embeddings=None if model is not None else why, hits=hits, unindexed=behind)
 
 
@@ -193,7 +195,7 @@ def tool_text(result: QueryRecall) -> str:
         else:
             label = f"[{hit.memory_id}] {hit.kind.replace('_', ' ')} ({where})"
         lines.append(f"{hit.rank}. {label}: {' '.join(hit.text.split())}")
-    if result.embeddings and result.mode == "keyword":
+    if result.embeddings_wanted and result.mode == "keyword":
         lines.append(f"(keyword ranking only: {result.embeddings})")
     return "\n".join(lines)
 
