@@ -10,7 +10,11 @@
  *   writes it (a non-empty summary, Pi's own firstKeptEntryId and tokensBefore, details an object).
  *   When om has no memory there, is not installed, fails, answers something else or does not answer
  *   within `timeoutMs`, the hook declines and Pi's own summarizer runs; one line says why.
- * - the `recall` tool: the exact evidence behind a memory id, answered by om (the extension's text).
+ * - the `recall` tool: the exact evidence behind a memory id, answered by om (the extension's text);
+ *   or, given a query, the memory and transcript it matches (this session's branch first, then its
+ *   project), each with the id to recall next.
+ * - commands: /om:status, /om:view [full|replayed], /om:recall ID|QUERY, /om:consolidate (the due
+ *   stages now, with the configured model, even when passive); each answers in a notification.
  * - with `tick` on, `om run FILE --no-drain` in the background when the agent settles (for teams
  *   without `om serve`); it never blocks a turn.
  * - at session start, one line names om's database and settings (`om live info`, with a deadline of
@@ -75,6 +79,7 @@ type CompactAnswer =
 	| { declined: string }
 	| { why: string };
 type RecallResult = AgentToolResult<unknown>;
+type RecallAsk = { id: string } | { query: string };
 type CompactionOutcome = { compacted: boolean; fromExtension: boolean; aborted: boolean };
 type PendingCompaction = {
 	state: "pending";
@@ -87,6 +92,7 @@ type PendingCompaction = {
 const DEFAULTS = { command: ["om"], timeoutMs: 5000, infoTimeoutMs: 15_000 };
 const TICK_TIMEOUT_MS = 30 * 60_000;
 const GRACE_MS = 10_000; // after SIGTERM, om run's time to stop its helpers before SIGKILL
+const FILE = "\u0000session-file"; // stands for the session's file in a command's arguments
 
 // ------------------------------------------------------------------ settings
 
@@ -279,14 +285,15 @@ function stopChild(child: ChildProcess, graceMs: number): Promise<void> {
  * ``signal``) the answer is given up at once and the child stopped (SIGTERM, then SIGKILL after
  * ``graceMs``). */
 function runOm(o: Options, cwd: string, db: string | undefined, args: string[], timeoutMs: number,
-	{ signal, started, boundMs = timeoutMs, graceMs = 0 }: { signal?: AbortSignal; started?: (child: ChildProcess) => void; boundMs?: number; graceMs?: number } = {}): Promise<Ran> {
+	{ signal, started, boundMs = timeoutMs, graceMs = 0, env }: { signal?: AbortSignal; started?: (child: ChildProcess) => void; boundMs?: number; graceMs?: number; env?: Record<string, string> } = {}): Promise<Ran> {
 	return new Promise((done) => {
 		let stdout = "";
 		let stderr = "";
 		let why: string | undefined;
 		let child: ChildProcess;
 		try {
-			child = spawn(o.command[0], [...o.command.slice(1), ...globalArgs(o, db), ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+			child = spawn(o.command[0], [...o.command.slice(1), ...globalArgs(o, db), ...args],
+				{ cwd, stdio: ["ignore", "pipe", "pipe"], ...(env ? { env: { ...process.env, ...env } } : {}) });
 		} catch (err) {
 			done({ code: null, stdout, stderr, why: `cannot run om: ${err instanceof Error ? err.message : String(err)}` });
 			return;
@@ -388,12 +395,21 @@ async function post(endpoint: Announcement, op: "compact" | "recall", payload: R
 
 // ------------------------------------------------------------------ the extension
 
-/** Another memory extension's registrations: pi-observational-memory's recall tool or its commands. */
-function otherMemory(pi: ExtensionAPI): string | undefined {
-	const tool = pi.getAllTools().find((t) => t.name === "recall");
+/** Another memory extension's registrations: pi-observational-memory's recall tool or its commands
+ * (``own``: the file om's own registrations come from; those are not another's). */
+function otherMemory(pi: ExtensionAPI, own: string | undefined): string | undefined {
+	const tool = pi.getAllTools().find((t) => t.name === "recall" && t.sourceInfo.path !== own);
 	if (tool) return `a recall tool from ${tool.sourceInfo.path}`;
-	const command = pi.getCommands().find((c) => c.name === "om:status" || c.name === "om:view");
+	const command = pi.getCommands().find((c) => /^om:(status|view)(:\d+)?$/.test(c.name) && c.sourceInfo.path !== own);
 	return command ? `its /${command.name} command from ${command.sourceInfo.path}` : undefined;
+}
+
+/** What a recall asks: an id (SPEC §6) or a query; a message when it asks neither or both. */
+function recallAsk(params: { id?: string; query?: string }): RecallAsk | string {
+	const query = typeof params.query === "string" && params.query.trim() ? params.query : undefined;
+	if (typeof params.id === "string" && query === undefined) return { id: params.id };
+	if (query !== undefined && params.id === undefined) return { query };
+	return "Give recall either an id (12 lowercase hex characters) or a query, not both and not neither.";
 }
 
 export default function omMemory(pi: ExtensionAPI) {
@@ -402,6 +418,7 @@ export default function omMemory(pi: ExtensionAPI) {
 	let pending: PendingCompaction | undefined;
 	let settle: ((outcome: CompactionOutcome) => void) | undefined;
 	let registered = false;
+	let own: string | undefined; // the file om's registrations come from (Pi's sourceInfo.path)
 
 	const say = (ctx: ExtensionContext, text: string, level: "info" | "warning" = "info") => {
 		if (ctx.hasUI) ctx.ui.notify(text, level);
@@ -469,7 +486,7 @@ export default function omMemory(pi: ExtensionAPI) {
 		return "compaction" in checked && tried ? { ...checked, after: tried } : checked;
 	}
 
-	async function recallWithOm(ctx: ExtensionContext, o: Options, file: string, id: string, signal: AbortSignal | undefined): Promise<RecallResult | string> {
+	async function recallWithOm(ctx: ExtensionContext, o: Options, file: string, asked: RecallAsk, signal: AbortSignal | undefined): Promise<RecallResult | string> {
 		const deadline = Date.now() + o.timeoutMs;
 		const leaf = ctx.sessionManager.getLeafId();
 		const endpoint = findEndpoint(o.db, file);
@@ -477,13 +494,14 @@ export default function omMemory(pi: ExtensionAPI) {
 		if (missing) return missing;
 		let tried: string | undefined;
 		if (endpoint) {
-			const got = await post(endpoint, "recall", { session_file: file, leaf, id }, deadline - Date.now(), signal);
+			const got = await post(endpoint, "recall", { session_file: file, leaf, ...asked }, deadline - Date.now(), signal);
 			const checked = "result" in got ? recallAnswer(got.result) : undefined;
 			if (checked) return checked;
 			tried = "why" in got ? got.why : "the endpoint answered no recall result";
 		}
 		const wait = Math.min(2, o.timeoutMs / 3000).toFixed(1);
-		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db, ["live", "recall", id, "--file", file, ...(leaf ? ["--leaf", leaf] : []), "--wait", wait, "--json"],
+		const what = "id" in asked ? [asked.id] : ["--query", asked.query];
+		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db, ["live", "recall", ...what, "--file", file, ...(leaf ? ["--leaf", leaf] : []), "--wait", wait, "--json"],
 			Math.max(1, deadline - Date.now()), { signal, boundMs: o.timeoutMs });
 		const then = tried ? ` (before it, ${tried})` : "";
 		if (r.code !== 0 || r.why) return `${failure(r)}${then}`;
@@ -498,6 +516,79 @@ export default function omMemory(pi: ExtensionAPI) {
 		settle = undefined;
 		pi.events.emit("om:compaction", { state: "finished", sessionFile, firstKeptEntryId, reason, ...outcome });
 	};
+
+	// ---------------------------------------------------------------- commands inside Pi
+	// /om:status, /om:view, /om:recall, /om:consolidate: each answers in one notification, through the
+	// om command run in the session's folder (the file's new lines ingested first), and says so when om
+	// cannot be reached. Explicit commands run even when `passive` is set (SPEC §13).
+
+	/** om's answer for this session's file, after ingesting its new lines; or why there is none. */
+	async function omAbout(ctx: ExtensionContext, args: string[], timeoutMs: number, env?: Record<string, string>): Promise<{ text: string } | { why: string }> {
+		const o = readOptions(ctx);
+		const file = ctx.sessionManager.getSessionFile();
+		if (!file) return { why: "this session has no file" };
+		const endpoint = findEndpoint(o.db, file);
+		const missing = missingDatabase(o, endpoint);
+		if (missing) return { why: missing };
+		const db = o.db ?? endpoint?.db ?? known?.db;
+		const ingested = await runOm(o, ctx.cwd, db, ["ingest", file, "--json"], timeoutMs, { env });
+		if (ingested.code !== 0 || ingested.why) return { why: failure(ingested) };
+		const r = await runOm(o, ctx.cwd, db, args.map((a) => (a === FILE ? file : a)), timeoutMs, { env });
+		if (r.why || (r.code !== 0 && !r.stdout.trim())) return { why: failure(r) };
+		return { text: r.stdout.trim() || "(nothing)" };
+	}
+
+	function answer(ctx: ExtensionContext, title: string, got: { text: string } | { why: string }): void {
+		if ("why" in got) say(ctx, `om is unreachable for ${title}: ${got.why}`, "warning");
+		else say(ctx, `${title}\n${got.text}`);
+	}
+
+	function registerCommands(): void {
+		pi.registerCommand("om:status", {
+			description: "om: this session's memory: counts, clocks, visible vs full, drift, the last run",
+			handler: async (_args, ctx) => {
+				answer(ctx, "om status", await omAbout(ctx, ["status", FILE], readOptions(ctx).infoTimeoutMs));
+			},
+		});
+		pi.registerCommand("om:view", {
+			description: "om: this session's memory as the agent sees it, or full / replayed",
+			getArgumentCompletions: (prefix: string) => ["full", "replayed"].filter((v) => v.startsWith(prefix)).map((v) => ({ value: v, label: v })),
+			handler: async (args, ctx) => {
+				const which = args.trim();
+				if (which && which !== "full" && which !== "replayed") return say(ctx, "om: /om:view takes nothing, full or replayed", "warning");
+				const flag = which === "full" ? ["--full"] : which === "replayed" ? ["--replayed"] : [];
+				answer(ctx, `om memory (${which || "visible"})`, await omAbout(ctx, ["view", FILE, ...flag], readOptions(ctx).infoTimeoutMs));
+			},
+		});
+		pi.registerCommand("om:recall", {
+			description: "om: the evidence behind a memory id, or what memory and transcript match a query",
+			handler: async (args, ctx) => {
+				const text = args.trim();
+				if (!text) return say(ctx, "om: /om:recall takes a memory id or a query", "warning");
+				const o = readOptions(ctx);
+				const file = ctx.sessionManager.getSessionFile();
+				const asked: RecallAsk = /^[a-f0-9]{12}$/.test(text) ? { id: text } : { query: text };
+				const got = !file ? "this session has no file" : await recallWithOm(ctx, o, file, asked, undefined);
+				if (typeof got === "string") return say(ctx, `om is unreachable for recall: ${got}`, "warning");
+				say(ctx, got.content.map((part) => (part.type === "text" ? part.text : "")).join("\n"));
+			},
+		});
+		pi.registerCommand("om:consolidate", {
+			description: "om: run the due memory stages on this session now, with the configured model",
+			handler: async (_args, ctx) => {
+				if (ctx.hasUI) ctx.ui.setStatus("om", "om: consolidating memory…");
+				// an explicit command: `passive` stops scheduled work only
+				const got = await omAbout(ctx, ["run", FILE, "--json"], TICK_TIMEOUT_MS, { OM_PASSIVE: "false" });
+				if (ctx.hasUI) ctx.ui.setStatus("om", undefined);
+				if ("why" in got) return answer(ctx, "om consolidate", got);
+				const run = parseJson(got.text);
+				const s = isRecord(run) && Array.isArray(run.sessions) && isRecord(run.sessions[0]) ? run.sessions[0] : undefined;
+				const failed = s && typeof s.error === "string" && s.error ? s.error : undefined;
+				if (failed) return say(ctx, `om consolidate: failed: ${failed}`, "warning");
+				say(ctx, s ? `om consolidate: +${s.observations} observations, +${s.reflections} reflections` : "om consolidate: memory up to date");
+			},
+		});
+	}
 
 	function register(): void {
 		pi.on("session_before_compact", async (event, ctx): Promise<SessionBeforeCompactResult | undefined> => {
@@ -538,25 +629,36 @@ export default function omMemory(pi: ExtensionAPI) {
 			name: "recall",
 			label: "Recall memory evidence",
 			description: "Return the exact source messages behind an observation or reflection id of the compacted memory " +
-				"(the 12-character id in square brackets), on the current branch. Use it when the exact wording, a path, " +
-				"a command or the reason behind a remembered item matters for the next step.",
-			promptSnippet: "Use recall(<id>) to read the original messages behind a compacted memory item when precision matters.",
+				"(the 12-character id in square brackets), on the current branch; or, given a query instead, the memory and " +
+				"transcript it matches, this session's first, then its project's, each with the id to recall next. Use it " +
+				"when the exact wording, a path, a command or the reason behind a remembered item matters for the next step.",
+			promptSnippet: "Use recall(id) to read the original messages behind a compacted memory item, or recall(query) to search memory and the compacted transcript.",
 			promptGuidelines: [
 				"Use recall with an id shown in the compacted memory before acting on a remembered detail that is unclear.",
-				"recall is not a search: it takes one exact 12-character memory id.",
+				"Use recall with a query (words, a path, an error) to find what earlier work said when no id is at hand.",
+				"Give recall either an id or a query, not both.",
 			],
 			parameters: Type.Object({
-				id: Type.String({ pattern: "^[a-f0-9]{12}$", description: "A 12-character lowercase hex memory id." }),
+				id: Type.Optional(Type.String({ pattern: "^[a-f0-9]{12}$", description: "A 12-character lowercase hex memory id." })),
+				query: Type.Optional(Type.String({ minLength: 1, maxLength: 2000, description: "Words to search memory and the transcript for." })),
 			}, { additionalProperties: false }),
 			async execute(_toolCallId, params, signal, _onUpdate, ctx): Promise<RecallResult> {
 				const o = readOptions(ctx);
 				const file = ctx.sessionManager.getSessionFile();
-				const got = !file ? "this session has no file" : await recallWithOm(ctx, o, file, params.id, signal);
+				const asked = recallAsk(params);
+				if (typeof asked === "string") {
+					return { content: [{ type: "text", text: asked }], details: { status: "invalid_request", message: asked } };
+				}
+				const label = "id" in asked ? asked.id : JSON.stringify(asked.query);
+				const got = !file ? "this session has no file" : await recallWithOm(ctx, o, file, asked, signal);
 				if (typeof got !== "string") return got;
-				const message = `The evidence for ${params.id} is unavailable: ${got}.`;
-				return { content: [{ type: "text", text: message }], details: { status: "source_unavailable", memoryId: params.id, message } };
+				const message = `The evidence for ${label} is unavailable: ${got}.`;
+				const what = "id" in asked ? { memoryId: asked.id } : { query: asked.query };
+				return { content: [{ type: "text", text: message }], details: { status: "source_unavailable", ...what, message } };
 			},
 		});
+
+		registerCommands();
 
 		pi.on("agent_settled", async (_event, ctx) => {
 			const o = readOptions(ctx);
@@ -583,12 +685,15 @@ export default function omMemory(pi: ExtensionAPI) {
 	}
 
 	pi.on("session_start", async (_event, ctx) => {
-		const other = otherMemory(pi);
+		const other = otherMemory(pi, own);
 		if (other) {
 			say(ctx, `om: another memory extension is loaded (${other}); om's extension steps aside in this session (no recall tool, no compaction hook): it answers`);
 			return;
 		}
-		if (!registered) register(); // once per load: a session_start of a new, resumed or forked session too
+		if (!registered) {
+			register(); // once per load: a session_start of a new, resumed or forked session too
+			own = pi.getAllTools().find((t) => t.name === "recall")?.sourceInfo.path;
+		}
 		registered = true;
 		const o = readOptions(ctx);
 		if (!o.enabled) return;

@@ -1,0 +1,117 @@
+"""The agent's side in the real Pi 1.6.0 (RPC mode) with om's extension (deployments/pi/om-memory.ts):
+the `recall` tool given a query, and the commands /om:status, /om:view, /om:recall, /om:consolidate,
+each answering within Pi (a notification), and saying so when om cannot be reached.
+
+Pi's provider is the fake model (tests/fake_openai.py); om is the command on PATH (this venv's), its
+database named in Pi's "om" settings. The session file is one om knows: observations recorded in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from builders import SessionBuilder
+from conftest import workspace
+from fake_openai import FakeOpenAI, Reply, tool_call
+from pi_rpc import EXTENSION, RpcPi, agent_dir, missing, os_env
+
+from om_core.ingest import ingest
+
+pytestmark = [pytest.mark.prefect, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
+
+BIN = Path(sys.executable).parent
+SID = "00000001-7ec4-4000-8000-0000000000e1"
+OBS = "om.observations.recorded"
+RETRY = "The uploader in src/upload_client.py retries failed chunk uploads three times with exponential backoff."
+THEME = "User prefers dark themes in the editor."
+
+
+def mid(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def o(content: str, src: list[str]) -> dict:
+    return {"id": mid(content), "content": content, "timestamp": "2026-01-15 14:30", "relevance": "medium",
+            "sourceEntryIds": src, "tokenCount": 10}
+
+
+@pytest.fixture(scope="module")
+def pi_session(prefect_api, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pi-agent-side")
+    home, project = root / "home", root / "project"
+    project.mkdir()
+    sb = SessionBuilder(SID, cwd=str(project))
+    first = sb.user("Why do the uploads fail sometimes? Look at src/upload_client.py")
+    second = sb.assistant("The client retries each chunk three times, then gives up.")
+    sb.custom(OBS, {"observations": [o(RETRY, [first, second]), o(THEME, [first])], "coversUpToId": second})
+    path = sb.write(root / "session.jsonl")
+    db = (root / "om.duckdb").resolve()
+    ingest(workspace(db), [path])  # a session om knows
+    with FakeOpenAI(default=Reply(text="Done.")) as server:
+        settings = {"om": {"db": str(db), "timeoutMs": 60000, "infoTimeoutMs": 60000}}
+        agent = agent_dir(home, server.base_url, settings)
+        env = os_env(PATH=f"{BIN}:{os.environ['PATH']}", PREFECT_API_URL=prefect_api)
+        pi = RpcPi(home, project, env, session_file=path, extensions=(EXTENSION,))
+        try:
+            pi.wait_for(lambda r: r.get("method") == "notify" and "memory in" in (r.get("message") or ""), timeout=180)
+            yield {"pi": pi, "server": server, "path": path, "db": db, "agent": agent, "settings": settings}
+        finally:
+            pi.close()
+
+
+def command(pi: RpcPi, text: str, timeout: float = 180) -> str:
+    """Run a slash command through RPC's prompt; the one notification it answers with."""
+    since = pi.mark()
+    response = pi.call({"type": "prompt", "message": text}, timeout)
+    assert response["success"], response
+    note = pi.wait_for(lambda r: r.get("type") == "extension_ui_request" and r.get("method") == "notify", since, timeout)
+    return note["message"]
+
+
+def test_the_recall_tool_takes_a_query(pi_session):
+    pi, server = pi_session["pi"], pi_session["server"]
+    server.add(tool_call("recall", {"query": "upload retries"}), Reply(text="Found it."))
+    since = pi.prompt("How did the uploader handle failures?", timeout=180)
+    end = pi.wait_for(lambda r: r.get("type") == "tool_execution_end" and r.get("toolName") == "recall", since, 180)
+    result = end["result"]
+    assert not end["isError"] and result["details"]["status"] == "ok", result
+    assert result["details"]["hits"][0]["where"] == "branch"
+    assert f"[{mid(RETRY)}] observation (this session)" in result["content"][0]["text"]
+    # the id the hit names recalls its exact evidence, as before
+    server.add(tool_call("recall", {"id": mid(RETRY)}), Reply(text="Recalled."))
+    since = pi.prompt("Show me the exact words.", timeout=180)
+    end = pi.wait_for(lambda r: r.get("type") == "tool_execution_end" and r.get("toolName") == "recall", since, 180)
+    assert end["result"]["details"]["status"] == "ok" and "src/upload_client.py" in end["result"]["content"][0]["text"]
+
+
+def test_om_status_view_recall_and_consolidate_answer_within_pi(pi_session):
+    pi = pi_session["pi"]
+    status = command(pi, "/om:status")
+    assert status.startswith("om status\n") and SID in status and "observations: 2 recorded" in status
+    view = command(pi, "/om:view full")
+    assert view.startswith("om memory (full)\n") and f"[{mid(RETRY)}]" in view and f"[{mid(THEME)}]" in view
+    assert command(pi, "/om:view sideways").startswith("om: /om:view takes")
+    by_query = command(pi, "/om:recall upload retries")
+    assert f"[{mid(RETRY)}] observation (this session)" in by_query
+    by_id = command(pi, f"/om:recall {mid(RETRY)}")
+    assert "src/upload_client.py" in by_id and "retries each chunk" in by_id
+    consolidated = command(pi, "/om:consolidate", timeout=600)
+    assert consolidated.startswith("om consolidate: "), consolidated
+    assert "failed" not in consolidated and "unreachable" not in consolidated
+
+
+def test_each_command_says_when_om_is_unreachable(pi_session):
+    pi, agent, settings = pi_session["pi"], pi_session["agent"], pi_session["settings"]
+    broken = {**settings, "om": {**settings["om"], "command": "om-not-installed-here"}}
+    (agent / "settings.json").write_text(json.dumps(broken))
+    try:
+        for text in ("/om:status", "/om:view", "/om:recall upload retries", "/om:consolidate"):
+            said = command(pi, text)
+            assert "unreachable" in said and "om is not installed" in said, (text, said)
+    finally:
+        (agent / "settings.json").write_text(json.dumps(settings))
