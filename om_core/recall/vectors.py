@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from om_core.store.workspace import Workspace
 
 MODEL = "wordllama/l2_supercat/256"
-MAX_TEXT_CHARS = 4_000  # a tool result's tail says little more about its meaning than its head
+MAX_TEXT_CHARS = 2_000  # a tool result's tail says little more about its meaning than its head
 BATCH = 2_000  # documents embedded and inserted at once
 
 
@@ -52,8 +52,13 @@ class WordLlamaEmbedder:
     def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
-        vectors = self._model.embed([t[:MAX_TEXT_CHARS] or " " for t in texts], norm=True, return_np=True)
-        return [[float(x) for x in row] for row in vectors]
+        # by length: a batch is padded to its longest text, so like lengths together pad least
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        vectors = self._model.embed([texts[i][:MAX_TEXT_CHARS] or " " for i in order], norm=True, return_np=True)
+        out: list[list[float]] = [[] for _ in texts]
+        for row, i in zip(vectors.tolist(), order):
+            out[i] = row
+        return out
 
 
 @functools.lru_cache(maxsize=1)

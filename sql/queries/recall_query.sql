@@ -2,10 +2,8 @@
 
 -- name: query_keyword_ranks
 -- The keyword (BM25) candidates of a query in one scope, best first.
-SELECT rank, score, kind AS doc_kind,
-       CASE WHEN kind = 'project_reflection' THEN project_id ELSE session_id END AS scope_id,
-       coalesce(memory_id, entry_id) AS doc_id
-FROM search_memory($query, $project, $session) WHERE rank <= $limit ORDER BY rank;
+SELECT rank, score, doc_kind, scope_id, doc_id
+FROM search_ranked($query, $project, $session) WHERE rank <= $limit ORDER BY rank;
 
 -- name: query_semantic_ranks
 -- The semantic candidates of a query's embedding in one scope, most similar first.

@@ -50,15 +50,9 @@ CREATE OR REPLACE MACRO search_scope(p_project, p_session) AS TABLE
     )
     SELECT * FROM docs;
 
--- BM25 (k1 1.2, b 0.75) of p_query over the documents of one project (p_project: its sessions'
--- memory and entries, and its project reflections), one session (p_session), or everything (both
--- NULL). Ids a user forgot (om forget) are left out. One row per hit, best first:
---   memory_id: the observation's or reflection's id (NULL for an entry);
---   source_entry_ids: where it comes from: an observation's sources, a reflection's supporting
---     observations' sources, the entry itself;
---   memory_ids: the memory ids that rest on the hit (an entry: the observations citing it; a project
---     reflection: the session memory ids it cites).
-CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
+-- The BM25 ranking alone (search_memory without the hits' texts): one row per matching document,
+-- best first (rank), with its score and how many query terms it holds.
+CREATE OR REPLACE MACRO search_ranked(p_query, p_project, p_session) AS TABLE
     WITH q AS (SELECT DISTINCT unnest(text_terms(p_query)) AS term),
     docs AS (SELECT * FROM search_scope(p_project, p_session)),
     stats AS (SELECT count(*) AS n, coalesce(avg(length), 0) AS avgdl FROM docs),
@@ -83,7 +77,19 @@ CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
                                                    WHEN 'project_reflection' THEN 2 ELSE 3 END,
                                      scope_id, doc_id) AS rank
         FROM scored
-    ),
+    )
+    SELECT * FROM ranked;
+
+-- BM25 (k1 1.2, b 0.75) of p_query over the documents of one project (p_project: its sessions'
+-- memory and entries, and its project reflections), one session (p_session), or everything (both
+-- NULL). Ids a user forgot (om forget) are left out. One row per hit, best first:
+--   memory_id: the observation's or reflection's id (NULL for an entry);
+--   source_entry_ids: where it comes from: an observation's sources, a reflection's supporting
+--     observations' sources, the entry itself;
+--   memory_ids: the memory ids that rest on the hit (an entry: the observations citing it; a project
+--     reflection: the session memory ids it cites).
+CREATE OR REPLACE MACRO search_memory(p_query, p_project, p_session) AS TABLE
+    WITH ranked AS (SELECT * FROM search_ranked(p_query, p_project, p_session)),
     obs AS (
         SELECT o.session_id, o.obs_id, any_value(o.content) AS content, any_value(o.source_entry_ids) AS sources
         FROM om_internal.observations o
