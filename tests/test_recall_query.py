@@ -218,3 +218,30 @@ def test_the_extra_is_optional_and_downloads_nothing():
         assert out.stdout.split()[0] == "256"
     else:
         assert out.stdout.startswith("absent")
+
+
+# ---------------------------------------------------------------- the live recall (endpoint, om live recall)
+
+
+def test_the_live_recall_answers_a_query_through_the_endpoint_and_the_command(tmp_path):
+    from test_extension_interop import O1, extension_session
+
+    from flows.endpoint import LiveEndpoint, ask, running_endpoint
+    from om_core.pi.live import RecallRequest, recall_live
+    from om_cli import run_om
+
+    path = extension_session().write(tmp_path / "live.jsonl")
+    ws = workspace(tmp_path / "om.duckdb")
+    lines: list[str] = []
+    with LiveEndpoint(ws, wait_seconds=1.0, sessions=[tmp_path], on_answer=lines.append):
+        got = ask(running_endpoint(ws.path), "recall", {"session_file": str(path), "query": "Supabase auth"})
+    assert got["details"]["status"] == "ok" and O1["id"] in [h["memory_id"] for h in got["details"]["hits"]]
+    assert f"[{O1['id']}] observation (this session)" in got["content"][0]["text"]
+    assert lines[-1].startswith("recall by query: ok") and "Supabase" not in lines[-1]  # the words stay out of logs
+    assert got == recall_live(ws, RecallRequest(session_file=str(path), query="Supabase auth"))
+    with pytest.raises(ValueError, match="either an id or a non-empty query"):
+        RecallRequest(session_file=str(path), id=O1["id"], query="both")
+    out = run_om(["--db", str(tmp_path / "om.duckdb"), "live", "recall", "--query", "Supabase auth", "--file",
+                  str(path), "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == got
