@@ -2,7 +2,7 @@
 """Recall by query: latency (keyword; fused with embeddings) and indexing cost.
 
 Two corpora, each ingested into a fresh DuckDB:
-- the two real Pi sessions (../shared/sessions/*.jsonl): their source entries are the documents (the
+- the two real Pi sessions (../shared/sessions/*.jsonl, or --sessions DIR): their source entries are the documents (the
   transcript a compaction hides), as a live session's first recall finds them;
 - 10,000 memory items: one synthetic session whose ledger records hold 10,000 observations (sentences
   drawn from a fixed vocabulary with identifiers in them, seeded), plus its entries.
@@ -44,7 +44,7 @@ from om_core.settings import Settings  # noqa: E402
 from om_core.store import db as dbmod  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 
-SESSIONS = ROOT.parent.parent / "shared" / "sessions"
+SESSIONS = ROOT.parent / "shared" / "sessions"  # ../shared beside the checkout, as for the other benches
 QUERIES = ["upload retries", "src/upload_client.py", "why did the test fail", "database migration schema",
            "deploy to production", "error handling in the parser"]
 WORDS = ("upload retry backoff chunk client server parser schema migration ledger deploy staging cluster test "
@@ -119,10 +119,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=Path, default=SESSIONS, help="The folder of the real sessions.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        results = [measure("real-sessions", sorted(SESSIONS.glob("*.jsonl")), tmp_path, args.rounds),
+        results = [measure("real-sessions", sorted(args.sessions.glob("*.jsonl")), tmp_path, args.rounds),
                    measure(f"{args.items}-memory-items", [synthetic(tmp_path / "items.jsonl", args.items)], tmp_path,
                            args.rounds)]
     if args.json:
