@@ -282,3 +282,4 @@ def _server_of_ours(home: Path) -> PrefectServer | None:
     if _listener_uid(DEFAULT_HOST, port) != os.geteuid() or not api_locked(url, auth):
         return None
     return PrefectServer(url, None, auth_string=auth, home=home)
+

@@ -78,6 +78,9 @@ class Settings(BaseModel):
     # where the pipeline keeps computed stage results (a folder, an fsspec URL, or a Prefect block slug);
     # unset: a folder next to the database
     resultStorage: str | None = None
+    # the local Prefect server an om run starts stays for the next run and stops after this many seconds
+    # without one; 0: every run starts Prefect's temporary API and stops it (no server outlives a run)
+    prefectServerIdleSeconds: float = Field(600.0, ge=0)
 
     @field_validator("model", mode="before")
     @classmethod

@@ -269,6 +269,15 @@ def _describe_sessions(ws, session_ids) -> None:
 
 def _run_with_display(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet,
                       verbose):
+    from flows.kept_server import api_for_run
+
+    say = (lambda text: None) if quiet or not err.is_terminal else (lambda text: err.print(escape(text), highlight=False))
+    # the Prefect server an earlier run left (or one started now for the next runs), leased while this one runs
+    with api_for_run(ws.settings.prefectServerIdleSeconds, say):
+        return _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose)
+
+
+def _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose):
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
     _describe_sessions(ws, plan.due)
