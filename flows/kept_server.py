@@ -206,6 +206,19 @@ def _server_pid(home: Path) -> int | None:
         return None
 
 
+def kept_api_url(home: Path) -> str | None:
+    """The API of the server om runs keep in ``home`` when it runs (its port is in its command line)."""
+    pid = _server_pid(home)
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            port = int(handle.read().split(b"\0")[-3])  # ... HOME PORT IDLE_SECONDS, then an empty string
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"http://{DEFAULT_HOST}:{port}/api"
+
+
 def kept_status(home: Path) -> KeptServerStatus:
     server = _server_of_ours(home)
     pid = _server_pid(home)

@@ -255,10 +255,14 @@ def local_server(home: Path | None = None, log: Path | None = None) -> PrefectSe
     """The server `om serve` uses when PREFECT_API_URL is unset: the one another om process started (its
     credentials in ``home``) when it still answers to them and to nobody else; otherwise a new one,
     locked, on 127.0.0.1:PREFECT_SERVER_API_PORT (4200 by default), or on a free port when something
-    else holds that port (a server om did not start is never used)."""
+    else holds that port (a server om did not start is never used, nor the one `om run` keeps: it runs no
+    scheduler)."""
+    from flows.kept_server import kept_api_url
+
     home = home or server_home()
     reused = _server_of_ours(home)
-    if reused is not None:
+    # not the server `om run` keeps between runs: it runs no scheduler (and stops when idle)
+    if reused is not None and reused.api_url != kept_api_url(home):
         return reused
     port = int(os.environ.get("PREFECT_SERVER_API_PORT") or DEFAULT_PORT)
     if _port_in_use(DEFAULT_HOST, port):

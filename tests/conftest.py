@@ -63,8 +63,8 @@ def _no_kept_server_outlives_its_test(request):
     """A test whose own HOME (its tmp_path) an `om run` started a Prefect server in: that server stops
     with the test (the test session's own, prefect_api's, stays for the next tests)."""
     yield
-    if "tmp_path" in request.fixturenames:
-        _stop_kept_servers(request.getfixturevalue("tmp_path"))
+    if request.node.funcargs.get("tmp_path") is not None:
+        _stop_kept_servers(request.node.funcargs["tmp_path"])
 
 
 def workspace(db, values=None):

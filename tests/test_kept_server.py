@@ -18,6 +18,7 @@ from test_prefect_locked import _lookalike, _stop
 from test_run_command import REPO, sessions
 
 from flows import kept_server as server_module
+from flows import server as prefect_server_module
 from flows.kept_server import KEEPER_PID, LEASES, kept_server, run_lease, stop_kept
 from flows.server import CREDENTIALS, PrefectServer, api_healthy, free_port, read_credentials, write_credentials
 
@@ -108,6 +109,11 @@ def test_the_kept_server_stops_after_its_idle_time_never_while_a_run_uses_it_and
             # a second run in the meantime reuses it
             again, started = kept_server(home, idle_seconds=2)
             assert (again.api_url, started) == (server.api_url, False)
+            # om serve does not: it needs a scheduler, which this server does not run
+            served = []
+            monkeypatch.setattr(prefect_server_module, "start_server", lambda host, port, **kwargs: served.append(
+                port) or PrefectServer(f"http://{host}:{port}/api", None))
+            assert prefect_server_module.local_server(home).api_url != server.api_url and len(served) == 1
         except BaseException:
             stop_kept(home)
             raise

@@ -1,4 +1,5 @@
-"""`om run`: the Prefect pipeline on a local ephemeral API (ingest, replay, compactions, drain), with a
+"""`om run`: the Prefect pipeline on the local Prefect server om keeps between runs (flows.kept_server) or
+the user's PREFECT_API_URL (ingest, replay, compactions, drain), with a
 live board on a terminal, the cost estimate before and the real cost after.
 
 Prefect, rich.live and the run's planning (ingest, pyarrow) are imported inside the command (Prefect
@@ -51,8 +52,12 @@ def run(
         "stopped the run."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
-    """Process sessions with the Prefect pipeline on a local ephemeral API: ingest, replay every
-    branch with the memory workers when their clocks are due, simulate compactions, drain.
+    """Process sessions with the Prefect pipeline: ingest, replay every branch with the memory workers
+    when their clocks are due, simulate compactions, drain.
+
+    Without PREFECT_API_URL the run uses the local Prefect server an earlier run left (127.0.0.1 only,
+    locked with a credential of its own), or starts one and leaves it for the next runs: it stops after
+    prefectServerIdleSeconds without a run (`om server status|stop`; 0: a temporary API per run).
 
     With a model litellm has a price for, the estimated cost is printed before the run (source
     tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
