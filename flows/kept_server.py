@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows.runner import LEAN_SERVER, lock_environment, new_auth_string
-from flows.server import (CREDENTIALS, DEFAULT_HOST, PrefectServer, _server_of_ours, api_healthy, free_port,
-                          read_credentials, server_home, write_credentials)
+from flows.server import (CREDENTIALS, DEFAULT_HOST, KEEPER_PID, PrefectServer, _server_of_ours, _server_pid,
+                          api_healthy, free_port, read_credentials, server_home, write_credentials)
 from om_core.store.private_files import private_dir, use_private_umask, write_private
 
 
@@ -38,7 +38,6 @@ from om_core.store.private_files import private_dir, use_private_umask, write_pr
 # one lease file per om run that uses it (named by the run's process id), the time the last run ended
 # (this file's mtime), the lock under which a run finds or starts it and the server decides to stop,
 # and its log.
-KEEPER_PID = "om-server.pid"
 LEASES = "om-server.runs"
 LAST_USED = "om-server.last-used"
 LOCK = "om-server.lock"
@@ -188,35 +187,6 @@ def _start_kept(home: Path, idle_seconds: float, timeout: float) -> PrefectServe
     if (pid := _server_pid(home)) is not None:
         os.killpg(pid, signal.SIGKILL)
     raise RuntimeError(f"om's Prefect server at {api_url} did not answer within {timeout:.0f} s: {server.log_tail()}")
-
-
-def _server_pid(home: Path) -> int | None:
-    """The process id in ``home/om-server.pid`` when that process is this user's kept server (flows.kept_server)."""
-    try:
-        path = home / KEEPER_PID
-        if path.stat().st_uid != os.geteuid():
-            return None
-        pid = int(path.read_text().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().split(b"\0")
-        if os.stat(f"/proc/{pid}").st_uid != os.geteuid() or b"flows.kept_server" not in argv:
-            return None
-        return pid
-    except (OSError, ValueError):
-        return None
-
-
-def kept_api_url(home: Path) -> str | None:
-    """The API of the server om runs keep in ``home`` when it runs (its port is in its command line)."""
-    pid = _server_pid(home)
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            port = int(handle.read().split(b"\0")[-3])  # ... HOME PORT IDLE_SECONDS, then an empty string
-    except (OSError, ValueError, IndexError):
-        return None
-    return f"http://{DEFAULT_HOST}:{port}/api"
 
 
 def kept_status(home: Path) -> KeptServerStatus:

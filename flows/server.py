@@ -38,6 +38,7 @@ from om_core.store.private_files import private_dir, write_private
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's own default (PREFECT_SERVER_API_PORT)
 CREDENTIALS = "om-server.env"  # in the server's PREFECT_HOME
+KEEPER_PID = "om-server.pid"  # beside it: the process id of the server `om run` keeps (flows.kept_server)
 
 
 def api_healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -257,8 +258,6 @@ def local_server(home: Path | None = None, log: Path | None = None) -> PrefectSe
     locked, on 127.0.0.1:PREFECT_SERVER_API_PORT (4200 by default), or on a free port when something
     else holds that port (a server om did not start is never used, nor the one `om run` keeps: it runs no
     scheduler)."""
-    from flows.kept_server import kept_api_url
-
     home = home or server_home()
     reused = _server_of_ours(home)
     # not the server `om run` keeps between runs: it runs no scheduler (and stops when idle)
@@ -287,3 +286,31 @@ def _server_of_ours(home: Path) -> PrefectServer | None:
         return None
     return PrefectServer(url, None, auth_string=auth, home=home)
 
+
+def _server_pid(home: Path) -> int | None:
+    """The process id in ``home/om-server.pid`` when that process is this user's kept server (flows.kept_server)."""
+    try:
+        path = home / KEEPER_PID
+        if path.stat().st_uid != os.geteuid():
+            return None
+        pid = int(path.read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid() or b"flows.kept_server" not in argv:
+            return None
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def kept_api_url(home: Path) -> str | None:
+    """The API of the server om runs keep in ``home`` when it runs (its port is in its command line)."""
+    pid = _server_pid(home)
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            port = int(handle.read().split(b"\0")[-3])  # ... HOME PORT IDLE_SECONDS, then an empty string
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"http://{DEFAULT_HOST}:{port}/api"

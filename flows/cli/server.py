@@ -9,7 +9,8 @@ from flows.cli.common import err, examples, out, print_json
 from flows.cli.placeholders import Typer
 
 server_app = Typer(name="server", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                   help="The local Prefect server om run keeps between runs: show it, stop it.")
+                   help="The local Prefect server om run keeps between runs: show it, stop it.",
+                   epilog=examples("om server status", "om server stop"))
 
 
 @server_app.command("status", epilog=examples("om server status", "om server status --json"))
