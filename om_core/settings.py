@@ -23,6 +23,7 @@ from om_core.errors import OmError
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
+DEFAULT_SUMMARY_MAX_TOKENS = 8_000  # SPEC §13, when no context window is known
 MIN_CHUNK_TOKENS = 256
 
 
@@ -58,6 +59,8 @@ class Settings(BaseModel):
     agentMaxTurns: int = Field(16, ge=1)
     model: ModelSetting | None = None
     passive: bool = False
+    # --- bounded memory (SPEC §13); unset: derived from contextWindow, else the SPEC's fallback
+    compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
 
     # --- this project's additions
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
@@ -155,9 +158,22 @@ class Settings(BaseModel):
             return math.floor(self.contextWindow * self.compactAfterTokensRatio)
         return self.compactAfterTokens
 
+    @property
+    def summary_max_tokens(self) -> int:
+        """compactionSummaryMaxTokens: set, else an eighth of the session's window, else 8000."""
+        if self.compactionSummaryMaxTokens is not None:
+            return self.compactionSummaryMaxTokens
+        if self.contextWindow:
+            return max(1, self.contextWindow // 8)
+        return DEFAULT_SUMMARY_MAX_TOKENS
+
     def derived(self) -> dict[str, tuple[Any, str]]:
         """Settings whose effective value follows from others: key -> (value, the rule that gave it)."""
         found: dict[str, tuple[Any, str]] = {}
+        if self.compactionSummaryMaxTokens is None:
+            found["compactionSummaryMaxTokens"] = (
+                self.summary_max_tokens, f"contextWindow {self.contextWindow} / 8" if self.contextWindow
+                else f"{DEFAULT_SUMMARY_MAX_TOKENS}, as no contextWindow is set")
         if self.observerChunkMaxTokens is None:
             rule = (f"20% of contextWindow {self.contextWindow}, at least {MIN_CHUNK_TOKENS}" if self.contextWindow
                     else f"{DEFAULT_CHUNK_TOKENS}, as no contextWindow is set")

@@ -19,11 +19,10 @@ from pydantic import BaseModel, Field, model_validator
 from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
-from om_core.memory.fold import compact
+from om_core.memory.compaction import DeclineReason, compact
 from om_core.recall.evidence import recall
 from om_core.recall.tool import tool_result
 from om_core.redaction.redact import redact
-from om_core.memory.render import with_instructions
 from om_core.pi.tokens import count_tokens
 
 if TYPE_CHECKING:
@@ -70,6 +69,8 @@ class LiveCompaction(BaseModel):
     leaf: str
     compaction: dict[str, Any] | None = None  # {summary, firstKeptEntryId, tokensBefore, details}
     declined: str | None = None
+    declined_reason: DeclineReason | None = None
+    left_out: int = 0  # records the summary budget left out (SPEC §13)
     observations: int = 0
     reflections: int = 0
     entries_added: int = 0  # what this request ingested
@@ -105,14 +106,17 @@ def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
     with _with_file(ws, req.session_file, "live compact") as (here, session_id, added):
         with here.read() as con:
             resolve_tip(con, session_id, req.leaf)  # the leaf must be in the file: a clear error if not
-        result = compact(here, session_id, req.first_kept_entry_id, req.leaf)
+        result = compact(here, session_id, req.first_kept_entry_id, req.leaf, instructions=req.custom_instructions)
     answer = LiveCompaction(session_id=session_id, leaf=req.leaf, entries_added=added,
-                            observations=len(result.observationIds), reflections=len(result.reflectionIds))
+                            observations=len(result.observationIds), reflections=len(result.reflectionIds),
+                            left_out=result.leftOutObservations + result.leftOutReflections)
     if result.summary is None:
-        answer.declined = f"no memory before entry {req.first_kept_entry_id} of this session yet"
+        answer.declined_reason = result.declined
+        answer.declined = (f"no memory before entry {req.first_kept_entry_id} of this session yet"
+                           if result.declined is DeclineReason.EMPTY_PROJECTION else
+                           f"no memory record fits compactionSummaryMaxTokens {result.summaryMaxTokens}")
         return answer
-    summary = with_instructions(result.summary, req.custom_instructions)
-    answer.compaction = {"summary": summary, "firstKeptEntryId": req.first_kept_entry_id,
+    answer.compaction = {"summary": result.summary, "firstKeptEntryId": req.first_kept_entry_id,
                          "tokensBefore": req.tokens_before, "details": result.details()}
     return answer
 

@@ -13,7 +13,7 @@ from typing import Any
 from om_core.store import db as dbmod
 from om_core.memory.gaps import GapSafeBoundary, gap_safe_boundary
 from om_core.ledger.records import parse_folded, store_simulated_compaction
-from om_core.memory.fold import compaction_projection
+from om_core.memory.compaction import DeclineReason, World, compact_at
 from om_core.settings import Settings
 
 
@@ -55,11 +55,17 @@ def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, firs
                                          simulated=True, first_kept=first_kept, tip_pos=tip_pos, settings=settings)
         kept = boundary.first_kept if boundary else first_kept
         # the replay's world: its own earlier simulated compactions set M, as the extension's would have
-        result = compaction_projection(con, session_id, tip, kept, settings.observationsPoolMaxTokens, replayed=True)
+        result = compact_at(con, session_id, tip, kept, settings, world=World.REPLAYED)
     details = parse_folded(result.details()) if result.summary is not None else None
     notes = []
-    if details is None:
+    if result.declined is DeclineReason.EMPTY_PROJECTION:
         notes.append("projection empty: Pi's native summarizer would run (nothing persisted as memory)")
+    elif result.declined is DeclineReason.NOTHING_FITS:
+        notes.append(f"no record fits compactionSummaryMaxTokens {result.summaryMaxTokens}: Pi's native "
+                     "summarizer would run (nothing persisted as memory)")
+    elif result.leftOutObservations or result.leftOutReflections:
+        notes.append(f"summary budget {result.summaryMaxTokens}: left out {result.leftOutObservations} "
+                     f"observation(s), {result.leftOutReflections} reflection(s)")
     if boundary is not None and boundary.moved:
         notes.append(f"gap-safe: first kept moved back from {first_kept} to {kept}; the kept tail grew by "
                      f"{boundary.kept_tail_growth_tokens} tokens")
