@@ -57,7 +57,7 @@ def rows(db: Path, sql: str) -> list[tuple]:
 # index): a database at 007 or 008 has no rows for them, nor the views over them.
 TABLES_ADDED_AFTER_009 = ("entry_id_map", "replaced_entries", "project_sessions", "project_ledger",
                           "project_reflections", "project_retirements", "project_stages", "search_documents",
-                          "search_terms", "search_vectors")
+                          "search_terms", "search_vectors", "reflection_drops")
 VIEWS_ADDED_AFTER_009 = ("projects", "project_growth")
 
 
@@ -69,6 +69,7 @@ def populated(tmp_path: Path, server) -> Path:
     sb.custom("om.observations.recorded", {"observations": [OBS], "coversUpToId": first})  # imported records
     sb.custom("om.reflections.recorded", {"reflections": [REFL], "coversUpToId": first})
     sb.custom("om.observations.recorded", {"observations": "not a list", "coversUpToId": first})  # a reject
+    sb.custom("om.reflections.dropped", {"reflectionIds": ["0123456789ab"], "coversUpToId": first})  # an unseen id
     kept = sb.user("Keep going.")
     sb.compaction("memory", kept, details={"type": "om.folded", "version": 1, "fullFold": False,
                                            "observations": [OBS], "reflections": [REFL]}, from_hook=True)

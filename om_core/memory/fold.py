@@ -364,7 +364,7 @@ class MemoryStatus(BaseModel):
     session_id: str
     tip: str
     observations: dict[str, int]  # recorded, active, dropped, visible
-    reflections: dict[str, int]  # recorded (current), visible
+    reflections: dict[str, int]  # recorded, active, dropped (SPEC §13), visible
     visible_compaction: FoldRef | None = None  # the file's om.folded compaction visible memory comes from
     drift: Drift
     replayed: ReplayedStatus = Field(default_factory=ReplayedStatus)
@@ -388,7 +388,8 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
         tip=tip,
         observations={"recorded": len(obs), "active": sum(not r["dropped"] for r in obs),
                       "dropped": sum(bool(r["dropped"]) for r in obs), "visible": len(visible.observations)},
-        reflections={"recorded": len(refl), "visible": len(visible.reflections)},
+        reflections={"recorded": len(refl), "active": sum(not r["dropped"] for r in refl),
+                     "dropped": sum(bool(r["dropped"]) for r in refl), "visible": len(visible.reflections)},
         visible_compaction=visible_ref,
         drift=drift(con, session_id, tip),
         replayed=ReplayedStatus(compaction=replayed_ref, simulated_compactions=simulated,

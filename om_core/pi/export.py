@@ -84,6 +84,12 @@ def record_payloads(con: duckdb.DuckDBPyConnection, session_id: str) -> list[dic
                                      "supportingObservationIds": list(r["supporting_observation_ids"]),
                                      "tokenCount": _number(r["token_count"])}
                                     for r in dbmod.named_rows(con, "record_reflections", params)]}
+        elif kind == "om.reflections.dropped":
+            items = dbmod.named_rows(con, "record_reflection_drops", params)
+            data = {"reflectionIds": [d["refl_id"] for d in items]}
+            for key, column in (("replacedBy", "replaced_by"), ("kind", "kind")):  # as read, when present
+                if items and items[0][column] is not None:
+                    data[key] = json.loads(items[0][column])
         else:
             data = {"observationIds": dbmod.named_column(con, "record_drops", params)}
         data["coversUpToId"] = record["covers_up_to_id"]

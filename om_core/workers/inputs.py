@@ -122,7 +122,7 @@ def memory_line(row: dict[str, Any]) -> str:
 @dataclass
 class MemoryLayout:
     """The memory as the workers read it: ``lines`` in ledger order, and ``dropped``, the ids of the
-    observations among them dropped since the lines were laid out (listed after them)."""
+    records among them dropped since the lines were laid out (listed after them)."""
 
     lines: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
@@ -146,20 +146,22 @@ def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> Memory
             events.append((r["dropped_at"], 1, r["fold_order"], r))
     events.sort(key=lambda e: e[:3])
     shown: dict[str, dict[str, Any]] = {}
-    pending: list[str] = []
+    pending: list[dict[str, Any]] = []  # observation and reflection drops (SPEC §13) alike
     tokens = 0.0
     for _, drop, _, r in events:
         if drop:
-            pending.append(r["id"])
+            pending.append(r)
         else:
             shown[r["id"] + r["item_kind"]] = r
             if r["item_kind"] == "observation":
                 tokens += r["token_count"]
         if pending and tokens >= full_fold_tokens:  # a full fold: the memory is laid out anew
-            for obs_id in pending:
-                tokens -= shown.pop(obs_id + "observation")["token_count"]
+            for gone in pending:
+                shown.pop(gone["id"] + gone["item_kind"])
+                if gone["item_kind"] == "observation":
+                    tokens -= gone["token_count"]
             pending = []
-    return MemoryLayout([memory_line(r) for r in shown.values()], pending)
+    return MemoryLayout([memory_line(r) for r in shown.values()], [r["id"] for r in pending])
 
 
 @dataclass
@@ -305,16 +307,17 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
     return tiers
 
 
-def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
-                         full_fold_tokens: int) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout]:
-    """Current reflections, active observations with their coverage tiers, and the memory as the
-    workers read it (``laid_out_memory``), from one query."""
+def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, full_fold_tokens: int,
+                         ) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout, set[str]]:
+    """Current reflections, active observations with their coverage tiers, the memory as the
+    workers read it (``laid_out_memory``), and the tombstoned reflection ids (SPEC §13), from one query."""
     rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
-    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
+    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection" and not r["dropped"]]
+    tombstoned = {r["id"] for r in rows if r["item_kind"] == "reflection" and r["dropped"]}
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
                                   coverage=r["coverage"])
                for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered, laid_out_memory(rows, full_fold_tokens)
+    return reflections, covered, laid_out_memory(rows, full_fold_tokens), tombstoned
 
 
 class _CoveredPool:
@@ -338,6 +341,7 @@ class ReflectorInput(_CoveredPool):
     covered: list[CoveredObservation]
     observation_watermark: str  # the record's coversUpToId
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
+    dropped_reflection_ids: set[str] = field(default_factory=set)  # tombstoned: duplicates, never recorded again
 
     @property
     def active_ids(self) -> set[str]:
@@ -359,8 +363,9 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
-    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory)
+    reflections, covered, memory, tombstoned = memory_with_coverage(con, session_id, tip,
+                                                                    settings.observationsPoolMaxTokens)
+    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory, tombstoned)
 
 
 @dataclass
@@ -408,7 +413,7 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    reflections, covered, memory, _ = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:

@@ -171,7 +171,8 @@ REFLECTOR = Stage(
     kind="reflector", record_kind=REFLECTIONS_RECORDED, payload=ReflectionsRecorded, items_field="reflections",
     read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip, settings),
     not_due=lambda req: "no observation watermark yet: run the observer first",
-    check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
+    check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids,  # a tombstoned id is a duplicate too
+                                                existing_ids={r.id for r in inp.reflections} | inp.dropped_reflection_ids,
                                                 existing=inp.reflections, count_tokens=token_counter(settings)),
     ask=lambda brain, inp, check: brain.reflect(inp, check),
     watermark=lambda inp: inp.observation_watermark,
