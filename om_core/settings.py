@@ -61,6 +61,7 @@ class Settings(BaseModel):
     passive: bool = False
     # --- bounded memory (SPEC §13); unset: derived from contextWindow, else the SPEC's fallback
     compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
+    reflectionsPoolTargetTokens: int = Field(8_000, gt=0)  # active reflections' rendered lines, the target
 
     # --- this project's additions
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
