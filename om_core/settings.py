@@ -24,6 +24,7 @@ from om_core.errors import OmError
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
 DEFAULT_SUMMARY_MAX_TOKENS = 8_000  # SPEC §13, when no context window is known
+DEFAULT_WORKER_MEMORY_TOKENS = 16_000  # SPEC §13, when the memory model's window is not known
 MIN_CHUNK_TOKENS = 256
 
 
@@ -62,6 +63,7 @@ class Settings(BaseModel):
     # --- bounded memory (SPEC §13); unset: derived from contextWindow, else the SPEC's fallback
     compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
     reflectionsPoolTargetTokens: int = Field(8_000, gt=0)  # active reflections' rendered lines, the target
+    workerMemoryMaxTokens: int | None = Field(None, gt=0)  # the memory one worker request carries, at most
 
     # --- this project's additions
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
@@ -168,9 +170,23 @@ class Settings(BaseModel):
             return max(1, self.contextWindow // 8)
         return DEFAULT_SUMMARY_MAX_TOKENS
 
+    @property
+    def worker_memory_max_tokens(self) -> int:
+        """workerMemoryMaxTokens: set, else a quarter of the memory model's window (contextWindow),
+        else 16000."""
+        if self.workerMemoryMaxTokens is not None:
+            return self.workerMemoryMaxTokens
+        if self.contextWindow:
+            return max(1, self.contextWindow // 4)
+        return DEFAULT_WORKER_MEMORY_TOKENS
+
     def derived(self) -> dict[str, tuple[Any, str]]:
         """Settings whose effective value follows from others: key -> (value, the rule that gave it)."""
         found: dict[str, tuple[Any, str]] = {}
+        if self.workerMemoryMaxTokens is None:
+            found["workerMemoryMaxTokens"] = (
+                self.worker_memory_max_tokens, f"contextWindow {self.contextWindow} / 4" if self.contextWindow
+                else f"{DEFAULT_WORKER_MEMORY_TOKENS}, as no contextWindow is set")
         if self.compactionSummaryMaxTokens is None:
             found["compactionSummaryMaxTokens"] = (
                 self.summary_max_tokens, f"contextWindow {self.contextWindow} / 8" if self.contextWindow

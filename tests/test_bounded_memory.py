@@ -32,7 +32,8 @@ from om_core.workers.stages import ModelConfig, make_brain
 SID = "0b0dded0-0000-4000-8000-000000000013"
 SETTINGS = Settings(observeAfterTokens=200, reflectAfterTokens=300, compactAfterTokens=3_000, keepRecentTokens=400,
                     observationsPoolMaxTokens=600, observationsPoolTargetTokens=300,
-                    reflectionsPoolTargetTokens=40, compactionSummaryMaxTokens=300, clockBasis="source")
+                    reflectionsPoolTargetTokens=40, compactionSummaryMaxTokens=300, clockBasis="source",
+                    workerMemoryMaxTokens=250)
 LEFT_OUT = "left out to keep this summary within 300 tokens"
 
 
@@ -58,7 +59,8 @@ def replayed(tmp_path_factory):
             assert result.error is None, result.error
         finally:
             ws.close()
-    return db, path, tmp
+        requests = list(server.requests)
+    return db, path, tmp, requests
 
 
 def _tip(db) -> str:
@@ -67,7 +69,7 @@ def _tip(db) -> str:
 
 
 def test_active_reflections_end_within_one_pass_of_their_target(replayed):
-    db, _, _ = replayed
+    db, _, _, _ = replayed
     tip = _tip(db)
     with dbmod.reading(db) as con:
         rows = memory.ledger_rows(con, SID, tip)
@@ -85,7 +87,7 @@ def test_active_reflections_end_within_one_pass_of_their_target(replayed):
 
 
 def test_every_compaction_summary_fits_its_budget_and_says_what_it_left_out(replayed):
-    db, path, tmp = replayed
+    db, path, tmp, _ = replayed
     tip = _tip(db)
     with dbmod.reading(db) as con:
         simulated = [r[0] for r in con.execute("SELECT summary FROM om_internal.compactions WHERE origin = "
@@ -107,7 +109,7 @@ def test_every_compaction_summary_fits_its_budget_and_says_what_it_left_out(repl
 
 
 def test_reflection_drops_round_trip_through_export_and_import(replayed):
-    db, _, tmp = replayed
+    db, _, tmp, _ = replayed
     tip = _tip(db)
     export_session(workspace(db, SETTINGS), SID, tmp / "round.jsonl", overwrite=True)
     written = [json.loads(x) for x in (tmp / "round.jsonl").read_text().splitlines()[1:]]
@@ -123,3 +125,21 @@ def test_reflection_drops_round_trip_through_export_and_import(replayed):
         assert [o.id for o in got.observations] == [o.id for o in want.observations]
         assert after.execute("SELECT count(*) FROM reflection_drops").fetchone()[0] == before.execute(
             "SELECT count(*) FROM reflection_drops").fetchone()[0]
+
+
+def test_what_each_worker_request_carries_stops_growing_at_its_budget(replayed):
+    from fake_brains import stage_of, user_text
+
+    _, _, _, requests = replayed
+    sizes: dict[str, list[int]] = {}
+    for body in requests:
+        if body["messages"][-1]["role"] == "tool":
+            continue
+        block = user_text(body).split("## Memory\n", 1)[1].split("\n\n## ", 1)[0]
+        lines = [line for line in block.splitlines() if line.startswith("[")]
+        sizes.setdefault(stage_of(body), []).append(sum(math.ceil(len(line) / 4) + 1 for line in lines))
+    assert {"observer", "reflector", "reflection-dropper"} <= set(sizes)
+    for stage, seen in sizes.items():
+        assert max(seen) <= 250, stage
+    assert max(sizes["observer"]) > 200  # it grew up to the budget, and no further
+    assert sizes["observer"][-1] > 200

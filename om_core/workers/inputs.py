@@ -128,7 +128,43 @@ class MemoryLayout:
     dropped: list[str] = field(default_factory=list)
 
 
-def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> MemoryLayout:
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What a worker request's memory may hold (``workerMemoryMaxTokens``, SPEC §13): observations at
+    least half, reflections the rest, each side reclaiming what the other leaves; ``newest_first``
+    for the observer and the reflector, the oldest records for the droppers (pruning old records is
+    their job). ``count`` measures a line in the settings' counter."""
+
+    max_tokens: int
+    newest_first: bool
+    count: Callable[[str], int]
+
+    @classmethod
+    def of(cls, settings: Settings, newest_first: bool) -> MemoryBudget:
+        from om_core.pi.tokens import count_text_tokens
+        from om_core.workers.checks import pi_token_counter
+
+        return cls(settings.worker_memory_max_tokens, newest_first,
+                   pi_token_counter if settings.tokenCounter == "pi" else count_text_tokens)
+
+    def apply(self, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The records of ``shown`` (in layout order) that fit, in the same order."""
+        from om_core.memory.compaction import select_newest_first
+
+        costs = [self.count(memory_line(r)) + 1 for r in shown]
+        if sum(costs) <= self.max_tokens:
+            return shown
+        obs = [i for i, r in enumerate(shown) if r["item_kind"] == "observation"]
+        refl = [i for i, r in enumerate(shown) if r["item_kind"] != "observation"]
+        if not self.newest_first:  # the selection takes the tail of each list: give it the oldest there
+            obs, refl = obs[::-1], refl[::-1]
+        kept_obs, kept_refl = select_newest_first([costs[i] for i in obs], [costs[i] for i in refl], self.max_tokens)
+        keep = {obs[i] for i in kept_obs} | {refl[i] for i in kept_refl}
+        return [r for i, r in enumerate(shown) if i in keep]
+
+
+def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int,
+                    budget: MemoryBudget | None = None) -> MemoryLayout:
     """Current reflections and observations in ledger order (the order they were first recorded),
     laid out so that between two stages the memory only grows at its end: a provider cache serves the
     earlier prompt as a prefix. A drop does not cut its line out of the middle; the id is listed
@@ -161,7 +197,8 @@ def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> Memory
                 if gone["item_kind"] == "observation":
                     tokens -= gone["token_count"]
             pending = []
-    return MemoryLayout([memory_line(r) for r in shown.values()], [r["id"] for r in pending])
+    kept = list(shown.values()) if budget is None else budget.apply(list(shown.values()))
+    return MemoryLayout([memory_line(r) for r in kept], [r["id"] for r in pending])
 
 
 @dataclass
@@ -289,7 +326,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     memory = active_memory(state)
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
-    layout = laid_out_memory(state, settings.observationsPoolMaxTokens)
+    layout = laid_out_memory(state, settings.observationsPoolMaxTokens, MemoryBudget.of(settings, newest_first=True))
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts),
         memory=MemoryLines(memory.reflections, memory.observations, layout.lines, layout.dropped), chunk=chunk,
@@ -308,6 +345,7 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
 
 
 def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, full_fold_tokens: int,
+                         budget: MemoryBudget | None = None,
                          ) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout, set[str]]:
     """Current reflections, active observations with their coverage tiers, the memory as the
     workers read it (``laid_out_memory``), and the tombstoned reflection ids (SPEC §13), from one query."""
@@ -317,7 +355,7 @@ def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: s
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
                                   coverage=r["coverage"])
                for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered, laid_out_memory(rows, full_fold_tokens), tombstoned
+    return reflections, covered, laid_out_memory(rows, full_fold_tokens, budget), tombstoned
 
 
 class _CoveredPool:
@@ -363,8 +401,8 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered, memory, tombstoned = memory_with_coverage(con, session_id, tip,
-                                                                    settings.observationsPoolMaxTokens)
+    reflections, covered, memory, tombstoned = memory_with_coverage(
+        con, session_id, tip, settings.observationsPoolMaxTokens, MemoryBudget.of(settings, newest_first=True))
     return ReflectorInput(session_id, tip, reflections, covered, watermark, memory, tombstoned)
 
 
@@ -413,7 +451,8 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered, memory, _ = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    reflections, covered, memory, _ = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
+                                                           MemoryBudget.of(settings, newest_first=False))
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:

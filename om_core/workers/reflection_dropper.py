@@ -24,7 +24,7 @@ from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.sqlfiles import query
 from om_core.workers.checks import MAX_REASON_CHARS, TokenCounter
-from om_core.workers.inputs import MemoryLayout, _digest, laid_out_memory, max_drops
+from om_core.workers.inputs import MemoryBudget, MemoryLayout, _digest, laid_out_memory, max_drops
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def reflection_dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, ti
     if pool <= target or not candidates:
         return None
     return ReflectionDropperInput(session_id, tip, candidates, pool, target, max_drops(pool, target, len(candidates)),
-                                  reflection_watermark, laid_out_memory(rows, settings.observationsPoolMaxTokens))
+                                  reflection_watermark, laid_out_memory(rows, settings.observationsPoolMaxTokens,
+                                                                        MemoryBudget.of(settings, newest_first=False)))
 
 
 @dataclass
