@@ -121,6 +121,9 @@ class Stage:
     needs: StageKind | None = None
     backs_off: Callable[[Settings], bool] = lambda settings: False
     after: StageKind | None = None
+    # a follow-up that is rarely due leaves no outcome when it was not (the reflection dropper: the
+    # reflections are within their target on almost every pass)
+    silent_when_not_due: bool = False
 
     def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
         """Run the worker on its input through the check; the payload holds what the check accepted
@@ -211,6 +214,7 @@ REFLECTION_DROPPER = Stage(
     ask=lambda brain, inp, check: brain.drop_reflections(inp, check),
     watermark=lambda inp: inp.watermark,
     after="reflector",
+    silent_when_not_due=True,
 )
 
 STAGES: dict[str, Stage] = {stage.kind: stage for stage in (OBSERVER, REFLECTOR, DROPPER, REFLECTION_DROPPER)}
@@ -230,5 +234,11 @@ def follow_ups(done: StageOutcome) -> list[StageRequest]:
 def run_in_order(run: Callable[[StageRequest], StageOutcome], req: StageRequest) -> list[StageOutcome]:
     """Run ``req``, then its follow-ups (``follow_ups``), each with ``run``."""
     outcomes = [run(req)]
-    outcomes += [run(nxt) for nxt in follow_ups(outcomes[0])]
+    for nxt in follow_ups(outcomes[0]):
+        done = run(nxt)
+        if not (done.outcome == "skipped" and not done.budget_stop and STAGES[done.stage].silent_when_not_due
+                and done.reason == STAGES[done.stage].not_due(nxt)):
+            outcomes.append(done)
+        if done.outcome == "failed":  # a failure ends the pass (it may have stopped the run); the next retries
+            break
     return outcomes
