@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DB ?= demo.duckdb
 
-.PHONY: demo demo-memory test venv clean bench
+.PHONY: demo demo-memory test venv clean bench docs docs-gen docs-serve
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,5 +42,18 @@ TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
+# The documentation site (docs/, mkdocs.yml) in site/. Its reference pages (commands, settings, the
+# analyst schema) are generated from the code: docs-gen rewrites them, and the suite fails when they
+# drift (tests/test_docs.py). NO_MKDOCS_2_WARNING: material's end-of-life banner is no build warning.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs-gen: $(STAMP)
+	$(BIN)/python -m docs_gen
+
+docs: docs-gen
+	$(MKDOCS) build --strict
+
+docs-serve: docs-gen
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal .pytest_cache
+	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal .pytest_cache site

@@ -461,16 +461,16 @@ def test_migration_007_counts_user_images_in_stored_estimates(tmp_path):
     assert q(db, "SELECT count(*) FROM om_internal.schema_migrations WHERE version = 7") == [(1,)]
 
 
-# ------------------------------------------------------------------ the README's schema and entry texts
+# ------------------------------------------------------------------ the documented schema and entry texts
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SCHEMA_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "schema.md"
 
 
 def _readme_rows(header: str) -> list[list[str]]:
-    """The cells of the README table under the analyst schema whose header row starts with ``header``."""
-    section = README.read_text().split("## The analyst schema", 1)[1].split("\n## ", 1)[0]
-    lines = section.splitlines()
+    """The cells of the table on the documentation's analyst schema page (generated from the catalog:
+    docs_gen) whose header row starts with ``header``."""
+    lines = SCHEMA_PAGE.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
     rows = []
     for line in lines[start + 2:]:

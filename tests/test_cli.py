@@ -651,7 +651,7 @@ def test_every_help_wraps_between_words_at_80_columns(command):
 
 def test_the_data_file_is_named_as_the_readme_names_it():
     text = invoke(["eval", "longmemeval", "--help"]).stdout
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "longmemeval.md").read_text()
     assert "longmemeval_s_cleaned.json" in text and "longmemeval_s_cleaned.json" in readme
     assert "longmemeval_s.json" not in text and "longmemeval_s.json" not in readme
 

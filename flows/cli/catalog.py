@@ -100,7 +100,7 @@ def sql(
     allow_files: bool = typer.Option(False, "--allow-files", help="Let queries read files on disk (read_csv, "
                                      "read_json, read_text, ...); off by default."),
 ) -> None:
-    """Run read-only SQL queries against the ledger (its views and macros are listed in the README).
+    """Run read-only SQL queries against the ledger (its views and macros: docs/reference/schema.md).
 
     .tables lists the views and macros; .schema [NAME] gives their columns and types (a macro: its
     parameters). Each entry's text, as om recall prints it, is in the view entry_texts.

@@ -276,3 +276,52 @@ def _dot_command(ws: Workspace, words: list[str]) -> QueryResult:
     if args and not rows:
         raise OmError(f"no view or macro named {args[0]!r} in the analyst schema (om sql .tables lists them)")
     return QueryResult(statement=" ".join(words), columns=columns, rows=rows)
+
+
+# ---------------------------------------------------------------- the analyst schema, documented
+
+
+class AnalystObject(BaseModel):
+    """A view or macro of the analyst schema as the documentation lists it: its columns in the
+    catalog's order (a scalar macro has none), a macro's parameters, and what it holds."""
+
+    name: str
+    kind: str  # view, macro or table macro
+    parameters: list[str]
+    columns: list[str]
+    what: str
+    column_notes: dict[str, str]
+
+
+def analyst_schema(con: duckdb.DuckDBPyConnection) -> list[AnalystObject]:
+    """Every view and macro of ``main`` with its columns and its text from catalog_docs; an object
+    without a text, or a text for no object, is an error naming them."""
+    from om_core.store.catalog_docs import SCHEMA_DOCS
+
+    objects: dict[str, AnalystObject] = {}
+    for row in named_rows(con, "catalog_schema", {"name": None}):
+        name, kind = row["name"], row["kind"]
+        doc = SCHEMA_DOCS.get(name)
+        item = objects.setdefault(name, AnalystObject(
+            name=name, kind=kind, parameters=[], columns=[], what=doc.what if doc else "",
+            column_notes=doc.columns if doc else {}))
+        if kind == "view":
+            item.columns.append(row["column"])
+        else:
+            item.parameters.append(row["column"])
+    for item in objects.values():
+        if item.kind == "table macro":
+            item.columns = list(con.table_function(item.name, [None] * len(item.parameters)).columns)
+    undocumented = sorted(set(objects) - set(SCHEMA_DOCS))
+    unknown = sorted(set(SCHEMA_DOCS) - set(objects))
+    if undocumented or unknown:
+        raise OmError("om_core/store/catalog_docs.py is out of step with the analyst schema: "
+                      + "; ".join(part for part in (
+                          undocumented and f"no text for {', '.join(undocumented)}",
+                          unknown and f"a text for no object: {', '.join(unknown)}") if part))
+    for item in objects.values():
+        stray = set(item.column_notes) - set(item.columns)
+        if stray:
+            raise OmError(f"catalog_docs.py notes columns {sorted(stray)} that {item.name} does not have")
+    order = list(SCHEMA_DOCS)
+    return sorted(objects.values(), key=lambda item: (item.kind != "view", order.index(item.name)))
