@@ -11,7 +11,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import ExcludeOpt, SessionArg, app, err, examples, out, print_json, print_rows, workspace
+from flows.cli.common import ExcludeOpt, SessionArg, app, counted, err, examples, out, print_json, print_rows, \
+    workspace
 from om_core.errors import InvalidArgument, OmError
 
 
@@ -49,9 +50,13 @@ def ingest(
         print_json({**report.summary(), "files": [f.model_dump() for f in report.files]})
     else:
         s = report.summary()
+        ingested = sum(1 for f in report.files if not f.error)  # a file that is no session is not ingested
+        refused = len(report.files) - ingested
         out.print(
-            f"ingested {s['files']} file(s) into {escape(str(ws.path))}: {s['entries_added']} entries added, "
+            (f"ingested {counted(ingested, 'file')}" if ingested else "no session file ingested")
+            + f" into {escape(str(ws.path))}: {s['entries_added']} entries added, "
             f"{s['lines_quarantined']} line(s) quarantined ({s['seconds']} s)"
+            + (f"; {counted(refused, 'file')} not ingested (below)" if refused else ""), highlight=False
         )
         for status, count in sorted(s["by_status"].items()):
             out.print(f"  {status}: {count}")
@@ -78,6 +83,10 @@ def sessions(as_json: bool = typer.Option(False, "--json", help="Print sessions 
     rows = list_sessions(workspace())
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])
+        return
+    if not rows:
+        out.print(escape(f"no sessions in {workspace().path} (om run PATH ingests and processes them)"),
+                  highlight=False)
         return
     print_rows(["session", "file", "version", "entries", "source", "leaves", "tokens (pi)", "current leaf"],
                [[r.session_id, r.file_path, str(r.version), str(r.entry_count), str(r.source_count),

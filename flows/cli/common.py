@@ -9,6 +9,7 @@ library, print.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -96,6 +97,15 @@ def _print_version(on: bool) -> None:
 
         sys.stdout.write(f"om {__version__}\n")
         raise typer.Exit()
+
+
+def db_source() -> str:
+    """Where the database in use was named: --db, OM_DB, or om's default."""
+    from om_core.store.db import default_db_path
+
+    if os.environ.get("OM_DB") and Path(os.environ["OM_DB"]) == state.db:
+        return "OM_DB"
+    return "om's default, in the user's data directory" if state.db == default_db_path() else "--db"
 
 
 def warn_exposure(db: Path) -> None:

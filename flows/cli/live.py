@@ -7,7 +7,6 @@ or Prefect.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -15,10 +14,9 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import err, examples, out, print_json, state, warn_exposure, workspace
+from flows.cli.common import db_source, err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
 from om_core.errors import InvalidArgument
-from om_core.store.db import default_db_path
 from om_core.errors import DatabaseMissing
 from om_core.store.workspace import FileDatabase, Workspace
 
@@ -36,12 +34,6 @@ WaitOpt = typer.Option(2.0, "--wait", min=0, metavar="SECONDS",
                        help="How long to wait for the database when another process is writing it.")
 
 
-def _db_source() -> str:
-    if os.environ.get("OM_DB") and Path(os.environ["OM_DB"]) == state.db:
-        return "OM_DB"
-    return "om's default, in the user's data directory" if state.db == default_db_path() else "--db"
-
-
 def _database_for(session_file: Path | None) -> tuple[Path, str, dict[str, Any] | None]:
     """The database om answers a session from, where that choice came from, and the running endpoint
     serving it: --db or OM_DB when given, else the database of the endpoint that serves the session's
@@ -54,7 +46,7 @@ def _database_for(session_file: Path | None) -> tuple[Path, str, dict[str, Any] 
         if found is not None:
             return Path(found["db"]), "the endpoint serving the session's folder", found
     db = state.db.resolve()
-    return db, _db_source(), running_endpoint(db)
+    return db, db_source(), running_endpoint(db)
 
 
 def _live_workspace(wait: float, session_file: Path) -> Workspace:

@@ -48,9 +48,40 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+# The options of `om` itself, which a user may also write after the command (`om sessions --db X`):
+# option -> whether it takes a value
+GLOBAL_OPTIONS = {"--db": True, "--config": True, "--project-settings": False, "--no-project-settings": False}
+
+
+def global_options_first(args: list[str]) -> list[str]:
+    """``args`` with the global options found after the command moved before it, where click reads
+    them; nothing after a ``--`` moves."""
+    first, rest, moved = [], list(args), []
+    while rest and rest[0].startswith("-") and rest[0] != "--":  # the options before the command
+        token = rest.pop(0)
+        first.append(token)
+        if GLOBAL_OPTIONS.get(token) and rest:
+            first.append(rest.pop(0))
+    kept, i = [], 0
+    while i < len(rest):
+        token = rest[i]
+        if token == "--":
+            kept += rest[i:]
+            break
+        name = token.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS and i > 0:
+            takes_value = GLOBAL_OPTIONS[name] and "=" not in token
+            moved += rest[i:i + 2] if takes_value else [token]
+            i += 2 if takes_value else 1
+            continue
+        kept.append(token)
+        i += 1
+    return first + moved + kept
+
+
 def _run() -> int | None:
     try:
-        return app(prog_name="om", standalone_mode=False)
+        return app(args=global_options_first(sys.argv[1:]), prog_name="om", standalone_mode=False)
     finally:
         warn_if_created()
 

@@ -13,6 +13,11 @@ from flows.cli.common import SessionArg, app, err, examples, out, print_json, pr
 from om_core.errors import InvalidArgument
 
 
+# Wherever the offline baseline's memory is shown: it copies what was said, it does not understand.
+OFFLINE_MEMORY = ("[yellow]note:[/] this memory was written by the offline baseline (extractive rules, no model): "
+                  "excerpts of what was said, not a model's understanding; om run --model MODEL replaces it")
+
+
 @app.command(epilog=examples('om view SESSION', 'om view SESSION --full', 'om view SESSION --leaf ID --json'))
 def view(
     session: SessionArg,
@@ -23,14 +28,31 @@ def view(
     as_json: bool = typer.Option(False, "--json", help='Print {"observations": [...], "reflections": [...]}.'),
 ) -> None:
     """Show visible memory (the latest om.folded compaction the session file holds: what the agent saw),
-    full memory (--full), or the replayed view of simulated compactions (--replayed)."""
+    full memory (--full), or the replayed view of simulated compactions (--replayed).
+
+    When the session file holds no visible memory (Pi with the extension never compacted it), the
+    text form shows the replayed view, else full memory, and says which on stderr; --json keeps to
+    the view asked for."""
     from om_core.memory.fold import view as memory_view
 
-    result = memory_view(workspace(), session, leaf, full, replayed)
+    ws = workspace()
+    result = memory_view(ws, session, leaf, full, replayed)
     if as_json:
         print_json(result.memory.wire())
         return
     summary = result.memory.summary()
+    if summary is None and not (full or replayed):  # nothing visible: show what exists, labelled
+        if result.replayedCounts and any(result.replayedCounts):
+            err.print("the session file holds no memory the agent saw on this branch: showing the replayed view",
+                      highlight=False)
+            result = memory_view(ws, session, leaf, replayed=True)
+        elif result.fullCounts and any(result.fullCounts):
+            err.print("the session file holds no memory the agent saw on this branch, and no compaction folded "
+                      "any: showing full memory (the whole ledger at the tip; om view --full)", highlight=False)
+            result = memory_view(ws, session, leaf, full=True)
+        summary = result.memory.summary()
+    if result.offline and summary is not None:
+        err.print(OFFLINE_MEMORY, highlight=False)
     if result.which == "replayed" and result.compaction is not None:
         source = "simulated" if result.compaction.origin == "simulated" else "the session file's own"
         err.print(f"replayed memory ({source} compaction {result.compaction.compaction_id}): what the extension "
@@ -81,6 +103,7 @@ def compact(
     from om_core.pi.cutpoint import DEFAULT_RULES
     from om_core.memory.gaps import gap_safe_at
     from om_core.memory.compaction import compact as run_compact
+    from om_core.memory.fold import session_offline
 
     ws = workspace()
     settings = ws.settings
@@ -120,6 +143,8 @@ def compact(
                   f"  left out: {result.leftOutObservations} observation(s), {result.leftOutReflections} "
                   f"reflection(s) (compactionSummaryMaxTokens {result.summaryMaxTokens})"
                   if result.leftOutObservations or result.leftOutReflections else ""))
+    if session_offline(ws, session):
+        err.print(OFFLINE_MEMORY, highlight=False)
 
 
 @app.command(epilog=examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c',

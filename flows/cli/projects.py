@@ -71,6 +71,10 @@ def project(
         out.print(f"  [dim]rests on {', '.join(r.supportingIds)}[/]", highlight=False)
     if view.retired:
         out.print(f"[dim]{len(view.retired)} retired (--json lists them with why)[/]")
+    if view.offline and view.reflections:
+        from flows.cli.memory import OFFLINE_MEMORY
+
+        err.print(OFFLINE_MEMORY, highlight=False)
 
 
 def _reflect(ws, path: str | None, model: str | None, api_base: str | None, as_json: bool) -> None:  # noqa: ANN001

@@ -18,8 +18,8 @@ from rich import box
 from rich.table import Table
 
 from flows import progress
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, err, examples, model_config, out, \
-    print_json, print_rows, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, counted, err, examples, \
+    model_config, out, print_json, print_rows, workspace
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.limits import run_guards
 from flows.preflight import check_cluster_run, check_credential
@@ -85,6 +85,14 @@ def run(
     # (checked now, announced once the targets are: a missing path is the one line `om run /missing` prints)
     config = model_config(settings, model, api_base, as_json, announce=False, limit=limit, max_cost=max_cost)
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
+    if _no_session_files(targets, exclude):  # nothing to read: no database, no lock file, no replay claimed
+        if as_json:
+            print_json({"run_id": None, "sessions": [], "errors": [], "failures": [], "skipped": [],
+                        "database": str(ws.path), "offline": config.offline, "session_files": 0})
+        else:
+            out.print(escape(f"no Pi session files (*.jsonl) in {', '.join(targets)}: nothing to ingest or "
+                             "replay"), highlight=False)
+        return
     with ws.one_writer("run"):  # from before the plan's ingest to the last commit: a second run gets exit 3
         say("checking the targets and ingesting new lines…")
         checked = check_targets(ws, targets)
@@ -113,13 +121,21 @@ def run(
         print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
                     "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost,
                     "projects": summary.get("projects", []),
-                    "warnings": list(plan.warnings), "notes": list(plan.notes)})
+                    "warnings": list(plan.warnings), "notes": list(plan.notes),
+                    "database": str(ws.path), "offline": config.offline})
     else:
-        if summary["run_id"] is None:
-            why = "passive is set: ingest only" if settings.passive else "nothing changed since the last replay"
-            out.print(f"{len(plan.session_ids)} session(s), none to replay ({why})", highlight=False)
+        if summary["run_id"] is None and not plan.session_ids:
+            out.print(escape(f"no session to replay in {ws.path}"), highlight=False)
+        elif summary["run_id"] is None:
+            why = ("passive is set: ingest only" if settings.passive else
+                   "each is unchanged since its last complete replay")
+            out.print(escape(f"{counted(len(plan.session_ids), 'session')} in {ws.path}, none to replay ({why})"),
+                      highlight=False)
         else:
             _print_run_table(summary, rows, skipped)
+            out.print(escape(f"memory in {ws.path}"), highlight=False)
+            if config.offline:  # what it recorded copies, it does not understand: say so where it is shown
+                out.print(OFFLINE_NOTE, highlight=False)
             for p in summary.get("projects", []):  # the project stages after the sessions (issue 35)
                 why = p.get("error") or p.get("reason")
                 out.print(escape(f"project {p.get('project_id', '?')}: {p['outcome']}"
@@ -131,6 +147,20 @@ def run(
         raise typer.Exit(1)
     if cost.get("stopped_by_max_cost"):
         raise typer.Exit(4)
+
+
+OFFLINE_NOTE = ("memory by the offline baseline (extractive rules, no model): it copies what was said, "
+                "it does not understand; run with --model for a model's memory")
+
+
+def _no_session_files(targets: list[str], exclude) -> bool:
+    """Every target is an existing folder or file and no *.jsonl file is among them (a session id or a
+    missing path is left to the plan, which names it)."""
+    from om_core.ingest.files import discover
+    from om_core.replay.plan import split_targets
+
+    paths, ids, missing = split_targets(targets)
+    return bool(paths) and not ids and not missing and not discover(paths, exclude or ())[0]
 
 
 def _cost_estimate(ws, targets, config, max_cost, as_json: bool):

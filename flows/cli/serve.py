@@ -13,8 +13,8 @@ import typer
 from rich.markup import escape
 
 from flows.deployments import resolved_inputs, serve_locally
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, err, examples, print_json, print_rows, state, \
-    warn_exposure, workspace
+from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, db_source, err, examples, out, print_json, print_rows, \
+    state, warn_exposure, workspace
 from flows.interrupt import serve_until_signal
 from flows.preflight import check_credential
 from flows.runner import prepare_environment
@@ -132,13 +132,17 @@ def _live_endpoint(ws, live: Path | None):
 def show_config(as_json: bool = typer.Option(False, "--json", help="Print settings and sources as JSON.")) -> None:
     """Print the resolved settings and where each value came from (defaults, Pi settings files,
     om.toml or --config, OM_* environment variables)."""
-    resolved = workspace().resolved
+    ws = workspace()
+    resolved = ws.resolved
+    database = {"path": str(ws.path), "exists": ws.path.exists(), "source": db_source()}
     if as_json:
         rows = resolved.rows()
-        print_json({"settings": resolved.settings.model_dump(mode="json"),
+        print_json({"database": database, "settings": resolved.settings.model_dump(mode="json"),
                     "effective": {k: value for k, value, _ in rows},
                     "sources": {k: src for k, _, src in rows}, "notes": resolved.notes})
         return
+    out.print(escape(f"database: {database['path']} ({database['source']}"
+                     + ("" if database["exists"] else "; not created yet") + ")"), highlight=False)
     print_rows(["setting", "value", "source"],
                [[key, json.dumps(value), source] for key, value, source in resolved.rows()], fold={"source"})
     for note in resolved.notes:

@@ -421,6 +421,18 @@ class ViewResult(BaseModel):
     compaction: FoldRef | None = None  # visible / replayed: the compaction the lists come from
     fullCounts: tuple[int, int] | None = None  # (observations, reflections) of full memory, when asked
     replayedCounts: tuple[int, int] | None = None  # of the replayed view, when it differs from visible
+    offline: bool = False  # the offline baseline wrote some of the session's memory
+
+
+def session_offline(ws: Workspace, session: str) -> bool:
+    """``offline_memory`` of a session named as a SESSION argument names it."""
+    with ws.read() as con:
+        return offline_memory(con, resolve_session(con, session))
+
+
+def offline_memory(con: duckdb.DuckDBPyConnection, session_id: str) -> bool:
+    """Whether the offline baseline (extractive rules, no model) recorded any of the session's memory."""
+    return bool(scalar(con, "offline_memory", {"session_id": session_id}))
 
 
 def view(ws: Workspace, session: str, leaf: str | None = None, full: bool = False,
@@ -432,14 +444,16 @@ def view(ws: Workspace, session: str, leaf: str | None = None, full: bool = Fals
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
+        offline = offline_memory(con, sid)
         if full:
-            return ViewResult(session_id=sid, tip=tip, which="full", memory=full_memory(con, sid, tip))
+            return ViewResult(session_id=sid, tip=tip, which="full", memory=full_memory(con, sid, tip),
+                              offline=offline)
         visible_ref, replayed_ref, _ = latest_folds(con, sid, tip)
         if replayed:
             return ViewResult(session_id=sid, tip=tip, which="replayed", memory=replayed_memory(con, sid, tip),
-                              compaction=replayed_ref)
+                              compaction=replayed_ref, offline=offline)
         result = ViewResult(session_id=sid, tip=tip, which="visible", memory=visible_memory(con, sid, tip),
-                            compaction=visible_ref)
+                            compaction=visible_ref, offline=offline)
         if result.memory.empty:
             everything = full_memory(con, sid, tip)
             result.fullCounts = (len(everything.observations), len(everything.reflections))

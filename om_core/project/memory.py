@@ -155,6 +155,7 @@ class ProjectView(BaseModel):
     retired: list[FoldedReflection] = Field(default_factory=list)
     new_tokens: float = 0  # the project stage's clock: input recorded since it last read
     threshold: int = 0
+    offline: bool = False  # the offline baseline (extractive rules, no model) wrote some of it
 
     def summary(self) -> str | None:
         return render_summary([r.line() for r in self.reflections], [])
@@ -172,7 +173,8 @@ def show_project(ws: Workspace, ref: str | None = None) -> ProjectView:
         folded = project_fold(con, project.project_id)
         sessions = named_rows(con, "project_session_tips", {"project_id": project.project_id})
         growth = named_rows(con, "project_growth_of", {"project_id": project.project_id})
-    return ProjectView(project_id=project.project_id, name=project.name, how=project.how,
+        offline = bool(scalar(con, "project_offline", {"project_id": project.project_id}))
+    return ProjectView(offline=offline, project_id=project.project_id, name=project.name, how=project.how,
                        git_roots=project.git_roots, git_remote=project.git_remote,
                        sessions=[{"session_id": s["session_id"], "file_path": s["file_path"],
                                   "started_at": s["started_at"].isoformat() if s["started_at"] else None}

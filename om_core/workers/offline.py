@@ -39,15 +39,44 @@ _ERROR_TEXT = re.compile(r"(?i)(traceback|\berror\b|exception|failed|cannot|not 
 _WRITE_TOOLS = {"edit": "edited", "write": "wrote", "multi_edit": "edited", "apply_patch": "patched"}
 
 
+# A sentence ends at . ! or ? followed by a space (".env", "v1.2" and "upload.py" end none), but not
+# after a common abbreviation.
+_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)(?<!\bvs\.)\s+")
+_CLAUSE_END = re.compile(r"[,;:]\s|\s[-–—]\s|\)\s")
+
+
+def sentences(text: str) -> list[str]:
+    """A text's sentences, each on one line: a line break ends one too."""
+    return [s for line in text.splitlines() for s in _SENTENCE_END.split(" ".join(line.split())) if s]
+
+
 def one_line(text: str, limit: int = MAX_CHARS) -> str:
+    """The text on one line, whole when it fits; else cut where a phrase ends, never inside one: after
+    the last whole sentence that fits, else the first sentence whole when it is at most twice the
+    limit, else after the last clause (a comma, semicolon, colon, dash or parenthesis) in the second
+    half of the limit, and only as a last resort between words. The cut is marked with " …"."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    if len(text) <= limit:
+        return text
+    ends = [m.start() for m in _SENTENCE_END.finditer(text)]
+    fitting = [end for end in ends if end <= limit]
+    if fitting:
+        return text[:fitting[-1]] + " …"
+    if ends and ends[0] <= 2 * limit:
+        return text[:ends[0]] + " …"
+    if not ends and len(text) <= 2 * limit and text[-1] in ".!?":
+        return text
+    clauses = [m.start() + (1 if text[m.start()] in ",;:)" else 0) for m in _CLAUSE_END.finditer(text[:limit + 1])]
+    clauses = [c for c in clauses if c >= limit // 2]
+    cut = clauses[-1] if clauses else text.rfind(" ", 0, limit + 1)
+    return text[:cut if cut > 0 else limit].rstrip(" ,;:-–—") + " …"
 
 
 def first_sentence(text: str, limit: int = MAX_CHARS) -> str:
-    text = " ".join(text.split())
-    match = re.search(r"(?<=[.!?])\s", text)
-    return one_line(text[: match.start()] if match and match.start() > 20 else text, limit)
+    """The first sentence (when it says something: over 20 characters), else the text, on one line."""
+    found = sentences(text)
+    first = found[0] if found else ""
+    return one_line(first if len(first) > 20 and len(found) > 1 else text, limit)
 
 
 def _texts(content: Any) -> str:
@@ -135,13 +164,12 @@ def observe_entries(chunk: list[SourceEntry]) -> list[dict]:
     return out
 
 
-_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 _ABSOLUTE = re.compile(r"(?i)\b(never|always|must( not)?|only want|do not|don'?t ever|not allowed|under no circumstances)\b")
 _IDENTIFIER = re.compile(r"`[^`]{2,60}`|@?[\w.\-]*[/_.][\w./\-]+|\b[a-z]+[A-Z]\w*|\b[A-Z][a-z]+[A-Z]\w*")
 
 
 def _constraint_sentences(text: str) -> list[str]:
-    return [one_line(m.group().strip(), 300) for m in _SENTENCE.finditer(text) if _CONSTRAINT.search(m.group())]
+    return [one_line(sentence, 300) for sentence in sentences(text) if _CONSTRAINT.search(sentence)]
 
 
 def _identifiers(text: str) -> set[str]:

@@ -122,3 +122,8 @@ FROM hits h
 JOIN om_internal.ledger r ON r.session_id = h.session_id AND r.ledger_id = h.ledger_id
 WHERE r.origin = 'pipeline' AND anchor_gone_reason(r.session_id, r.anchor_entry_id) IS NOT NULL
 ORDER BY h.session_id, r.append_seq, h.item_index;
+
+-- name: offline_memory
+-- Whether the offline baseline (extractive rules, no model) wrote any of this session's memory: the
+-- commands that show it say so.
+SELECT count(*) > 0 FROM stages WHERE session_id = $session_id AND outcome = 'recorded' AND model = 'offline';

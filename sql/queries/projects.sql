@@ -104,3 +104,7 @@ SELECT project_id FROM project_growth WHERE new_tokens >= $threshold ORDER BY pr
 -- name: file_compactions_on_branch
 -- Compactions the session file holds on the branch (Pi's, the extension's): none before a first one.
 SELECT count(*) FROM branch_compactions($session_id, $tip) WHERE origin <> 'simulated';
+
+-- name: project_offline
+-- Whether the offline baseline wrote any of the project's memory: `om project` says so.
+SELECT count(*) > 0 FROM project_stages WHERE project_id = $project_id AND outcome = 'recorded' AND model = 'offline';
