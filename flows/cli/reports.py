@@ -3,6 +3,7 @@ file, or an HTML page."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -54,7 +55,7 @@ def gaps(
     'om export SESSION --out continued.jsonl', 'om export SESSION --out continued.jsonl --force --json'))
 def export(
     session: SessionArg,
-    out_file: Path = typer.Option(..., "--out", help="The new session file to write (never the input)."),
+    out_file: Path = typer.Option(..., "--out", help="The new session file to write (never the input); - writes it to standard output."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
     compact: bool = typer.Option(False, "--compact", help="Also append at the tip a compaction entry Pi reads: the "
                                  "memory summary at Pi's cut point (so plain Pi resumes from it)."),
@@ -64,7 +65,13 @@ def export(
     entries, so Pi with the extension continues with this memory."""
     from om_core.pi.export import export_session
 
-    report = export_session(workspace(), session, out_file, overwrite=force, compact=compact)
+    to_stdout = str(out_file) == "-"
+    report = export_session(workspace(), session, None if to_stdout else out_file, overwrite=force,
+                            compact=compact, sink=sys.stdout.write)
+    if to_stdout:  # the file is the output: what a summary would say goes to stderr
+        err.print(f"exported {counted(report.entries, 'entry', 'entries')} and "
+                  f"{counted(report.records, 'ledger record')} to standard output", highlight=False)
+        return
     if as_json:
         print_json(report.as_json())
     else:
@@ -82,11 +89,14 @@ def export(
 @app.command(epilog=examples('om report', 'om report SESSION --out report-dir'))
 def report(
     sessions: Optional[list[str]] = typer.Argument(None, help="Sessions (default: all)."),
-    out_dir: Path = typer.Option(Path("report"), "--out", help="Directory for index.html."),
+    out_dir: Path = typer.Option(Path("report"), "--out", help="Directory for index.html; - prints the page to standard output."),
 ) -> None:
     """A static HTML report that opens offline: memory over each session's timeline, compaction
     points with their gap class, token and cost totals."""
-    from om_core.report import build_report
+    from om_core.report.page import build_report, report_page
 
+    if str(out_dir) == "-":
+        sys.stdout.write(report_page(workspace(), sessions or None))
+        return
     page = build_report(workspace(), sessions or None, out_dir)
     out.print(f"wrote {escape(str(page))}", highlight=False)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -132,20 +133,23 @@ def _migrated(raw: str, entry_id: str, parent_id: str | None, entry_type: str | 
     return obj
 
 
-def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrite: bool = False,
-                   compact: bool = False) -> ExportReport:
-    """Write the new session file; with ``compact``, the tip compaction by the workspace's settings."""
-    out_path = Path(out).resolve()
+def export_session(ws: Workspace, session: str, out: str | os.PathLike | None, overwrite: bool = False,
+                   compact: bool = False, sink: Callable[[str], None] | None = None) -> ExportReport:
+    """Write the new session file; with ``compact``, the tip compaction by the workspace's settings.
+    ``out`` None: the file's text goes to ``sink`` instead (``om export --out -``: standard output)."""
+    out_path = None if out is None else Path(out).resolve()
     settings = ws.settings if compact else None  # resolved only when used, before the database is read
     with ws.read() as con:
         sid = resolve_session(con, session)
         session_row = dbmod.named_row(con, "export_header", {"session_id": sid})
         file_path, version = session_row["file_path"], session_row["version"]
-        if out_path == Path(file_path).resolve():
+        if out_path is None:
+            pass
+        elif out_path == Path(file_path).resolve():
             raise InvalidArgument("refusing to overwrite the session file itself; choose another --out")
-        if out_path.is_dir():
+        elif out_path.is_dir():
             raise InvalidArgument(f"{out_path} is a directory; --out takes the path of the new session file")
-        if out_path.exists() and not overwrite:
+        elif out_path.exists() and not overwrite:
             raise InvalidArgument(f"{out_path} exists; pass --force to replace it")
         entries = dbmod.named_rows(con, "export_entries", {"session_id": sid})
         records = record_payloads(con, sid)
@@ -179,12 +183,15 @@ def export_session(ws: Workspace, session: str, out: str | os.PathLike, overwrit
             compaction, skipped = tip_compaction(con, sid, lines, settings)
         if compaction is not None:
             lines.append(_dumps(compaction))
-    _write_whole(out_path, "\n".join(lines) + "\n")
+    if out_path is None:
+        (sink or (lambda text: None))("\n".join(lines) + "\n")
+    else:
+        _write_whole(out_path, "\n".join(lines) + "\n")
     # the entry appended, as om reports it (snake_case, like the columns it becomes once ingested)
     summary = None if compaction is None else {"id": compaction["id"], "parent_id": compaction["parentId"],
                                                "first_kept_entry_id": compaction["firstKeptEntryId"],
                                                "tokens_before": compaction["tokensBefore"]}
-    return ExportReport(sid, str(out_path), len(entries), len(records), relinked, int(quarantined), summary, skipped)
+    return ExportReport(sid, "-" if out_path is None else str(out_path), len(entries), len(records), relinked, int(quarantined), summary, skipped)
 
 
 def _write_whole(out_path: Path, text: str) -> None:

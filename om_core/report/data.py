@@ -16,7 +16,7 @@ import duckdb
 from pydantic import BaseModel
 
 from om_core.store.catalog import SessionInfo, list_sessions, resolve_session
-from om_core.store.db import named_row, named_rows
+from om_core.store.db import named_row, named_rows, scalar
 from om_core.memory.gaps import CompactionGap, compaction_gaps
 
 if TYPE_CHECKING:
@@ -95,6 +95,7 @@ class SessionReport:
     visible: tuple[int, int] = (0, 0)  # (observations, reflections) of the file's own latest om.folded compaction
     replayed: tuple[int, int] = (0, 0)  # the same with the replay's simulated compactions counted
     calls_by_stage: list[CallStats] = field(default_factory=list)
+    offline: bool = False  # the offline baseline (extractive rules, no model) wrote some of its memory
 
     @property
     def sid(self) -> str:
@@ -193,6 +194,7 @@ def collect(ws: Workspace, sessions: list[str] | None) -> list[SessionReport]:
         reports = [SessionReport(info) for info in infos]
         for report in reports:
             _current_branch(con, report)
+            report.offline = bool(scalar(con, "offline_memory", {"session_id": report.sid}))
             _model_calls(con, report)
             if report.tip is None:
                 continue

@@ -266,7 +266,8 @@ def _session_html(index: int, report: SessionReport, settings: Settings) -> str:
     classes = report.class_counts()
     calls = report.calls
     parts = [f'<section class="session" id="{anchor_id(index, report.sid)}" data-session="{esc(report.sid)}">',
-             f"<h2>Session <code>{esc(report.sid)}</code></h2>",
+             f"<h2>Session <code>{esc(report.sid)}</code>"
+             + (' <span class="tag offline">offline baseline</span>' if report.offline else "") + "</h2>",
              f'<p class="meta">{esc(info.file_path)}' + (f" · cwd {esc(info.cwd)}" if info.cwd else "") + "</p>"]
     if report.tip is None or report.tip_position is None:
         parts.append('<p class="empty no-entries">This session has no entries.</p></section>')
@@ -392,6 +393,13 @@ def render_page(reports: list[SessionReport], settings: Settings, database: str 
         body.append('<section><p class="empty no-sessions">No sessions in this database: run '
                     '<code>om ingest PATH</code> first.</p></section>')
     else:
+        offline = [r for r in reports if r.offline]
+        if offline:  # its memory copies what was said: the reader must know before reading it
+            body.append('<p class="offline-note">The memory of ' + (
+                "every session" if len(offline) == len(reports) else
+                f'{len(offline)} of {len(reports)} sessions') + ' below was written by the <strong>offline '
+                'baseline</strong> (extractive rules, no model): excerpts of what was said, not a model\'s '
+                'understanding. <code>om run --model MODEL</code> replaces it.</p>')
         body.append(_overview_html(reports, settings))
         body.extend(_session_html(i, r, settings) for i, r in enumerate(reports))
     body.append('<footer>Made by <code>om report</code>: inline SVG, no scripts; hover a point or a marker for '
@@ -405,13 +413,19 @@ def render_page(reports: list[SessionReport], settings: Settings, database: str 
 def build_report(ws: Workspace, sessions: list[str] | None, out_dir: str | Path) -> Path:
     """Write ``out_dir/index.html`` about ``sessions`` (references as `om` accepts them; None: all),
     with the workspace's settings (the pool budget and target drawn in the charts)."""
-    settings = ws.settings  # resolved first: a bad settings source fails before any reading
-    reports = collect(ws, sessions)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InvalidArgument(f"{out} is a file; --out takes a directory for index.html")
+    page = report_page(ws, sessions)
     out.mkdir(parents=True, exist_ok=True)
     index = out / "index.html"
-    database = ws.path if ws.path is not None else "(an open connection)"
-    index.write_text(render_page(reports, settings, database), encoding="utf-8")
+    index.write_text(page, encoding="utf-8")
     return index
+
+
+def report_page(ws: Workspace, sessions: list[str] | None) -> str:
+    """The report's one HTML page (``om report --out -`` prints it)."""
+    settings = ws.settings  # resolved first: a bad settings source fails before any reading
+    reports = collect(ws, sessions)
+    database = ws.path if ws.path is not None else "(an open connection)"
+    return render_page(reports, settings, database)

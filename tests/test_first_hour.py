@@ -1,0 +1,174 @@
+"""A new user's first hour, through the installed `om` entry point (the console script of this
+environment, in a process of its own): every command shows what exists and says what it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "sessions"
+OM = Path(sys.executable).parent / "om"  # what `pip install` put on PATH
+# the demo's thresholds (Makefile: DEMO_ENV): the small samples then get every worker and a compaction
+DEMO_ENV = {"OM_OBSERVE_AFTER_TOKENS": "4000", "OM_REFLECT_AFTER_TOKENS": "8000", "OM_COMPACT_AFTER_TOKENS": "30000",
+            "OM_OBSERVATIONS_POOL_MAX_TOKENS": "3000"}
+OFFLINE = "offline baseline (extractive rules, no model)"
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_API_URL"))}
+    return {**env, "HOME": str(home), "XDG_DATA_HOME": str(home / "data"), "COLUMNS": "120", **extra}
+
+
+def om(*args: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    if not OM.exists():
+        pytest.skip(f"{OM} is not installed (pip install -e . puts it there)")
+    return subprocess.run([str(OM), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, prefect_api):
+    """examples/sessions run once with the offline baseline and the demo's thresholds: (db, env, run)."""
+    root = tmp_path_factory.mktemp("first-hour")
+    folder = root / "sessions"
+    shutil.copytree(EXAMPLES, folder)
+    env = env_for(root / "home", PREFECT_API_URL=prefect_api, **DEMO_ENV)
+    db = root / "om.duckdb"
+    done = om("run", str(folder), "--db", str(db), cwd=root, env=env, timeout=600)  # --db after the command
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return db, env, done, folder
+
+
+@pytest.mark.prefect
+def test_the_run_summary_names_the_database_and_says_the_memory_is_offline(demo):
+    db, _, done, _ = demo
+    assert f"memory in {db}" in done.stdout
+    assert "memory by the offline baseline" in done.stdout
+
+
+@pytest.mark.prefect
+def test_om_view_shows_what_exists_and_labels_it(demo):
+    db, env, _, folder = demo
+    # the long sample: no om.folded compaction of its own, but the replay simulated some
+    long = om("view", str(folder / "harbor-sync-long.jsonl"), "--db", str(db), cwd=folder, env=env)
+    assert long.returncode == 0, long.stderr
+    assert "## Observations" in long.stdout and re.search(r"^\[[0-9a-f]{12}\] ", long.stdout, re.MULTILINE)
+    assert "showing the replayed view" in long.stderr and "what the extension would have shown" in long.stderr
+    assert OFFLINE in long.stderr
+    # a short sample the replay never compacted: full memory, labelled
+    short = om("view", str(folder / "tidewatch-units.jsonl"), "--db", str(db), cwd=folder, env=env)
+    assert short.returncode == 0, short.stderr
+    assert "## Observations" in short.stdout and "showing full memory" in short.stderr
+    assert "is empty" not in short.stderr and OFFLINE in short.stderr
+    # --json keeps to the view asked for (scripts read exactly what they asked)
+    asked = json.loads(om("view", str(folder / "tidewatch-units.jsonl"), "--json", "--db", str(db), cwd=folder,
+                          env=env).stdout)
+    assert asked["observations"] == [] and asked["reflections"] == []
+
+
+@pytest.mark.prefect
+def test_om_compact_says_the_memory_is_offline(demo):
+    db, env, _, folder = demo
+    done = om("--db", str(db), "compact", str(folder / "harbor-sync-long.jsonl"), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and OFFLINE in done.stderr
+
+
+@pytest.mark.prefect
+def test_the_report_says_the_memory_is_offline_and_prints_to_stdout(demo):
+    db, env, _, folder = demo
+    done = om("report", "--out", "-", "--db", str(db), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("<!DOCTYPE html>") and 'class="offline-note"' in done.stdout
+    assert done.stdout.count('class="tag offline"') == 3
+    assert not (folder / "-").exists()
+
+
+@pytest.mark.prefect
+def test_om_export_out_dash_writes_the_session_file_to_stdout(demo):
+    db, env, _, folder = demo
+    done = om("export", str(folder / "tidewatch-units.jsonl"), "--out", "-", "--db", str(db), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0]["type"] == "session" and any(line.get("customType", "").startswith("om.") for line in lines)
+    assert "to standard output" in done.stderr and not (folder / "-").exists()
+
+
+@pytest.mark.prefect
+def test_the_offline_baseline_ends_its_excerpts_where_a_phrase_ends(demo):
+    db, env, _, folder = demo
+    done = om("sql", "--json", "SELECT content FROM observations UNION ALL SELECT content FROM reflections",
+              "--db", str(db), cwd=folder, env=env)
+    contents = [row["content"] for row in json.loads(done.stdout)]
+    assert len(contents) > 100
+    for content in contents:
+        assert not re.search(r"\s[.,;:]$", content), content  # "that includes ." : a sentence cut at ".env"
+        if content.endswith("…"):
+            assert re.search(r"[.!?,;:)\w] …$", content), content
+
+
+def test_a_sentence_is_never_cut_inside_a_phrase():
+    from om_core.workers.offline import _constraint_sentences, one_line
+
+    said = "Never commit secrets, and that includes .env files. And placeholders must not match the pattern."
+    assert _constraint_sentences(said) == ["Never commit secrets, and that includes .env files.",
+                                           "And placeholders must not match the pattern."]
+    long = ("Read through it and tell me how a sync run works, what the watermark does, and what looks fragile. "
+            "Don't change anything yet. ") * 4
+    cut = one_line(long, 200)
+    assert cut.endswith(". …") and long.startswith(cut[:-2])  # after a whole sentence
+    run_on = "first the ledger, then the fold, then the projection, " * 10
+    cut = one_line(run_on, 120)
+    assert cut.endswith("projection …") or cut.endswith("fold …") or cut.endswith("ledger …"), cut
+
+
+def test_an_empty_folder_claims_no_replay_and_creates_no_database(tmp_path):
+    (tmp_path / "empty").mkdir()
+    env = env_for(tmp_path / "home")
+    done = om("run", "empty", "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "nothing changed" not in done.stdout + done.stderr
+    assert "no Pi session files" in done.stdout
+    assert not (tmp_path / "om.duckdb").exists() and not (tmp_path / "om.duckdb.lock").exists()
+
+
+def test_a_file_that_is_no_session_is_not_counted_as_ingested(tmp_path):
+    (tmp_path / "notes.jsonl").write_text('{"level": "info", "msg": "hello"}\n')
+    env = env_for(tmp_path / "home")
+    done = om("ingest", "notes.jsonl", "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 1
+    assert "ingested 1 file" not in done.stdout and "no session file ingested" in done.stdout
+    assert "not a Pi session file" in done.stderr
+    run = om("run", "notes.jsonl", "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=120)
+    assert run.returncode == 1 and "nothing changed" not in run.stdout and "not a Pi session file" in run.stderr
+
+
+def test_db_is_taken_before_or_after_the_command_and_named(tmp_path):
+    env = env_for(tmp_path / "home")
+    ingest = om("ingest", str(EXAMPLES / "tidewatch-units.jsonl"), "--db", "mine.duckdb", cwd=tmp_path, env=env,
+                timeout=120)
+    assert ingest.returncode == 0, ingest.stderr
+    assert "into mine.duckdb" in ingest.stdout
+    for args in (["--db", "mine.duckdb", "sessions", "--json"], ["sessions", "--json", "--db", "mine.duckdb"],
+                 ["sessions", "--db=mine.duckdb", "--json"]):
+        done = om(*args, cwd=tmp_path, env=env, timeout=120)
+        assert done.returncode == 0, (args, done.stderr)
+        assert [s["session_id"][:8] for s in json.loads(done.stdout)] == ["5b0e7c1a"], args
+    config = om("config", "--db", "mine.duckdb", cwd=tmp_path, env=env, timeout=120)
+    assert config.stdout.startswith("database: mine.duckdb (--db)"), config.stdout[:200]
+    data = json.loads(om("config", "--json", cwd=tmp_path, env={**env, "OM_DB": "other.duckdb"}, timeout=120).stdout)
+    assert data["database"] == {"path": "other.duckdb", "exists": False, "source": "OM_DB"}
+    # a value after `--` is an argument, never the option
+    from flows.cli.main import global_options_first
+
+    assert global_options_first(["sql", "--", "--db"]) == ["sql", "--", "--db"]
+    assert global_options_first(["--db", "a", "view", "S", "--config", "c.toml"]) == [
+        "--db", "a", "--config", "c.toml", "view", "S"]
