@@ -286,11 +286,13 @@ def test_with_no_folded_compaction_in_the_file_nothing_is_visible(tmp_path):
     assert extension_visible(path) == empty
     assert view_json(db_path, sid) == empty  # the replay's compactions were never in the file
     full = view_json(db_path, sid, "--full")
+    # the text form shows what exists instead of nothing: here the replayed view, labelled as such
     result = CliRunner().invoke(app, ["--db", str(db_path), "view", sid])
-    assert result.exit_code == 0 and result.stdout == ""
-    assert "no om.folded compaction" in result.stderr
-    assert f"full memory holds {len(full['observations'])} observation(s)" in result.stderr
-    assert "om view --full" in result.stderr and "om view --replayed" in result.stderr
+    replayed_text = CliRunner().invoke(app, ["--db", str(db_path), "view", sid, "--replayed"])
+    assert result.exit_code == 0 and result.stdout == replayed_text.stdout != ""
+    assert "no memory the agent saw" in result.stderr and "showing the replayed view" in result.stderr
+    assert "what the extension would have shown, not what the agent saw" in result.stderr
+    assert full["observations"]
     assert view_json(db_path, sid, "--replayed") == simulated
 
     # om status: visible counts 0, the replayed block says what the simulation shows, drift is against visible

@@ -210,7 +210,11 @@ def test_view_text_is_the_rendered_summary(om):
         f"[{O6['id']}] 2026-01-15 14:17 [medium] Rate limiter tests added in middleware.test.ts; all 12 pass.\n"
         f"[{O7['id']}] 2026-01-15 14:19 [medium] CI set up on GitHub Actions in .github/workflows/ci.yml.\n")
     assert O1["id"] == "695f1216a077" and R1["id"] == "db5f3b2f5d4d"
-    assert om("view", SID, "--leaf", E[13]).stdout == ""  # nothing visible yet: nothing rendered
+    # nothing visible yet: the text form shows full memory instead, labelled (--json keeps to visible)
+    assert om.json("view", SID, "--leaf", E[13]) == {"observations": [], "reflections": []}
+    shown = om("view", SID, "--leaf", E[13])
+    assert shown.stdout == om("view", SID, "--leaf", E[13], "--full").stdout != ""
+    assert "showing full memory" in shown.stderr
 
 
 def test_view_full_is_the_ledger_folded_at_the_tip(om):
