@@ -172,3 +172,32 @@ def test_db_is_taken_before_or_after_the_command_and_named(tmp_path):
     assert global_options_first(["sql", "--", "--db"]) == ["sql", "--", "--db"]
     assert global_options_first(["--db", "a", "view", "S", "--config", "c.toml"]) == [
         "--db", "a", "--config", "c.toml", "view", "S"]
+
+
+@pytest.mark.prefect
+def test_om_status_without_a_session_shows_every_session(demo):
+    db, env, _, folder = demo
+    done = om("status", "--db", str(db), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    for name in ("harbor-sync-long", "tidewatch-units", "budgetbox-duckdb"):
+        assert name in done.stdout
+    assert "offline baseline" in done.stdout and "nothing to do" in done.stdout and f"database {db}" in done.stdout
+    rows = json.loads(om("status", "--json", "--db", str(db), cwd=folder, env=env).stdout)
+    assert len(rows) == 3 and all(r["offline"] and not r["next_run_replays"] for r in rows)
+    assert sum(r["observations"] for r in rows) > 100
+
+
+@pytest.mark.prefect
+def test_om_search_kind_keeps_to_the_kinds_asked_and_ranks_them_anew(demo):
+    db, env, _, folder = demo
+    everything = json.loads(om("search", "watermark", "--json", "--limit", "50", "--db", str(db), cwd=folder,
+                               env=env).stdout)["hits"]
+    assert {h["kind"] for h in everything} >= {"entry", "observation"}
+    only = json.loads(om("search", "watermark", "--kind", "reflection", "--kind", "observation", "--json",
+                         "--db", str(db), cwd=folder, env=env).stdout)["hits"]
+    assert only and {h["kind"] for h in only} <= {"reflection", "observation"}
+    assert [h["rank"] for h in only] == list(range(1, len(only) + 1))
+    expected = [h["memory_id"] for h in everything if h["kind"] in ("reflection", "observation")]
+    assert [h["memory_id"] for h in only] == expected[:len(only)]
+    bad = om("search", "watermark", "--kind", "bogus", "--db", str(db), cwd=folder, env=env)
+    assert bad.returncode == 2 and "'bogus' is not one of" in bad.stderr

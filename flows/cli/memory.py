@@ -4,6 +4,7 @@ model-free (these import neither litellm nor Prefect)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -301,10 +302,11 @@ def _print_orphaned(orphans) -> None:
         out.print(f"  [yellow]source gone:[/] {escape(o.why)}", highlight=False)
 
 
-@app.command(epilog=examples('om status SESSION', 'om status SESSION --model openai/gpt-4o-mini',
+@app.command(epilog=examples('om status', 'om status SESSION', 'om status SESSION --model openai/gpt-4o-mini',
                             'om status SESSION --leaf ID --json'))
 def status(
-    session: SessionArg,
+    session: Optional[str] = typer.Argument(None, help="Session id, unique id prefix, or ingested file path "
+                                            "(default: one line for every session)."),
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Status as of this entry (default: current leaf)."),
     model: Optional[str] = typer.Option(None, "--model", envvar="OM_MODEL", help="The model om run would use (default: "
                                         "the configured one, else the offline baseline): due is what that run does."),
@@ -316,9 +318,17 @@ def status(
     session (it changed since its last complete replay) and the replay's rules run the stage at the
     branch's last turn end. Where a clock passed its threshold and its stage would still not run, the
     reason is given in words (nothing new since the last replay, backed off after an empty result, this
-    input already answered)."""
+    input already answered).
+
+    Without SESSION: every session on one line each (memory counts, what is visible, whether the next
+    om run replays it)."""
     from om_core.memory.status import status as branch_status
 
+    if session is None:
+        if leaf is not None:
+            raise InvalidArgument("--leaf needs a SESSION")
+        _all_sessions_status(model, as_json)
+        return
     s = branch_status(workspace(), session, leaf, model)
     if as_json:
         print_json(s.model_dump(mode="json"))
@@ -362,3 +372,35 @@ def status(
     for e in s.last_errors:
         out.print(f"[yellow]{e.get('source')}[/]: " + escape(f"{e.get('reason')} {e.get('detail') or ''}"),
                   highlight=False)
+
+
+def _all_sessions_status(model: Optional[str], as_json: bool) -> None:
+    """`om status` without a session: each session's status on one line (the same status, one path)."""
+    from om_core.memory.fold import offline_memory
+    from om_core.memory.status import status as branch_status
+    from om_core.pi.session import file_label
+    from om_core.store.catalog import sessions as list_sessions
+
+    ws = workspace()
+    rows = []
+    for info in list_sessions(ws):
+        s = branch_status(ws, info.session_id, None, model)
+        with ws.read() as con:
+            offline = offline_memory(con, info.session_id)
+        rows.append({"session_id": s.session_id, "file": info.file_path, "observations": s.observations["active"],
+                     "reflections": s.reflections["recorded"], "visible": s.observations["visible"]
+                     + s.reflections["visible"], "replayed": s.replayed.observations + s.replayed.reflections,
+                     "offline": offline, "next_run_replays": s.next_run.replays, "next_run": s.next_run.why})
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print(escape(f"no sessions in {ws.path} (om run PATH ingests and processes them)"), highlight=False)
+        return
+    print_rows(["session", "file", "observations", "reflections", "visible", "replayed", "memory by", "next om run"],
+               [[r["session_id"], file_label(Path(r["file"]).name, r["session_id"]), str(r["observations"]),
+                 str(r["reflections"]), str(r["visible"]), str(r["replayed"]),
+                 "offline baseline" if r["offline"] else ("a model" if r["observations"] else ""),
+                 "replays" if r["next_run_replays"] else "nothing to do"] for r in rows],
+               short={"session"}, fold={"file"}, drop=["replayed", "file"])
+    out.print(escape(f"database {ws.path}; om status SESSION for one session's clocks and pools"), highlight=False)

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, out, print_json, print_rows, workspace
 from om_core.errors import InvalidArgument
+from om_core.recall.kinds import SearchKind
 
 
 @app.command(epilog=examples('om project', 'om project ~/src/app --json', 'om project --list',
@@ -110,6 +111,9 @@ def search(
                                           "sessions' memory and entries, and its project memory."),
     session: Optional[str] = typer.Option(None, "--session", help="Only this session (id, prefix or file path)."),
     limit: int = typer.Option(20, "--limit", min=1, help="Hits to show at most."),
+    kind: Optional[list[SearchKind]] = typer.Option(
+        None, "--kind", help="Only hits of this kind (repeatable): observation, reflection, entry, "
+        "project_reflection."),
     as_json: bool = typer.Option(False, "--json", help="Print the hits as JSON."),
 ) -> None:
     """Search observations, reflections, source entries and project memory, best first (BM25).
@@ -124,7 +128,7 @@ def search(
 
     if project is not None and session is not None:
         raise InvalidArgument("choose one of --project and --session")
-    result = run_search(workspace(), query, project=project, session=session, limit=limit)
+    result = run_search(workspace(), query, project=project, session=session, limit=limit, kinds=kind)
     if as_json:
         print_json(result.as_json())
         return

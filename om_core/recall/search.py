@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
+from om_core.recall.kinds import SearchKind
 from om_core.store.db import named_rows, scalar
 from om_core.store.sqlfiles import query
 
@@ -125,7 +126,7 @@ def catch_up(ws: Workspace) -> int:
 
 
 def search(ws: Workspace, text: str, *, project: str | None = None, session: str | None = None,
-           limit: int = 20, raw: bool = False) -> SearchResult:
+           limit: int = 20, raw: bool = False, kinds: list[SearchKind] | None = None) -> SearchResult:
     """The best ``limit`` hits for ``text``, in one project (its id, name or folder), one session, or
     everywhere, their texts' secrets redacted as in compaction summaries (``raw``: as stored). An index
     that lacks documents is brought up to date first when nobody else writes."""
@@ -142,7 +143,8 @@ def search(ws: Workspace, text: str, *, project: str | None = None, session: str
             from om_core.project.repository import resolve_project
 
             pid = resolve_project(con, project, ws.settings.projects).project_id
-        rows = named_rows(con, "search", {"query": text, "project": pid, "session": sid, "limit": limit})
+        rows = named_rows(con, "search", {"query": text, "project": pid, "session": sid, "limit": limit,
+                                          "kinds": [k.value for k in kinds] if kinds else None})
     from om_core.redaction.redact import redact
 
     hits = [SearchHit(**{**r, "source_entry_ids": list(r["source_entry_ids"] or []),

@@ -96,7 +96,12 @@ SELECT greatest(0, (SELECT count(*) FROM om_internal.entries WHERE is_source)
        - (SELECT count(*) FROM om_internal.search_documents)) AS behind;
 
 -- name: search
-SELECT * FROM search_memory($query, $project, $session) WHERE rank <= $limit ORDER BY rank;
+-- The best hits of these kinds ($kinds NULL: all), ranked again among themselves.
+SELECT * REPLACE (row_number() OVER (ORDER BY rank) AS rank)
+FROM search_memory($query, $project, $session)
+WHERE $kinds IS NULL OR list_contains($kinds, kind)
+QUALIFY row_number() OVER (ORDER BY rank) <= $limit
+ORDER BY rank;
 
 -- name: all_session_ids
 SELECT session_id FROM om_internal.sessions ORDER BY session_id;
