@@ -4,7 +4,10 @@ no memory yet, and renders to PNG when a headless Chromium is at hand."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import struct
 import subprocess
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -349,3 +352,82 @@ def test_stylesheet_is_a_package_file(built):
     css = resources.files("om_core.report").joinpath("report.css")
     assert css.is_file()
     assert f"<style>\n{css.read_text(encoding='utf-8')}</style>" in built[2]
+
+
+# ---------------------------------------------------------------- the report a newcomer reads
+
+
+def test_the_pool_chart_scales_to_the_data_and_names_a_budget_far_above_it(built):
+    from om_core.report.svg import HLine, Series, line_chart
+
+    small = line_chart(title="pool", y_label="tokens", x_label="position", x_max=10,
+                       series=[Series("pool", "#000", [(0, 0), (5, 900), (10, 1200)])],
+                       hlines=[HLine("pool budget", 20_000, "#b91c1c", "7 4"), HLine("pool target", 1_000, "#6b7280",
+                                                                                    "2 3")])
+    chart = ET.fromstring(small)
+    ticks_shown = [t.text for t in chart.iter(f"{SVG}text") if t.get("class") == "tick" and t.get("text-anchor") == "end"]
+    assert ticks_shown[-1] in ("1.2k", "1.4k", "1.5k"), ticks_shown  # the axis ends near the data, not at 20k
+    legend = text_of(chart)
+    assert "pool budget (20,000): above the chart" in legend and "pool target (1,000)" in legend
+    assert "above the chart" not in legend.split("pool target", 1)[1]  # within the data's range: drawn
+    labels = [t.text for t in chart.iter(f"{SVG}text") if t.get("class") == "ref-label"]
+    assert labels == ["pool target 1k"]
+
+
+def test_two_compaction_markers_at_one_position_stand_side_by_side():
+    from om_core.report.svg import Marker, Series, line_chart
+
+    chart = ET.fromstring(line_chart(
+        title="t", y_label="y", x_label="x", x_max=100, series=[Series("s", "#000", [(0, 1), (100, 2)])],
+        markers=[Marker(40, "#16a34a", "Pi's compaction", legend="gap: none", style="session's compaction"),
+                 Marker(40, "#16a34a", "simulated compaction", dash="4 3", legend="gap: none",
+                        style="replayed (simulated) compaction")]))
+    xs = {g.findtext(f"{SVG}title"): float(g.find(f"{SVG}line").get("x1"))
+          for g in chart.iter(f"{SVG}g") if g.get("class") == "marker"}
+    assert abs(xs["Pi's compaction"] - xs["simulated compaction"]) >= 4, xs
+
+
+def test_one_position_is_said_in_the_singular(built):
+    _, _, html = built
+    assert "1 positions" not in html
+    assert re.search(r"\b1 position carries ledger records", html) or "positions carry" in html
+
+
+_DETAILS = """<script>window.addEventListener('load', () => {
+  const files = [...document.querySelectorAll('#overview td .file')].map(f =>
+    Math.round(f.getBoundingClientRect().height / parseFloat(getComputedStyle(f).lineHeight)));
+  const points = [...document.querySelectorAll('details.points')].map(d =>
+    d.open + ' ' + d.querySelectorAll('tbody tr').length + ' ' + Math.round(d.getBoundingClientRect().height));
+  const p = document.createElement('pre'); p.id = 'measured';
+  p.textContent = JSON.stringify({files, points, offline: document.querySelectorAll('.offline-note').length});
+  document.body.appendChild(p); });</script>"""
+
+
+def test_the_report_in_chromium_shows_its_details_without_tooltips(built, tmp_path):
+    """Looked at in a real browser: file names on one line, the charts' points in a visible table (a
+    printout or a screenshot loses SVG tooltips), the offline baseline said, and a screenshot of the
+    window's size."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no headless Chromium on this machine (apt-get install chromium)")
+    _, index, html = built
+    page = index.with_name("details.html")
+    page.write_text(html.replace("</body>", _DETAILS + "</body>"), encoding="utf-8")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1800",
+             "--virtual-time-budget=5000"]
+    done = subprocess.run([*flags, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=90,
+                          check=False)
+    assert '<pre id="measured">' in done.stdout, (done.stdout + done.stderr)[-2000:]
+    measured = json.loads(done.stdout.split('<pre id="measured">', 1)[1].split("</pre>", 1)[0])
+    assert measured["files"] and all(lines == 1 for lines in measured["files"]), measured
+    opened, rows, height = measured["points"][0].split()
+    assert opened == "true" and int(rows) >= 1 and int(height) > 60, measured
+    assert measured["offline"] == 1
+    png = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={png}", index.resolve().as_uri()], capture_output=True, timeout=90,
+                   check=False)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk: the screenshot is the window
+    assert (width, height) == (1200, 1800)

@@ -216,6 +216,25 @@ def _memory_charts(report: SessionReport, settings: Settings) -> str:
     return pool_chart + counts_chart
 
 
+POINTS_SHOWN = 12
+
+
+def _points_html(report: SessionReport) -> str:
+    """The charts' points as a table a printout or a screenshot keeps (the charts' details are SVG
+    tooltips): the latest positions that carry ledger records."""
+    time_of = _time_axis(report)
+    shown = report.timeline[-POINTS_SHOWN:]
+    rows = [[str(p.position), f'<span class="nowrap">{esc(time_of(p.position) if time_of else "")}</span>',
+             fmt_int(p.pool_tokens), fmt_int(p.active), fmt_int(p.recorded), fmt_int(p.dropped),
+             fmt_int(p.reflections)] for p in shown]
+    note = ("" if len(shown) == len(report.timeline) else
+            f'<p class="meta">The latest {len(shown)} of {len(report.timeline)} positions.</p>')
+    return ('<details class="points" open="open"><summary>Memory at each position that carries ledger records'
+            '</summary>' + _table(["position", "time (UTC)", "pool tokens", "active observations",
+                                   "recorded observations", "dropped", "reflections"], rows,
+                                  numeric={0, 2, 3, 4, 5, 6}, raw={1}) + note + '</details>')
+
+
 def _source_chart(report: SessionReport) -> str:
     points = [(float(p), float(t)) for p, t in report.source_cumulative]
     return line_chart(
@@ -256,7 +275,7 @@ def _compactions_html(report: SessionReport) -> str:
                    numeric={0, 1, 6, 7, 8, 9}, raw={2, 3, 4, 5, 10})
     return ('<h3>Compactions</h3><p class="meta">Markers in the charts, colored by gap class: solid for the '
             'session\'s own compactions (Pi\'s or the extension\'s), dashed for the ones the replay simulated (what '
-            'the extension would have done; never in the file); hover for details. '
+            'the extension would have done; never in the file); two at one position stand side by side. '
             'C is the last position the included observations cover.</p>' + f'<div class="compactions">{table}</div>')
 
 
@@ -303,7 +322,10 @@ def _session_html(index: int, report: SessionReport, settings: Settings) -> str:
         parts.append('<h3>Memory</h3>')
         parts.append(_memory_charts(report, settings))
         pressure = (final.pool_tokens / settings.observationsPoolMaxTokens) if final else 0
-        parts.append(f'<p class="meta">{len(report.timeline)} positions carry ledger records; at the tip the pool '
+        parts.append(_points_html(report))
+        one = len(report.timeline) == 1
+        parts.append(f'<p class="meta">{len(report.timeline)} position{"" if one else "s"} '
+                     f'carr{"ies" if one else "y"} ledger records; at the tip the pool '
                      f'holds {fmt_int(final.pool_tokens)} tokens, {pressure:.0%} of its '
                      f'{fmt_int(settings.observationsPoolMaxTokens)}-token budget; reflections hold '
                      f'{fmt_int(final.reflection_tokens)} tokens.</p>')
@@ -402,8 +424,8 @@ def render_page(reports: list[SessionReport], settings: Settings, database: str 
                 'understanding. <code>om run --model MODEL</code> replaces it.</p>')
         body.append(_overview_html(reports, settings))
         body.extend(_session_html(i, r, settings) for i, r in enumerate(reports))
-    body.append('<footer>Made by <code>om report</code>: inline SVG, no scripts; hover a point or a marker for '
-                'details.</footer>')
+    body.append('<footer>Made by <code>om report</code>: inline SVG, no scripts; the tables hold what the charts '
+                'show, and hovering a point or a marker repeats it.</footer>')
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/>'
             '<meta name="viewport" content="width=device-width, initial-scale=1"/>'
             f"<title>om report</title><style>\n{stylesheet()}</style></head><body><main>"

@@ -164,8 +164,13 @@ def line_chart(*, title: str, y_label: str, x_label: str, x_max: float, series: 
     for s in series:
         if s.name:
             legend_items.append(("area" if s.fill else "line", s.color, s.dash, s.name))
+    data_top = max([p[1] for s in series for p in s.points] + [0.0])
+    # the y axis is scaled to the data: a reference line far above it (a 20k budget over a 2k pool) would
+    # flatten the data to the bottom edge, so it is named in the legend as above the chart instead
+    drawn = [h for h in hlines if data_top <= 0 or h.value <= 2 * data_top]
     for h in hlines:
-        legend_items.append(("line", h.color, h.dash, f"{h.name} ({fmt_int(h.value)})"))
+        legend_items.append(("line", h.color, h.dash, f"{h.name} ({fmt_int(h.value)})"
+                             + ("" if h in drawn else ": above the chart")))
     seen: set[str] = set()
     for m in markers:
         if m.legend and m.legend not in seen:
@@ -182,7 +187,7 @@ def line_chart(*, title: str, y_label: str, x_label: str, x_max: float, series: 
     total_height = height
 
     x_max = max(float(x_max), 1.0)
-    y_top = max([p[1] for s in series for p in s.points] + [h.value for h in hlines] + [0.0])
+    y_top = max([data_top] + [h.value for h in drawn])
     y_max = nice_max(y_top * 1.04 if y_top > 0 else 1.0)
     if integer_y:
         y_max = max(y_max, 4.0)
@@ -217,8 +222,14 @@ def line_chart(*, title: str, y_label: str, x_label: str, x_max: float, series: 
     out.append(f'<text x="16" y="{cy:.1f}" class="axis-label" text-anchor="middle" '
                f'transform="rotate(-90 16 {cy:.1f})">{esc(y_label)}</text>')
     # vertical markers under the data: dashed ones first, so solid ones at the same place stay visible
+    # markers at one position (Pi's compaction and the one the replay simulated there) stand side by side
+    # rather than on top of each other
+    at: dict[float, list[Marker]] = {}
+    for m in markers:
+        at.setdefault(m.x, []).append(m)
+    shift = {id(m): (i - (len(group) - 1) / 2) * 5 for group in at.values() for i, m in enumerate(group)}
     for m in sorted(markers, key=lambda m: m.dash is None):
-        x = sx(m.x)
+        x = sx(m.x) + shift[id(m)]
         if m.dash:
             line = (f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{top + plot_h:.1f}" stroke="{esc(m.color)}" '
                     f'stroke-width="1.4" stroke-opacity="0.8" stroke-dasharray="{esc(m.dash)}"/>')
@@ -230,7 +241,7 @@ def line_chart(*, title: str, y_label: str, x_label: str, x_max: float, series: 
             head = f'M{x - 5:.1f},{top - 9:.1f} L{x + 5:.1f},{top - 9:.1f} L{x:.1f},{top - 1:.1f} Z'
         out.append(f'<g class="marker"><title>{esc(m.title)}</title>{line}<path d="{head}" fill="{esc(m.color)}"/></g>')
     # reference lines
-    for h in hlines:
+    for h in drawn:
         y = sy(h.value)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="{esc(h.color)}" '
                    f'stroke-width="1.5" stroke-dasharray="{esc(h.dash)}"/>')
