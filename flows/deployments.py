@@ -6,7 +6,7 @@
 
 Locally, ``om serve`` serves both from this process, on a local Prefect server it starts when
 PREFECT_API_URL is unset (the ephemeral API runs no schedules). On a Prefect server with a work pool
-and a worker, ``python -m deployments --pool NAME ...`` registers them (see the README).
+and a worker, ``python -m deployments --pool NAME ...`` registers them (docs/operating.md).
 
 Both carry the user's resolved settings (defaults, Pi settings files, om.toml or --config, OM_*) as
 the flow's ``settings`` parameter, resolved where the deployment is made: a scheduled run happens in

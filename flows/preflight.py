@@ -30,7 +30,7 @@ def check_credential(api_url: str) -> None:
         how = "refuses the credential in PREFECT_API_AUTH_STRING" if auth else \
             "requires a credential: set PREFECT_API_AUTH_STRING"
         raise PrefectRefused(f"the Prefect API at {api_url} (PREFECT_API_URL) {how} (a server om serve started: "
-                             "its om-server.env, README: Security)")
+                             "its om-server.env, docs/security.md)")
 
 
 def _scheduler_reachable(address: str, timeout: float = 3.0) -> bool:

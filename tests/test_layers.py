@@ -22,7 +22,7 @@ The layers, top to bottom (a module may import its own layer's modules and any l
 Storage imports only leaves (and each other); leaves import only leaves.
 
 The rooms (issue 34): om_core holds only the leaves' two modules and packages named after what they
-do, each for its SPEC sections (the README's Design map says which); a package's ``__init__`` imports
+do, each for its SPEC sections (docs/design.md says which); a package's ``__init__`` imports
 nothing of the project but its own modules, so entering a room costs nothing.
 
 An edge is the module named: ``from om_core.ingest import plan`` is an edge to om_core.ingest.plan,
@@ -47,7 +47,7 @@ LEAVES = {"om_core", "om_core.errors", "om_core.settings",
 STORAGE = {"om_core.store", "om_core.store.db", "om_core.store.sqlfiles", "om_core.store.migrations"}
 WORKSPACE = {"om_core.store.workspace", "om_core.replay.payload", "om_core.replay.engine", "om_core.eval.run"}
 
-# om_core's rooms, named after the SPEC (the README's Design map); nothing else sits in om_core
+# om_core's rooms, named after the SPEC (docs/design.md); nothing else sits in om_core
 ROOMS = {"pi", "store", "ingest", "ledger", "memory", "recall", "workers", "model", "redaction", "replay",
          "project", "eval", "report"}
 TOP_MODULES = {"__init__.py", "errors.py", "settings.py"}

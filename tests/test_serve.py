@@ -399,7 +399,7 @@ def test_om_serve_on_a_server_that_refuses_its_credential_says_so_in_one_line(tm
     assert line == (f"error: the Prefect API at {prefect_server.api_url} (PREFECT_API_URL) "
                     + ("requires a credential: set PREFECT_API_AUTH_STRING" if credential == "none" else
                        "refuses the credential in PREFECT_API_AUTH_STRING")
-                    + " (a server om serve started: its om-server.env, README: Security)"), done.stderr
+                    + " (a server om serve started: its om-server.env, docs/security.md)"), done.stderr
     assert "Traceback" not in done.stderr and "serving" not in done.stderr
     assert command == "serve" or not (tmp_path / "om.duckdb").exists()  # om run: before any work
 

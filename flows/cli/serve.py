@@ -66,7 +66,7 @@ def serve(
         if api_open(api_url):
             err.print("[yellow]warning:[/] this Prefect API answers without credentials: whoever reaches it reads "
                       "what om's runs record there (folders, settings, logs) and starts or stops them "
-                      "(README: Security)", highlight=False)
+                      "(docs/security.md)", highlight=False)
     prepare_environment()
     answering = _live_endpoint(ws, live) if endpoint else None
     if config.offline:
