@@ -438,4 +438,6 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         meaning="add the project's memory (its newest reflections within the budget) to a session's first "
                 "compaction (`om compact`, `om export --compact`, the live compaction)"),
     "projectMemoryMaxTokens": SettingDoc(meaning="the project reflections such a compaction adds, at most"),
+    "recallEmbeddings": SettingDoc(
+        meaning="recall by query fuses local semantic similarity (the `embeddings` extra) with the keyword ranking"),
 }

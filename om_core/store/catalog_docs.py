@@ -49,6 +49,7 @@ SCHEMA_DOCS: dict[str, ObjectDoc] = {
     'project_growth': ObjectDoc(what="the reflections and critical observations the project's sessions recorded since its stage last read them"),
     'search_documents': ObjectDoc(what="the search index's documents", columns={'doc_kind': 'observation, reflection, entry, project_reflection', 'scope_id': 'its session, or project', 'doc_id': 'memory id or entry id', 'length': 'terms'}),
     'search_terms': ObjectDoc(what='their terms (`text_terms`)'),
+    'search_vectors': ObjectDoc(what='their embeddings for recall by meaning (`recallEmbeddings`)', columns={'vec': 'unit length'}),
     'branch': ObjectDoc(what='the branch ending at tip, root first'),
     'branch_detail': ObjectDoc(what='the same with the columns most questions need'),
     'branch_records': ObjectDoc(what="every valid ledger record on the branch in branch order, with its watermark's position (NULL: dangling)"),
@@ -81,5 +82,9 @@ SCHEMA_DOCS: dict[str, ObjectDoc] = {
     'project_fold': ObjectDoc(what='the project fold: first record of an id wins, retirements are tombstones, forgotten supporting ids left out'),
     'project_memory': ObjectDoc(what="a project's current reflections"),
     'search_memory': ObjectDoc(what='BM25 over the index in one project, one session, or all (NULLs)'),
+    'search_ranked': ObjectDoc(what='the BM25 ranking alone, without the hits\' texts (recall by query fuses it)'),
+    'search_scope': ObjectDoc(what='the indexed documents a search looks at (forgotten ids left out)'),
+    'semantic_memory': ObjectDoc(what="cosine similarity of a query's embedding to the documents in scope, most similar first"),
+    'branch_documents': ObjectDoc(what="the session's memory recorded on the branch and its source entries (recall by query ranks these first)"),
     'text_terms': ObjectDoc(what="a text's search terms: words, identifiers (`err_conn_4417`, `upload.py`, `v1.2.3`) and paths (`src/upload.py:42`), lower case"),
 }
