@@ -438,6 +438,20 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         meaning="add the project's memory (its newest reflections within the budget) to a session's first "
                 "compaction (`om compact`, `om export --compact`, the live compaction)"),
     "projectMemoryMaxTokens": SettingDoc(meaning="the project reflections such a compaction adds, at most"),
+    "reflectionsPoolTargetTokens": SettingDoc(
+        meaning="the reflection dropper's target for the active reflections, measured on their rendered lines "
+                "`[id] content` (SPEC §13)"),
+    "workerMemoryMaxTokens": SettingDoc(
+        default="`contextWindow` / 4, else 16000",
+        meaning="the memory one observer, reflector or dropper request carries: observations at least half, "
+                "newest first for the observer and reflector, oldest first for the droppers (SPEC §13)"),
+    "compactionSummaryMaxTokens": SettingDoc(
+        default="`contextWindow` / 8, else 8000",
+        meaning="the rendered memory summary at most: newest records first, observations at least half (SPEC §13)"),
+    "prefectServerIdleSeconds": SettingDoc(
+        meaning="the local Prefect server an `om run` starts (when `PREFECT_API_URL` is unset) stays for the next "
+                "runs and stops after this many seconds without one; `om server status` / `om server stop` show "
+                "and end it; `0`: each run starts Prefect's temporary API and stops it"),
     "recallEmbeddings": SettingDoc(
         meaning="recall by query fuses local semantic similarity (the `embeddings` extra) with the keyword ranking"),
 }

@@ -27,6 +27,7 @@ SCHEMA_DOCS: dict[str, ObjectDoc] = {
     'observations': ObjectDoc(what='the observations of every record', columns={'ts_repaired_from': "the time the model gave when it lay outside the cited entries' times and om took the first cited entry's instead; NULL: as given"}),
     'reflections': ObjectDoc(what='the reflections of every record'),
     'drops': ObjectDoc(what='the observation ids each drop record retires', columns={'reason': "the dropper's reason for its record; NULL when none was given"}),
+    'reflection_drops': ObjectDoc(what='the reflection ids `om.reflections.dropped` records tombstone (SPEC §13)', columns={'kind': "the record's `replacedBy` and `kind` as JSON text; NULL when absent"}),
     'ledger_rejects': ObjectDoc(what='ledger entries that were ignored (invalid, V2, unknown) and why'),
     'orphaned_records': ObjectDoc(what="this project's records whose evidence a rewrite of their session file took away ([Rewritten session files](../analysts.md#rewritten-session-files))", columns={'reason': 'session_gone, anchor_gone: on no branch any more; sources_gone: on its branch, some observation sources gone'}),
     'compactions': ObjectDoc(what="every compaction: Pi's own entries (pi), the extension's om.folded ones (imported), and the ones om simulated; full_fold and the item lists exist only for folded ones", columns={'origin': 'pi, imported, simulated'}),
