@@ -19,7 +19,8 @@ from om_core.ledger.records import Observation, Reflection
 from om_core.store import db as dbmod
 from om_core.memory.fold import (CoveredObservation, active_memory, ledger_rows, observation_from_row,
                                  reflection_from_row)
-from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, age, reflection_memory_line
+from om_core.workers.checks import USER_ROLES
+from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, reflection_memory_line
 from om_core.memory.render import observation_line
 from om_core.pi.session import loads_line
 from om_core.settings import Settings
@@ -59,6 +60,12 @@ class SourceEntry:
         message = self.obj.get("message")
         return message if isinstance(message, dict) else {}
 
+
+# The observer's context: this many source entries before its chunk, each shown as at most
+# CONTEXT_MAX_CHARS (a head…tail excerpt): enough to read a reply that opens the chunk with what it
+# answers, and cite it, without resending a long proposal whole.
+CONTEXT_ENTRIES = 3
+CONTEXT_MAX_CHARS = 1_200
 
 HEAD_SHARE = 0.6  # of a cut text: its head (the command, the file's start) and tail (the result, the summary)
 
@@ -188,6 +195,7 @@ class ObserverInput:
     cap_tokens: int
     known_observation_ids: set[str]
     tool_max_tokens: int = 0  # observerToolMaxTokens (0: tool parts are shown whole)
+    context: list[SourceEntry] = field(default_factory=list)  # CONTEXT_ENTRIES before the chunk, already observed
 
     @property
     def first_id(self) -> str:
@@ -205,6 +213,27 @@ class ObserverInput:
     def chunk_times(self) -> dict[str, str]:
         """Each chunk entry's time (``YYYY-MM-DD HH:MM``, '' when unknown), in chunk order."""
         return {e.entry_id: e.timestamp for e in self.chunk}
+
+    @property
+    def citable_times(self) -> dict[str, str]:
+        """The entries a note may cite, with their times, in branch order: the context, then the chunk."""
+        return {e.entry_id: e.timestamp for e in [*self.context, *self.chunk]}
+
+    @property
+    def user_entry_ids(self) -> frozenset[str]:
+        """The citable entries in the user's own words (a message, a command the user ran)."""
+        return frozenset(e.entry_id for e in [*self.context, *self.chunk] if e.role in USER_ROLES)
+
+    def render_context(self, clean: Callable[[str], str] | None = None) -> str:
+        """The context entries as the observer reads them ('' when there are none), each cut to
+        ``CONTEXT_MAX_CHARS``."""
+        parts, day = [], None
+        for entry in self.context:
+            if entry.timestamp and entry.timestamp[:10] != day:
+                day = entry.timestamp[:10]
+                parts.append(DAY_LINE.format(day=day))
+            parts.append(render_entry(entry, CONTEXT_MAX_CHARS, clean, CONTEXT_MAX_CHARS)[0])
+        return "\n\n".join(parts)
 
     def render(self, clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
         """The chunk as the observer reads it, and whether an entry had to be excerpted."""
@@ -283,6 +312,11 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     cursor.fetchall()  # release the result before the next statement
     if not chunk:
         return None
+    context = [SourceEntry(entry_id=row["entry_id"], position=row["position"], entry_type=row["entry_type"],
+                           role=row["role"], timestamp=minute(row["ts"]), tokens=int(row["tokens_pi"] or 0),
+                           obj=loads_line(row["raw"]))
+               for row in dbmod.rows_as_dicts(con.execute(query("observer_context"), {
+                   "session_id": session_id, "tip": tip, "at": start, "n": CONTEXT_ENTRIES}))]
     state = ledger_rows(con, session_id, tip)
     memory = active_memory(state)
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
@@ -294,6 +328,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
         cap_tokens=cap,
         known_observation_ids=known,
         tool_max_tokens=settings.observerToolMaxTokens,
+        context=context,
     )
 
 
@@ -305,16 +340,29 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
     return tiers
 
 
+@dataclass
+class CoveredMemory:
+    """Current reflections, active observations with their coverage tiers, the memory as the workers
+    read it (``laid_out_memory``), and the active observations recorded after the last reflections
+    (None: no reflections recorded yet)."""
+
+    reflections: list[Reflection]
+    covered: list[CoveredObservation]
+    layout: MemoryLayout
+    new_since_reflections: list[str] | None
+
+
 def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
-                         full_fold_tokens: int) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout]:
-    """Current reflections, active observations with their coverage tiers, and the memory as the
-    workers read it (``laid_out_memory``), from one query."""
+                         full_fold_tokens: int) -> CoveredMemory:
+    """What the reflector and the dropper read, from one query."""
     rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
     reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
+    active = [r for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
-                                  coverage=r["coverage"])
-               for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered, laid_out_memory(rows, full_fold_tokens)
+                                  coverage=r["coverage"]) for r in active]
+    last = max((r["rec_order"] for r in rows if r["item_kind"] == "reflection"), default=None)
+    new = None if last is None else [r["id"] for r in active if r["rec_order"] > last]
+    return CoveredMemory(reflections, covered, laid_out_memory(rows, full_fold_tokens), new)
 
 
 class _CoveredPool:
@@ -338,6 +386,7 @@ class ReflectorInput(_CoveredPool):
     covered: list[CoveredObservation]
     observation_watermark: str  # the record's coversUpToId
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
+    new_ids: list[str] | None = None  # active observations recorded after the last reflections (None: none yet)
 
     @property
     def active_ids(self) -> set[str]:
@@ -359,8 +408,9 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
-    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory)
+    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    return ReflectorInput(session_id, tip, got.reflections, got.covered, watermark, got.layout,
+                          got.new_since_reflections)
 
 
 @dataclass
@@ -375,19 +425,32 @@ class DropperInput(_CoveredPool):
     watermark: str
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
     now: str = ""  # the tip's time: each observation's age is counted from it
+    user_sourced: frozenset[str] = frozenset()  # uncited critical observations citing the user's own words
+    guard: bool = True  # keepUncitedCritical: the dropper's guard (om_core.workers.checks.DropCheck)
 
     @property
     def active(self) -> dict[str, CoveredObservation]:
         return {c.observation.id: c for c in self.covered}
 
-    def ages(self) -> list[tuple[str, str, str]]:
-        """(id, age at ``now``, coverage) of each active observation, oldest first."""
+    def citing(self) -> dict[str, list[str]]:
+        """Each active observation's citing reflections (ids, in ledger order)."""
+        out: dict[str, list[str]] = {}
+        for r in self.reflections:
+            for obs_id in dict.fromkeys(r.supportingObservationIds):
+                out.setdefault(obs_id, []).append(r.id)
+        return out
+
+    def rows(self) -> list[tuple[str, str, str, float, str, list[str]]]:
+        """(id, age in minutes at ``now``, relevance, tokens, coverage, citing reflection ids) of each
+        active observation, oldest first."""
         now = _parse_minute(self.now)
+        citing = self.citing()
         out = []
         for c in self.covered:
-            then = _parse_minute(c.observation.timestamp)
-            when = age((now - then).total_seconds() / 60) if now and then else "?"
-            out.append((c.observation.id, when, c.coverage))
+            o = c.observation
+            then = _parse_minute(o.timestamp)
+            minutes = str(max(0, int((now - then).total_seconds() // 60))) if now and then else "?"
+            out.append((o.id, minutes, o.relevance, o.tokenCount, c.coverage, citing.get(o.id, [])))
         return out
 
     def stage_key(self, model: str) -> str:
@@ -408,7 +471,8 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    reflections, covered, memory = got.reflections, got.covered, got.layout
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:
@@ -423,4 +487,17 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     watermark = min(marks, key=lambda m: positions.get(m, math.inf))
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
     return DropperInput(session_id, tip, reflections, covered, pool, target,
-                        max_drops(pool, target, len(covered)), watermark, memory, _now_at(tip_ts))
+                        max_drops(pool, target, len(covered)), watermark, memory, _now_at(tip_ts),
+                        _user_sourced(con, session_id, tip, covered), settings.keepUncitedCritical)
+
+
+def _user_sourced(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                  covered: list[CoveredObservation]) -> frozenset[str]:
+    """The uncited critical observations that cite an entry in the user's own words (the guard's)."""
+    candidates = [c.observation for c in covered if c.coverage == "none" and c.observation.relevance == "critical"]
+    ids = sorted({i for o in candidates for i in o.sourceEntryIds})
+    if not ids:
+        return frozenset()
+    found = con.execute(query("entry_roles"), {"session_id": session_id, "tip": tip, "ids": ids}).fetchall()
+    users = {entry_id for entry_id, role in found if role in USER_ROLES}
+    return frozenset(o.id for o in candidates if users & set(o.sourceEntryIds))

@@ -142,3 +142,23 @@ FROM compaction_gap($session_id, $leaf, $compaction_pos, $seq, $simulated, $f_po
 -- name: insert_model_call_texts
 INSERT OR IGNORE INTO om_internal.llm_call_texts (call_id, run_id, request, response)
 SELECT call_id, run_id, request, response FROM text_batch;
+
+-- name: observer_context
+-- The last $n source entries on the branch at or before a position (the observer's context: the
+-- entries just before its chunk, already observed), oldest first.
+SELECT * FROM (
+    SELECT b.position, e.entry_id, e.entry_type, e.role, e.ts, e.tokens_pi, e.tokens, e.raw
+    FROM branch($session_id, $tip) b
+    JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+    WHERE e.is_source AND b.position <= $at
+    ORDER BY b.position DESC
+    LIMIT $n
+) ORDER BY position;
+
+-- name: entry_roles
+-- The role of each of the given entries on the branch (the dropper's guard: which observations
+-- cite the user's own words).
+SELECT b.entry_id, e.role
+FROM branch($session_id, $tip) b
+JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+WHERE list_contains($ids::VARCHAR[], b.entry_id);
