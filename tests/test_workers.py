@@ -1060,7 +1060,7 @@ def test_a_near_duplicate_of_an_active_observation_is_skipped_as_a_duplicate(ser
                         f"state: if it replaces that note, name it with (supersedes [{other}]); if it is another "
                         "fact, reword it to say so")
     assert len(server.requests) == 2
-    assert (outcome.items, outcome.duplicates, outcome.rejected) == (2, 1, 1)
+    assert (outcome.items, outcome.duplicates, outcome.rejected) == (1, 1, 1)
     assert [o.content for o in memory(db_path).observations] == [earlier["content"], other_number["content"]]
 
 
