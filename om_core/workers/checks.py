@@ -37,6 +37,10 @@ EVENT_TIME_TOLERANCE = timedelta(minutes=5)
 # ``16``, ``must`` to ``must not``, ``passes`` to ``fails``) and is refused until it names the note
 # it replaces, "(supersedes [id])", or is reworded as a fact of its own.
 NEAR_DUPLICATE_RATIO = 0.9
+# A short note (under ten words, where one changed word already falls under the ratio) is a near
+# copy that changes a state, too, when its other words are the same, in the same order, and there
+# are at least this many of them.
+SAME_SENTENCE_MIN_WORDS = 5
 
 TokenCounter = Callable[[str], int]
 
@@ -128,12 +132,17 @@ class NearDuplicates:
 
     def __init__(self, notes: Iterable[tuple[str, str]] = ()) -> None:
         self._notes: list[tuple[str, str, tuple[str, ...], frozenset[str]]] = []
+        self._sentences: dict[tuple[str, ...], tuple[str, str, frozenset[str]]] = {}  # words but the marks -> note
         for note_id, content in notes:
             self.add(note_id, content)
 
     def add(self, note_id: str, content: str) -> None:
         words = normalised_words(content)
-        self._notes.append((note_id, content, words, _marks(words)))
+        marks = _marks(words)
+        self._notes.append((note_id, content, words, marks))
+        rest = tuple(w for w in words if w not in marks)
+        if len(rest) >= SAME_SENTENCE_MIN_WORDS:
+            self._sentences.setdefault(rest, (note_id, content, marks))
 
     def match(self, content: str) -> NearMatch | None:
         """The earlier note ``content`` nearly repeats (a repeat before a change of state), or None."""
@@ -154,6 +163,10 @@ class NearDuplicates:
                 if other_marks == marks:
                     return NearMatch(note_id, text, False)
                 change = change or NearMatch(note_id, text, True)
+        if change is None:
+            same = self._sentences.get(tuple(w for w in words if w not in marks))
+            if same is not None and same[2] != marks:
+                change = NearMatch(same[0], same[1], True)
         return change
 
     def of(self, content: str) -> str | None:
