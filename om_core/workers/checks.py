@@ -30,12 +30,13 @@ COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
 # shown to the minute; a model that rounds up, or stamps the question a cited answer replies to, is
 # no wrong clock). A time further out is replaced by the first cited entry's time.
 EVENT_TIME_TOLERANCE = timedelta(minutes=5)
-# A note is a near-duplicate of an active one when their normalised words are at least this similar
-# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). A near
-# duplicate that names the same numbers, identifiers, memory ids, negations and state words is a
-# duplicate (skipped); one that changes any of them records a change of state (``PostgreSQL 15`` to
-# ``16``, ``must`` to ``must not``, ``passes`` to ``fails``) and is refused until it names the note
-# it replaces, "(supersedes [id])", or is reworded as a fact of its own.
+# A note nearly repeats an active one when their normalised words are at least this similar
+# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). What it is
+# about, its subjects (paths and file names: ``src/a.py``, ``index.ts``), must be the same: a note
+# on another file is another fact. Then a near copy that names the same states (numbers, versions,
+# other names with digits, memory ids, negations, ``STATE_WORDS``) is a duplicate, skipped; one that
+# changes a state (``PostgreSQL 15`` to ``16``, ``must`` to ``must not``, ``passes`` to ``fails``) is
+# refused until it names the note it replaces, "(supersedes [id])", or is reworded as a fact of its own.
 NEAR_DUPLICATE_RATIO = 0.9
 # A short note (under ten words, where one changed word already falls under the ratio) is a near
 # copy that changes a state, too, when its other words are the same, in the same order, and there
@@ -112,10 +113,23 @@ def normalised_words(content: str) -> tuple[str, ...]:
     return tuple(w.strip(".:-#/") or w for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
 
 
+_FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
+
+
+def _is_subject(word: str) -> bool:
+    """A path or a file name: what a note is about, not a state of it."""
+    return "/" in word or _FILE_NAME.match(word) is not None
+
+
 def _marks(words: tuple[str, ...]) -> frozenset[str]:
-    """What must be equal for two notes to be duplicates: numbers, identifiers, negations, states."""
+    """What must be equal for two notes to be duplicates: subjects (``_is_subject``), numbers, other
+    identifiers, negations, states."""
     return frozenset(w for w in words
                      if w in _NEGATIONS or w in STATE_WORDS or any(c.isdigit() or c in "./:@#_+" for c in w))
+
+
+def _subjects(marks: frozenset[str]) -> frozenset[str]:
+    return frozenset(w for w in marks if _is_subject(w))
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,7 @@ class NearDuplicates:
         if not words:
             return None
         marks = _marks(words)
+        subjects = _subjects(marks)
         matcher = SequenceMatcher(autojunk=False)
         matcher.set_seq2(words)
         change = None
@@ -157,6 +172,8 @@ class NearDuplicates:
             size = len(other) + len(words)
             if 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
                 continue  # too different in length to reach the ratio
+            if other_marks != marks and _subjects(other_marks) != subjects:
+                continue  # about another file: another fact
             matcher.set_seq1(other)
             if matcher.real_quick_ratio() >= NEAR_DUPLICATE_RATIO and matcher.quick_ratio() >= NEAR_DUPLICATE_RATIO \
                     and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
@@ -165,7 +182,7 @@ class NearDuplicates:
                 change = change or NearMatch(note_id, text, True)
         if change is None:
             same = self._sentences.get(tuple(w for w in words if w not in marks))
-            if same is not None and same[2] != marks:
+            if same is not None and same[2] != marks and _subjects(same[2]) == subjects:
                 change = NearMatch(same[0], same[1], True)
         return change
 
