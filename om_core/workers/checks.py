@@ -32,9 +32,9 @@ COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
 EVENT_TIME_TOLERANCE = timedelta(minutes=5)
 # A note nearly repeats an active one when their normalised words are at least this similar
 # (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). What it is
-# about, its subjects (paths and file names: ``src/a.py``, ``index.ts``), must be the same: a note
-# on another file is another fact. Then a near copy that names the same states (numbers, versions,
-# other names with digits, memory ids, negations, ``STATE_WORDS``) is a duplicate, skipped; one that
+# about, its subjects (paths, file names, memory ids: ``src/a.py``, ``index.ts``), must be the same:
+# a note on another file is another fact. Then a near copy that names the same states (numbers, versions,
+# other names with digits, negations, ``STATE_WORDS``) is a duplicate, skipped; one that
 # changes a state (``PostgreSQL 15`` to ``16``, ``must`` to ``must not``, ``passes`` to ``fails``) is
 # refused until it names the note it replaces, "(supersedes [id])", or is reworded as a fact of its own.
 NEAR_DUPLICATE_RATIO = 0.9
@@ -114,11 +114,12 @@ def normalised_words(content: str) -> tuple[str, ...]:
 
 
 _FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
+_MEMORY_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
 def _is_subject(word: str) -> bool:
-    """A path or a file name: what a note is about, not a state of it."""
-    return "/" in word or _FILE_NAME.match(word) is not None
+    """A path, a file name or a memory id: what a note is about, not a state of it."""
+    return "/" in word or _FILE_NAME.match(word) is not None or _MEMORY_ID.match(word) is not None
 
 
 def _marks(words: tuple[str, ...]) -> frozenset[str]:
