@@ -239,8 +239,31 @@ def test_the_reflector_is_told_which_notes_are_new_and_the_dropper_guards_only_t
     assert "90 tokens; target 40 tokens, so 50 tokens to shed." in sent
     assert f"{old['id']} 4 low 30 strong {reflection['id']},{mid('Force-pushes to main are forbidden.')}" in sent
     assert f"{said['id']} 4 critical 30 none -" in sent
+    assert f"Guard: never dropped, as critical notes of the user's own words that no reflection cites: {said['id']}." \
+        in sent
     lines = dropper.receipts[0].splitlines()
     # the user's own critical constraint is kept; the agent's work marked critical pins nothing
     assert lines[1] == f"kept [{said['id']}]: a critical observation no reflection cites is never dropped"
     assert lines[2] == f"proposed [{claimed['id']}]"
     assert {o.id for o in active(db_path)} == {said["id"], old["id"]}
+
+
+def test_the_guard_keeps_the_users_critical_notes_newest_first_within_its_bound(server, tmp_path, db_path):
+    b = SessionBuilder(SID)
+    for n in range(1, 7):
+        (b.user if n % 2 else b.assistant)(f"Message {n}.")
+    ingest(workspace(db_path), [b.write(tmp_path / "session.jsonl")])
+    # an observer that marks every note critical: four of the user's words, one of the agent's
+    made = [obs(f"User stated rule {n} of the release.", [E[1]], f"2026-01-15 14:0{n}", "critical", 30)
+            for n in range(1, 5)] + [obs("Agent ran the linter.", [E[2]], "2026-01-15 14:05", "critical", 30)]
+    append(db_path, OBS, {"observations": made, "coversUpToId": E[4]}, E[4])
+    server.add(tool_call("record_reflections", {"reflections": [
+                   {"content": "Releases follow the user's rules.", "supportingObservationIds": [made[0]["id"]]}]}),
+               tool_call("drop_observations", {"ids": [m["id"] for m in made], "reason": "over target"}))
+    settings = Settings(observationsPoolMaxTokens=200, observationsPoolTargetTokens=120)
+    _, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
+    # the bound: half the target (60 tokens), newest first: rules 4 and 3; rule 2 and the agent's
+    # note go by the safety order; rule 1 is cited by a reflection, so no guard applies to it
+    lines = dropper.receipts[0].splitlines()
+    assert [line.split(" [")[0] for line in lines[1:6]] == ["proposed", "proposed", "kept", "kept", "proposed"]
+    assert f"cites: {made[2]['id']}, {made[3]['id']}." in prompt(server, 1)

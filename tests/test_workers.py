@@ -709,8 +709,8 @@ def test_dropper_input_and_maximum(server, tmp_path, db_path):
     assert (reflector.outcome, dropper.outcome) == ("recorded", "recorded")
     sent = prompt(server, 1)
     assert ("Active observations: 4 using 105 tokens; target 50 tokens, so 55 tokens to shed. Drop at most 3, "
-            "only what is safe. Guard: a critical observation no reflection cites is never dropped when it cites "
-            "the user's own words.") in sent
+            "only what is safe. Guard: never dropped, as critical notes of the user's own words that no "
+            f"reflection cites: {made[3]['id']}.") in sent
     # the current time, and each active observation's age and coverage, oldest first
     assert "## Task: drop\nCurrent time: 2026-01-15 14:06." in sent
     assert f"[{made[0]['id']}] 2026-01-15 14:10 [low] Alpha note." in sent

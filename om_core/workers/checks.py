@@ -418,10 +418,10 @@ MAX_REASON_CHARS = 1_000
 class DropCheck:
     """Collects proposed ids; the final choice keeps at most ``max_drops``, safest first.
     ``keep_uncited_critical`` (om's guard beyond SPEC §8, on by default): a critical observation that
-    no reflection cites and that cites the user's own words (``user_sourced``: the ids of such
-    observations; None: every one counts) is never dropped; proposing it is no mistake to correct, so
-    it gets no new turn. The guard covers only what the user stated, required or corrected: an
-    observer that marks the agent's own work critical cannot pin the pool with it."""
+    no reflection cites is never dropped when it is one of ``guarded_ids`` (None: every one is);
+    proposing it is no mistake to correct, so it gets no new turn. The stage passes the ones that cite
+    the user's own words, newest first, up to a bound (``om_core.workers.inputs.guarded_critical``): an
+    observer that marks the agent's work critical, or marks everything critical, cannot pin the pool."""
 
     tool: ClassVar[str] = "drop_observations"
     duplicates: ClassVar[int] = 0  # an id proposed again is no new proposal, nor a rejection
@@ -429,7 +429,7 @@ class DropCheck:
     max_drops: int
     order: dict[str, int]  # obs id -> age order (smaller = older)
     keep_uncited_critical: bool = True
-    user_sourced: frozenset[str] | None = None
+    guarded_ids: frozenset[str] | None = None
     proposed: list[str] = field(default_factory=list)
     ignored: int = 0
     malformed: int = 0
@@ -444,7 +444,7 @@ class DropCheck:
     def guarded(self, obs_id: str) -> bool:
         covered = self.active[obs_id]
         return (self.keep_uncited_critical and covered.coverage == "none" and covered.observation.relevance == "critical"
-                and (self.user_sourced is None or obs_id in self.user_sourced))
+                and (self.guarded_ids is None or obs_id in self.guarded_ids))
 
     def submit(self, args: Any) -> str:
         if not isinstance(args, dict) or not isinstance(args.get("ids"), list):

@@ -425,7 +425,7 @@ class DropperInput(_CoveredPool):
     watermark: str
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
     now: str = ""  # the tip's time: each observation's age is counted from it
-    user_sourced: frozenset[str] = frozenset()  # uncited critical observations citing the user's own words
+    guarded: frozenset[str] = frozenset()  # the uncited critical observations the guard keeps (guarded_critical)
     guard: bool = True  # keepUncitedCritical: the dropper's guard (om_core.workers.checks.DropCheck)
 
     @property
@@ -488,16 +488,32 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
     return DropperInput(session_id, tip, reflections, covered, pool, target,
                         max_drops(pool, target, len(covered)), watermark, memory, _now_at(tip_ts),
-                        _user_sourced(con, session_id, tip, covered), settings.keepUncitedCritical)
+                        guarded_critical(con, session_id, tip, covered, target), settings.keepUncitedCritical)
 
 
-def _user_sourced(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
-                  covered: list[CoveredObservation]) -> frozenset[str]:
-    """The uncited critical observations that cite an entry in the user's own words (the guard's)."""
+# The dropper's guard keeps uncited critical observations of the user's own words, newest first, up
+# to this share of the pool's target tokens (the newest one always); older ones beyond it go by the
+# ordinary safety order (critical last), so the guard can never pin the pool.
+CRITICAL_GUARD_SHARE = 0.5
+
+
+def guarded_critical(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                     covered: list[CoveredObservation], target_tokens: int) -> frozenset[str]:
+    """The uncited critical observations the dropper's guard keeps: those citing an entry in the user's
+    own words (a message, a command the user ran), newest first, within ``CRITICAL_GUARD_SHARE`` of
+    ``target_tokens`` (the newest one always)."""
     candidates = [c.observation for c in covered if c.coverage == "none" and c.observation.relevance == "critical"]
     ids = sorted({i for o in candidates for i in o.sourceEntryIds})
     if not ids:
         return frozenset()
     found = con.execute(query("entry_roles"), {"session_id": session_id, "tip": tip, "ids": ids}).fetchall()
     users = {entry_id for entry_id, role in found if role in USER_ROLES}
-    return frozenset(o.id for o in candidates if users & set(o.sourceEntryIds))
+    kept, tokens = [], 0.0
+    for o in reversed(candidates):  # newest first
+        if not users & set(o.sourceEntryIds):
+            continue
+        if kept and tokens + o.tokenCount > CRITICAL_GUARD_SHARE * target_tokens:
+            break  # the newest is kept whatever its size: the user's latest word is never unguarded
+        kept.append(o.id)
+        tokens += o.tokenCount
+    return frozenset(kept)

@@ -115,7 +115,8 @@ class ModelBrain:
 
     def dropper_prompt(self, inp: DropperInput) -> tuple[str, list[dict[str, Any]]]:
         task = prompts.dropper_task(inp.now, inp.rows(), len(inp.covered), inp.pool_tokens, inp.target_tokens,
-                                    inp.max_drops, inp.guard)
+                                    inp.max_drops, inp.guard,
+                                    [c.observation.id for c in inp.covered if c.observation.id in inp.guarded])
         return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
 
     def _ask(self, prompt: tuple[str, list[dict[str, Any]]], tool: tuple, check: ToolCheck) -> LoopResult:

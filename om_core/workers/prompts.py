@@ -105,13 +105,11 @@ reflections" lists the observations recorded after the last reflections were.
 # Drop (drop_observations)
 The active observations are over their token target, so some may leave the agent's view (a dropped \
 note stays in the ledger and can be recalled by id). Keep by default. The maximum given is a \
-limit, not a goal: dropping fewer or none is often right. Each row gives a note's age in minutes, \
-relevance, tokens, coverage and the reflections citing it. Good to drop: notes a newer one \
+limit, not a goal: dropping fewer or none is often right. Good to drop: notes a newer one \
 replaces, finished routine steps, low notes with nothing unique, notes a reflection carries in \
 full. Coverage is evidence, not proof: compare the note with the reflections that cite it. Age \
 matters: recent notes hold the working state, old routine ones rarely do. Keep what alone carries \
-the goal, an open request, a constraint, a correction, an exact identifier or an unsolved error. The \
-guard: a critical note no reflection cites that comes from the user's own words is never dropped. \
+the goal, an open request, a constraint, a correction, an exact identifier or an unsolved error. \
 Give a short reason.
 
 Each tool call gets a receipt. A receipt that rejects an item gives you another turn: send only the \
@@ -210,21 +208,27 @@ def age(minutes: float) -> str:
     return f"{int(minutes // (24 * 60))}d"
 
 
-DROPPER_GUARD = ("Guard: a critical observation no reflection cites is never dropped when it cites the user's "
-                 "own words.")
-DROPPER_NO_GUARD = "Guard: none (keepUncitedCritical is off)."
+def dropper_guard(guard: bool, guarded: list[str]) -> str:
+    """The dropper's guard as the task states it: which notes it keeps this time."""
+    if not guard:
+        return "Guard: none (keepUncitedCritical is off)."
+    if not guarded:
+        return "Guard: it keeps no note this time."
+    return ("Guard: never dropped, as critical notes of the user's own words that no reflection cites: "
+            + ", ".join(guarded) + ".")
 
 
 def dropper_task(now: str, rows: list[tuple[str, str, str, float, str, list[str]]], active: int,
-                 pool_tokens: float, target_tokens: int, max_drops: int, guard: bool = True) -> str:
+                 pool_tokens: float, target_tokens: int, max_drops: int, guard: bool = True,
+                 guarded: list[str] = ()) -> str:
     """``rows``: (id, age in minutes, relevance, tokens, coverage, citing reflection ids) of each
-    active observation, oldest first."""
+    active observation, oldest first; ``guarded``: the ids the guard keeps (in ``rows`` order)."""
     table = "\n".join(f"{obs_id} {minutes} {relevance} {tokens:g} {coverage} {','.join(cited) or '-'}"
                       for obs_id, minutes, relevance, tokens, coverage, cited in rows)
     shed = max(0.0, pool_tokens - target_tokens)
     return (f"## Task: drop\nCurrent time: {now}. Active observations: {active} using {pool_tokens:g} tokens; target "
             f"{target_tokens} tokens, so {shed:g} tokens to shed. Drop at most {max_drops}, only what is safe. "
-            f"{DROPPER_GUARD if guard else DROPPER_NO_GUARD}\n\n"
+            f"{dropper_guard(guard, list(guarded))}\n\n"
             f"## Active observations: id, age (minutes), relevance, tokens, coverage, citing reflections\n{table}")
 
 

@@ -188,7 +188,7 @@ DROPPER = Stage(
     check=lambda inp, settings: DropCheck(active=inp.active, max_drops=inp.max_drops,
                                           order={c.observation.id: i for i, c in enumerate(inp.covered)},
                                           keep_uncited_critical=settings.keepUncitedCritical,
-                                          user_sourced=inp.user_sourced),
+                                          guarded_ids=inp.guarded),
     ask=lambda brain, inp, check: brain.drop(inp, check),
     watermark=lambda inp: inp.watermark,
     after="reflector",
