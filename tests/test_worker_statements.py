@@ -111,7 +111,9 @@ def test_the_fixed_grammar_of_a_note_attributed_to_the_user(content, user):
     ("The issue about the flaky upload test of the billing service is open.",
      "The issue about the flaky upload test of the billing service is closed.", "changed"),     # open/closed
     ("User asked for 3 retries on the upload step of the main branch.",
-     "User asked for 5 retries on the upload step of the main branch.", "changed"),             # a number
+     "User asked for 5 retries on the upload step of the main branch.", None),                  # a number: another fact
+    ("User said the migration must run before the release of the new billing service.",
+     "User said the migration must not run before the release of the new billing service.", "changed"),  # negation
     ("User asked to run the unit tests before every commit to main.",
      "User asked to run all the unit tests before every commit to main.", "duplicate"),        # a word added
     ("User wants the orders service.", "User wants the billing service.", None),                # too different
@@ -267,3 +269,19 @@ def test_the_guard_keeps_the_users_critical_notes_newest_first_within_its_bound(
     lines = dropper.receipts[0].splitlines()
     assert [line.split(" [")[0] for line in lines[1:6]] == ["proposed", "proposed", "kept", "kept", "proposed"]
     assert f"cites: {made[2]['id']}, {made[3]['id']}." in prompt(server, 1)
+
+
+def test_a_state_change_may_name_a_note_recorded_earlier_in_the_same_answer(server, tmp_path, db_path):
+    edge_session(tmp_path, db_path)
+    fails = item("WP4 added the prompting methods; npm run check fails because the interface sits in the class.",
+                 [E[5]], ts="2026-01-15 14:05", rel="medium")
+    passes = item("WP4 added the prompting methods; npm run check passes because the interface sits in the class.",
+                  [E[6]], ts="2026-01-15 14:06", rel="medium")
+    fixed = item(f"npm run check passes now (supersedes [{mid(fails['content'])}]).", [E[6]], ts="2026-01-15 14:06",
+                 rel="medium")
+    server.add(tool_call("record_observations", {"observations": [fails, passes]}),
+               tool_call("record_observations", {"observations": [fixed]}))
+    outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
+    assert receipts(server, 1)[0].splitlines()[2].startswith(f"2. rejected: nearly the same as [{mid(fails['content'])}]")
+    assert (outcome.items, outcome.rejected, outcome.turns) == (2, 1, 2)
+    assert [o.content for o in active(db_path)][-2:] == [fails["content"], fixed["content"]]

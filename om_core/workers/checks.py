@@ -31,12 +31,14 @@ COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
 # no wrong clock). A time further out is replaced by the first cited entry's time.
 EVENT_TIME_TOLERANCE = timedelta(minutes=5)
 # A note nearly repeats an active one when their normalised words are at least this similar
-# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). What it is
-# about, its subjects (paths, file names, memory ids: ``src/a.py``, ``index.ts``), must be the same:
-# a note on another file is another fact. Then a near copy that names the same states (numbers, versions,
-# other names with digits, negations, ``STATE_WORDS``) is a duplicate, skipped; one that
-# changes a state (``PostgreSQL 15`` to ``16``, ``must`` to ``must not``, ``passes`` to ``fails``) is
-# refused until it names the note it replaces, "(supersedes [id])", or is reworded as a fact of its own.
+# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). Its numbers
+# and identifiers (paths, versions, names with digits, memory ids) must be the same: ``PostgreSQL 15``
+# and ``16``, ``Step 1`` and ``Step 2``, ``a.py`` and ``b.py`` are other facts, recorded (a number alone
+# cannot tell a changed value from another step or item: counted as changes, the generated test
+# sessions' "Step 0 …" and "Step 1 …" notes were refused). Then a near copy that names the same states (negations and
+# ``STATE_WORDS``) is a duplicate, skipped; one that changes a state (``must`` to ``must not``,
+# ``passes`` to ``fails``, ``chat`` to ``pending``) is refused until it names the note it replaces,
+# "(supersedes [id])", or is reworded as a fact of its own.
 NEAR_DUPLICATE_RATIO = 0.9
 # A short note (under ten words, where one changed word already falls under the ratio) is a near
 # copy that changes a state, too, when its other words are the same, in the same order, and there
@@ -113,24 +115,15 @@ def normalised_words(content: str) -> tuple[str, ...]:
     return tuple(w.strip(".:-#/") or w for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
 
 
-_FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
-_MEMORY_ID = re.compile(r"^[0-9a-f]{12}$")
-
-
-def _is_subject(word: str) -> bool:
-    """A path, a file name or a memory id: what a note is about, not a state of it."""
-    return "/" in word or _FILE_NAME.match(word) is not None or _MEMORY_ID.match(word) is not None
-
-
 def _marks(words: tuple[str, ...]) -> frozenset[str]:
-    """What must be equal for two notes to be duplicates: subjects (``_is_subject``), numbers, other
-    identifiers, negations, states."""
+    """What must be equal for two notes to be duplicates: numbers, identifiers, negations, states."""
     return frozenset(w for w in words
                      if w in _NEGATIONS or w in STATE_WORDS or any(c.isdigit() or c in "./:@#_+" for c in w))
 
 
-def _subjects(marks: frozenset[str]) -> frozenset[str]:
-    return frozenset(w for w in marks if _is_subject(w))
+def _values(marks: frozenset[str]) -> frozenset[str]:
+    """The numbers and identifiers among a note's marks: a near copy that changes one is another fact."""
+    return frozenset(w for w in marks if w not in _NEGATIONS and w not in STATE_WORDS)
 
 
 @dataclass(frozen=True)
@@ -165,7 +158,7 @@ class NearDuplicates:
         if not words:
             return None
         marks = _marks(words)
-        subjects = _subjects(marks)
+        values = _values(marks)
         matcher = SequenceMatcher(autojunk=False)
         matcher.set_seq2(words)
         change = None
@@ -173,8 +166,8 @@ class NearDuplicates:
             size = len(other) + len(words)
             if 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
                 continue  # too different in length to reach the ratio
-            if other_marks != marks and _subjects(other_marks) != subjects:
-                continue  # about another file: another fact
+            if other_marks != marks and _values(other_marks) != values:
+                continue  # other numbers or identifiers: another fact
             matcher.set_seq1(other)
             if matcher.real_quick_ratio() >= NEAR_DUPLICATE_RATIO and matcher.quick_ratio() >= NEAR_DUPLICATE_RATIO \
                     and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
@@ -183,7 +176,7 @@ class NearDuplicates:
                 change = change or NearMatch(note_id, text, True)
         if change is None:
             same = self._sentences.get(tuple(w for w in words if w not in marks))
-            if same is not None and same[2] != marks and _subjects(same[2]) == subjects:
+            if same is not None and same[2] != marks and _values(same[2]) == values:
                 change = NearMatch(same[0], same[1], True)
         return change
 
@@ -346,7 +339,8 @@ class ObservationCheck(_ItemCheck):
                             "(supersedes [id])")
         sources = _cited_ids(item, "sourceEntryIds", "entry ids", self.chunk_ids,
                              "sourceEntryIds {} are not entries of this chunk or its context")
-        named = _references(content, self.memory_ids | self.known_ids)
+        # a note may name one recorded earlier in this stage, as the state-change receipt asks
+        named = _references(content, self.memory_ids | self.known_ids | {a.id for a in self.accepted})
         obs_id = memory_id(content)
         if self._seen(obs_id, self.known_ids):
             return f"duplicate [{obs_id}]: already recorded, skipped"
@@ -393,7 +387,7 @@ class ReflectionCheck(_ItemCheck):
         content = _content(item, single_line=True)
         support = _cited_ids(item, "supportingObservationIds", "observation ids", self.active_ids,
                              "{} are not active observations")
-        named = _references(content, self.existing_ids | self.active_ids)
+        named = _references(content, self.existing_ids | self.active_ids | {a.id for a in self.accepted})
         refl_id = memory_id(content)
         if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
