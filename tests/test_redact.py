@@ -409,7 +409,8 @@ class QuotingWorkers(ScriptedWorkers):
     @staticmethod
     def _user_entry(user: str, line: str) -> str | None:
         """The id of the user message the line is quoted from (the last user header before it)."""
-        headers = [m for m in USER_HEADER.finditer(user, 0, user.find(line))]
+        task = user.find("## Task")  # the entries, not the memory (which may quote the line already)
+        headers = [m for m in USER_HEADER.finditer(user, task, user.find(line, task))]
         return headers[-1].group(1) if headers else None
 
 
