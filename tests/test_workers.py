@@ -1046,7 +1046,7 @@ def test_a_near_duplicate_of_an_active_observation_is_skipped_as_a_duplicate(ser
     append(db_path, OBS, {"observations": [earlier], "coversUpToId": E[2]}, E[2])
     one_word = item("User asked to run all unit tests before every commit to the main branch.", [E[3]])
     other_number = item("User asked for 3 retries on the upload step of the main branch.", [E[3]])
-    same_but_number = item("User asked for 5 retries on the upload step of the main branch.", [E[4]])
+    same_but_number = item("User asked for 5 retries on the upload step of the main branch.", [E[3]])  # the user's
     server.add(tool_call("record_observations", {"observations": [one_word, other_number, same_but_number]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert len(server.requests) == 1  # a duplicate is no mistake to correct: the receipt is clean
