@@ -414,7 +414,7 @@ class DropCheck:
     ``keep_uncited_critical`` (om's guard beyond SPEC §8, on by default): a critical observation that
     no reflection cites is never dropped when it is one of ``guarded_ids`` (None: every one is);
     proposing it is no mistake to correct, so it gets no new turn. The stage passes the ones that cite
-    the user's own words, newest first, up to a bound (``om_core.workers.inputs.guarded_critical``): an
+    the user's own words, newest first, up to a bound (``om_core.workers.guard.guarded_critical``): an
     observer that marks the agent's work critical, or marks everything critical, cannot pin the pool."""
 
     tool: ClassVar[str] = "drop_observations"
