@@ -20,8 +20,11 @@
  * - at session start, one line names om's database and settings (`om live info`, with a deadline of
  *   its own, `infoTimeoutMs`).
  * - with pi-observational-memory also loaded (a `recall` tool of another extension's, or its
- *   /om:status command), this extension steps aside for the session in one line: no tool, no hook;
- *   the other answers compactions and recall.
+ *   /om:status command), its tool and commands are the only ones (om registers none), and om's
+ *   compaction hook stays: Pi keeps the answer of the extension loaded last that gives one, so om's
+ *   answer stands whenever the other gives none. One line at session start says so; each compaction's
+ *   line waits until Pi has written it, so it names the answer Pi kept (the first time the other's
+ *   answer replaces om's, one line says that instead).
  *
  * Where om's memory is: the database named in the "om" settings below, else OM_DB, else the
  * database of the endpoint that serves the session's folder (`om serve --live DIR`, `om live
@@ -79,6 +82,7 @@ type CompactAnswer =
 	| { declined: string }
 	| { why: string };
 type RecallResult = AgentToolResult<unknown>;
+type Heard = { line: string; level: "info" | "warning" } & ({ summary: string } | { why: string });
 type RecallAsk = { id: string } | { query: string };
 type CompactionOutcome = { compacted: boolean; fromExtension: boolean; aborted: boolean };
 type PendingCompaction = {
@@ -419,10 +423,33 @@ export default function omMemory(pi: ExtensionAPI) {
 	let settle: ((outcome: CompactionOutcome) => void) | undefined;
 	let registered = false;
 	let own: string | undefined; // the file om's registrations come from (Pi's sourceInfo.path)
+	let beside: string | undefined; // another memory extension loaded too: what om found of it
+	let heard: Heard | undefined; // this compaction's line, beside another memory extension
+	let otherSaid = false; // the line that the other's answer was kept: once
 
 	const say = (ctx: ExtensionContext, text: string, level: "info" | "warning" = "info") => {
 		if (ctx.hasUI) ctx.ui.notify(text, level);
 		else console.error(text);
+	};
+
+	/** A compaction's line: at once when om is alone; beside another memory extension, once Pi has
+	 * written the compaction, to name the answer Pi kept (``om``: om's summary, or why om had none). */
+	const report = (ctx: ExtensionContext, line: string, level: "info" | "warning", om: { summary: string } | { why: string }) => {
+		if (beside) heard = { line, level, ...om };
+		else say(ctx, line, level);
+	};
+
+	/** Beside another memory extension: the line of the compaction Pi wrote. om's own line when Pi kept
+	 * om's answer or wrote its own summary; the first time Pi kept the other's, one line says so. */
+	const reportWritten = (ctx: ExtensionContext, written: { summary?: unknown } | undefined, fromExtension: boolean) => {
+		const got = heard;
+		heard = undefined;
+		if (!beside || !got) return;
+		if (!fromExtension || ("summary" in got && written?.summary === got.summary)) return say(ctx, got.line, got.level);
+		if (otherSaid) return;
+		otherSaid = true;
+		say(ctx, "why" in got ? `${got.why}; the other memory extension answered (${beside})`
+			: `om: the other memory extension answered (${beside}): it is loaded after om, so its answer replaces om's whenever it gives one`);
 	};
 
 	const describe = (o: Options, ctx: ExtensionContext): Promise<Info | string> => {
@@ -600,31 +627,42 @@ export default function omMemory(pi: ExtensionAPI) {
 			pending = { state: "pending", sessionFile: file, firstKeptEntryId: event.preparation.firstKeptEntryId, reason: event.reason, done };
 			pi.events.emit("om:compaction", pending);
 			if (!file) {
-				say(ctx, "om: this session has no file; Pi's own summarizer runs");
+				report(ctx, "om: this session has no file; Pi's own summarizer runs", "info", { why: "om: this session has no file" });
 				return undefined;
 			}
 			const started = performance.now();
 			const got = await compactWithOm(event, ctx, o, file);
 			const ms = Math.round(performance.now() - started);
 			if ("why" in got) {
-				say(ctx, `${got.why}; Pi's own summarizer runs`, "warning");
+				report(ctx, `${got.why}; Pi's own summarizer runs`, "warning", { why: got.why });
 				return undefined;
 			}
 			if ("declined" in got) {
-				say(ctx, `om: ${got.declined}; Pi's own summarizer runs`);
+				report(ctx, `om: ${got.declined}; Pi's own summarizer runs`, "info", { why: `om: ${got.declined}` });
 				return undefined;
 			}
 			const after = got.after ? ` (before it, ${got.after})` : "";
-			say(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}`);
+			report(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}`, "info", { summary: got.compaction.summary });
 			return { compaction: got.compaction };
 		});
 
-		pi.on("session_compact", async (event) => finished({ compacted: true, fromExtension: event.fromExtension, aborted: false }));
-		pi.on("session_compact_failed", async (event) => finished({ compacted: false, fromExtension: event.fromExtension, aborted: event.aborted }));
+		pi.on("session_compact", async (event, ctx) => {
+			reportWritten(ctx, event.compactionEntry, event.fromExtension);
+			finished({ compacted: true, fromExtension: event.fromExtension, aborted: false });
+		});
+		pi.on("session_compact_failed", async (event, ctx) => {
+			reportWritten(ctx, undefined, false);
+			finished({ compacted: false, fromExtension: event.fromExtension, aborted: event.aborted });
+		});
 		pi.events.on("om:compaction:query", (data) => {
 			if (isRecord(data) && typeof data.reply === "function") data.reply(pending);
 		});
 
+		if (!beside) registerAgentSide();
+	}
+
+	/** The recall tool and the commands: not beside another memory extension, whose own are the ones. */
+	function registerAgentSide(): void {
 		pi.registerTool({
 			name: "recall",
 			label: "Recall memory evidence",
@@ -659,7 +697,10 @@ export default function omMemory(pi: ExtensionAPI) {
 		});
 
 		registerCommands();
+	}
 
+	/** The background tick and its stop at shutdown. */
+	function registerTick(): void {
 		pi.on("agent_settled", async (_event, ctx) => {
 			const o = readOptions(ctx);
 			const file = ctx.sessionManager.getSessionFile();
@@ -685,18 +726,19 @@ export default function omMemory(pi: ExtensionAPI) {
 	}
 
 	pi.on("session_start", async (_event, ctx) => {
-		const other = otherMemory(pi, own);
-		if (other) {
-			say(ctx, `om: another memory extension is loaded (${other}); om's extension steps aside in this session (no recall tool, no compaction hook): it answers`);
-			return;
-		}
 		if (!registered) {
+			beside = otherMemory(pi, own);
 			register(); // once per load: a session_start of a new, resumed or forked session too
-			own = pi.getAllTools().find((t) => t.name === "recall")?.sourceInfo.path;
+			registerTick();
+			own = pi.getAllTools().find((t) => t.name === "recall" && !beside)?.sourceInfo.path;
 		}
 		registered = true;
 		const o = readOptions(ctx);
 		if (!o.enabled) return;
+		if (beside) {
+			say(ctx, `om: another memory extension is loaded (${beside}): its recall tool and commands are the ones in this session; ` +
+				"for compactions Pi keeps the answer of the one loaded last that gives one, so om's stands whenever the other gives none");
+		}
 		void describe(o, ctx).then((found) => {
 			if (typeof found === "string") return say(ctx, `om: ${found}; compactions use Pi's own summarizer`, "warning");
 			if (!found.db_exists && !found.endpoint) {
