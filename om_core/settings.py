@@ -118,6 +118,29 @@ class Settings(BaseModel):
     # recall by query fuses local semantic similarity (the embeddings extra: a model shipped in its
     # wheel, no embedding API) with the keyword ranking; off: keyword ranking only
     recallEmbeddings: bool = False
+    # the compact_context tool of om's Pi extension: the agent compacts at a breakpoint it chooses,
+    # leaving a resume note in the kept tail; the compaction is om's (model-free)
+    selfCompact: bool = False
+    # with selfCompact, ask the agent to compact as its context fills: each rule a share of the
+    # window (at most 1) or a count of tokens (above 1); one ask per rule crossed since the latest
+    # compaction, the last one firmer
+    warnAt: list[float] = Field(default_factory=list)
+
+    @field_validator("warnAt", mode="before")
+    @classmethod
+    def _warn_at_text(cls, value: Any) -> Any:
+        """``OM_WARN_AT='0.6,0.8'`` (or a JSON list): a list where one is set from text."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [p for p in text.split(",") if p.strip()]
+        return value
+
+    @field_validator("warnAt")
+    @classmethod
+    def _warn_at_rules(cls, value: list[float]) -> list[float]:
+        if any(not math.isfinite(v) or v <= 0 for v in value):
+            raise ValueError("each warnAt rule is a share of the window (0 < x <= 1) or a count of tokens (> 1)")
+        return value
 
     @field_validator("projects", mode="before")
     @classmethod

@@ -15,6 +15,13 @@
  *   project), each with the id to recall next.
  * - commands: /om:status, /om:view [full|replayed], /om:recall ID|QUERY, /om:consolidate (the due
  *   stages now, with the configured model, even when passive); each answers in a notification.
+ * - with om's setting `selfCompact` on (om.toml, Pi's "observational-memory" settings, OM_SELF_COMPACT;
+ *   read at session start through `om live info`), the `compact_context` tool: the agent asks for a
+ *   compaction at a breakpoint it chooses, with a required resume note; once the agent settles Pi
+ *   compacts (through the hook above: om's memory, no model call), the call and its note stay in the
+ *   kept tail, and a short message starts the next turn pointing the agent at the note. `warnAt` rules
+ *   (a share of the window, at most 1, or tokens) ask the agent to compact as its context fills: one
+ *   message per rule crossed since the latest compaction, the last one firmer.
  * - with `tick` on, `om run FILE --no-drain` in the background when the agent settles (for teams
  *   without `om serve`); it never blocks a turn.
  * - at session start, one line names om's database and settings (`om live info`, with a deadline of
@@ -75,7 +82,10 @@ type Options = {
 };
 type Announcement = { url: string; token: string; pid: number; db: string; sessions: string[]; started: number };
 type Ran = { code: number | null; stdout: string; stderr: string; why?: string };
-type Info = { db: string; db_source: string; db_exists: boolean; settings_files: string[]; endpoint: { url: string } | null };
+type Info = {
+	db: string; db_source: string; db_exists: boolean; settings_files: string[]; endpoint: { url: string } | null;
+	selfCompact: boolean; warnAt: number[]; // om's settings selfCompact and warnAt, as om resolves them here
+};
 type Compaction = { summary: string; firstKeptEntryId: string; tokensBefore: number; details: Record<string, unknown> };
 type CompactAnswer =
 	| { compaction: Compaction; observations: number; reflections: number; via: string; after?: string }
@@ -97,6 +107,9 @@ const DEFAULTS = { command: ["om"], timeoutMs: 5000, infoTimeoutMs: 15_000 };
 const TICK_TIMEOUT_MS = 30 * 60_000;
 const GRACE_MS = 10_000; // after SIGTERM, om run's time to stop its helpers before SIGKILL
 const FILE = "\u0000session-file"; // stands for the session's file in a command's arguments
+const SELF_COMPACT_TOOL = "compact_context";
+const SELF_COMPACT_RESUME = "om.self-compact.resume"; // the message after an agent-asked compaction
+const SELF_COMPACT_WARNING = "om.self-compact.warning"; // a warnAt rule's ask
 
 // ------------------------------------------------------------------ settings
 
@@ -462,6 +475,8 @@ export default function omMemory(pi: ExtensionAPI) {
 				db: found.db, db_source: String(found.db_source ?? ""), db_exists: found.db_exists !== false,
 				settings_files: Array.isArray(found.settings_files) ? found.settings_files.map(String) : [],
 				endpoint: isRecord(found.endpoint) && typeof found.endpoint.url === "string" ? { url: found.endpoint.url } : null,
+				selfCompact: found.self_compact === true,
+				warnAt: Array.isArray(found.warn_at) ? found.warn_at.filter((v): v is number => typeof v === "number" && Number.isFinite(v) && v > 0) : [],
 			};
 			return known;
 		});
@@ -699,6 +714,96 @@ export default function omMemory(pi: ExtensionAPI) {
 		registerCommands();
 	}
 
+	// ---------------------------------------------------------------- compact_context and warnAt
+	// The agent compacts at a breakpoint it chooses: the tool only records the request (and ends the
+	// run); the compaction starts once the agent settles, so it never cuts a turn in half, and goes
+	// through Pi's own path, hence through om's hook. The note is an argument of the call, so it is in
+	// the kept tail (the newest entries) and needs no copy; only a failure repeats it.
+
+	let selfCompactOn = false;
+	let selfCompactAsked: { resume: string } | undefined;
+	let selfCompacting = false;
+	let warnedLevel = 0; // warnAt rules already asked about since the latest compaction
+
+	function resumeMessage(resume: string, failure?: string): void {
+		const content = failure
+			? `The compaction you asked for did not happen (${failure}). Carry on from your resume note:\n\n${resume}`
+			: `Your context was compacted into memory. Your ${SELF_COMPACT_TOOL} call just above holds your resume note: carry on from it.`;
+		pi.sendMessage({ customType: SELF_COMPACT_RESUME, content, display: true }, { triggerTurn: true, deliverAs: "followUp" });
+	}
+
+	function registerSelfCompact(): void {
+		if (selfCompactOn) return;
+		if (pi.getAllTools().some((t) => t.name === SELF_COMPACT_TOOL)) return; // another extension's: it answers
+		selfCompactOn = true;
+		pi.registerTool({
+			name: SELF_COMPACT_TOOL,
+			label: "Compact context",
+			description: "Compact the conversation into memory now, at a clean breakpoint of your choosing; the latest turns " +
+				"stay word for word. Give a resume note: the task in hand and the next step. Ends this run; the compaction " +
+				"follows and a message then brings you back to the note.",
+			promptSnippet: "Use compact_context(resume) at a clean breakpoint when the context is filling up.",
+			promptGuidelines: [
+				"Call compact_context between steps (not in the middle of an edit), with a resume note that says what you are doing and what comes next.",
+			],
+			parameters: Type.Object({
+				resume: Type.String({ minLength: 1, maxLength: 8000, description: "The task in hand and the next step, kept in context after the compaction." }),
+			}, { additionalProperties: false }),
+			async execute(_toolCallId, params): Promise<AgentToolResult<unknown>> {
+				const resume = typeof params.resume === "string" ? params.resume.trim() : "";
+				if (!resume) {
+					return { content: [{ type: "text", text: "compact_context needs a resume note: the task in hand and the next step." }], details: { scheduled: false } };
+				}
+				const scheduled = selfCompactAsked === undefined && !selfCompacting;
+				if (scheduled) selfCompactAsked = { resume };
+				return {
+					content: [{ type: "text", text: scheduled ? "Compaction scheduled: it runs when this run ends." : "A compaction is already scheduled." }],
+					details: { scheduled }, terminate: true,
+				};
+			},
+		});
+
+		pi.on("agent_settled", async (_event, ctx) => {
+			const asked = selfCompactAsked;
+			if (!asked) return;
+			selfCompactAsked = undefined;
+			selfCompacting = true;
+			const done = (failure?: string) => {
+				selfCompacting = false;
+				resumeMessage(asked.resume, failure);
+			};
+			try {
+				ctx.compact({ onComplete: () => done(), onError: (error) => done(error.message) });
+			} catch (error) {
+				done(error instanceof Error ? error.message : String(error));
+			}
+		});
+
+		pi.on("turn_end", async (event, ctx) => {
+			const rules = known?.warnAt ?? [];
+			if (!rules.length || selfCompactAsked || selfCompacting) return;
+			const usage = ctx.getContextUsage();
+			if (!usage || usage.tokens === null || usage.tokens === undefined) return;
+			const tokens = usage.tokens;
+			const window = usage.contextWindow;
+			// a share of an unknown window never fires
+			const thresholds = rules.map((r) => (r <= 1 ? (window > 0 ? r * window : Infinity) : r)).sort((a, b) => a - b);
+			const level = thresholds.filter((t) => tokens >= t).length;
+			if (level <= warnedLevel) return;
+			warnedLevel = level;
+			const used = window > 0 ? `${Math.round((tokens / window) * 100)}% of the context window (${tokens} of ${window} tokens)` : `${tokens} tokens of context`;
+			const ask = level === thresholds.length ? "Call compact_context before you start anything new."
+				: "Call compact_context at the next clean breakpoint.";
+			// a turn with no tool results ends the run: the ask then waits for the next prompt
+			pi.sendMessage({ customType: SELF_COMPACT_WARNING, content: `You have used ${used}. ${ask}`, display: true, details: { level } },
+				{ deliverAs: event.toolResults.length > 0 ? "steer" : "nextTurn" });
+		});
+
+		pi.on("session_compact", async () => {
+			warnedLevel = 0;
+		});
+	}
+
 	/** The background tick and its stop at shutdown. */
 	function registerTick(): void {
 		pi.on("agent_settled", async (_event, ctx) => {
@@ -744,6 +849,7 @@ export default function omMemory(pi: ExtensionAPI) {
 			if (!found.db_exists && !found.endpoint) {
 				return say(ctx, `om: no om database at ${found.db} (${found.db_source}); compactions use Pi's own summarizer until om serve or om ingest makes one`, "warning");
 			}
+			if (found.selfCompact && !beside) registerSelfCompact();
 			const settings = found.settings_files.length ? found.settings_files.join(", ") : "defaults";
 			const how = found.endpoint ? `answers from the endpoint ${found.endpoint.url}` : "answers through the om command (start `om live endpoint` for faster answers)";
 			say(ctx, `om: memory in ${found.db} (${found.db_source}), settings: ${settings}; ${how}${o.tick ? "; background tick on" : ""}`);

@@ -79,7 +79,7 @@ def info(
                                            "file: the endpoint serving its folder names it when --db and OM_DB "
                                            "do not."),
     as_json: bool = typer.Option(False, "--json", help='Print {"db", "db_source", "db_exists", "settings_files", '
-                                 '"observations_pool_max_tokens", "endpoint", "extension", "package"}.'),
+                                 '"observations_pool_max_tokens", "self_compact", "warn_at", "endpoint", "extension", "package"}.'),
 ) -> None:
     """Which database and settings om uses here (as every om command resolves them; for --session, the
     database of the endpoint serving that session's folder), whether an endpoint serves that database,
@@ -93,6 +93,7 @@ def info(
                     if not src.startswith(("env ", "flag", "default"))})
     answer = {"db": str(db), "db_source": source, "db_exists": db.exists(), "settings_files": files,
               "observations_pool_max_tokens": resolved.settings.observationsPoolMaxTokens,
+              "self_compact": resolved.settings.selfCompact, "warn_at": resolved.settings.warnAt,
               "endpoint": {"url": found["url"], "pid": found["pid"]} if found else None,
               "extension": str(EXTENSION), "package": str(PACKAGE)}
     if as_json:
