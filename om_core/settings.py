@@ -23,6 +23,7 @@ from om_core.errors import OmError
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
+PASSIVE_ENV = "PI_OBSERVATIONAL_MEMORY_PASSIVE"  # the extension's environment switch for `passive`
 MIN_CHUNK_TOKENS = 256
 
 
@@ -121,6 +122,9 @@ class Settings(BaseModel):
     # the compact_context tool of om's Pi extension: the agent compacts at a breakpoint it chooses,
     # leaving a resume note in the kept tail; the compaction is om's (model-free)
     selfCompact: bool = False
+    # om's Pi extension: its background tick (`om run`) runs only while the agent is idle; the agent
+    # starting a turn stops it (om run resumes at the next settle)
+    consolidateWhenIdle: bool = False
     # with selfCompact, ask the agent to compact as its context fills: each rule a share of the
     # window (at most 1) or a count of tokens (above 1); one ask per rule crossed since the latest
     # compaction, the last one firmer
@@ -304,6 +308,10 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
             raise SettingsError(f"{toml_path} is not valid TOML: {exc}") from None
         take(data.get(PI_SETTINGS_KEY, data) if isinstance(data.get(PI_SETTINGS_KEY), dict) else data,
              str(toml_path), strict=True)
+    # the extension's own switch, below om's OM_PASSIVE
+    if env.get(PASSIVE_ENV, "") != "":
+        values["passive"] = env[PASSIVE_ENV]
+        sources["passive"] = f"env {PASSIVE_ENV}"
     for key in FIELDS:
         name = f"OM_{snake(key).upper()}"
         if name in env and env[name] != "":

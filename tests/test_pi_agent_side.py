@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,72 @@ def test_compact_context_compacts_through_om_at_the_agents_breakpoint_and_warn_a
             assert RESUME in json.dumps(after[-1]) and mid(RETRY) in json.dumps(after[-1])
         finally:
             pi.close()
+
+
+def _tick_stand_in(root: Path) -> tuple[Path, Path]:
+    """An om command whose background tick (`om run FILE --no-drain`) runs until stopped, marking when it
+    starts and stops; every other command is this venv's om. (script, marks)"""
+    marks = root / "tick-marks"
+    script = root / "om-with-slow-tick"
+    script.write_text(f"""#!/bin/sh
+case " $* " in
+  *" run "*"--no-drain"*)
+    echo started >> '{marks}'
+    sleep 120 >/dev/null 2>&1 &
+    p=$!
+    trap 'kill $p; echo stopped >> "{marks}"; exit 0' TERM
+    wait $p
+    echo finished >> '{marks}'
+    exit 0;;
+esac
+exec '{BIN / "om"}' "$@"
+""")
+    script.chmod(0o755)
+    return script, marks
+
+
+def test_consolidate_when_idle_stops_the_tick_when_the_agent_starts_and_passive_stops_it_all(prefect_api, tmp_path):
+    """With `consolidateWhenIdle`, the tick a settle started is stopped when the agent starts its next
+    turn (its status says so); with PI_OBSERVATIONAL_MEMORY_PASSIVE no tick starts, and /om:consolidate,
+    an explicit command, still runs."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    project.mkdir()
+    sb = SessionBuilder("00000001-7ec4-4000-8000-0000000000e3", cwd=str(project))
+    first = sb.user("Why do the uploads fail sometimes? Look at src/upload_client.py")
+    second = sb.assistant("The client retries each chunk three times, then gives up.")
+    sb.custom(OBS, {"observations": [o(RETRY, [first, second])], "coversUpToId": second})
+    path = sb.write(tmp_path / "session.jsonl")
+    db = (tmp_path / "om.duckdb").resolve()
+    ingest(workspace(db), [path])
+    script, marks = _tick_stand_in(tmp_path)
+    with FakeOpenAI(default=Reply(text="Done.")) as server:
+        agent_dir(home, server.base_url, {"om": {"db": str(db), "tick": True, "command": str(script),
+                                                 "timeoutMs": 60000, "infoTimeoutMs": 60000}})
+        base = os_env(PATH=f"{BIN}:{os.environ['PATH']}", PREFECT_API_URL=prefect_api)
+        for env, passive in (({**base, "OM_CONSOLIDATE_WHEN_IDLE": "true"}, False),
+                             ({**base, "PI_OBSERVATIONAL_MEMORY_PASSIVE": "1"}, True)):
+            marks.unlink(missing_ok=True)
+            pi = RpcPi(home, project, env, session_file=path, extensions=(EXTENSION,))
+            try:
+                pi.wait_for(lambda r: r.get("method") == "notify" and "memory in" in (r.get("message") or ""), timeout=180)
+                since = pi.prompt("First step.", timeout=180)
+                status = pi.wait_for(lambda r: r.get("method") == "setStatus", since, 60)["statusText"]
+                if passive:
+                    assert status.startswith("om: passive: no background memory work"), status
+                    pi.prompt("Second step.", timeout=180)
+                    assert not marks.exists()  # no tick ever started
+                    consolidated = command(pi, "/om:consolidate", timeout=600)
+                    assert consolidated.startswith("om consolidate: ") and "failed" not in consolidated, consolidated
+                    continue
+                assert status == "om: updating memory…", status
+                deadline = time.monotonic() + 60
+                while not (marks.exists() and "started" in marks.read_text()):
+                    assert time.monotonic() < deadline, "the tick did not start"
+                    time.sleep(0.2)
+                since = pi.prompt("Second step.", timeout=180)  # the agent starts: the tick stops
+                paused = pi.wait_for(lambda r: r.get("method") == "setStatus" and "paused" in (r.get("statusText") or ""),
+                                     since, 60)["statusText"]
+                assert paused == "om: memory update paused while the agent works; the next settle resumes it"
+                assert marks.read_text().split()[:2] == ["started", "stopped"]  # the next settle starts another
+            finally:
+                pi.close()

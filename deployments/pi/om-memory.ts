@@ -23,7 +23,9 @@
  *   (a share of the window, at most 1, or tokens) ask the agent to compact as its context fills: one
  *   message per rule crossed since the latest compaction, the last one firmer.
  * - with `tick` on, `om run FILE --no-drain` in the background when the agent settles (for teams
- *   without `om serve`); it never blocks a turn.
+ *   without `om serve`); it never blocks a turn. om's setting `passive` (or PI_OBSERVATIONAL_MEMORY_PASSIVE)
+ *   stops it (not the commands); with `consolidateWhenIdle` the agent starting a turn stops it (om run
+ *   resumes where it was at the next settle).
  * - at session start, one line names om's database and settings (`om live info`, with a deadline of
  *   its own, `infoTimeoutMs`).
  * - with pi-observational-memory also loaded (a `recall` tool of another extension's, or its
@@ -85,6 +87,7 @@ type Ran = { code: number | null; stdout: string; stderr: string; why?: string }
 type Info = {
 	db: string; db_source: string; db_exists: boolean; settings_files: string[]; endpoint: { url: string } | null;
 	selfCompact: boolean; warnAt: number[]; // om's settings selfCompact and warnAt, as om resolves them here
+	passive: boolean; consolidateWhenIdle: boolean; // likewise (passive also from PI_OBSERVATIONAL_MEMORY_PASSIVE)
 };
 type Compaction = { summary: string; firstKeptEntryId: string; tokensBefore: number; details: Record<string, unknown> };
 type CompactAnswer =
@@ -476,6 +479,7 @@ export default function omMemory(pi: ExtensionAPI) {
 				settings_files: Array.isArray(found.settings_files) ? found.settings_files.map(String) : [],
 				endpoint: isRecord(found.endpoint) && typeof found.endpoint.url === "string" ? { url: found.endpoint.url } : null,
 				selfCompact: found.self_compact === true,
+				passive: found.passive === true, consolidateWhenIdle: found.consolidate_when_idle === true,
 				warnAt: Array.isArray(found.warn_at) ? found.warn_at.filter((v): v is number => typeof v === "number" && Number.isFinite(v) && v > 0) : [],
 			};
 			return known;
@@ -804,12 +808,25 @@ export default function omMemory(pi: ExtensionAPI) {
 		});
 	}
 
-	/** The background tick and its stop at shutdown. */
+	/** The background tick, its pause while the agent works (consolidateWhenIdle) and its stop at shutdown. */
 	function registerTick(): void {
+		let paused = false; // the tick was stopped because the agent started a turn
+
+		pi.on("agent_start", async () => {
+			if (!tick || !known?.consolidateWhenIdle) return;
+			paused = true;
+			await stopChild(tick, GRACE_MS);
+		});
+
 		pi.on("agent_settled", async (_event, ctx) => {
 			const o = readOptions(ctx);
 			const file = ctx.sessionManager.getSessionFile();
 			if (!o.enabled || !o.tick || !file || tick) return; // one tick at a time; the next settle catches up
+			if (known?.passive) {
+				if (ctx.hasUI) ctx.ui.setStatus("om", "om: passive: no background memory work (/om:consolidate runs it)");
+				return;
+			}
+			paused = false;
 			if (ctx.hasUI) ctx.ui.setStatus("om", "om: updating memory…");
 			void runOm(o, ctx.cwd, o.db ?? findEndpoint(undefined, file)?.db, ["run", file, "--no-drain", "--json"], TICK_TIMEOUT_MS,
 				{ started: (child) => (tick = child), graceMs: GRACE_MS })
@@ -820,6 +837,8 @@ export default function omMemory(pi: ExtensionAPI) {
 					const s = isRecord(run) && Array.isArray(run.sessions) && isRecord(run.sessions[0]) ? run.sessions[0] : undefined;
 					if (r.code === 0 || s) line = s ? `om: memory +${s.observations} observations, +${s.reflections} reflections` : "om: memory up to date";
 					if (s && typeof s.error === "string" && s.error) line = `om: memory update failed: ${s.error}`;
+					if (paused) line = "om: memory update paused while the agent works; the next settle resumes it";
+					paused = false;
 					if (ctx.hasUI) ctx.ui.setStatus("om", line);
 				});
 		});

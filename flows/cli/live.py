@@ -79,7 +79,7 @@ def info(
                                            "file: the endpoint serving its folder names it when --db and OM_DB "
                                            "do not."),
     as_json: bool = typer.Option(False, "--json", help='Print {"db", "db_source", "db_exists", "settings_files", '
-                                 '"observations_pool_max_tokens", "self_compact", "warn_at", "endpoint", "extension", "package"}.'),
+                                 '"observations_pool_max_tokens", "self_compact", "warn_at", "passive", "consolidate_when_idle", "endpoint", "extension", "package"}.'),
 ) -> None:
     """Which database and settings om uses here (as every om command resolves them; for --session, the
     database of the endpoint serving that session's folder), whether an endpoint serves that database,
@@ -94,6 +94,7 @@ def info(
     answer = {"db": str(db), "db_source": source, "db_exists": db.exists(), "settings_files": files,
               "observations_pool_max_tokens": resolved.settings.observationsPoolMaxTokens,
               "self_compact": resolved.settings.selfCompact, "warn_at": resolved.settings.warnAt,
+              "passive": resolved.settings.passive, "consolidate_when_idle": resolved.settings.consolidateWhenIdle,
               "endpoint": {"url": found["url"], "pid": found["pid"]} if found else None,
               "extension": str(EXTENSION), "package": str(PACKAGE)}
     if as_json:
