@@ -176,7 +176,7 @@ def test_a_new_database_keeps_its_tables_in_om_internal_and_only_views_in_main(t
 
 # Columns migrations after 008 added (a database at 007 cannot hold them: they migrate as NULL).
 ADDED_AFTER_008 = {"observations": ["ts_repaired_from"], "drops": ["reason"]}
-# columns a later migration adds with a default (NOT NULL): a file at 008 had none of them
+# columns a later migration adds with a default: a file at 008 had none of them
 DEFAULTED_AFTER_011 = {"llm_calls": ["fallback"]}
 
 

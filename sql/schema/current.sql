@@ -248,7 +248,7 @@ CREATE TABLE om_internal.llm_calls (
     error           VARCHAR,
     attempt         INTEGER NOT NULL DEFAULT 1,
     started_at      TIMESTAMPTZ NOT NULL,
-    fallback        BOOLEAN NOT NULL DEFAULT false  -- made by the fallbackModel (SPEC §13)
+    fallback        BOOLEAN DEFAULT false  -- made by the fallbackModel (SPEC §13)
 );
 
 -- The text of every model call, joined on call_id; a failed call has no response.
