@@ -203,3 +203,25 @@ def test_a_catch_up_model_that_hangs_does_not_hang_the_hook(tmp_path):
     # the model's answer would take 30 s: the catch-up stopped at its limit and the hook answered
     assert answer.catch_up.ended == "time_limit" and answer.catch_up.chunks == 0, answer.catch_up
     assert answer.compaction is not None and answer.moved_from == ids[20]
+
+
+@pytest.mark.parametrize("budget", [None, 300])
+def test_a_simulated_compaction_and_om_compact_answer_as_the_live_hook(tmp_path, budget):
+    """One service: on the same ledger, the replay's simulated compaction at Pi's cut keeps from the same F
+    with the same summary as the live hook (or declines where it declines), and `om compact --gap-safe`
+    agrees."""
+    from om_core.replay.compaction import simulate_compaction
+
+    settings = Settings(**SMALL_CHUNKS, compactionMaxRetainedTokens=budget)
+    ws, path, ids = behind(tmp_path, settings)
+    live = compact_live(ws, request(path, ids, 20))
+    simulated = simulate_compaction(ws, SID, tip=ids[-1], anchor=ids[-1], first_kept=ids[20], trigger="proactive",
+                                    settings=ws.settings)
+    with ws.read() as con:
+        [(kept, summary)] = con.execute("SELECT first_kept_entry_id, summary FROM om_internal.compactions "
+                                        "WHERE compaction_id = ?", [simulated.compaction_id]).fetchall()
+    if live.compaction is None:
+        assert budget == 300 and simulated.native_fallback and summary is None and kept == ids[20]
+        return
+    assert (kept, summary) == (live.compaction["firstKeptEntryId"], live.compaction["summary"])
+    assert simulated.kept_first == kept != ids[20]

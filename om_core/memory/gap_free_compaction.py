@@ -105,7 +105,11 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         branch, positions = read_branch(con, sid, tip)
-    proposed = positions.get(first_kept)
+        proposed = positions.get(first_kept)
+        record_at = None
+        if proposed is None:  # one of om's records (an entry of the exported file): it stands after its anchor
+            anchor = dbmod.scalar(con, "kept_entry", {"session_id": sid, "tip": tip, "entry_id": first_kept})
+            record_at = positions[anchor] + 1 if anchor in positions else None
     result = compact(ws, sid, first_kept, tip, replayed=replayed)
     kept = first_kept
     if proposed is not None:  # (F may be one of om's records in an exported file: no move there)
@@ -119,10 +123,9 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
     summary = with_instructions(result.summary, instructions) if result.summary is not None else None
     tokens = math.ceil(js_len(summary) / 4) if summary is not None else None  # Pi's estimate
     settings = ws.settings
-    decision = decide(branch, proposed if proposed is not None else 0, positions.get(kept, 0), tokens,
-                      max_retained_tokens=settings.retained_max_tokens, overflow=overflow)
-    if proposed is None:
-        decision.first_kept, decision.moved = 0, False
+    at = proposed if proposed is not None else (record_at if record_at is not None else 0)
+    decision = decide(branch, at, positions.get(kept, at), tokens, max_retained_tokens=settings.retained_max_tokens,
+                      overflow=overflow)
     answer = GapFreeCompaction(session_id=sid, leaf=tip, proposed_first_kept=first_kept, first_kept=first_kept,
                                decision=decision)
     if decision.goes_ahead:
