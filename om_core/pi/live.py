@@ -99,6 +99,9 @@ def warm() -> None:
     rules of the summary's redaction: about a second): a long-running endpoint pays it at its start."""
     count_tokens(["warm up"])
     redact("warm up")
+    # a compaction's catch-up runs the observer (SPEC §13): its modules are loaded now, not in Pi's wait
+    import om_core.replay.stage_runner  # noqa: F401
+    import om_core.workers.offline  # noqa: F401
 
 
 @contextmanager
@@ -178,7 +181,7 @@ def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
         settings = here.settings
         limit = settings.compactionCatchUpSeconds
         if req.deadline_seconds is not None:  # leave the hook time to answer after the catch-up
-            limit = min(limit, req.deadline_seconds * 0.7)
+            limit = min(limit, req.deadline_seconds * 0.5)
         catch_up = _catch_up(here, session_id, req.leaf, req.first_kept_entry_id, started + limit)
         done = gap_free_compaction(here, session_id, req.first_kept_entry_id, req.leaf,
                                    overflow=req.reason == "overflow", instructions=req.custom_instructions)
