@@ -151,9 +151,7 @@ def test_proactive_compactions_never_cut_before_the_previous_compaction(tmp_path
     sb.work_turns(24, "delta")
     # a kept tail almost as large as the threshold: the clock (counted from the last first kept entry)
     # is due again soon after each compaction, while a cut 500 tokens back would reach before it
-    # (piAutoCompaction off: the clock counts every source token after F, observed or not, SPEC §13)
-    db_path = replayed(tmp_path, sb, SETTINGS.model_copy(update={"keepRecentTokens": 500, "cutPointRules": rules,
-                                                                 "piAutoCompaction": False}))
+    db_path = replayed(tmp_path, sb, SETTINGS.model_copy(update={"keepRecentTokens": 500, "cutPointRules": rules}))
     rows = [r for r in simulated(db_path, sb.session_id) if r[0] == "proactive"]
     assert len(rows) >= 3, rows
     for (_, previous_anchor, previous_kept), (_, _, first_kept) in zip(rows, rows[1:]):
@@ -169,8 +167,7 @@ def test_no_proactive_compaction_where_pi_declines(tmp_path, rules):
     sb.work_turns(6, "epsilon")
     # the compaction clock is due early (600), but the whole branch fits in keepRecentTokens: Pi 1.6
     # has nothing to summarize before the cut and does not compact; the earlier Pi compacted anyway
-    settings = SETTINGS.model_copy(update={"keepRecentTokens": 1_000_000, "cutPointRules": rules,
-                                           "piAutoCompaction": False})
+    settings = SETTINGS.model_copy(update={"keepRecentTokens": 1_000_000, "cutPointRules": rules})
     rows = [r for r in simulated(replayed(tmp_path, sb, settings), sb.session_id) if r[0] == "proactive"]
     if rules == "pi-1.6":
         assert rows == []
