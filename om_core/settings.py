@@ -129,9 +129,6 @@ class Settings(BaseModel):
 
     # this project's: how long a live compaction's catch-up may take before the hook answers without it
     compactionCatchUpSeconds: float = Field(20.0, gt=0)
-    # Pi's own auto-compaction (Pi's compaction.enabled): when off, the proactive compaction clock counts
-    # every source token after F, not only the observed ones (SPEC §13)
-    piAutoCompaction: bool = True
 
     @field_validator("model", "fallbackModel", mode="before")
     @classmethod
@@ -334,9 +331,6 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
     # Pi's own compaction budget, as Pi reads it (project over global), below every om source
     for path, data in pi_files:
         compaction = data.get("compaction")
-        if isinstance(compaction, dict) and isinstance(compaction.get("enabled"), bool):
-            values["piAutoCompaction"] = compaction["enabled"]
-            sources["piAutoCompaction"] = f"{path} (compaction.enabled)"
         if isinstance(compaction, dict) and "keepRecentTokens" in compaction:
             value = compaction["keepRecentTokens"]
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -24,10 +24,8 @@ from om_core.pi.tree import build_forest
 from om_core.store.workspace import Workspace
 from om_core.workers.stages import ModelConfig, make_brain
 
-# piAutoCompaction off: the proactive clock counts every source token after F (SPEC §13), so these small
-# sessions compact although their observer (on the usage clock) lags
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,
-                    observationsPoolMaxTokens=400, observationsPoolTargetTokens=200, piAutoCompaction=False)
+                    observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)
 
 
 def branched_session(tmp_path, version: int | None = 3):

@@ -225,27 +225,3 @@ def test_a_simulated_compaction_and_om_compact_answer_as_the_live_hook(tmp_path,
         return
     assert (kept, summary) == (live.compaction["firstKeptEntryId"], live.compaction["summary"])
     assert simulated.kept_first == kept != ids[20]
-
-
-def test_the_proactive_clock_counts_only_up_to_the_observation_watermark(tmp_path):
-    from om_core.memory.fold import clocks
-    from om_core.settings import load_settings
-
-    ws, path, ids = behind(tmp_path, Settings(**SMALL_CHUNKS, compactAfterTokens=100))
-    covered = watermark_position(ws, ids)
-    with ws.read() as con:
-        tokens = dict(con.execute("SELECT entry_id, tokens_pi FROM entries").fetchall())
-        bounded = clocks(con, SID, ids[-1], ws.settings)["compaction"]
-        everything = clocks(con, SID, ids[-1], ws.settings.model_copy(update={"piAutoCompaction": False}))["compaction"]
-    assert bounded.tokens == sum(tokens[i] for i in ids[: covered + 1])
-    assert everything.tokens == sum(tokens[i] for i in ids) > bounded.tokens
-    # Pi's own auto-compaction off, read from Pi's settings
-    agent = tmp_path / "pi-home" / ".pi" / "agent"
-    agent.mkdir(parents=True)
-    (agent / "settings.json").write_text(json.dumps({"compaction": {"enabled": False}}))
-    assert load_settings(env={}, home=tmp_path / "pi-home", cwd=tmp_path / "nowhere").settings.piAutoCompaction is False
-    # without any observation, it does not fire
-    fresh = workspace(tmp_path / "fresh.duckdb", Settings())
-    ingest(fresh, [path])
-    with fresh.read() as con:
-        assert clocks(con, SID, ids[-1], fresh.settings)["compaction"].tokens == 0

@@ -273,9 +273,6 @@ def clocks(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: 
         usage, tip_position = ContextUsage(branch), len(branch) - 1
     for row in named_rows(con, "progress_clocks", {"session_id": session_id, "tip": tip}):
         used = int(row["tokens"] if settings.tokenCounter == "tiktoken" else row["tokens_pi"])
-        if row["clock"] == "compaction" and settings.piAutoCompaction:
-            # only what a compaction can fold: up to the observation watermark (SPEC §13)
-            used = int(row["observed_tokens"] if settings.tokenCounter == "tiktoken" else row["observed_tokens_pi"])
         extra: dict[str, Any] = {}
         if usage is not None and row["clock"] in USAGE_CLOCKS and tip_position >= 0:
             measured = usage.clock(tip_position, row["watermark_pos"])

@@ -182,11 +182,6 @@ class BranchReplayer:
             self._marks = {name: (None if c.watermark_entry_id is None else self.position.get(c.watermark_entry_id))
                            for name, c in read.items()}
         values = {name: self.tokens_between(start, t) for name, start in self._clock_from.items()}
-        if "compaction" in values and self.settings.piAutoCompaction:
-            # only what a compaction can fold: up to the observation watermark (SPEC §13; none: nothing)
-            observed = self._marks.get("observer")
-            values["compaction"] = self.tokens_between(self._clock_from["compaction"],
-                                                       min(t, -1 if observed is None else observed))
         if self.usage is not None:  # observer and reflector on the provider's usage, where it can be measured
             for name in USAGE_CLOCKS:
                 measured = self.usage.clock(t, self._marks.get(name))

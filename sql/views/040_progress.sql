@@ -15,27 +15,20 @@ CREATE OR REPLACE MACRO progress_clocks(p_session, p_tip) AS TABLE
         ORDER BY compaction_order DESC LIMIT 1
     ),
     starts AS (
-        SELECT k.clock, coalesce(m.wm_pos + 1, 0) AS from_pos, m.wm_pos AS watermark_pos, NULL::INTEGER AS observed_to
+        SELECT k.clock, coalesce(m.wm_pos + 1, 0) AS from_pos, m.wm_pos AS watermark_pos
         FROM (VALUES ('observer', 'om.observations.recorded'), ('reflector', 'om.reflections.recorded'),
                      ('dropper', 'om.observations.dropped')) k(clock, kind)
         LEFT JOIN marks m ON m.kind = k.kind
         UNION ALL
-        -- the compaction clock also counts only up to the observation watermark (SPEC §13): -1 without one
         SELECT 'compaction', coalesce((SELECT coalesce(first_kept_pos, anchor_pos + 1) FROM latest_compaction), 0),
-               (SELECT anchor_pos FROM latest_compaction),
-               coalesce((SELECT wm_pos FROM marks WHERE kind = 'om.observations.recorded'), -1)
+               (SELECT anchor_pos FROM latest_compaction)
     )
-    SELECT s.clock, s.from_pos, s.watermark_pos, s.observed_to,
+    SELECT s.clock, s.from_pos, s.watermark_pos,
            (SELECT entry_id FROM b WHERE b.position = s.watermark_pos) AS watermark_entry_id,
            coalesce(sum(b.tokens_pi) FILTER (WHERE b.is_source AND b.position >= s.from_pos), 0) AS tokens_pi,
-           coalesce(sum(b.tokens) FILTER (WHERE b.is_source AND b.position >= s.from_pos), 0) AS tokens,
-           coalesce(sum(b.tokens_pi) FILTER (WHERE b.is_source AND b.position >= s.from_pos
-                                            AND b.position <= coalesce(s.observed_to, b.position)), 0)
-               AS observed_tokens_pi,
-           coalesce(sum(b.tokens) FILTER (WHERE b.is_source AND b.position >= s.from_pos
-                                         AND b.position <= coalesce(s.observed_to, b.position)), 0) AS observed_tokens
+           coalesce(sum(b.tokens) FILTER (WHERE b.is_source AND b.position >= s.from_pos), 0) AS tokens
     FROM starts s, b
-    GROUP BY s.clock, s.from_pos, s.watermark_pos, s.observed_to;
+    GROUP BY s.clock, s.from_pos, s.watermark_pos;
 
 -- The ledger at the tip (ledger_at) with each observation's coverage tier: none (cited by no
 -- current reflection), partial (by one), strong (by two or more). One query gives a worker all of
