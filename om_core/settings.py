@@ -23,6 +23,8 @@ from om_core.errors import OmError
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
+DEFAULT_SUMMARY_MAX_TOKENS = 8_000  # SPEC §13, when no context window is known
+DEFAULT_WORKER_MEMORY_TOKENS = 16_000  # SPEC §13, when the memory model's window is not known
 MIN_CHUNK_TOKENS = 256
 
 
@@ -106,6 +108,10 @@ class Settings(BaseModel):
     modelMap: list[ModelRule] = Field(default_factory=list)  # first-match routing per session model and stage
     compactionCatchUpMaxChunks: int = Field(2, ge=0)  # observer chunks a compaction may run to close its gap
     compactionMaxRetainedTokens: int | None = Field(None, gt=0)  # kept tail + summary over it: decline
+    # bounded memory; unset: derived from contextWindow, else the SPEC's fallback
+    compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
+    reflectionsPoolTargetTokens: int = Field(8_000, gt=0)  # active reflections' rendered lines, the target
+    workerMemoryMaxTokens: int | None = Field(None, gt=0)  # the memory one worker request carries, at most
 
     # --- this project's additions
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
@@ -126,6 +132,9 @@ class Settings(BaseModel):
     # where the pipeline keeps computed stage results (a folder, an fsspec URL, or a Prefect block slug);
     # unset: a folder next to the database
     resultStorage: str | None = None
+    # the local Prefect server an om run starts stays for the next run and stops after this many seconds
+    # without one; 0: every run starts Prefect's temporary API and stops it (no server outlives a run)
+    prefectServerIdleSeconds: float = Field(600.0, ge=0)
 
     # this project's: how long a live compaction's catch-up may take before the hook answers without it
     compactionCatchUpSeconds: float = Field(20.0, gt=0)
@@ -222,9 +231,36 @@ class Settings(BaseModel):
             return math.floor(self.contextWindow * self.compactAfterTokensRatio)
         return self.compactAfterTokens
 
+    @property
+    def summary_max_tokens(self) -> int:
+        """compactionSummaryMaxTokens: set, else an eighth of the session's window, else 8000."""
+        if self.compactionSummaryMaxTokens is not None:
+            return self.compactionSummaryMaxTokens
+        if self.contextWindow:
+            return max(1, self.contextWindow // 8)
+        return DEFAULT_SUMMARY_MAX_TOKENS
+
+    @property
+    def worker_memory_max_tokens(self) -> int:
+        """workerMemoryMaxTokens: set, else a quarter of the memory model's window (contextWindow),
+        else 16000."""
+        if self.workerMemoryMaxTokens is not None:
+            return self.workerMemoryMaxTokens
+        if self.contextWindow:
+            return max(1, self.contextWindow // 4)
+        return DEFAULT_WORKER_MEMORY_TOKENS
+
     def derived(self) -> dict[str, tuple[Any, str]]:
         """Settings whose effective value follows from others: key -> (value, the rule that gave it)."""
         found: dict[str, tuple[Any, str]] = {}
+        if self.workerMemoryMaxTokens is None:
+            found["workerMemoryMaxTokens"] = (
+                self.worker_memory_max_tokens, f"contextWindow {self.contextWindow} / 4" if self.contextWindow
+                else f"{DEFAULT_WORKER_MEMORY_TOKENS}, as no contextWindow is set")
+        if self.compactionSummaryMaxTokens is None:
+            found["compactionSummaryMaxTokens"] = (
+                self.summary_max_tokens, f"contextWindow {self.contextWindow} / 8" if self.contextWindow
+                else f"{DEFAULT_SUMMARY_MAX_TOKENS}, as no contextWindow is set")
         if self.observerChunkMaxTokens is None:
             rule = (f"20% of contextWindow {self.contextWindow}, at least {MIN_CHUNK_TOKENS}" if self.contextWindow
                     else f"{DEFAULT_CHUNK_TOKENS}, as no contextWindow is set")

@@ -16,7 +16,8 @@ from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI, Reply
 from flows.cli.main import app
 from om_core.ingest import ingest
-from om_core.memory.gap_free import Branch, Declined, SpanEntry, decide, needs_catch_up, retained_first_kept
+from om_core.memory.fold import DeclineReason
+from om_core.memory.gap_free import Branch, SpanEntry, decide, needs_catch_up, retained_first_kept
 from om_core.memory.gaps import compaction_gaps
 from om_core.pi.live import CompactRequest, compact_live
 from om_core.replay.stage_runner import observe_now
@@ -60,10 +61,10 @@ def test_decline_rules():
     assert ok.goes_ahead and ok.moved and ok.first_kept == 8 and ok.retained_tokens == 120 + 30
     assert ok.freed_tokens == 60
     over = decide(b, 16, 8, 30, max_retained_tokens=149, overflow=False)
-    assert over.declined == Declined.over_budget and over.first_kept == 16 and not over.moved
-    assert decide(b, 16, 2, 30, max_retained_tokens=1000, overflow=False).declined == Declined.nothing_freed
-    assert decide(b, 16, 8, 30, max_retained_tokens=1000, overflow=True).declined == Declined.overflow_recovery
-    assert decide(b, 16, 16, None, max_retained_tokens=1000, overflow=False).declined == Declined.empty_summary
+    assert over.declined == DeclineReason.OVER_BUDGET and over.first_kept == 16 and not over.moved
+    assert decide(b, 16, 2, 30, max_retained_tokens=1000, overflow=False).declined == DeclineReason.NOTHING_FREED
+    assert decide(b, 16, 8, 30, max_retained_tokens=1000, overflow=True).declined == DeclineReason.OVERFLOW_RECOVERY
+    assert decide(b, 16, 16, None, max_retained_tokens=1000, overflow=False).declined == DeclineReason.EMPTY_PROJECTION
     # at Pi's own F nothing holds it back: it goes ahead as Pi proposed, an overflow too
     assert decide(b, 16, 16, 30, max_retained_tokens=1, overflow=True).goes_ahead
 
@@ -154,14 +155,14 @@ def test_pis_cut_with_the_gap_unfixed_is_a_gap_om_gaps_sees(tmp_path):
 def test_over_the_retention_budget_the_hook_declines(tmp_path):
     ws, path, ids = behind(tmp_path, Settings(**SMALL_CHUNKS, compactionMaxRetainedTokens=300))
     answer = compact_live(ws, request(path, ids, 20))
-    assert answer.compaction is None and answer.declined_reason == Declined.over_budget
+    assert answer.compaction is None and answer.declined_reason == DeclineReason.OVER_BUDGET
     assert "over compactionMaxRetainedTokens 300" in answer.declined
 
 
 def test_an_overflow_recovery_is_never_held_back_by_retention(tmp_path):
     ws, path, ids = behind(tmp_path, Settings(**SMALL_CHUNKS))
     answer = compact_live(ws, request(path, ids, 20, reason="overflow"))
-    assert answer.compaction is None and answer.declined_reason == Declined.overflow_recovery
+    assert answer.compaction is None and answer.declined_reason == DeclineReason.OVERFLOW_RECOVERY
 
 
 def test_the_catch_up_closes_the_gap_with_the_model(tmp_path):

@@ -81,7 +81,7 @@ def compact(
     from om_core.store.catalog import cut_point
     from om_core.pi.cutpoint import DEFAULT_RULES
     from om_core.memory.gap_free_compaction import gap_free_compaction
-    from om_core.memory.fold import compact as run_compact
+    from om_core.memory.compaction import compact as run_compact
 
     ws = workspace()
     settings = ws.settings
@@ -119,11 +119,17 @@ def compact(
         err.print("replayed: the replay's simulated compactions count (what the extension would have folded "
                   "had it lived the session, not what the session file holds)")
     if result.summary is None:
-        err.print("the projection is empty: Pi's native summarizer would run instead")
+        err.print("the projection is empty: Pi's native summarizer would run instead" if result.declined is None
+                  or result.declined.value == "empty-projection" else
+                  f"no memory record fits compactionSummaryMaxTokens {result.summaryMaxTokens}: Pi's native "
+                  "summarizer would run instead")
         return
     sys.stdout.write(result.summary + "\n")
     err.print(f"fullFold={str(result.fullFold).lower()}  observations={len(result.memory.observations)}  "
-              f"reflections={len(result.memory.reflections)}")
+              f"reflections={len(result.memory.reflections)}" + (
+                  f"  left out: {result.leftOutObservations} observation(s), {result.leftOutReflections} "
+                  f"reflection(s) (compactionSummaryMaxTokens {result.summaryMaxTokens})"
+                  if result.leftOutObservations or result.leftOutReflections else ""))
 
 
 @app.command(epilog=examples('om recall 3f9a0c1b2d4e', 'om recall 3f9a0c',

@@ -14,9 +14,10 @@ facts.
 
 from __future__ import annotations
 
-from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
+
+from om_core.memory.fold import DeclineReason
 
 
 class SpanEntry(BaseModel):
@@ -30,16 +31,6 @@ class SpanEntry(BaseModel):
     tokens: int = 0  # source tokens (Pi's estimate), 0 for any other entry
     tool_result: bool = False
     call_position: int | None = None  # a tool result's: the assistant message that made the call
-
-
-class Declined(str, Enum):
-    """Why a compaction declines to Pi's own summary."""
-
-    no_coverage = "no_coverage"  # no observation covers anything before F: nothing to fold
-    empty_summary = "empty_summary"  # the projection at F renders nothing
-    over_budget = "over_budget"  # kept tail plus summary over compactionMaxRetainedTokens
-    nothing_freed = "nothing_freed"  # F moved back to where the context already starts
-    overflow_recovery = "overflow_recovery"  # Pi compacts to recover from a context overflow: it must free
 
 
 class Branch(BaseModel):
@@ -85,7 +76,7 @@ class Decision(BaseModel):
 
     first_kept: int  # position of F (Pi's when declined)
     moved: bool = False
-    declined: Declined | None = None
+    declined: DeclineReason | None = None
     retained_tokens: int = 0  # source tokens kept from F to the tip, plus the summary's
     freed_tokens: int = 0  # source tokens the compaction takes out of the context
 
@@ -106,26 +97,26 @@ def decide(branch: Branch, proposed: int, first_kept: int, summary_tokens: int |
     decision = Decision(first_kept=first_kept, moved=first_kept != proposed, retained_tokens=retained,
                         freed_tokens=freed)
     if summary_tokens is None:
-        decision.declined = Declined.empty_summary
+        decision.declined = DeclineReason.EMPTY_PROJECTION
     elif not decision.moved:
         return decision
     elif overflow:
-        decision.declined = Declined.overflow_recovery
+        decision.declined = DeclineReason.OVERFLOW_RECOVERY
     elif freed <= 0:
-        decision.declined = Declined.nothing_freed
+        decision.declined = DeclineReason.NOTHING_FREED
     elif retained > max_retained_tokens:
-        decision.declined = Declined.over_budget
+        decision.declined = DeclineReason.OVER_BUDGET
     if decision.declined is not None:
         decision.first_kept, decision.moved = proposed, False
     return decision
 
 
 DECLINED_WHY = {
-    Declined.no_coverage: "no observation covers anything before Pi's cut yet",
-    Declined.empty_summary: "no memory before the cut of this session yet",
-    Declined.over_budget: "keeping every unobserved message would retain {retained} tokens, over "
+    DeclineReason.NO_COVERAGE: "no observation covers anything before Pi's cut yet",
+    DeclineReason.EMPTY_PROJECTION: "no memory before the cut of this session yet",
+    DeclineReason.OVER_BUDGET: "keeping every unobserved message would retain {retained} tokens, over "
                           "compactionMaxRetainedTokens {budget}",
-    Declined.nothing_freed: "keeping every unobserved message would free nothing",
-    Declined.overflow_recovery: "Pi compacts to recover from a context overflow, and keeping every unobserved "
+    DeclineReason.NOTHING_FREED: "keeping every unobserved message would free nothing",
+    DeclineReason.OVERFLOW_RECOVERY: "Pi compacts to recover from a context overflow, and keeping every unobserved "
                                 "message would not free what it needs",
 }

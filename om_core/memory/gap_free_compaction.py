@@ -13,10 +13,17 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 from pydantic import BaseModel
 
-from om_core.memory.fold import CompactionResult, compact
-from om_core.memory.render import with_instructions
-from om_core.memory.gap_free import DECLINED_WHY, Branch, Decision, Declined, SpanEntry, decide, needs_catch_up, \
-    retained_first_kept
+from om_core.memory.compaction import compact
+from om_core.memory.fold import CompactionResult, DeclineReason
+from om_core.memory.gap_free import (
+    DECLINED_WHY,
+    Branch,
+    Decision,
+    SpanEntry,
+    decide,
+    needs_catch_up,
+    retained_first_kept,
+)
 from om_core.pi.js_length import js_len
 from om_core.store import db as dbmod
 from om_core.store.catalog import resolve_session, resolve_tip
@@ -36,15 +43,18 @@ class GapFreeCompaction(BaseModel):
     first_kept: str  # the F of the answer (Pi's when declined)
     decision: Decision
     result: CompactionResult | None = None  # None when declined
+    result_max_tokens: int | None = None  # compactionSummaryMaxTokens where the service applied it
     summary: str | None = None
 
     @property
-    def declined(self) -> Declined | None:
+    def declined(self) -> DeclineReason | None:
         return self.decision.declined
 
     def why(self, budget: int) -> str | None:
         if self.decision.declined is None:
             return None
+        if self.decision.declined is DeclineReason.NOTHING_FITS:
+            return f"no memory record fits compactionSummaryMaxTokens {self.result_max_tokens}"
         return DECLINED_WHY[self.decision.declined].format(retained=self.decision.retained_tokens, budget=budget)
 
     def as_json(self) -> dict[str, Any]:
@@ -110,7 +120,7 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
         if proposed is None:  # one of om's records (an entry of the exported file): it stands after its anchor
             anchor = dbmod.scalar(con, "kept_entry", {"session_id": sid, "tip": tip, "entry_id": first_kept})
             record_at = positions[anchor] + 1 if anchor in positions else None
-    result = compact(ws, sid, first_kept, tip, replayed=replayed)
+    result = compact(ws, sid, first_kept, tip, replayed=replayed, instructions=instructions)
     kept = first_kept
     if proposed is not None:  # (F may be one of om's records in an exported file: no move there)
         at = proposed
@@ -119,15 +129,17 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
             if moved == at:
                 break
             at, kept = moved, branch.entries[moved].entry_id
-            result = compact(ws, sid, kept, tip, replayed=replayed)
-    summary = with_instructions(result.summary, instructions) if result.summary is not None else None
+            result = compact(ws, sid, kept, tip, replayed=replayed, instructions=instructions)
+    summary = result.summary
     tokens = math.ceil(js_len(summary) / 4) if summary is not None else None  # Pi's estimate
     settings = ws.settings
     at = proposed if proposed is not None else (record_at if record_at is not None else 0)
     decision = decide(branch, at, positions.get(kept, at), tokens, max_retained_tokens=settings.retained_max_tokens,
                       overflow=overflow)
+    if result.declined is not None:  # the compaction service's own decline (no record, or none fits)
+        decision.declined, decision.first_kept, decision.moved = result.declined, at, False
     answer = GapFreeCompaction(session_id=sid, leaf=tip, proposed_first_kept=first_kept, first_kept=first_kept,
-                               decision=decision)
+                               decision=decision, result_max_tokens=result.summaryMaxTokens)
     if decision.goes_ahead:
         answer.first_kept, answer.result, answer.summary = kept, result, summary
     return answer

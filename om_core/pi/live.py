@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from om_core.memory.gap_free import Declined
-
+from om_core.memory.fold import DeclineReason
 from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
@@ -74,11 +73,12 @@ class LiveCompaction(BaseModel):
     leaf: str
     compaction: dict[str, Any] | None = None  # {summary, firstKeptEntryId, tokensBefore, details}
     declined: str | None = None
+    declined_reason: DeclineReason | None = None
+    left_out: int = 0  # records the summary budget left out (SPEC §13)
     observations: int = 0
     reflections: int = 0
     entries_added: int = 0  # what this request ingested
     moved_from: str | None = None  # Pi's F, when om keeps from further back (SPEC §13: no raw message lost)
-    declined_reason: Declined | None = None
     catch_up: CatchUp | None = None  # the observer chunks run before answering, when it was behind Pi's F
 
 
@@ -188,10 +188,11 @@ def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
     answer = LiveCompaction(session_id=session_id, leaf=req.leaf, entries_added=added, catch_up=catch_up)
     if done.result is not None:
         answer.observations, answer.reflections = len(done.result.observationIds), len(done.result.reflectionIds)
+        answer.left_out = done.result.leftOutObservations + done.result.leftOutReflections
     if done.declined is not None:
         answer.declined_reason = done.declined
         answer.declined = (f"no memory before entry {req.first_kept_entry_id} of this session yet"
-                           if done.declined == Declined.empty_summary else done.why(settings.retained_max_tokens))
+                           if done.declined is DeclineReason.EMPTY_PROJECTION else done.why(settings.retained_max_tokens))
         return answer
     if done.decision.moved:
         answer.moved_from = req.first_kept_entry_id

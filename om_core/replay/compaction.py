@@ -13,7 +13,7 @@ from typing import Any
 from om_core.store import db as dbmod
 from om_core.memory.gap_free_compaction import gap_free_compaction
 from om_core.ledger.records import parse_folded, store_simulated_compaction
-from om_core.memory.fold import compaction_projection
+from om_core.memory.compaction import DeclineReason, World, compact_at
 from om_core.settings import Settings
 
 
@@ -54,23 +54,28 @@ def simulate_compaction(db: Any, session_id: str, *, tip: str, anchor: str, firs
     if settings.gapSafeCompaction:
         # the replay's world: its own earlier simulated compactions set M, as the extension's would have
         gap_free = gap_free_compaction(db, session_id, first_kept, tip, replayed=True)
-        result = gap_free.result
-        if gap_free.declined is not None:
-            notes.append(f"gap-free: declined ({gap_free.declined.value}): "
-                         f"{gap_free.why(settings.retained_max_tokens)}")
+        result, declined = gap_free.result, gap_free.declined
+        if declined is not None and declined not in (DeclineReason.EMPTY_PROJECTION, DeclineReason.NOTHING_FITS):
+            notes.append(f"gap-free: declined ({declined.value}): {gap_free.why(settings.retained_max_tokens)}")
         elif gap_free.decision.moved:
             kept = gap_free.first_kept
             notes.append(f"gap-free: first kept moved back from {first_kept} to {kept}; "
                          f"{gap_free.decision.retained_tokens} tokens retained")
     else:
         with db.read() as con:
-            result = compaction_projection(con, session_id, tip, first_kept, settings.observationsPoolMaxTokens,
-                                           replayed=True)
+            result = compact_at(con, session_id, tip, kept, settings, world=World.REPLAYED)
+        declined = result.declined
     details = parse_folded(result.details()) if result is not None and result.summary is not None else None
-    if details is None and (gap_free is None or gap_free.declined is None or gap_free.declined.value == "empty_summary"):
+    if declined is DeclineReason.EMPTY_PROJECTION:
         notes.append("projection empty: Pi's native summarizer would run (nothing persisted as memory)")
+    elif declined is DeclineReason.NOTHING_FITS:
+        notes.append(f"no record fits compactionSummaryMaxTokens {settings.summary_max_tokens}: Pi's native "
+                     "summarizer would run (nothing persisted as memory)")
     elif details is None:
         notes.append("Pi's native summarizer would run (nothing persisted as memory)")
+    elif result.leftOutObservations or result.leftOutReflections:
+        notes.append(f"summary budget {result.summaryMaxTokens}: left out {result.leftOutObservations} "
+                     f"observation(s), {result.leftOutReflections} reflection(s)")
     with db.write() as con, dbmod.transaction(con):
         compaction_id = store_simulated_compaction(
             con, session_id, anchor_entry_id=anchor, first_kept_entry_id=kept, details=details,

@@ -291,6 +291,9 @@ class RoutedBrain:
     def drop(self, inp: Any, check: Any) -> Any:
         return self.for_stage("dropper").drop(inp, check)
 
+    def drop_reflections(self, inp: Any, check: Any) -> Any:
+        return self.for_stage("reflection-dropper").drop_reflections(inp, check)
+
 
 def stage_model(brain: Brain, stage: str) -> str:
     """The name a stage's key and its stages row carry: the routed stage's own model."""
