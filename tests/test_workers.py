@@ -945,8 +945,8 @@ def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
     from om_core.ledger.records import LEDGER_KINDS
     from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES
 
-    assert list(STAGES) == ["observer", "reflector", "dropper"]
-    assert [STAGES[k].record_kind for k in STAGES] == [OBS, REFL, DROP]
+    assert list(STAGES) == ["observer", "reflector", "dropper", "reflection-dropper"]
+    assert [STAGES[k].record_kind for k in STAGES] == [OBS, REFL, DROP, "om.reflections.dropped"]
     assert {s.record_kind for s in STAGES.values()} == set(LEDGER_KINDS)
     for stage in STAGES.values():
         assert RECORD_MODELS[stage.record_kind] is stage.payload
@@ -956,18 +956,19 @@ def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
     assert [s.threshold(settings) for s in CLOCKED_STAGES] == [123, 456]
 
 
-def test_the_dropper_follows_only_a_reflector_run_that_appended_reflections():
+def test_the_droppers_follow_only_a_reflector_run_that_appended_reflections():
     from dataclasses import replace
 
-    from om_core.workers.stage_kinds import StageOutcome, StageRequest, follow_up, run_in_order
+    from om_core.workers.stage_kinds import StageOutcome, StageRequest, follow_ups, run_in_order
 
     reflected = StageOutcome("reflector", "recorded", SID, E[9], "m", ledger_id="rec-1", covers_up_to_id=E[5])
-    assert follow_up(reflected) == StageRequest(SID, E[9], "dropper", reflection_watermark=E[5])
-    assert follow_up(replace(reflected, ledger_id=None)) is None  # already appended by an earlier run
-    assert follow_up(replace(reflected, outcome="empty", ledger_id=None)) is None
-    assert follow_up(replace(reflected, outcome="failed", ledger_id=None)) is None
-    assert follow_up(replace(reflected, stage="observer")) is None
-    assert follow_up(replace(reflected, stage="dropper")) is None
+    assert follow_ups(reflected) == [StageRequest(SID, E[9], "dropper", reflection_watermark=E[5]),
+                                     StageRequest(SID, E[9], "reflection-dropper", reflection_watermark=E[5])]
+    assert follow_ups(replace(reflected, ledger_id=None)) == []  # already appended by an earlier run
+    assert follow_ups(replace(reflected, outcome="empty", ledger_id=None)) == []
+    assert follow_ups(replace(reflected, outcome="failed", ledger_id=None)) == []
+    assert follow_ups(replace(reflected, stage="observer")) == []
+    assert follow_ups(replace(reflected, stage="dropper")) == []
 
     asked: list[str] = []
 
@@ -975,8 +976,9 @@ def test_the_dropper_follows_only_a_reflector_run_that_appended_reflections():
         asked.append(req.stage)
         return replace(reflected, stage=req.stage)
 
-    assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == ["reflector", "dropper"]
-    assert asked == ["reflector", "dropper"]  # a recorded dropper has no follow-up of its own
+    assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == [
+        "reflector", "dropper", "reflection-dropper"]
+    assert asked == ["reflector", "dropper", "reflection-dropper"]  # a recorded dropper has no follow-up
 
 
 # ------------------------------------------------------------------ issue 32: flawed answers, through litellm

@@ -6,8 +6,12 @@
  *
  * - session_before_compact: om ingests the session file's new lines and answers with the compaction
  *   at Pi's own cut point (summary and om.folded details, what `om compact` gives on that file; Pi's
- *   customInstructions, from `/compact TEXT`, follow the memory). The answer is checked before Pi
- *   writes it (a non-empty summary, Pi's own firstKeptEntryId and tokensBefore, details an object).
+ *   customInstructions, from `/compact TEXT`, follow the memory). When om's observer is behind Pi's
+ *   cut, om catches up (within this hook's deadline) or keeps from the first message its memory does
+ *   not cover: its firstKeptEntryId is then an entry before Pi's cut, which Pi writes verbatim; om
+ *   declines when that would keep too much or free nothing (Pi's own summarizer runs). The answer is
+ *   checked before Pi writes it (a non-empty summary, a firstKeptEntryId at or before Pi's on the
+ *   branch, Pi's own tokensBefore, details an object).
  *   When om has no memory there, is not installed, fails, answers something else or does not answer
  *   within `timeoutMs`, the hook declines and Pi's own summarizer runs; one line says why.
  * - the `recall` tool: the exact evidence behind a memory id, answered by om (the extension's text);
@@ -91,7 +95,7 @@ type Info = {
 };
 type Compaction = { summary: string; firstKeptEntryId: string; tokensBefore: number; details: Record<string, unknown> };
 type CompactAnswer =
-	| { compaction: Compaction; observations: number; reflections: number; via: string; after?: string }
+	| { compaction: Compaction; observations: number; reflections: number; via: string; after?: string; moved?: string }
 	| { declined: string }
 	| { why: string };
 type RecallResult = AgentToolResult<unknown>;
@@ -362,8 +366,10 @@ function parseJson(text: string): unknown {
 // ------------------------------------------------------------------ answers, checked
 
 /** om's compaction answer, checked before Pi writes it: a non-empty summary and details that are an
- * object, for Pi's own cut (firstKeptEntryId and tokensBefore are Pi's, whatever om said). */
-function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: number, via: string): CompactAnswer {
+ * object, Pi's own tokensBefore, and a firstKeptEntryId that is Pi's cut or an entry of the branch before
+ * it (om keeps every message its memory does not cover yet: F moves back, never forward). Pi writes it
+ * verbatim. */
+function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: number, via: string, branch: string[]): CompactAnswer {
 	if (!isRecord(result)) return { why: `${via} answered no object` };
 	if (result.compaction === null || result.compaction === undefined) {
 		return typeof result.declined === "string" && result.declined ? { declined: result.declined } : { why: `${via} answered neither a compaction nor why not` };
@@ -371,13 +377,18 @@ function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: 
 	const c = result.compaction;
 	if (!isRecord(c)) return { why: `${via} answered a compaction that is no object` };
 	if (typeof c.summary !== "string" || !c.summary.trim()) return { why: `${via} answered an empty summary` };
-	if (c.firstKeptEntryId !== firstKeptEntryId) return { why: `${via} answered a compaction at ${JSON.stringify(c.firstKeptEntryId)}, not at Pi's cut ${firstKeptEntryId}` };
+	const kept = c.firstKeptEntryId;
+	const at = typeof kept === "string" ? branch.indexOf(kept) : -1;
+	if (kept !== firstKeptEntryId && (at < 0 || at > branch.indexOf(firstKeptEntryId))) {
+		return { why: `${via} answered a compaction at ${JSON.stringify(kept)}, not at Pi's cut ${firstKeptEntryId} or before it` };
+	}
 	if (typeof c.tokensBefore !== "number" || c.tokensBefore !== tokensBefore) return { why: `${via} answered tokensBefore ${JSON.stringify(c.tokensBefore)}, not Pi's ${tokensBefore}` };
 	if (!isRecord(c.details)) return { why: `${via} answered details that are no object` };
 	const count = (value: unknown) => (typeof value === "number" && Number.isFinite(value) ? value : 0);
+	const moved = kept !== firstKeptEntryId ? String(kept) : undefined;
 	return {
-		compaction: { summary: c.summary, firstKeptEntryId, tokensBefore, details: c.details },
-		observations: count(result.observations), reflections: count(result.reflections), via,
+		compaction: { summary: c.summary, firstKeptEntryId: String(kept), tokensBefore, details: c.details },
+		observations: count(result.observations), reflections: count(result.reflections), via, ...(moved ? { moved } : {}),
 	};
 }
 
@@ -500,6 +511,8 @@ export default function omMemory(pi: ExtensionAPI) {
 		const deadline = Date.now() + o.timeoutMs;
 		const leaf = event.branchEntries.at(-1)?.id ?? ctx.sessionManager.getLeafId() ?? "";
 		const { firstKeptEntryId, tokensBefore } = event.preparation;
+		const branch = event.branchEntries.map((e) => e.id);
+		const reason = typeof event.reason === "string" ? event.reason : undefined;
 		const instructions = event.customInstructions?.trim() ? event.customInstructions : undefined;
 		const endpoint = findEndpoint(o.db, file);
 		const missing = missingDatabase(o, endpoint);
@@ -509,9 +522,10 @@ export default function omMemory(pi: ExtensionAPI) {
 			const got = await post(endpoint, "compact", {
 				session_file: file, leaf, first_kept_entry_id: firstKeptEntryId, tokens_before: tokensBefore,
 				cwd: ctx.cwd, project_settings: o.trusted, ...(instructions ? { custom_instructions: instructions } : {}),
+				...(reason ? { reason } : {}), deadline_seconds: Math.max(0.1, (deadline - Date.now()) / 1000),
 			}, deadline - Date.now(), event.signal);
 			if ("result" in got) {
-				const checked = compactAnswer(got.result, firstKeptEntryId, tokensBefore, "the endpoint");
+				const checked = compactAnswer(got.result, firstKeptEntryId, tokensBefore, "the endpoint", branch);
 				if (!("why" in checked)) return checked;
 				tried = checked.why;
 			} else {
@@ -523,11 +537,12 @@ export default function omMemory(pi: ExtensionAPI) {
 		const wait = Math.min(2, o.timeoutMs / 3000).toFixed(1);
 		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db,
 			["live", "compact", file, "--leaf", leaf, "--first-kept", firstKeptEntryId, "--tokens-before", String(tokensBefore),
-				...(instructions ? ["--instructions", instructions] : []), "--wait", wait, "--json"],
+				...(instructions ? ["--instructions", instructions] : []), ...(reason ? ["--reason", reason] : []),
+				"--deadline", Math.max(0.1, (deadline - Date.now()) / 1000).toFixed(1), "--wait", wait, "--json"],
 			Math.max(1, deadline - Date.now()), { signal: event.signal, boundMs: o.timeoutMs });
 		const then = tried ? ` (before it, ${tried})` : "";
 		if (r.code !== 0 || r.why) return { why: `${failure(r)}${then}` };
-		const checked = compactAnswer(parseJson(r.stdout), firstKeptEntryId, tokensBefore, "the om command");
+		const checked = compactAnswer(parseJson(r.stdout), firstKeptEntryId, tokensBefore, "the om command", branch);
 		if ("why" in checked) return { why: `om: ${checked.why}${then}` };
 		return "compaction" in checked && tried ? { ...checked, after: tried } : checked;
 	}
@@ -661,7 +676,8 @@ export default function omMemory(pi: ExtensionAPI) {
 				return undefined;
 			}
 			const after = got.after ? ` (before it, ${got.after})` : "";
-			report(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}`, "info", { summary: got.compaction.summary });
+			const kept = got.moved ? `; kept from ${got.moved}, before Pi's cut, so no message is lost` : "";
+			report(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}${kept}`, "info", { summary: got.compaction.summary });
 			return { compaction: got.compaction };
 		});
 

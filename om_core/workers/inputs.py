@@ -122,13 +122,49 @@ def memory_line(row: dict[str, Any]) -> str:
 @dataclass
 class MemoryLayout:
     """The memory as the workers read it: ``lines`` in ledger order, and ``dropped``, the ids of the
-    observations among them dropped since the lines were laid out (listed after them)."""
+    records among them dropped since the lines were laid out (listed after them)."""
 
     lines: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
 
 
-def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> MemoryLayout:
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What a worker request's memory may hold (``workerMemoryMaxTokens``, SPEC §13): observations at
+    least half, reflections the rest, each side reclaiming what the other leaves; ``newest_first``
+    for the observer and the reflector, the oldest records for the droppers (pruning old records is
+    their job). ``count`` measures a line in the settings' counter."""
+
+    max_tokens: int
+    newest_first: bool
+    count: Callable[[str], int]
+
+    @classmethod
+    def of(cls, settings: Settings, newest_first: bool) -> MemoryBudget:
+        from om_core.pi.tokens import count_text_tokens
+        from om_core.workers.checks import pi_token_counter
+
+        return cls(settings.worker_memory_max_tokens, newest_first,
+                   pi_token_counter if settings.tokenCounter == "pi" else count_text_tokens)
+
+    def apply(self, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The records of ``shown`` (in layout order) that fit, in the same order."""
+        from om_core.memory.compaction import select_newest_first
+
+        costs = [self.count(memory_line(r)) + 1 for r in shown]
+        if sum(costs) <= self.max_tokens:
+            return shown
+        obs = [i for i, r in enumerate(shown) if r["item_kind"] == "observation"]
+        refl = [i for i, r in enumerate(shown) if r["item_kind"] != "observation"]
+        if not self.newest_first:  # the selection takes the tail of each list: give it the oldest there
+            obs, refl = obs[::-1], refl[::-1]
+        kept_obs, kept_refl = select_newest_first([costs[i] for i in obs], [costs[i] for i in refl], self.max_tokens)
+        keep = {obs[i] for i in kept_obs} | {refl[i] for i in kept_refl}
+        return [r for i, r in enumerate(shown) if i in keep]
+
+
+def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int,
+                    budget: MemoryBudget | None = None) -> MemoryLayout:
     """Current reflections and observations in ledger order (the order they were first recorded),
     laid out so that between two stages the memory only grows at its end: a provider cache serves the
     earlier prompt as a prefix. A drop does not cut its line out of the middle; the id is listed
@@ -146,20 +182,23 @@ def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> Memory
             events.append((r["dropped_at"], 1, r["fold_order"], r))
     events.sort(key=lambda e: e[:3])
     shown: dict[str, dict[str, Any]] = {}
-    pending: list[str] = []
+    pending: list[dict[str, Any]] = []  # observation and reflection drops (SPEC §13) alike
     tokens = 0.0
     for _, drop, _, r in events:
         if drop:
-            pending.append(r["id"])
+            pending.append(r)
         else:
             shown[r["id"] + r["item_kind"]] = r
             if r["item_kind"] == "observation":
                 tokens += r["token_count"]
         if pending and tokens >= full_fold_tokens:  # a full fold: the memory is laid out anew
-            for obs_id in pending:
-                tokens -= shown.pop(obs_id + "observation")["token_count"]
+            for gone in pending:
+                shown.pop(gone["id"] + gone["item_kind"])
+                if gone["item_kind"] == "observation":
+                    tokens -= gone["token_count"]
             pending = []
-    return MemoryLayout([memory_line(r) for r in shown.values()], pending)
+    kept = list(shown.values()) if budget is None else budget.apply(list(shown.values()))
+    return MemoryLayout([memory_line(r) for r in kept], [r["id"] for r in pending])
 
 
 @dataclass
@@ -287,7 +326,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     memory = active_memory(state)
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
-    layout = laid_out_memory(state, settings.observationsPoolMaxTokens)
+    layout = laid_out_memory(state, settings.observationsPoolMaxTokens, MemoryBudget.of(settings, newest_first=True))
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts),
         memory=MemoryLines(memory.reflections, memory.observations, layout.lines, layout.dropped), chunk=chunk,
@@ -305,16 +344,18 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
     return tiers
 
 
-def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
-                         full_fold_tokens: int) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout]:
-    """Current reflections, active observations with their coverage tiers, and the memory as the
-    workers read it (``laid_out_memory``), from one query."""
+def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, full_fold_tokens: int,
+                         budget: MemoryBudget | None = None,
+                         ) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout, set[str]]:
+    """Current reflections, active observations with their coverage tiers, the memory as the
+    workers read it (``laid_out_memory``), and the tombstoned reflection ids (SPEC §13), from one query."""
     rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
-    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
+    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection" and not r["dropped"]]
+    tombstoned = {r["id"] for r in rows if r["item_kind"] == "reflection" and r["dropped"]}
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
                                   coverage=r["coverage"])
                for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered, laid_out_memory(rows, full_fold_tokens)
+    return reflections, covered, laid_out_memory(rows, full_fold_tokens, budget), tombstoned
 
 
 class _CoveredPool:
@@ -338,6 +379,7 @@ class ReflectorInput(_CoveredPool):
     covered: list[CoveredObservation]
     observation_watermark: str  # the record's coversUpToId
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
+    dropped_reflection_ids: set[str] = field(default_factory=set)  # tombstoned: duplicates, never recorded again
 
     @property
     def active_ids(self) -> set[str]:
@@ -359,8 +401,9 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
-    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory)
+    reflections, covered, memory, tombstoned = memory_with_coverage(
+        con, session_id, tip, settings.observationsPoolMaxTokens, MemoryBudget.of(settings, newest_first=True))
+    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory, tombstoned)
 
 
 @dataclass
@@ -408,7 +451,8 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered, memory = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    reflections, covered, memory, _ = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
+                                                           MemoryBudget.of(settings, newest_first=False))
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:
