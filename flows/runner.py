@@ -1,4 +1,5 @@
-"""Running the pipeline locally on Prefect's ephemeral API (nothing to install or start).
+"""Running the pipeline locally (nothing to install or start): on the Prefect server om runs keep
+(flows.kept_server, which sets PREFECT_API_URL first), or on Prefect's ephemeral API of one run.
 
 Call ``prepare_environment()`` before anything imports Prefect: it quiets Prefect's logging and
 turns off its telemetry (there is no network here) unless the user set those themselves, and locks the

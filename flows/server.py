@@ -38,6 +38,7 @@ from om_core.store.private_files import private_dir, write_private
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's own default (PREFECT_SERVER_API_PORT)
 CREDENTIALS = "om-server.env"  # in the server's PREFECT_HOME
+KEEPER_PID = "om-server.pid"  # beside it: the process id of the server `om run` keeps (flows.kept_server)
 
 
 def api_healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -255,10 +256,12 @@ def local_server(home: Path | None = None, log: Path | None = None) -> PrefectSe
     """The server `om serve` uses when PREFECT_API_URL is unset: the one another om process started (its
     credentials in ``home``) when it still answers to them and to nobody else; otherwise a new one,
     locked, on 127.0.0.1:PREFECT_SERVER_API_PORT (4200 by default), or on a free port when something
-    else holds that port (a server om did not start is never used)."""
+    else holds that port (a server om did not start is never used, nor the one `om run` keeps: it runs no
+    scheduler)."""
     home = home or server_home()
     reused = _server_of_ours(home)
-    if reused is not None:
+    # not the server `om run` keeps between runs: it runs no scheduler (and stops when idle)
+    if reused is not None and reused.api_url != kept_api_url(home):
         return reused
     port = int(os.environ.get("PREFECT_SERVER_API_PORT") or DEFAULT_PORT)
     if _port_in_use(DEFAULT_HOST, port):
@@ -282,3 +285,32 @@ def _server_of_ours(home: Path) -> PrefectServer | None:
     if _listener_uid(DEFAULT_HOST, port) != os.geteuid() or not api_locked(url, auth):
         return None
     return PrefectServer(url, None, auth_string=auth, home=home)
+
+
+def _server_pid(home: Path) -> int | None:
+    """The process id in ``home/om-server.pid`` when that process is this user's kept server (flows.kept_server)."""
+    try:
+        path = home / KEEPER_PID
+        if path.stat().st_uid != os.geteuid():
+            return None
+        pid = int(path.read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid() or b"flows.kept_server" not in argv:
+            return None
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def kept_api_url(home: Path) -> str | None:
+    """The API of the server om runs keep in ``home`` when it runs (its port is in its command line)."""
+    pid = _server_pid(home)
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            port = int(handle.read().split(b"\0")[-3])  # ... HOME PORT IDLE_SECONDS, then an empty string
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"http://{DEFAULT_HOST}:{port}/api"

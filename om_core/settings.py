@@ -23,6 +23,9 @@ from om_core.errors import OmError
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
+PASSIVE_ENV = "PI_OBSERVATIONAL_MEMORY_PASSIVE"  # the extension's environment switch for `passive`
+DEFAULT_SUMMARY_MAX_TOKENS = 8_000  # SPEC §13, when no context window is known
+DEFAULT_WORKER_MEMORY_TOKENS = 16_000  # SPEC §13, when the memory model's window is not known
 MIN_CHUNK_TOKENS = 256
 
 
@@ -34,6 +37,8 @@ class ModelSetting(BaseModel):
     provider: str | None = None
     id: str = Field(min_length=1)
     thinking: ThinkingLevel = "off"
+    # this project's: the model's own OpenAI-compatible server (unset: apiBase)
+    apiBase: str | None = None
 
     @property
     def litellm_name(self) -> str:
@@ -41,6 +46,47 @@ class ModelSetting(BaseModel):
         if self.provider and not self.id.startswith(self.provider + "/"):
             return f"{self.provider}/{self.id}"
         return self.id
+
+
+ROUTED_STAGES = ("observer", "reflector", "reflection-dropper", "dropper")
+MODEL_TOKENS = ("provider", "id", "model", "thinking")  # what a modelMap rule's model may take from the session model
+_TOKEN = re.compile(r"\$([A-Za-z_]\w*)")
+
+
+class ModelRule(BaseModel):
+    """One ``modelMap`` rule (SPEC §13): the session model's ``provider/id`` matching the glob ``match``
+    routes ``stages`` (all when unset) to ``model`` (``provider/id[:thinking]``, with ``$provider``,
+    ``$id``, ``$model``, ``$thinking`` taken from the session model). A rule that cannot work (an unknown
+    stage, an unknown token, a model that is no ``provider/id``) is refused when the settings load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    stages: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> ModelRule:
+        unknown = [s for s in self.stages or () if s not in ROUTED_STAGES]
+        if unknown:
+            raise ValueError(f"modelMap rule {self.match!r}: unknown stage {unknown[0]!r} "
+                             f"(stages: {', '.join(ROUTED_STAGES)})")
+        if self.stages is not None and not self.stages:
+            raise ValueError(f"modelMap rule {self.match!r}: an empty stages list routes nothing")
+        tokens = [t for t in _TOKEN.findall(self.model) if t not in MODEL_TOKENS]
+        if tokens:
+            raise ValueError(f"modelMap rule {self.match!r}: unknown token ${tokens[0]} in {self.model!r} "
+                             f"(tokens: {', '.join('$' + t for t in MODEL_TOKENS)})")
+        probe = _TOKEN.sub(lambda m: "high" if m.group(1) == "thinking" else "x", self.model)
+        name, _, thinking = probe.partition(":")
+        if "/" not in name.strip("/") or name.startswith("/") or name.endswith("/"):
+            raise ValueError(f"modelMap rule {self.match!r}: model {self.model!r} is no provider/id[:thinking]")
+        if thinking and thinking not in THINKING_LEVELS:
+            raise ValueError(f"modelMap rule {self.match!r}: unknown thinking level {thinking!r} in {self.model!r}")
+        return self
+
+
+THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 class Settings(BaseModel):
@@ -58,6 +104,15 @@ class Settings(BaseModel):
     agentMaxTurns: int = Field(16, ge=1)
     model: ModelSetting | None = None
     passive: bool = False
+    # --- the extension's settings after 3.1.4 (SPEC §13)
+    fallbackModel: ModelSetting | None = None  # tried when the memory model fails; never equal to it
+    modelMap: list[ModelRule] = Field(default_factory=list)  # first-match routing per session model and stage
+    compactionCatchUpMaxChunks: int = Field(2, ge=0)  # observer chunks a compaction may run to close its gap
+    compactionMaxRetainedTokens: int | None = Field(None, gt=0)  # kept tail + summary over it: decline
+    # bounded memory; unset: derived from contextWindow, else the SPEC's fallback
+    compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
+    reflectionsPoolTargetTokens: int = Field(8_000, gt=0)  # active reflections' rendered lines, the target
+    workerMemoryMaxTokens: int | None = Field(None, gt=0)  # the memory one worker request carries, at most
 
     # --- this project's additions
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
@@ -78,8 +133,14 @@ class Settings(BaseModel):
     # where the pipeline keeps computed stage results (a folder, an fsspec URL, or a Prefect block slug);
     # unset: a folder next to the database
     resultStorage: str | None = None
+    # the local Prefect server an om run starts stays for the next run and stops after this many seconds
+    # without one; 0: every run starts Prefect's temporary API and stops it (no server outlives a run)
+    prefectServerIdleSeconds: float = Field(600.0, ge=0)
 
-    @field_validator("model", mode="before")
+    # this project's: how long a live compaction's catch-up may take before the hook answers without it
+    compactionCatchUpSeconds: float = Field(20.0, gt=0)
+
+    @field_validator("model", "fallbackModel", mode="before")
     @classmethod
     def _model_string(cls, value: Any) -> Any:
         """A litellm model string (``openai/gpt-4o-mini``) wherever a model is set: om.toml, Pi's settings."""
@@ -115,6 +176,32 @@ class Settings(BaseModel):
     # recall by query fuses local semantic similarity (the embeddings extra: a model shipped in its
     # wheel, no embedding API) with the keyword ranking; off: keyword ranking only
     recallEmbeddings: bool = False
+    # the compact_context tool of om's Pi extension: the agent compacts at a breakpoint it chooses,
+    # leaving a resume note in the kept tail; the compaction is om's (model-free)
+    selfCompact: bool = False
+    # om's Pi extension: its background tick (`om run`) runs only while the agent is idle; the agent
+    # starting a turn stops it (om run resumes at the next settle)
+    consolidateWhenIdle: bool = False
+    # with selfCompact, ask the agent to compact as its context fills: each rule a share of the
+    # window (at most 1) or a count of tokens (above 1); one ask per rule crossed since the latest
+    # compaction, the last one firmer
+    warnAt: list[float] = Field(default_factory=list)
+
+    @field_validator("warnAt", mode="before")
+    @classmethod
+    def _warn_at_text(cls, value: Any) -> Any:
+        """``OM_WARN_AT='0.6,0.8'`` (or a JSON list): a list where one is set from text."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [p for p in text.split(",") if p.strip()]
+        return value
+
+    @field_validator("warnAt")
+    @classmethod
+    def _warn_at_rules(cls, value: list[float]) -> list[float]:
+        if any(not math.isfinite(v) or v <= 0 for v in value):
+            raise ValueError("each warnAt rule is a share of the window (0 < x <= 1) or a count of tokens (> 1)")
+        return value
 
     @field_validator("projects", mode="before")
     @classmethod
@@ -126,11 +213,30 @@ class Settings(BaseModel):
             return {str(Path(k).expanduser()) if str(k).startswith("~") else str(k): v for k, v in value.items()}
         return value
 
+    @field_validator("modelMap", mode="before")
+    @classmethod
+    def _rules_json(cls, value: Any) -> Any:
+        """``OM_MODEL_MAP='[{"match": "anthropic/*", "model": "openai/gpt-4o-mini"}]'``: JSON where set from text."""
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else []
+        return value
+
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:
         if self.observationsPoolTargetTokens is not None and self.observationsPoolTargetTokens >= self.observationsPoolMaxTokens:
             raise ValueError("observationsPoolTargetTokens must be below observationsPoolMaxTokens")
+        if (self.fallbackModel is not None and self.model is not None
+                and self.fallbackModel.litellm_name == self.model.litellm_name
+                and self.fallbackModel.apiBase == self.model.apiBase):
+            raise ValueError("fallbackModel equals model: a fallback must be another model")
         return self
+
+    @property
+    def retained_max_tokens(self) -> int:
+        """compactionMaxRetainedTokens, else half the session's window, else 60000 (SPEC §13)."""
+        if self.compactionMaxRetainedTokens is not None:
+            return self.compactionMaxRetainedTokens
+        return self.contextWindow // 2 if self.contextWindow else 60_000
 
     @property
     def pool_target_tokens(self) -> int:
@@ -152,9 +258,36 @@ class Settings(BaseModel):
             return math.floor(self.contextWindow * self.compactAfterTokensRatio)
         return self.compactAfterTokens
 
+    @property
+    def summary_max_tokens(self) -> int:
+        """compactionSummaryMaxTokens: set, else an eighth of the session's window, else 8000."""
+        if self.compactionSummaryMaxTokens is not None:
+            return self.compactionSummaryMaxTokens
+        if self.contextWindow:
+            return max(1, self.contextWindow // 8)
+        return DEFAULT_SUMMARY_MAX_TOKENS
+
+    @property
+    def worker_memory_max_tokens(self) -> int:
+        """workerMemoryMaxTokens: set, else a quarter of the memory model's window (contextWindow),
+        else 16000."""
+        if self.workerMemoryMaxTokens is not None:
+            return self.workerMemoryMaxTokens
+        if self.contextWindow:
+            return max(1, self.contextWindow // 4)
+        return DEFAULT_WORKER_MEMORY_TOKENS
+
     def derived(self) -> dict[str, tuple[Any, str]]:
         """Settings whose effective value follows from others: key -> (value, the rule that gave it)."""
         found: dict[str, tuple[Any, str]] = {}
+        if self.workerMemoryMaxTokens is None:
+            found["workerMemoryMaxTokens"] = (
+                self.worker_memory_max_tokens, f"contextWindow {self.contextWindow} / 4" if self.contextWindow
+                else f"{DEFAULT_WORKER_MEMORY_TOKENS}, as no contextWindow is set")
+        if self.compactionSummaryMaxTokens is None:
+            found["compactionSummaryMaxTokens"] = (
+                self.summary_max_tokens, f"contextWindow {self.contextWindow} / 8" if self.contextWindow
+                else f"{DEFAULT_SUMMARY_MAX_TOKENS}, as no contextWindow is set")
         if self.observerChunkMaxTokens is None:
             rule = (f"20% of contextWindow {self.contextWindow}, at least {MIN_CHUNK_TOKENS}" if self.contextWindow
                     else f"{DEFAULT_CHUNK_TOKENS}, as no contextWindow is set")
@@ -162,6 +295,10 @@ class Settings(BaseModel):
         if self.observationsPoolTargetTokens is None:
             found["observationsPoolTargetTokens"] = (
                 self.pool_target_tokens, f"half of observationsPoolMaxTokens {self.observationsPoolMaxTokens}")
+        if self.compactionMaxRetainedTokens is None:
+            found["compactionMaxRetainedTokens"] = (
+                self.retained_max_tokens, f"half of contextWindow {self.contextWindow}" if self.contextWindow
+                else "60000, as no contextWindow is set")
         if self.compactAfterTokensMode == "ratio":
             found["compactAfterTokens"] = (
                 self.compact_threshold,
@@ -216,7 +353,7 @@ def _canonical(key: str) -> str | None:
 
 
 def _env_value(key: str, raw: str) -> Any:
-    if key == "model":
+    if key in ("model", "fallbackModel"):
         raw = raw.strip()
         return json.loads(raw) if raw.startswith("{") else {"id": raw}
     return raw
@@ -278,6 +415,10 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
             raise SettingsError(f"{toml_path} is not valid TOML: {exc}") from None
         take(data.get(PI_SETTINGS_KEY, data) if isinstance(data.get(PI_SETTINGS_KEY), dict) else data,
              str(toml_path), strict=True)
+    # the extension's own switch, below om's OM_PASSIVE
+    if env.get(PASSIVE_ENV, "") != "":
+        values["passive"] = env[PASSIVE_ENV]
+        sources["passive"] = f"env {PASSIVE_ENV}"
     for key in FIELDS:
         name = f"OM_{snake(key).upper()}"
         if name in env and env[name] != "":

@@ -42,10 +42,29 @@ def _no_default_database_in_the_developer_s_home(tmp_path_factory):
     previous = os.environ.get("XDG_DATA_HOME")
     os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
     yield
+    _stop_kept_servers(tmp_path_factory.getbasetemp())
     if previous is None:
         os.environ.pop("XDG_DATA_HOME", None)
     else:
         os.environ["XDG_DATA_HOME"] = previous
+
+
+def _stop_kept_servers(root: Path) -> None:
+    """The Prefect servers `om run` left for the next run under ``root`` (their homes hold om-server.pid):
+    stopped when the tests are done with them, not after their idle time."""
+    from flows.kept_server import KEEPER_PID, stop_kept
+
+    for pid_file in Path(root).rglob(KEEPER_PID):
+        stop_kept(pid_file.parent)
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_server_outlives_its_test(request):
+    """A test whose own HOME (its tmp_path) an `om run` started a Prefect server in: that server stops
+    with the test (the test session's own, prefect_api's, stays for the next tests)."""
+    yield
+    if request.node.funcargs.get("tmp_path") is not None:
+        _stop_kept_servers(request.node.funcargs["tmp_path"])
 
 
 def workspace(db, values=None):
@@ -127,6 +146,9 @@ from flows.runner import LEAN_SERVER  # noqa: E402
 
 for _name, _value in LEAN_SERVER.items():
     os.environ.setdefault(_name, _value)
+# ...and records task runs, which tests read (a server `om run` keeps records none unless told to, as its
+# temporary API did not): whichever test's `om run` starts the session's server (prefect_api)
+os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "true")
 
 
 @pytest.fixture
@@ -159,13 +181,53 @@ def server(shared_server):
 
 
 @pytest.fixture(scope="session")
-def prefect_api():
-    """Prefect's test harness, started once per test session (it takes 10-25 s to start)."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_api(_no_default_database_in_the_developer_s_home):
+    """The test session's Prefect API: the server `om run` keeps (flows.kept_server), started once per
+    test session (per xdist worker; 10-25 s) in this session's data folder, where every `om run` of the
+    tests without a PREFECT_API_URL of its own finds it and reuses it, as a user's second run does. Its
+    credential is in this process's environment (PREFECT_API_AUTH_STRING, which the tests' subprocesses
+    inherit) and settings; this process's lease keeps it for the whole session. It records task runs (the
+    tests read them), as Prefect's test harness did."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=90):
-        yield PREFECT_API_URL.value()
+    from flows.kept_server import kept_server, run_lease
+    from flows.server import server_home
+
+    home = server_home()
+    with run_lease(home):
+        server, _ = kept_server(home, idle_seconds=600, timeout=180)
+        os.environ["PREFECT_API_AUTH_STRING"] = server.auth_string
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: server.api_url,
+                                             PREFECT_API_AUTH_STRING: server.auth_string}), \
+                    prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+                yield server.api_url
+                _drain_prefect_workers()
+        finally:
+            os.environ.pop("PREFECT_API_AUTH_STRING", None)
+
+
+def _drain_prefect_workers() -> None:
+    """What this process still sends to the API (logs, events), before the server stops."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        try:
+            result = APILogWorker.instance().drain()
+            if inspect.isawaitable(result):
+                await result
+        except RuntimeError:  # never started
+            pass
+        result = EventsWorker.drain_all()
+        if inspect.isawaitable(result):
+            await result
+
+    run_coro_as_sync(drain())
 
 
 # The real-cluster harness (a Prefect server, a Dask scheduler and workers): tests/cluster.py.

@@ -24,7 +24,8 @@ def stage_key(body: dict) -> str:
     return hashlib.sha256((messages[0]["content"] + "\x00" + messages[1]["content"]).encode()).hexdigest()[:16]
 
 
-_TASK = re.compile(r"^## Task: (observe|reflect|drop)$", re.MULTILINE)
+_TASK = re.compile(r"^## Task: (observe|reflect|drop reflections|drop)$", re.MULTILINE)
+_CANDIDATE = re.compile(r"^([0-9a-f]{12}) last evidence ", re.MULTILINE)
 _DROPPED = re.compile(r"^## Dropped since\n(.+)$", re.MULTILINE)
 
 
@@ -44,7 +45,8 @@ def stage_of(body: dict) -> str:
     if body["messages"][0]["content"] == PROJECT_SYSTEM:
         return "project"
     assert body["messages"][0]["content"] == prompts.WORKER_SYSTEM
-    return {"observe": "observer", "reflect": "reflector", "drop": "dropper"}[_TASK.search(user_text(body)).group(1)]
+    return {"observe": "observer", "reflect": "reflector", "drop": "dropper",
+            "drop reflections": "reflection-dropper"}[_TASK.search(user_text(body)).group(1)]
 
 
 class ScriptedWorkers:
@@ -108,6 +110,8 @@ class ScriptedWorkers:
                 return text("nothing here holds beyond its session")
             return tool_call("record_project_reflections", {"reflections": [
                 {"content": f"Across sessions: {content}", "supportingIds": [rid]} for rid, content in shown]})
+        if stage == "reflection-dropper":  # proposes every candidate: the check keeps the safest ones
+            return tool_call("drop_reflections", {"ids": _CANDIDATE.findall(user), "reason": "superseded"})
         dropped = {i.strip() for line in _DROPPED.findall(user) for i in line.split(",")}
         active = [obs_id for obs_id in _OBSERVATION.findall(user) if obs_id not in dropped]
         covered = {i.strip() for line in _COVERED.findall(user) for i in line.split(",")}

@@ -23,7 +23,7 @@ from om_core.store import db as dbmod
 from om_core.store.catalog import PiDeclines, cut_point
 from om_core.errors import EntryNotFound
 from om_core.ingest import ingest
-from om_core.memory.fold import compact
+from om_core.memory.compaction import compact
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig, make_brain

@@ -57,7 +57,7 @@ def rows(db: Path, sql: str) -> list[tuple]:
 # index): a database at 007 or 008 has no rows for them, nor the views over them.
 TABLES_ADDED_AFTER_009 = ("entry_id_map", "replaced_entries", "project_sessions", "project_ledger",
                           "project_reflections", "project_retirements", "project_stages", "search_documents",
-                          "search_terms", "search_vectors")
+                          "search_terms", "search_vectors", "reflection_drops")
 VIEWS_ADDED_AFTER_009 = ("projects", "project_growth")
 
 
@@ -69,6 +69,7 @@ def populated(tmp_path: Path, server) -> Path:
     sb.custom("om.observations.recorded", {"observations": [OBS], "coversUpToId": first})  # imported records
     sb.custom("om.reflections.recorded", {"reflections": [REFL], "coversUpToId": first})
     sb.custom("om.observations.recorded", {"observations": "not a list", "coversUpToId": first})  # a reject
+    sb.custom("om.reflections.dropped", {"reflectionIds": ["0123456789ab"], "coversUpToId": first})  # an unseen id
     kept = sb.user("Keep going.")
     sb.compaction("memory", kept, details={"type": "om.folded", "version": 1, "fullFold": False,
                                            "observations": [OBS], "reflections": [REFL]}, from_hook=True)
@@ -176,6 +177,8 @@ def test_a_new_database_keeps_its_tables_in_om_internal_and_only_views_in_main(t
 
 # Columns migrations after 008 added (a database at 007 cannot hold them: they migrate as NULL).
 ADDED_AFTER_008 = {"observations": ["ts_repaired_from"], "drops": ["reason"]}
+# columns a later migration adds with a default: a file at 008 had none of them
+DEFAULTED_AFTER_013 = {"llm_calls": ["fallback"]}
 
 
 def forget_added_columns(db: Path) -> None:
@@ -244,7 +247,7 @@ def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, se
     answers = public_answers(current)
     before = schema(current)
     with dbmod.writing(current) as con:  # the file as om left it at 008
-        for table, columns in ADDED_AFTER_008.items():
+        for table, columns in {**ADDED_AFTER_008, **DEFAULTED_AFTER_013}.items():
             for column in columns:
                 con.execute(f"ALTER TABLE om_internal.{table} DROP COLUMN {column}")
         for table in TABLES_ADDED_AFTER_009:  # nor had it the tables of later migrations

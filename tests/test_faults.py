@@ -49,11 +49,14 @@ def run_row(tmp_path: Path) -> list:
 
 def test_a_kill_9_after_the_prefect_server_started_leaves_no_orphan_past_the_next_start(tmp_path):
     """The helpers are noted before any work begins (the lock file, the run's row); after a kill -9 they
-    are still running (orphans), and the next writer's start ends exactly them."""
+    are still running (orphans), and the next writer's start ends exactly them. The run's helper here:
+    Prefect's temporary API of one run (prefectServerIdleSeconds 0; the server runs keep is no child of
+    a run, and stays)."""
     folder = sessions(tmp_path / "sessions", count=2)
+    one_run_api = env_for(tmp_path, OM_PREFECT_SERVER_IDLE_SECONDS="0")
     with FakeOpenAI(default=Reply(text="(slow)", delay=120)) as server:  # the run is busy when killed
         model = ["--model", "openai/fake-model", "--api-base", server.base_url]
-        proc = subprocess.Popen(om_command(tmp_path, folder, *model), cwd=tmp_path, env=env_for(tmp_path),
+        proc = subprocess.Popen(om_command(tmp_path, folder, *model), cwd=tmp_path, env=one_run_api,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: run_row(tmp_path) != [], proc)  # the run's row exists: the flow has started
@@ -71,7 +74,7 @@ def test_a_kill_9_after_the_prefect_server_started_leaves_no_orphan_past_the_nex
             assert orphans, "nothing outlived the kill: the test proves nothing"
             # the next start (any writer) ends them
             again = subprocess.run([sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "ingest",
-                                    str(folder)], cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True,
+                                    str(folder)], cwd=tmp_path, env=one_run_api, capture_output=True, text=True,
                                    timeout=120)
             assert again.returncode == 0, again.stderr[-2000:]
             for orphan in orphans:

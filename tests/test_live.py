@@ -20,7 +20,7 @@ from flows.cli.main import app
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
 from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live
-from om_core.memory.fold import compact
+from om_core.memory.compaction import compact
 from om_core.settings import Settings
 
 POOL = Settings(observationsPoolMaxTokens=160)

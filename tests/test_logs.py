@@ -130,7 +130,7 @@ def test_filters_limit_and_clear_errors(server, tmp_path):
     assert len(logs_json(db, "--stage", "observer")) == 2
     bad = om_main(db, "logs", "--stage", "observe")
     assert bad.returncode == 2 and bad.stderr.strip() == (
-        "error: unknown --stage 'observe': use dropper, observer, reflector")
+        "error: unknown --stage 'observe': use dropper, observer, reflection-dropper, reflector")
     unknown = om_main(db, "logs", "--session", "ffff")
     assert unknown.returncode != 0 and len(unknown.stderr.strip().splitlines()) == 1
     table = invoke(["--db", str(db), "logs"])

@@ -135,13 +135,15 @@ def test_a_server_om_did_not_start_on_prefect_s_port_is_never_used(tmp_path, mon
 def test_om_run_s_own_prefect_api_requires_its_credential_and_takes_no_cross_origin_call(tmp_path):
     """`om run` without PREFECT_API_URL talks to a local API Prefect starts (uvicorn on 127.0.0.1:8000-8999):
     it answered anyone (the run's parameters, its logs, its states to set) until om gave it a credential of
-    the run's own. Asked as nobody while the run waits on its model: 401, and no origin is allowed."""
+    the run's own. Asked as nobody while the run waits on its model: 401, and no origin is allowed. (With
+    prefectServerIdleSeconds 0: the server a run keeps for the next, locked alike, is tests/test_kept_server.py's.)"""
     need_another_user()
     folder = sessions(tmp_path / "sessions", count=1)
     with FakeOpenAI(default=Reply(text="(slow)", delay=120)) as model:
         run = subprocess.Popen([sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "run",
                                 str(folder), "--model", "openai/fake-model", "--api-base", model.base_url],
-                               cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.DEVNULL,
+                               cwd=tmp_path, env=env_for(tmp_path, OM_PREFECT_SERVER_IDLE_SECONDS="0"),
+                               stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline = time.monotonic() + 240

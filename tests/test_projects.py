@@ -367,7 +367,7 @@ def test_forget_of_a_project_reflection_retires_it_in_the_project_ledger(two_rep
 
 
 def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_path):
-    from om_core.memory import fold as memory
+    from om_core.memory.compaction import compact
     from om_core.pi.export import export_session
     from om_core.project.memory import PROJECT_SECTION, show_project
     from om_core.project.stage import run_due_projects
@@ -375,9 +375,9 @@ def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_
     ws, entries = two_repos["ws"], two_repos["entries"]
     run_due_projects(ws, _offline_brain())
     ids = [r.id for r in show_project(ws, "github.com/acme/app").reflections]
-    plain = memory.compact(ws, A2, entries[A2][-1])
+    plain = compact(ws, A2, entries[A2][-1])
     on = Settings(projectReflectAfterTokens=1, projectMemoryInCompaction=True, keepRecentTokens=1)
-    joined = memory.compact(workspace(two_repos["db"], on), A2, entries[A2][-1])
+    joined = compact(workspace(two_repos["db"], on), A2, entries[A2][-1])
     assert PROJECT_SECTION not in plain.summary  # off by default: the compaction as it was
     assert joined.summary.replace(plain.summary.split("\n\n## ", 1)[0], "", 1).lstrip().startswith(PROJECT_SECTION)
     assert all(f"[{i}]" in joined.summary for i in ids) and joined.details() == plain.details()
@@ -403,7 +403,7 @@ def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_
         _record(con, a4, kept, [_observation("User asked for a test of the retry", [kept])], [])
     finally:
         con.close()
-    again = memory.compact(workspace(two_repos["db"], on), a4, kept)
+    again = compact(workspace(two_repos["db"], on), a4, kept)
     assert again.summary is not None and PROJECT_SECTION not in again.summary
 
 

@@ -2,11 +2,11 @@
 Ctrl-C stops it cleanly and a rerun resumes; a missing path and a rerun with nothing to do start no
 orchestrator; failed stages are listed under the closing table.
 
-A run whose own local Prefect API is not what the test checks talks to the test session's API
-(``prefect_api``): starting a local API costs a run 10-15 s under load. The Ctrl-C and kill -9 tests
-keep their own local API, whose processes they check end. Each test's fresh HOME gets a copy of one
-Prefect database migrated once per test process (``prefect server database upgrade``), as a user's
-second run finds it: migrating a new one is 9 CPU-s of every first run, and not what these tests check."""
+A run talks to the test session's API (``prefect_api``: the server `om run` keeps, in the session's data
+folder), given as PREFECT_API_URL or found as a user's second run finds it: starting a local API costs a
+run 10-15 s under load. A run on Prefect's temporary API (prefectServerIdleSeconds 0) gets, in its fresh
+HOME, a copy of one Prefect database migrated once per test process (``prefect server database
+upgrade``), as a user's second run finds it: migrating a new one is 9 CPU-s of every first run."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def migrated_prefect_database() -> Path:
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
     prefect_home = tmp_path / "home" / ".prefect"  # Prefect keeps its local API's database under HOME
-    if "PREFECT_API_URL" not in extra and not prefect_home.exists():
+    if extra.get("OM_PREFECT_SERVER_IDLE_SECONDS") == "0" and "PREFECT_API_URL" not in extra and not prefect_home.exists():
         prefect_home.mkdir(parents=True, mode=0o700)
         shutil.copy(migrated_prefect_database(), prefect_home / "prefect.db")
     (tmp_path / "home").mkdir(exist_ok=True)
@@ -83,7 +83,7 @@ def db_rows(db: Path, sql: str):
         con.close()
 
 
-def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path):
+def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path, prefect_api):
     folder = sessions(tmp_path / "sessions")
     script = ScriptedWorkers(delay=0.3)
     sent: dict = {}
@@ -105,8 +105,8 @@ def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path):
         assert proc.poll() is None, "the run ended before the interruption"
         import psutil
 
-        helpers = psutil.Process(proc.pid).children(recursive=True)  # Prefect's API server among them
-        assert helpers
+        # the processes the run started (its Prefect API is the server runs keep: none of them)
+        helpers = psutil.Process(proc.pid).children(recursive=True)
         # stages answered well before the signal are persisted; one whose answer is in flight may not be
         early = set(script.completed)
         time.sleep(1.0)
@@ -123,7 +123,7 @@ def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path):
         assert late == [], f"{len(late)} model call(s) started after the interruption"
         db = tmp_path / "om.duckdb"
         assert db_rows(db, "SELECT status FROM runs WHERE command = 'run'") == [("interrupted",)]
-        # nothing the run started is left running (Prefect's API server, helpers)
+        # nothing the run started is left running
         _, alive = psutil.wait_procs(helpers, timeout=5)
         assert alive == []
         # the rerun resumes: it completes, and no stage is appended twice
@@ -278,11 +278,11 @@ def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path, prefect_
     assert db_rows(tmp_path / "om.duckdb", "SELECT status FROM runs WHERE run_id = 'killed-run'") == [("abandoned",)]
 
 
-def test_two_runs_started_at_once_on_one_database_one_runs_the_other_exits_3(tmp_path):
-    """Two `om run` on one database, started together with one Prefect home (each would start the
-    ephemeral API and migrate its database): the one that takes the writer lock first runs; the other
-    waits a few seconds, then exits 3 in one line, before any Prefect starts. Then a kill -9 of a run
-    leaves no lock behind (not even held by the Prefect server it started): the next run runs."""
+def test_two_runs_started_at_once_on_one_database_one_runs_the_other_exits_3(tmp_path, prefect_api):
+    """Two `om run` on one database, started together (with the Prefect server runs keep): the one that
+    takes the writer lock first runs; the other waits a few seconds, then exits 3 in one line, before any
+    Prefect starts. Then a kill -9 of a run leaves no lock behind (not even held by a process it started):
+    the next run runs."""
     folder = sessions(tmp_path / "sessions", count=2)
     command = [sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "run", str(folder),
                "--model", "offline"]

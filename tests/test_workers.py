@@ -955,8 +955,8 @@ def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
     from om_core.ledger.records import LEDGER_KINDS
     from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES
 
-    assert list(STAGES) == ["observer", "reflector", "dropper"]
-    assert [STAGES[k].record_kind for k in STAGES] == [OBS, REFL, DROP]
+    assert list(STAGES) == ["observer", "reflector", "dropper", "reflection-dropper"]
+    assert [STAGES[k].record_kind for k in STAGES] == [OBS, REFL, DROP, "om.reflections.dropped"]
     assert {s.record_kind for s in STAGES.values()} == set(LEDGER_KINDS)
     for stage in STAGES.values():
         assert RECORD_MODELS[stage.record_kind] is stage.payload
@@ -966,18 +966,19 @@ def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
     assert [s.threshold(settings) for s in CLOCKED_STAGES] == [123, 456]
 
 
-def test_the_dropper_follows_only_a_reflector_run_that_appended_reflections():
+def test_the_droppers_follow_only_a_reflector_run_that_appended_reflections():
     from dataclasses import replace
 
-    from om_core.workers.stage_kinds import StageOutcome, StageRequest, follow_up, run_in_order
+    from om_core.workers.stage_kinds import StageOutcome, StageRequest, follow_ups, run_in_order
 
     reflected = StageOutcome("reflector", "recorded", SID, E[9], "m", ledger_id="rec-1", covers_up_to_id=E[5])
-    assert follow_up(reflected) == StageRequest(SID, E[9], "dropper", reflection_watermark=E[5])
-    assert follow_up(replace(reflected, ledger_id=None)) is None  # already appended by an earlier run
-    assert follow_up(replace(reflected, outcome="empty", ledger_id=None)) is None
-    assert follow_up(replace(reflected, outcome="failed", ledger_id=None)) is None
-    assert follow_up(replace(reflected, stage="observer")) is None
-    assert follow_up(replace(reflected, stage="dropper")) is None
+    assert follow_ups(reflected) == [StageRequest(SID, E[9], "dropper", reflection_watermark=E[5]),
+                                     StageRequest(SID, E[9], "reflection-dropper", reflection_watermark=E[5])]
+    assert follow_ups(replace(reflected, ledger_id=None)) == []  # already appended by an earlier run
+    assert follow_ups(replace(reflected, outcome="empty", ledger_id=None)) == []
+    assert follow_ups(replace(reflected, outcome="failed", ledger_id=None)) == []
+    assert follow_ups(replace(reflected, stage="observer")) == []
+    assert follow_ups(replace(reflected, stage="dropper")) == []
 
     asked: list[str] = []
 
@@ -985,8 +986,9 @@ def test_the_dropper_follows_only_a_reflector_run_that_appended_reflections():
         asked.append(req.stage)
         return replace(reflected, stage=req.stage)
 
-    assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == ["reflector", "dropper"]
-    assert asked == ["reflector", "dropper"]  # a recorded dropper has no follow-up of its own
+    assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == [
+        "reflector", "dropper", "reflection-dropper"]
+    assert asked == ["reflector", "dropper", "reflection-dropper"]  # a recorded dropper has no follow-up
 
 
 # ------------------------------------------------------------------ issue 32: flawed answers, through litellm
@@ -1200,7 +1202,7 @@ def _row(obs_id: str, rec: int, place: int, tokens: float = 40, dropped_at: int 
 ])
 def test_the_workers_memory_keeps_dropped_lines_until_a_full_fold(pool_max, lines, dropped, later_lines,
                                                                   later_dropped):
-    from om_core.workers.inputs import laid_out_memory
+    from om_core.workers.memory_layout import laid_out_memory
 
     def ids(layout) -> list[str]:
         return [line.split("] ", 1)[0][1:] for line in layout.lines]

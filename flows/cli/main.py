@@ -18,11 +18,13 @@ from flows.cli import catalog, memory, projects, reports, workers, run, serve  #
 from flows.cli.common import app, err, warn_if_created
 from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads inside its command
 from flows.cli.live import live_app  # what a live Pi's extension asks; no litellm, no Prefect
+from flows.cli.server import server_app  # the Prefect server om run keeps; no Prefect import
 from om_core.errors import OmError
 from om_core.store.private_files import use_private_umask
 
 app.add_typer(eval_app, name="eval")
 app.add_typer(live_app, name="live")
+app.add_typer(server_app, name="server")
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""`om run`: the Prefect pipeline on a local ephemeral API (ingest, replay, compactions, drain), with a
+"""`om run`: the Prefect pipeline on the local Prefect server om keeps between runs (flows.kept_server) or
+the user's PREFECT_API_URL (ingest, replay, compactions, drain), with a
 live board on a terminal, the cost estimate before and the real cost after.
 
 Prefect, rich.live and the run's planning (ingest, pyarrow) are imported inside the command (Prefect
@@ -51,8 +52,12 @@ def run(
         "stopped the run."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
-    """Process sessions with the Prefect pipeline on a local ephemeral API: ingest, replay every
-    branch with the memory workers when their clocks are due, simulate compactions, drain.
+    """Process sessions with the Prefect pipeline: ingest, replay every branch with the memory workers
+    when their clocks are due, simulate compactions, drain.
+
+    Without PREFECT_API_URL the run uses the local Prefect server an earlier run left (127.0.0.1 only,
+    locked with a credential of its own), or starts one and leaves it for the next runs: it stops after
+    prefectServerIdleSeconds without a run (`om server status|stop`; 0: a temporary API per run).
 
     With a model litellm has a price for, the estimated cost is printed before the run (source
     tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
@@ -269,6 +274,15 @@ def _describe_sessions(ws, session_ids) -> None:
 
 def _run_with_display(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet,
                       verbose):
+    from flows.kept_server import api_for_run
+
+    say = (lambda text: None) if quiet or not err.is_terminal else (lambda text: err.print(escape(text), highlight=False))
+    # the Prefect server an earlier run left (or one started now for the next runs), leased while this one runs
+    with api_for_run(ws.settings.prefectServerIdleSeconds, say):
+        return _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose)
+
+
+def _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose):
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
     _describe_sessions(ws, plan.due)

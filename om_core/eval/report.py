@@ -23,7 +23,7 @@ from om_core.eval.results import ConditionFiles
 from om_core.store.sqlfiles import query
 
 JUDGE_LABEL = "approximate: the built-in judge (our own prompt), not the official LongMemEval evaluator"
-_WORKER_STAGES = {"observer", "reflector", "dropper"}
+_WORKER_STAGES = {"observer", "reflector", "dropper", "reflection-dropper"}
 
 
 def _ratio(correct: int, total: int) -> float | None:

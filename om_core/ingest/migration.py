@@ -216,7 +216,7 @@ def follow_fork(con: duckdb.DuckDBPyConnection, session_id: str, parent_file: st
     _store_map(con, session_id, from_sid, mapping, "forked", run_id)
     params = {"session_id": session_id, "from_session_id": from_sid, "run_id": run_id}
     for name in ("copy_fork_ledger", "copy_fork_observations", "copy_fork_reflections", "copy_fork_drops",
-                 "copy_fork_compactions", "copy_fork_compaction_items"):
+                 "copy_fork_reflection_drops", "copy_fork_compactions", "copy_fork_compaction_items"):
         _execute(con, name, params)
     return Followed("forked", from_sid, version, matched, appended, mapping)
 

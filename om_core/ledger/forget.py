@@ -1,7 +1,8 @@
 """Forget (issue 35): a user retires a memory id, append-only, with a reason.
 
 ``om forget ID`` appends, in each session whose ledger records the id (an observation or a
-reflection), a drop record of origin ``user`` naming it, with the user's reason in ``drops.reason``;
+reflection), a drop record of origin ``user`` naming it (``om.observations.dropped``, or
+``om.reflections.dropped`` for a reflection), with the user's reason in its ``reason``;
 with ``--project`` (or where the id is a project reflection) a retirement record of origin ``user``
 in the project's ledger. Nothing is deleted: the source entries, the records that hold the id and
 ``om recall`` (which shows it as forgotten) stay. What changes is every fold: a forgotten id leaves
@@ -23,7 +24,8 @@ from pydantic import BaseModel, Field
 from om_core.store import db as dbmod
 from om_core.store.db import named_column, named_rows, scalar
 from om_core.errors import InvalidArgument, SessionNotFound
-from om_core.ledger.records import OBSERVATIONS_DROPPED, LedgerRows, ObservationsDropped, is_memory_id, mint_ledger_id
+from om_core.ledger.records import (OBSERVATIONS_DROPPED, REFLECTIONS_DROPPED, LedgerRows, ObservationsDropped,
+                                    ReflectionsDropped, is_memory_id, mint_ledger_id)
 from om_core.store.sqlfiles import query
 
 if TYPE_CHECKING:
@@ -110,9 +112,14 @@ def _forget_in_session(con, row: dict[str, Any], memory_id: str, reason: str, no
     leaf = row["leaf_id"]
     ledger_id = mint_ledger_id(con, session_id, f"forget\x00{memory_id}\x00{now}")
     rows = LedgerRows()
-    rows.add_record(session_id, ledger_id, OBSERVATIONS_DROPPED,
-                    ObservationsDropped(observationIds=[memory_id], coversUpToId=leaf, reason=reason),
-                    anchor=leaf, origin="user", created_at=now, run_id=run_id, stage="forget")
+    if kind == "reflection":  # a reflection drop (SPEC §13), as a reflection is retired
+        kind_name, record = REFLECTIONS_DROPPED, ReflectionsDropped(reflectionIds=[memory_id], coversUpToId=leaf,
+                                                                     reason=reason)
+    else:
+        kind_name, record = OBSERVATIONS_DROPPED, ObservationsDropped(observationIds=[memory_id], coversUpToId=leaf,
+                                                                       reason=reason)
+    rows.add_record(session_id, ledger_id, kind_name, record, anchor=leaf, origin="user", created_at=now,
+                    run_id=run_id, stage="forget")
     rows.write(con)
     result.recorded.append(Forgotten(scope="session", scope_id=session_id, ledger_id=ledger_id, kind=kind))
 

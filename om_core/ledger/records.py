@@ -9,6 +9,7 @@ a row in ``ledger_rejects`` so analysts can see why.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -17,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 import duckdb
 import pyarrow as pa
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr,
-                      ValidationError, field_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictBool,
+                      StrictStr, ValidationError, field_validator)
 
 from om_core.store.db import insert_arrow, named_rows, scalar
 from om_core.memory.render import observation_line, reflection_line
@@ -28,7 +29,8 @@ from om_core.store.sqlfiles import query
 OBSERVATIONS_RECORDED = "om.observations.recorded"
 REFLECTIONS_RECORDED = "om.reflections.recorded"
 OBSERVATIONS_DROPPED = "om.observations.dropped"
-LEDGER_KINDS = (OBSERVATIONS_RECORDED, REFLECTIONS_RECORDED, OBSERVATIONS_DROPPED)
+REFLECTIONS_DROPPED = "om.reflections.dropped"  # SPEC §13
+LEDGER_KINDS = (OBSERVATIONS_RECORDED, REFLECTIONS_RECORDED, OBSERVATIONS_DROPPED, REFLECTIONS_DROPPED)
 FOLDED_TYPE = "om.folded"
 
 Relevance = Literal["low", "medium", "high", "critical"]
@@ -141,6 +143,16 @@ class ObservationsDropped(_Wire):
     coversUpToId: NonEmptyStr
 
 
+class ReflectionsDropped(_Wire):
+    """Reflection ids tombstoned (SPEC §13). ``replacedBy`` (a retirement by a newer reflection) and
+    ``kind`` are what some versions add: accepted whatever their shape, kept and written back as read."""
+
+    reflectionIds: list[NonEmptyStr] = Field(min_length=1)
+    coversUpToId: NonEmptyStr
+    replacedBy: JsonValue = None
+    kind: JsonValue = None
+
+
 class FoldedDetails(_Wire):
     """``details`` of a compaction the extension (or this project) folded from the ledger."""
 
@@ -163,9 +175,10 @@ RECORD_MODELS: dict[str, type[_Wire]] = {
     OBSERVATIONS_RECORDED: ObservationsRecorded,
     REFLECTIONS_RECORDED: ReflectionsRecorded,
     OBSERVATIONS_DROPPED: ObservationsDropped,
+    REFLECTIONS_DROPPED: ReflectionsDropped,
 }
 
-LedgerPayload = ObservationsRecorded | ReflectionsRecorded | ObservationsDropped
+LedgerPayload = ObservationsRecorded | ReflectionsRecorded | ObservationsDropped | ReflectionsDropped
 
 
 def parse_record(kind: str, data: Any) -> LedgerPayload | None:
@@ -222,6 +235,8 @@ class LedgerRows:
         "token_count")})
     drops: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "ledger_id", "item_index", "obs_id", "reason")})
+    reflection_drops: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "session_id", "ledger_id", "item_index", "refl_id", "reason", "replaced_by", "kind")})
     folds: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "session_id", "compaction_id", "origin", "anchor_entry_id", "first_kept_entry_id", "folded", "full_fold",
         "summary", "note", "trigger", "gap_safe", "plain_first_kept_entry_id", "created_at", "run_id")})
@@ -248,6 +263,13 @@ class LedgerRows:
                 _append(self.reflections, session_id=session_id, ledger_id=ledger_id, item_index=i, refl_id=r.id,
                         content=r.content, supporting_observation_ids=list(r.supportingObservationIds),
                         token_count=float(r.tokenCount))
+        elif isinstance(payload, ReflectionsDropped):
+            reason = _text_note(payload, DROP_REASON)
+            replaced, kind = (None if v is None else json.dumps(v, ensure_ascii=False) for v in
+                              (payload.replacedBy, payload.kind))
+            for i, refl_id in enumerate(payload.reflectionIds):
+                _append(self.reflection_drops, session_id=session_id, ledger_id=ledger_id, item_index=i,
+                        refl_id=refl_id, reason=reason, replaced_by=replaced, kind=kind)
         else:
             reason = _text_note(payload, DROP_REASON)
             for i, obs_id in enumerate(payload.observationIds):
@@ -283,7 +305,7 @@ class LedgerRows:
 
     def _tables(self) -> dict[str, dict[str, list]]:
         return {"records": self.records, "observations": self.observations, "reflections": self.reflections,
-                "drops": self.drops, "folds": self.folds, "fold_items": self.fold_items, "rejects": self.rejects}
+                "drops": self.drops, "reflection_drops": self.reflection_drops, "folds": self.folds, "fold_items": self.fold_items, "rejects": self.rejects}
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         """Insert every collected row; call inside the caller's transaction."""
@@ -311,6 +333,7 @@ _INSERTS = {
     "observations": "insert_ledger_observations",
     "reflections": "insert_ledger_reflections",
     "drops": "insert_ledger_drops",
+    "reflection_drops": "insert_ledger_reflection_drops",
     "folds": "insert_ledger_folds",
     "fold_items": "insert_ledger_fold_items",
     "rejects": "insert_ledger_rejects",
@@ -415,6 +438,7 @@ def ledger_candidates(con: duckdb.DuckDBPyConnection, session_id: str, run_id: s
 def forget_imported(con: duckdb.DuckDBPyConnection, session_id: str) -> None:
     """Remove what ingest imported for a session (its file is being re-read)."""
     for name in ("delete_imported_observations", "delete_imported_reflections", "delete_imported_drops",
+                 "delete_imported_reflection_drops",
                  "delete_imported_records", "delete_imported_fold_items", "delete_imported_folds",
                  "delete_ledger_rejects"):
         con.execute(query(name), {"session_id": session_id})

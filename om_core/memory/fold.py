@@ -7,6 +7,7 @@ models; none of them folds or projects in Python.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
@@ -131,18 +132,37 @@ def active_memory(rows: Iterable[dict[str, Any]]) -> MemoryView:
     return split_rows(r for r in rows if not r["dropped"])
 
 
+class DeclineReason(StrEnum):
+    """Why a compaction renders no summary, so Pi's native summarizer runs instead."""
+
+    EMPTY_PROJECTION = "empty-projection"  # no record covered before F (SPEC §5)
+    NOTHING_FITS = "nothing-fits"  # records exist, none fits compactionSummaryMaxTokens (SPEC §13)
+    # gap-free compaction's declines (SPEC §13, om_core.memory.gap_free)
+    NO_COVERAGE = "no-coverage"  # no observation covers anything before F: nothing to fold
+    OVER_BUDGET = "over-budget"  # kept tail plus summary over compactionMaxRetainedTokens
+    NOTHING_FREED = "nothing-freed"  # F moved back to where the context already starts
+    OVERFLOW_RECOVERY = "overflow-recovery"  # Pi compacts to recover from a context overflow: it must free
+
+
 class CompactionResult(BaseModel):
-    """A compaction projection. Built straight from the query rows: this is the hot path of every
-    compaction, so the full records are materialised only when asked for (``details``, ``memory``)."""
+    """A compaction projection, and once the compaction service (``om_core.memory.compaction``) has
+    applied the summary budget, its decision: the summary with the records it shows, or why it
+    declined. Built straight from the query rows: this is the hot path of every compaction, so the
+    full records are materialised only when asked for (``details``, ``memory``)."""
 
     fullFold: bool
     firstKeptEntryId: str
-    observationIds: list[str]
+    observationIds: list[str]  # the records the summary shows
     reflectionIds: list[str]
     summary: str | None
     world: Literal["file", "replayed"] = "file"  # which compactions set M (SPEC §4)
     observationWatermarkPosition: int | None = None  # C of SPEC §10: largest watermark included
     normalObservationTokens: float = 0
+    declined: DeclineReason | None = None  # set with summary None
+    summaryTokens: int | None = None  # the summary as the budget measures it (settings' tokenCounter)
+    summaryMaxTokens: int | None = None  # the budget applied (None: the unbudgeted projection)
+    leftOutObservations: int = 0  # projection records the budget left out of the summary
+    leftOutReflections: int = 0
     _observations: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # projection rows, by column
     _reflections: list[dict[str, Any]] = PrivateAttr(default_factory=list)
 
@@ -164,6 +184,20 @@ class CompactionResult(BaseModel):
         return MemoryView(observations=[Observation.model_construct(**o) for o in d["observations"]],
                           reflections=[Reflection.model_construct(**r) for r in d["reflections"]])
 
+    def keep(self, observation_ids: set[str], reflection_ids: set[str]) -> None:
+        """Narrow the records to those the summary shows (the om.folded details list them: visible
+        memory is what the agent was shown; the others stay in the ledger and full memory)."""
+        self._observations = [o for o in self._observations if o["id"] in observation_ids]
+        self._reflections = [r for r in self._reflections if r["id"] in reflection_ids]
+        self.leftOutObservations += len(self.observationIds) - len(self._observations)
+        self.leftOutReflections += len(self.reflectionIds) - len(self._reflections)
+        self.observationIds = [o["id"] for o in self._observations]
+        self.reflectionIds = [r["id"] for r in self._reflections]
+
+    def rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The projection rows (observations, reflections) in fold order."""
+        return self._observations, self._reflections
+
     def as_json(self) -> dict[str, Any]:
         return {
             "world": self.world,
@@ -171,6 +205,10 @@ class CompactionResult(BaseModel):
             "observations": self.observationIds,
             "reflections": self.reflectionIds,
             "summary": self.summary,
+            "declined": None if self.declined is None else self.declined.value,
+            "summary_tokens": self.summaryTokens,
+            "summary_max_tokens": self.summaryMaxTokens,
+            "left_out": {"observations": self.leftOutObservations, "reflections": self.leftOutReflections},
             "details": self.details(),
         }
 
@@ -183,6 +221,13 @@ def kept_entry(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_
         raise EntryNotFound(f"first kept entry {first_kept!r} is not on the branch ending at {tip} "
                             "(neither an entry nor one of om's records there)")
     return entry
+
+
+def projection_lines(observations: list[dict[str, Any]],
+                     reflections: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(reflection lines, observation lines) of projection rows, as the summary shows them."""
+    return ([reflection_line(r["id"], r["content"]) for r in reflections],
+            [observation_line(o["id"], o["ts"], o["relevance"], o["content"]) for o in observations])
 
 
 def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str,
@@ -206,8 +251,8 @@ def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: 
         world="replayed" if replayed else "file",
         observationIds=[o["id"] for o in observations],
         reflectionIds=[r["id"] for r in reflections],
-        summary=render_summary([reflection_line(r["id"], r["content"]) for r in reflections],
-                               [observation_line(o["id"], o["ts"], o["relevance"], o["content"]) for o in observations]),
+        summary=render_summary(*projection_lines(observations, reflections)),
+        declined=None if observations or reflections else DeclineReason.EMPTY_PROJECTION,
         observationWatermarkPosition=decision["c_pos"],
         normalObservationTokens=_number(decision["normal_tokens"]),
     )
@@ -324,7 +369,7 @@ class MemoryStatus(BaseModel):
     session_id: str
     tip: str
     observations: dict[str, int]  # recorded, active, dropped, visible
-    reflections: dict[str, int]  # recorded (current), visible
+    reflections: dict[str, int]  # recorded, active, dropped (SPEC §13), visible
     visible_compaction: FoldRef | None = None  # the file's om.folded compaction visible memory comes from
     drift: Drift
     replayed: ReplayedStatus = Field(default_factory=ReplayedStatus)
@@ -348,7 +393,8 @@ def memory_status(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
         tip=tip,
         observations={"recorded": len(obs), "active": sum(not r["dropped"] for r in obs),
                       "dropped": sum(bool(r["dropped"]) for r in obs), "visible": len(visible.observations)},
-        reflections={"recorded": len(refl), "visible": len(visible.reflections)},
+        reflections={"recorded": len(refl), "active": sum(not r["dropped"] for r in refl),
+                     "dropped": sum(bool(r["dropped"]) for r in refl), "visible": len(visible.reflections)},
         visible_compaction=visible_ref,
         drift=drift(con, session_id, tip),
         replayed=ReplayedStatus(compaction=replayed_ref, simulated_compactions=simulated,
@@ -405,20 +451,4 @@ def view(ws: Workspace, session: str, leaf: str | None = None, full: bool = Fals
             if replayed_ref is not None and replayed_ref != visible_ref:
                 other = replayed_memory(con, sid, tip)
                 result.replayedCounts = (len(other.observations), len(other.reflections))
-        return result
-
-
-def compact(ws: Workspace, session: str, first_kept: str, leaf: str | None = None,
-            pool_max_tokens: int | None = None, *, replayed: bool = False) -> CompactionResult:
-    """The projection at F = ``first_kept`` in the session file's world (``replayed``: the replay's);
-    the pool budget is the workspace's observationsPoolMaxTokens unless given."""
-    pool = pool_max_tokens if pool_max_tokens is not None else ws.settings.observationsPoolMaxTokens
-    with ws.read() as con:
-        sid = resolve_session(con, session)
-        tip = resolve_tip(con, sid, leaf)
-        result = compaction_projection(con, sid, tip, first_kept, pool, replayed=replayed)
-        if not replayed:  # a session's first compaction may carry its project's memory (a setting, off by default)
-            from om_core.project.memory import with_project_memory
-
-            result.summary = with_project_memory(con, sid, tip, result.summary, ws.settings)
         return result

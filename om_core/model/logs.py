@@ -17,7 +17,7 @@ from om_core.store.sqlfiles import query
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace
 
-WORKER_STAGES = ("observer", "reflector", "dropper")
+WORKER_STAGES = ("observer", "reflector", "dropper", "reflection-dropper")
 
 
 class ModelCallLog(BaseModel):

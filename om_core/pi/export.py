@@ -36,8 +36,7 @@ from om_core.pi.branch_entry import branch_entry
 from om_core.pi.cutpoint import NothingToCompact, compaction_cut_point
 from om_core.errors import InvalidArgument, StorageError
 from om_core.ledger.records import RECORD_MODELS
-from om_core.project.memory import with_project_memory
-from om_core.memory.fold import compaction_projection
+from om_core.memory.compaction import DeclineReason, World, compact_at
 from om_core.pi.session import JS_WHITESPACE
 from om_core.settings import Settings
 
@@ -85,6 +84,12 @@ def record_payloads(con: duckdb.DuckDBPyConnection, session_id: str) -> list[dic
                                      "supportingObservationIds": list(r["supporting_observation_ids"]),
                                      "tokenCount": _number(r["token_count"])}
                                     for r in dbmod.named_rows(con, "record_reflections", params)]}
+        elif kind == "om.reflections.dropped":
+            items = dbmod.named_rows(con, "record_reflection_drops", params)
+            data = {"reflectionIds": [d["refl_id"] for d in items]}
+            for key, column in (("replacedBy", "replaced_by"), ("kind", "kind")):  # as read, when present
+                if items and items[0][column] is not None:
+                    data[key] = json.loads(items[0][column])
         else:
             data = {"observationIds": dbmod.named_column(con, "record_drops", params)}
         data["coversUpToId"] = record["covers_up_to_id"]
@@ -223,10 +228,11 @@ def tip_compaction(con: duckdb.DuckDBPyConnection, session_id: str, lines: list[
     # F may be one of the records written into the file (absorbed onto the record chain before the
     # cut): the projection resolves it to the entry the record follows.
     leaf = dbmod.scalar(con, "session_leaf", {"session_id": session_id})
-    result = compaction_projection(con, session_id, leaf, cut.firstKeptEntryId, settings.observationsPoolMaxTokens)
-    result.summary = with_project_memory(con, session_id, leaf, result.summary, settings)  # off by default
+    result = compact_at(con, session_id, leaf, cut.firstKeptEntryId, settings, world=World.FILE)
     if result.summary is None:
-        return None, "the compaction projection is empty: Pi's native summarizer would run (nothing written)"
+        why = ("the compaction projection is empty" if result.declined is DeclineReason.EMPTY_PROJECTION else
+               f"no memory record fits compactionSummaryMaxTokens {result.summaryMaxTokens}")
+        return None, f"{why}: Pi's native summarizer would run (nothing written)"
     entry: dict[str, Any] = {
         "type": "compaction", "id": _fresh_id(session_id, tip["id"], by_id), "parentId": tip["id"],
         "timestamp": _not_before(tip.get("timestamp")), "summary": result.summary,

@@ -125,27 +125,21 @@ def project_section(reflections: list[ProjectReflection], max_tokens: float) -> 
     return PROJECT_SECTION + "\n" + PROJECT_SECTION_NOTE + "\n" + "\n".join(r.line() for r in kept)
 
 
-def with_project_memory(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, summary: str | None,
-                        settings: Any) -> str | None:
-    """``summary`` with the session's project memory added after its preamble, when
+def compaction_project_section(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                               settings: Any) -> str | None:
+    """The project memory section a compaction of the session carries: when
     ``projectMemoryInCompaction`` is on and this is the session's first compaction (no compaction the
-    session file holds lies on the branch). An empty projection stays empty: Pi's own summary of the
-    conversation is never replaced by project memory alone. Off, the summary is returned as it is."""
-    if not settings.projectMemoryInCompaction or summary is None:
-        return summary
+    session file holds lies on the branch); None otherwise. The compaction service renders it
+    (``om_core.memory.compaction``); an empty projection stays empty, so Pi's own summary of the
+    conversation is never replaced by project memory alone."""
+    if not settings.projectMemoryInCompaction:
+        return None
     if scalar(con, "file_compactions_on_branch", {"session_id": session_id, "tip": tip}):
-        return summary
+        return None
     project_id = scalar(con, "project_of_session", {"session_id": session_id})
     if project_id is None:
-        return summary
-    section = project_section(current_reflections(con, project_id), settings.projectMemoryMaxTokens)
-    if section is None:
-        return summary
-    from om_core.redaction.redact import redact_line
-
-    section = "\n".join(map(redact_line, section.splitlines()))  # Pi sends the summary to its model
-    head, _, rest = summary.partition("\n\n## ")
-    return f"{head}\n\n{section}\n\n## {rest}"
+        return None
+    return project_section(current_reflections(con, project_id), settings.projectMemoryMaxTokens)
 
 
 class ProjectView(BaseModel):

@@ -56,6 +56,8 @@ class RecallReflection(BaseModel):
     item_index: int = 0  # its place in that record's list
     session_id: str | None = None
     forgotten: bool = False  # the user forgot it (om forget): in no fold or compaction
+    # dropped: a reflection drop on the branch tombstones it (SPEC §13): no longer active, still recallable
+    status: Literal["active", "dropped", "forgotten"] = "active"
 
 
 class RecallOrphan(BaseModel):
@@ -217,7 +219,9 @@ def recall_in_session(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
         item.superseded_by = list(superseded_by)
     result.reflections = [RecallReflection(id=r["id"], content=r["content"], ledger_id=r["ledger_id"], item_index=r["item_index"],
                                            supporting_observation_ids=list(r["supporting_observation_ids"]),
-                                           session_id=session_id, forgotten=bool(r["forgotten"])) for r in refl_rows]
+                                           session_id=session_id, forgotten=bool(r["forgotten"]),
+                                           status="forgotten" if r["forgotten"] else
+                                           "dropped" if r["dropped"] else "active") for r in refl_rows]
     matched_ids = {(o.id, o.ledger_id) for o in result.observations}
     for sid in supporting_ids:
         row = first_support.get(sid)

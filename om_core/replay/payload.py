@@ -33,6 +33,7 @@ PAYLOAD_TABLES = (
     ("om_internal.observations", "payload_observations", "load_observations"),
     ("om_internal.reflections", "payload_reflections", "load_reflections"),
     ("om_internal.drops", "payload_drops", "load_drops"),
+    ("om_internal.reflection_drops", "payload_reflection_drops", "load_reflection_drops"),
     ("om_internal.compactions", "payload_compactions", "load_compactions"),
     ("om_internal.compaction_items", "payload_compaction_items", "load_compaction_items"),
     ("om_internal.stages", "payload_stages", "load_stages"),
@@ -44,6 +45,7 @@ REPLAYED_TABLES = (
     ("om_internal.observations", "replayed_observations", "commit_observations"),
     ("om_internal.reflections", "replayed_reflections", "commit_reflections"),
     ("om_internal.drops", "replayed_drops", "commit_drops"),
+    ("om_internal.reflection_drops", "replayed_reflection_drops", "commit_reflection_drops"),
     ("om_internal.compactions", "replayed_compactions", "commit_compactions"),
     ("om_internal.compaction_items", "replayed_compaction_items", "commit_compaction_items"),
     ("om_internal.stages", "replayed_stages", "commit_stages"),
@@ -169,6 +171,7 @@ def _without_committed(tables: dict[str, pa.Table], committed: set[str]) -> dict
     out = dict(tables)
     for name, key in (("om_internal.ledger", "ledger_id"), ("om_internal.observations", "ledger_id"),
                       ("om_internal.reflections", "ledger_id"), ("om_internal.drops", "ledger_id"),
+                      ("om_internal.reflection_drops", "ledger_id"),
                       ("om_internal.compactions", "compaction_id"), ("om_internal.compaction_items", "compaction_id")):
         if name in tables:
             keep = [value not in committed for value in tables[name].column(key).to_pylist()]

@@ -21,8 +21,8 @@ from om_core.memory.fold import (CoveredObservation, active_memory, ledger_rows,
                                  reflection_from_row)
 from om_core.workers.checks import USER_ROLES
 from om_core.workers.guard import guarded_critical
-from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, reflection_memory_line
-from om_core.memory.render import observation_line
+from om_core.workers.memory_layout import MemoryBudget, MemoryLayout, laid_out_memory
+from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER
 from om_core.pi.session import loads_line
 from om_core.settings import Settings
 from om_core.recall.source_text import entry_text, minute, role_label
@@ -117,57 +117,6 @@ def render_entry(entry: SourceEntry, max_chars: int | None = None, clean: Callab
 
 def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:24]
-
-
-def memory_line(row: dict[str, Any]) -> str:
-    """One memory item as workers read it: an observation's rendered line, or
-    ``[id] reflection: … (supports: …)``."""
-    if row["item_kind"] == "observation":
-        return observation_line(row["id"], row["ts"], row["relevance"], row["content"])
-    return reflection_memory_line(row["id"], row["content"], list(row["supporting_observation_ids"]))
-
-
-@dataclass
-class MemoryLayout:
-    """The memory as the workers read it: ``lines`` in ledger order, and ``dropped``, the ids of the
-    observations among them dropped since the lines were laid out (listed after them)."""
-
-    lines: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-
-
-def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int) -> MemoryLayout:
-    """Current reflections and observations in ledger order (the order they were first recorded),
-    laid out so that between two stages the memory only grows at its end: a provider cache serves the
-    earlier prompt as a prefix. A drop does not cut its line out of the middle; the id is listed
-    after the memory instead, until the lines shown reach ``full_fold_tokens`` of observations
-    (``observationsPoolMaxTokens``, the pool pressure at which a compaction's full fold applies drops,
-    SPEC §4): then the memory is laid out anew without them. Walked in record order, so the layout
-    is a function of the branch's ledger alone (``rows``: ``ledger_at``'s, dropped ones included)."""
-    events: list[tuple[int, int, int, dict[str, Any]]] = []  # (record order, 0 item | 1 drop, place, row)
-    for r in rows:
-        never_shown = r["dropped"] and r["dropped_at"] < r["rec_order"]  # tombstoned before it was recorded
-        if never_shown:
-            continue
-        events.append((r["rec_order"], 0, r["fold_order"], r))
-        if r["dropped"]:
-            events.append((r["dropped_at"], 1, r["fold_order"], r))
-    events.sort(key=lambda e: e[:3])
-    shown: dict[str, dict[str, Any]] = {}
-    pending: list[str] = []
-    tokens = 0.0
-    for _, drop, _, r in events:
-        if drop:
-            pending.append(r["id"])
-        else:
-            shown[r["id"] + r["item_kind"]] = r
-            if r["item_kind"] == "observation":
-                tokens += r["token_count"]
-        if pending and tokens >= full_fold_tokens:  # a full fold: the memory is laid out anew
-            for obs_id in pending:
-                tokens -= shown.pop(obs_id + "observation")["token_count"]
-            pending = []
-    return MemoryLayout([memory_line(r) for r in shown.values()], pending)
 
 
 @dataclass
@@ -322,7 +271,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     memory = active_memory(state)
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
-    layout = laid_out_memory(state, settings.observationsPoolMaxTokens)
+    layout = laid_out_memory(state, settings.observationsPoolMaxTokens, MemoryBudget.of(settings, newest_first=True))
     return ObserverInput(
         session_id=session_id, tip=tip, now=_now_at(tip_ts),
         memory=MemoryLines(memory.reflections, memory.observations, layout.lines, layout.dropped), chunk=chunk,
@@ -344,26 +293,28 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
 @dataclass
 class CoveredMemory:
     """Current reflections, active observations with their coverage tiers, the memory as the workers
-    read it (``laid_out_memory``), and the active observations recorded after the last reflections
-    (None: no reflections recorded yet)."""
+    read it (``laid_out_memory``), the active observations recorded after the last reflections
+    (None: no reflections recorded yet) and the tombstoned reflection ids (SPEC §13)."""
 
     reflections: list[Reflection]
     covered: list[CoveredObservation]
     layout: MemoryLayout
     new_since_reflections: list[str] | None
+    tombstoned: set[str]
 
 
 def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
-                         full_fold_tokens: int) -> CoveredMemory:
+                         full_fold_tokens: int, budget: MemoryBudget | None = None) -> CoveredMemory:
     """What the reflector and the dropper read, from one query."""
     rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
-    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection"]
+    reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection" and not r["dropped"]]
+    tombstoned = {r["id"] for r in rows if r["item_kind"] == "reflection" and r["dropped"]}
     active = [r for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
                                   coverage=r["coverage"]) for r in active]
     last = max((r["rec_order"] for r in rows if r["item_kind"] == "reflection"), default=None)
     new = None if last is None else [r["id"] for r in active if r["rec_order"] > last]
-    return CoveredMemory(reflections, covered, laid_out_memory(rows, full_fold_tokens), new)
+    return CoveredMemory(reflections, covered, laid_out_memory(rows, full_fold_tokens, budget), new, tombstoned)
 
 
 class _CoveredPool:
@@ -388,6 +339,7 @@ class ReflectorInput(_CoveredPool):
     observation_watermark: str  # the record's coversUpToId
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
     new_ids: list[str] | None = None  # active observations recorded after the last reflections (None: none yet)
+    dropped_reflection_ids: set[str] = field(default_factory=set)  # tombstoned: duplicates, never recorded again
 
     @property
     def active_ids(self) -> set[str]:
@@ -409,9 +361,10 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
+                               MemoryBudget.of(settings, newest_first=True))
     return ReflectorInput(session_id, tip, got.reflections, got.covered, watermark, got.layout,
-                          got.new_since_reflections)
+                          got.new_since_reflections, got.tombstoned)
 
 
 @dataclass
@@ -472,7 +425,8 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens)
+    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
+                               MemoryBudget.of(settings, newest_first=False))
     reflections, covered, memory = got.reflections, got.covered, got.layout
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens

@@ -10,6 +10,7 @@ from om_core.model.client import CACHE_BREAKPOINT, ChatModel, parse_arguments, t
 from om_core.redaction.redact import redact
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput
+from om_core.workers.reflection_dropper import ReflectionDropCheck, ReflectionDropperInput
 
 
 class ToolCheck(Protocol):
@@ -119,11 +120,21 @@ class ModelBrain:
                                     [c.observation.id for c in inp.covered if c.observation.id in inp.guarded])
         return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
 
-    def _ask(self, prompt: tuple[str, list[dict[str, Any]]], tool: tuple, check: ToolCheck) -> LoopResult:
-        """The tool loop offering the three workers' tools and accepting this stage's (``tool``) only."""
+    def reflection_dropper_prompt(self, inp: ReflectionDropperInput) -> tuple[str, list[dict[str, Any]]]:
+        task = prompts.reflection_dropper_task([c.line() for c in inp.candidates], len(inp.candidates),
+                                               inp.pool_tokens, inp.target_tokens, inp.max_drops)
+        return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
+
+    def _ask(self, prompt: tuple[str, list[dict[str, Any]]], tool: tuple, check: ToolCheck,
+             offered: tuple = prompts.WORKER_TOOLS) -> LoopResult:
+        """The tool loop offering the workers' tools and accepting this stage's (``tool``) only."""
         system, user = prompt
         return tool_loop(self.model, system, user, {tool[0]: (tool, check)}, self.max_turns, self.closing_turn,
-                         offered=prompts.WORKER_TOOLS)
+                         offered=offered)
+
+    def drop_reflections(self, inp: ReflectionDropperInput, check: ReflectionDropCheck) -> LoopResult:
+        return self._ask(self.reflection_dropper_prompt(inp), prompts.DROP_REFLECTIONS_TOOL, check,
+                         offered=prompts.REFLECTION_DROPPER_TOOLS)
 
     def observe(self, inp: ObserverInput, check: ObservationCheck) -> LoopResult:
         return self._ask(self.observer_prompt(inp), prompts.RECORD_OBSERVATIONS_TOOL, check)

@@ -22,6 +22,7 @@ from om_core.redaction.redact import redact, redact_line
 
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput, SourceEntry
+from om_core.workers.reflection_dropper import ReflectionDropCheck, ReflectionDropperInput, offline_reflection_drops
 from om_core.workers.llm import LoopResult
 
 OFFLINE_NAME = "offline"
@@ -248,3 +249,8 @@ class OfflineBrain:
     def drop(self, inp: DropperInput, check: DropCheck) -> LoopResult:
         return LoopResult(turns=0, finished=True,
                           receipts=[check.submit({"ids": drop_candidates(inp, check), "reason": "offline safety order"})])
+
+    def drop_reflections(self, inp: ReflectionDropperInput, check: ReflectionDropCheck) -> LoopResult:
+        """The named fallback: the safest candidates by the check's own rank, no judgement of content."""
+        return LoopResult(turns=0, finished=True, receipts=[check.submit(
+            {"ids": offline_reflection_drops(inp), "reason": "offline fallback: orphan-free, oldest evidence first"})])

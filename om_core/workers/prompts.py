@@ -155,6 +155,17 @@ DROP_OBSERVATIONS_TOOL = (
 # Every request carries all three tools, in this order: the request head is the same for each job.
 WORKER_TOOLS = (RECORD_OBSERVATIONS_TOOL, RECORD_REFLECTIONS_TOOL, DROP_OBSERVATIONS_TOOL)
 
+DROP_REFLECTIONS_TOOL = (
+    "drop_reflections",
+    "Retire active reflections by id (they stay recallable).",
+    {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}},
+                                      "reason": {"type": "string"}},
+     "required": ["ids", "reason"]},
+)
+# The reflection dropper runs rarely (the reflections outgrew their target), so its request adds its
+# own tool after the three: the other jobs' request head, and their cached prefix, stay as they are.
+REFLECTION_DROPPER_TOOLS = (*WORKER_TOOLS, DROP_REFLECTIONS_TOOL)
+
 
 DAY_LINE = "=== {day} ==="
 
@@ -230,6 +241,17 @@ def dropper_task(now: str, rows: list[tuple[str, str, str, float, str, list[str]
             f"{target_tokens} tokens, so {shed:g} tokens to shed. Drop at most {max_drops}, only what is safe. "
             f"{dropper_guard(guard, list(guarded))}\n\n"
             f"## Active observations: id, age (minutes), relevance, tokens, coverage, citing reflections\n{table}")
+
+
+def reflection_dropper_task(rows: list[str], active: int, pool_tokens: int, target_tokens: int,
+                            max_drops: int) -> str:
+    """``rows``: each active reflection's evidence line (id first), oldest reflection first."""
+    return (f"## Task: drop reflections\nActive reflections: {active} using {pool_tokens} tokens; target "
+            f"{target_tokens} tokens. Retire at most {max_drops} with drop_reflections, only what no longer "
+            "earns its place: a reflection a newer one states better, or one about work that is over. Keep "
+            "standing preferences, constraints and decisions that still hold. Orphan risk counts the dropped "
+            "observations only this reflection still explains: retiring it loses their meaning.\n\n"
+            f"## Active reflections: id, evidence\n" + "\n".join(rows))
 
 
 EXCERPT_MARKER = "\n[… {omitted} characters omitted from the middle of this entry; the stored entry is complete …]\n"

@@ -1,12 +1,13 @@
-"""The three stage kinds of SPEC §8 (observer, reflector, dropper), each defined once as a ``Stage``.
+"""The stage kinds of SPEC §8 and §13 (observer, reflector, dropper, reflection dropper), each defined
+once as a ``Stage``.
 
 A ``Stage`` holds everything that differs between the kinds: the ledger record it appends and that
 record's payload model (what its tool calls gave, as checked), how its input is read from the
 database, the check its tool calls go through, which worker of a brain runs it, the record's
 watermark, and when it is not due. Running, exactly-once and recording are the same for every kind
 (``stages``); the replay (``om_core.replay.branch``) schedules by these records. Nothing else branches on a
-kind, and the rule "the dropper runs only right after a reflector run that appended reflections"
-is ``follow_up``, here and nowhere else.
+kind, and the rule "the droppers run only right after a reflector run that appended reflections"
+is ``follow_ups``, here and nowhere else.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from om_core.model.cost import BudgetExceeded
 from om_core.ledger.records import (
     OBSERVATIONS_DROPPED,
     OBSERVATIONS_RECORDED,
+    REFLECTIONS_DROPPED,
     REFLECTIONS_RECORDED,
     ObservationsDropped,
     ObservationsRecorded,
+    ReflectionsDropped,
     ReflectionsRecorded,
 )
 from om_core.model.client import CallRecord, ModelError
@@ -33,8 +36,9 @@ from om_core.pi.tokens import count_text_tokens
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck, pi_token_counter
 from om_core.workers.inputs import dropper_input, observer_input, reflector_input
 from om_core.workers.llm import LoopResult
+from om_core.workers.reflection_dropper import ReflectionDropCheck, reflection_dropper_input
 
-StageKind = Literal["observer", "reflector", "dropper"]
+StageKind = Literal["observer", "reflector", "dropper", "reflection-dropper"]
 Outcome = Literal["recorded", "empty", "failed", "skipped"]
 
 
@@ -51,13 +55,15 @@ class Brain(Protocol):
 
     def drop(self, inp: Any, check: DropCheck) -> LoopResult: ...
 
+    def drop_reflections(self, inp: Any, check: ReflectionDropCheck) -> LoopResult: ...
+
 
 @dataclass
 class StageRequest:
     session_id: str
     tip: str
     stage: StageKind
-    reflection_watermark: str | None = None  # dropper: the same run's reflection watermark
+    reflection_watermark: str | None = None  # the droppers: the same run's reflection watermark
     chunk_until: int | None = None  # observer: the chunk ends at or before this branch position (the drain)
 
 
@@ -98,7 +104,7 @@ def token_counter(settings: Settings) -> Callable[[str], int]:
 class Stage:
     """One stage kind. ``read_input`` gives None when there is nothing to do (``not_due`` says why);
     ``threshold`` is the clock setting that makes it due at a turn end (None: it runs only right
-    after an ``after`` run, see ``follow_up``); ``needs`` names the kind whose watermark must exist
+    after an ``after`` run, see ``follow_ups``); ``needs`` names the kind whose watermark must exist
     first; ``backs_off``: whether after a deliberate empty result it waits for another threshold of source."""
 
     kind: StageKind
@@ -115,23 +121,36 @@ class Stage:
     needs: StageKind | None = None
     backs_off: Callable[[Settings], bool] = lambda settings: False
     after: StageKind | None = None
+    # a follow-up that is rarely due leaves no outcome when it was not (the reflection dropper: the
+    # reflections are within their target on almost every pass)
+    silent_when_not_due: bool = False
 
     def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
         """Run the worker on its input through the check; the payload holds what the check accepted
         (None: nothing). A model failure or the run's cost budget is an outcome, never an exception."""
-        outcome.stage_key = inp.stage_key(brain.name)
+        primary = getattr(brain, "primary_for", None)  # a routed brain (SPEC §13): the stage's own model
+        outcome.stage_key = inp.stage_key(primary(self.kind).name if primary is not None else brain.name)
         outcome.chunk = self.chunk(inp)
         outcome.covers_up_to_id = self.watermark(inp)
-        check = self.check(inp, settings)
-        try:
-            loop = self.ask(brain, inp, check)
-        except BudgetExceeded as exc:
-            outcome.outcome, outcome.reason, outcome.budget_stop = "skipped", str(exc), True
-            return outcome, None
-        except ModelError as exc:
-            outcome.outcome, outcome.error, outcome.error_kind = "failed", str(exc), exc.kind
-            return outcome, None
-        outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
+        answering = brain.for_stage(self.kind) if primary is not None else brain
+        while True:
+            check = self.check(inp, settings)  # a fresh check: nothing a failed attempt accepted is kept
+            try:
+                loop = self.ask(answering, inp, check)
+                break
+            except BudgetExceeded as exc:
+                outcome.outcome, outcome.reason, outcome.budget_stop = "skipped", str(exc), True
+                return outcome, None
+            except ModelError as exc:
+                fallback = brain.after_failure(self.kind) if primary is not None else None
+                if fallback is None:
+                    outcome.outcome, outcome.error, outcome.error_kind = "failed", str(exc), exc.kind
+                    return outcome, None
+                outcome.receipts.append(f"{answering.name} failed ({exc}); the fallback {fallback.name} answers")
+                answering = fallback
+        outcome.model = answering.name
+        outcome.receipts += loop.receipts
+        outcome.turns, outcome.turn_cap_reached = loop.turns, not loop.finished
         accepted = check.accepted
         outcome.items, outcome.duplicates, outcome.rejected = len(accepted), check.duplicates, check.rejected
         if not accepted:
@@ -171,7 +190,8 @@ REFLECTOR = Stage(
     kind="reflector", record_kind=REFLECTIONS_RECORDED, payload=ReflectionsRecorded, items_field="reflections",
     read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip, settings),
     not_due=lambda req: "no observation watermark yet: run the observer first",
-    check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids, existing_ids={r.id for r in inp.reflections},
+    check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids,  # a tombstoned id is a duplicate too
+                                                existing_ids={r.id for r in inp.reflections} | inp.dropped_reflection_ids,
                                                 existing=inp.reflections, count_tokens=token_counter(settings)),
     ask=lambda brain, inp, check: brain.reflect(inp, check),
     watermark=lambda inp: inp.observation_watermark,
@@ -194,24 +214,42 @@ DROPPER = Stage(
     after="reflector",
 )
 
-STAGES: dict[str, Stage] = {stage.kind: stage for stage in (OBSERVER, REFLECTOR, DROPPER)}
+REFLECTION_DROPPER = Stage(
+    kind="reflection-dropper", record_kind=REFLECTIONS_DROPPED, payload=ReflectionsDropped,
+    items_field="reflectionIds",
+    read_input=lambda con, req, settings: reflection_dropper_input(con, req.session_id, req.tip, settings,
+                                                                   req.reflection_watermark, token_counter(settings)),
+    not_due=lambda req: "the active reflections are within reflectionsPoolTargetTokens",
+    check=lambda inp, settings: ReflectionDropCheck(active={c.reflection.id: c for c in inp.candidates},
+                                                    max_drops=inp.max_drops),
+    ask=lambda brain, inp, check: brain.drop_reflections(inp, check),
+    watermark=lambda inp: inp.watermark,
+    after="reflector",
+    silent_when_not_due=True,
+)
+
+STAGES: dict[str, Stage] = {stage.kind: stage for stage in (OBSERVER, REFLECTOR, DROPPER, REFLECTION_DROPPER)}
 CLOCKED_STAGES = tuple(stage for stage in STAGES.values() if stage.threshold is not None)  # turn-end order
 
 
-def follow_up(done: StageOutcome) -> StageRequest | None:
-    """The stage that runs right after ``done`` at the same tip, if any: the dropper only after a
-    reflector run that appended reflections, with that run's reflection watermark (SPEC §8)."""
+def follow_ups(done: StageOutcome) -> list[StageRequest]:
+    """The stages that run right after ``done`` at the same tip, in order: the dropper (SPEC §8) and
+    the reflection dropper (SPEC §13) only after a reflector run that appended reflections, each with
+    that run's reflection watermark."""
     if done.outcome != "recorded" or not done.ledger_id:
-        return None
-    for stage in STAGES.values():
-        if stage.after == done.stage:
-            return StageRequest(done.session_id, done.tip, stage.kind, reflection_watermark=done.covers_up_to_id)
-    return None
+        return []
+    return [StageRequest(done.session_id, done.tip, stage.kind, reflection_watermark=done.covers_up_to_id)
+            for stage in STAGES.values() if stage.after == done.stage]
 
 
 def run_in_order(run: Callable[[StageRequest], StageOutcome], req: StageRequest) -> list[StageOutcome]:
-    """Run ``req``, then its follow-ups (``follow_up``), each with ``run``."""
+    """Run ``req``, then its follow-ups (``follow_ups``), each with ``run``."""
     outcomes = [run(req)]
-    while (nxt := follow_up(outcomes[-1])) is not None:
-        outcomes.append(run(nxt))
+    for nxt in follow_ups(outcomes[0]):
+        done = run(nxt)
+        if not (done.outcome == "skipped" and not done.budget_stop and STAGES[done.stage].silent_when_not_due
+                and done.reason == STAGES[done.stage].not_due(nxt)):
+            outcomes.append(done)
+        if done.outcome == "failed":  # a failure ends the pass (it may have stopped the run); the next retries
+            break
     return outcomes

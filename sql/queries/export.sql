@@ -20,6 +20,10 @@ WHERE session_id = $session_id AND ledger_id = $ledger_id ORDER BY item_index;
 SELECT refl_id, content, supporting_observation_ids, token_count FROM om_internal.reflections
 WHERE session_id = $session_id AND ledger_id = $ledger_id ORDER BY item_index;
 
+-- name: record_reflection_drops
+SELECT refl_id, replaced_by, kind FROM om_internal.reflection_drops
+WHERE session_id = $session_id AND ledger_id = $ledger_id ORDER BY item_index;
+
 -- name: record_drops
 SELECT obs_id FROM om_internal.drops WHERE session_id = $session_id AND ledger_id = $ledger_id ORDER BY item_index;
 

@@ -19,7 +19,10 @@ WITH held AS (
 SELECT h.session_id, min(h.kind) AS kind, s.leaf_id,
        EXISTS (SELECT 1 FROM om_internal.drops d
                JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id
-               WHERE d.session_id = h.session_id AND d.obs_id = $id AND r.origin = 'user') AS forgotten
+               WHERE d.session_id = h.session_id AND d.obs_id = $id AND r.origin = 'user')
+       OR EXISTS (SELECT 1 FROM om_internal.reflection_drops d
+                  JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id
+                  WHERE d.session_id = h.session_id AND d.refl_id = $id AND r.origin = 'user') AS forgotten
 FROM held h JOIN om_internal.sessions s USING (session_id)
 WHERE ($session_id IS NULL OR h.session_id = $session_id) AND s.leaf_id IS NOT NULL
 GROUP BY h.session_id, s.leaf_id

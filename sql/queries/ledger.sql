@@ -21,6 +21,10 @@ FROM ledger_batch;
 INSERT INTO om_internal.drops (session_id, ledger_id, item_index, obs_id, reason)
 SELECT session_id, ledger_id, item_index, obs_id, reason FROM ledger_batch;
 
+-- name: insert_ledger_reflection_drops
+INSERT INTO om_internal.reflection_drops (session_id, ledger_id, item_index, refl_id, reason, replaced_by, kind)
+SELECT session_id, ledger_id, item_index, refl_id, reason, replaced_by, kind FROM ledger_batch;
+
 -- name: insert_ledger_folds
 INSERT INTO om_internal.compactions (session_id, compaction_id, origin, anchor_entry_id, first_kept_entry_id,
                               folded, full_fold, summary, note, trigger, gap_safe, plain_first_kept_entry_id,
@@ -51,6 +55,10 @@ DELETE FROM om_internal.reflections WHERE session_id = $session_id AND ledger_id
 
 -- name: delete_imported_drops
 DELETE FROM om_internal.drops WHERE session_id = $session_id AND ledger_id IN
+    (SELECT ledger_id FROM om_internal.ledger WHERE session_id = $session_id AND origin = 'imported');
+
+-- name: delete_imported_reflection_drops
+DELETE FROM om_internal.reflection_drops WHERE session_id = $session_id AND ledger_id IN
     (SELECT ledger_id FROM om_internal.ledger WHERE session_id = $session_id AND origin = 'imported');
 
 -- name: delete_imported_records

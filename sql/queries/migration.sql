@@ -161,6 +161,13 @@ FROM om_internal.drops d
 WHERE d.session_id = $from_session_id
   AND d.ledger_id IN (SELECT ledger_id FROM om_internal.ledger WHERE session_id = $session_id AND origin = 'pipeline');
 
+-- name: copy_fork_reflection_drops
+INSERT INTO om_internal.reflection_drops (session_id, ledger_id, item_index, refl_id, reason, replaced_by, kind)
+SELECT $session_id, d.ledger_id, d.item_index, d.refl_id, d.reason, d.replaced_by, d.kind
+FROM om_internal.reflection_drops d
+WHERE d.session_id = $from_session_id
+  AND d.ledger_id IN (SELECT ledger_id FROM om_internal.ledger WHERE session_id = $session_id AND origin = 'pipeline');
+
 -- name: copy_fork_compactions
 INSERT INTO om_internal.compactions (session_id, compaction_id, origin, anchor_entry_id, append_seq,
                                      first_kept_entry_id, folded, full_fold, summary, note, trigger, gap_safe,

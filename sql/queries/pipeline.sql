@@ -7,7 +7,9 @@ SELECT s.session_id,
        (SELECT count(*) FROM om_internal.reflections x JOIN om_internal.ledger r USING (session_id, ledger_id)
         WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS reflections,
        (SELECT count(*) FROM om_internal.drops d JOIN om_internal.ledger r USING (session_id, ledger_id)
-        WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS drops,
+        WHERE r.session_id = s.session_id AND r.run_id = $run_id)
+       + (SELECT count(*) FROM om_internal.reflection_drops d JOIN om_internal.ledger r USING (session_id, ledger_id)
+          WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS drops,
        (SELECT count(*) FROM om_internal.compactions c WHERE c.session_id = s.session_id AND c.run_id = $run_id) AS compactions,
        (SELECT count(*) FROM om_internal.llm_calls m WHERE m.session_id = s.session_id AND m.run_id = $run_id) AS model_calls,
        (SELECT coalesce(sum(input_tokens), 0) + coalesce(sum(output_tokens), 0) FROM om_internal.llm_calls m

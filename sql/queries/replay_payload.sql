@@ -32,6 +32,9 @@ SELECT * FROM om_internal.reflections WHERE session_id = $session_id;
 -- name: payload_drops
 SELECT * FROM om_internal.drops WHERE session_id = $session_id;
 
+-- name: payload_reflection_drops
+SELECT * FROM om_internal.reflection_drops WHERE session_id = $session_id;
+
 -- name: payload_compactions
 WITH seqs AS (
     SELECT append_seq FROM om_internal.ledger WHERE session_id = $session_id
@@ -69,6 +72,9 @@ INSERT INTO om_internal.reflections BY NAME SELECT * FROM payload_batch;
 -- name: load_drops
 INSERT INTO om_internal.drops BY NAME SELECT * FROM payload_batch;
 
+-- name: load_reflection_drops
+INSERT INTO om_internal.reflection_drops BY NAME SELECT * FROM payload_batch;
+
 -- name: load_compactions
 INSERT INTO om_internal.compactions BY NAME SELECT * FROM payload_batch;
 
@@ -95,6 +101,10 @@ WHERE r.run_id = $run_id AND r.origin = 'pipeline';
 
 -- name: replayed_drops
 SELECT d.* FROM om_internal.drops d JOIN om_internal.ledger r USING (session_id, ledger_id)
+WHERE r.run_id = $run_id AND r.origin = 'pipeline';
+
+-- name: replayed_reflection_drops
+SELECT d.* FROM om_internal.reflection_drops d JOIN om_internal.ledger r USING (session_id, ledger_id)
 WHERE r.run_id = $run_id AND r.origin = 'pipeline';
 
 -- name: replayed_compactions
@@ -139,6 +149,9 @@ INSERT INTO om_internal.reflections BY NAME SELECT * FROM replay_batch;
 
 -- name: commit_drops
 INSERT INTO om_internal.drops BY NAME SELECT * FROM replay_batch;
+
+-- name: commit_reflection_drops
+INSERT INTO om_internal.reflection_drops BY NAME SELECT * FROM replay_batch;
 
 -- name: commit_compactions
 INSERT INTO om_internal.compactions BY NAME SELECT * FROM replay_batch;

@@ -32,9 +32,9 @@ VALUES ($stage_run_id, $run_id, $session_id, $stage, $stage_key, $tip_entry_id, 
 -- name: insert_model_calls
 INSERT INTO om_internal.llm_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens,
                          output_tokens, cached_tokens, cost, latency_ms, status, error_kind, error, attempt,
-                         started_at)
+                         started_at, fallback)
 SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, output_tokens,
-       cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at
+       cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at, fallback
 FROM call_batch;
 
 -- name: empty_runs
@@ -162,3 +162,17 @@ SELECT b.entry_id, e.role
 FROM branch($session_id, $tip) b
 JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
 WHERE list_contains($ids::VARCHAR[], b.entry_id);
+
+-- name: session_model
+-- The model the session talks to (SPEC §13): the one its latest assistant message names, with the
+-- latest thinking level the file set (NULL when it set none).
+SELECT json_extract_string(raw, '$.message.provider') AS provider,
+       json_extract_string(raw, '$.message.model') AS id,
+       (SELECT json_extract_string(t.raw, '$.thinkingLevel') FROM om_internal.entries t
+        WHERE t.session_id = $session_id AND t.entry_type = 'thinking_level_change'
+        ORDER BY t.line_no DESC LIMIT 1) AS thinking
+FROM om_internal.entries
+WHERE session_id = $session_id AND entry_type = 'message' AND role = 'assistant'
+  AND json_extract_string(raw, '$.message.model') IS NOT NULL
+ORDER BY line_no DESC
+LIMIT 1;

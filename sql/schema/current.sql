@@ -163,6 +163,20 @@ CREATE TABLE om_internal.drops (
     reason       VARCHAR              -- the dropper's reason for its record's drops
 );
 
+-- Reflection drops (SPEC §13): the items of om.reflections.dropped records, each a reflection id the
+-- record tombstones (folded like observation drops: it leaves the active reflections and stays
+-- recallable). replaced_by and kind are what some versions of the extension add to the record, kept
+-- as the JSON they were (a retirement by a newer reflection names it in replaced_by).
+CREATE TABLE om_internal.reflection_drops (
+    session_id   VARCHAR NOT NULL,
+    ledger_id    VARCHAR NOT NULL,
+    item_index   INTEGER NOT NULL,
+    refl_id      VARCHAR NOT NULL,
+    reason       VARCHAR,              -- the reflection dropper's reason for its record's drops
+    replaced_by  VARCHAR,              -- the record's replacedBy, as JSON text (NULL: absent)
+    kind         VARCHAR               -- the record's kind, as JSON text (NULL: absent)
+);
+
 -- Compactions om holds om.folded memory for: the extension's (imported: the compaction entry's
 -- details) and this project's simulated ones. folded = false: an empty projection, Pi's native
 -- summarizer runs.
@@ -247,7 +261,8 @@ CREATE TABLE om_internal.llm_calls (
     error_kind      VARCHAR,
     error           VARCHAR,
     attempt         INTEGER NOT NULL DEFAULT 1,
-    started_at      TIMESTAMPTZ NOT NULL
+    started_at      TIMESTAMPTZ NOT NULL,
+    fallback        BOOLEAN DEFAULT false  -- made by the fallbackModel (SPEC §13)
 );
 
 -- The text of every model call, joined on call_id; a failed call has no response.

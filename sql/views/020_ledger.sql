@@ -23,6 +23,14 @@ CREATE OR REPLACE VIEW drops AS
     FROM om_internal.drops d
     JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id;
 
+-- Reflection drops (SPEC §13): each reflection id an om.reflections.dropped record tombstones;
+-- replaced_by and kind as the record carried them (JSON text), NULL when absent.
+CREATE OR REPLACE VIEW reflection_drops AS
+    SELECT d.session_id, d.ledger_id, d.refl_id, d.item_index, r.covers_up_to_id, r.anchor_entry_id,
+           r.origin, d.reason, d.replaced_by, d.kind
+    FROM om_internal.reflection_drops d
+    JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id;
+
 -- Every compaction: Pi's own entries (origin pi), the extension's om.folded ones (imported), and
 -- the ones this project simulated. full_fold and the item lists exist only for folded ones.
 CREATE OR REPLACE VIEW compactions AS
@@ -63,6 +71,11 @@ CREATE OR REPLACE MACRO appended_by_project(p_origin) AS p_origin IN ('pipeline'
 CREATE OR REPLACE MACRO forgotten_ids(p_session) AS TABLE
     SELECT DISTINCT d.obs_id AS id
     FROM om_internal.drops d
+    JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id
+    WHERE d.session_id = p_session AND r.origin = 'user'
+    UNION
+    SELECT d.refl_id
+    FROM om_internal.reflection_drops d
     JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id
     WHERE d.session_id = p_session AND r.origin = 'user';
 

@@ -38,6 +38,9 @@ CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_thr
         UNION ALL
         SELECT 'om.observations.dropped', ledger_id, item_index, obs_id, NULL, NULL, NULL, NULL, NULL, NULL
         FROM om_internal.drops WHERE session_id = p_session
+        UNION ALL
+        SELECT 'om.reflections.dropped', ledger_id, item_index, refl_id, NULL, NULL, NULL, NULL, NULL, NULL
+        FROM om_internal.reflection_drops WHERE session_id = p_session
     ),
     stream AS (
         SELECT i.*, s.rec_order, s.wm_pos
@@ -54,15 +57,19 @@ CREATE OR REPLACE MACRO fold(p_session, p_tip, p_mode, p_obs_through, p_refl_thr
     first_seen AS (
         SELECT kind, id, min((rec_order, item_index)) AS first_at FROM stream GROUP BY kind, id
     ),
+    -- an observation drop tombstones observation ids, a reflection drop (SPEC §13) reflection ids
     tombstones AS (
-        SELECT id, min(rec_order) AS dropped_at FROM stream WHERE kind = 'om.observations.dropped' GROUP BY id
+        SELECT CASE kind WHEN 'om.observations.dropped' THEN 'om.observations.recorded'
+                         ELSE 'om.reflections.recorded' END AS of_kind,
+               id, min(rec_order) AS dropped_at
+        FROM stream WHERE kind IN ('om.observations.dropped', 'om.reflections.dropped') GROUP BY ALL
     ),
     walked AS (
         SELECT s.*, t.dropped_at
         FROM stream s
         JOIN first_seen f ON f.kind = s.kind AND f.id = s.id AND f.first_at = (s.rec_order, s.item_index)
-        LEFT JOIN tombstones t ON s.kind = 'om.observations.recorded' AND t.id = s.id
-        WHERE s.kind <> 'om.observations.dropped'
+        LEFT JOIN tombstones t ON t.of_kind = s.kind AND t.id = s.id
+        WHERE s.kind NOT IN ('om.observations.dropped', 'om.reflections.dropped')
           AND s.id NOT IN (SELECT id FROM forgotten_ids(p_session))  -- the user's forget: gone at every boundary
     )
     SELECT CASE kind WHEN 'om.observations.recorded' THEN 'observation' ELSE 'reflection' END AS item_kind,

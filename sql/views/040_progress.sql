@@ -37,7 +37,7 @@ CREATE OR REPLACE MACRO ledger_coverage(p_session, p_tip) AS TABLE
     WITH state AS (SELECT * FROM ledger_at(p_session, p_tip)),
     cites AS (
         SELECT DISTINCT id AS refl_id, unnest(supporting_observation_ids) AS obs_id
-        FROM state WHERE item_kind = 'reflection'
+        FROM state WHERE item_kind = 'reflection' AND NOT dropped  -- a dropped reflection cites nothing
     ),
     counted AS (
         SELECT obs_id, count(*) AS citing_reflections FROM cites GROUP BY obs_id
@@ -78,7 +78,12 @@ CREATE OR REPLACE MACRO recall_observations(p_session, p_tip, p_ids) AS TABLE
 CREATE OR REPLACE MACRO recall_reflections(p_session, p_tip, p_id) AS TABLE
     SELECT f.refl_id AS id, f.ledger_id, r.rec_order, f.item_index, f.content,
            f.supporting_observation_ids, f.token_count,
-           f.refl_id IN (SELECT id FROM forgotten_ids(p_session)) AS forgotten
+           f.refl_id IN (SELECT id FROM forgotten_ids(p_session)) AS forgotten,
+           -- dropped (SPEC §13): a reflection drop record on the branch names it
+           EXISTS (SELECT 1 FROM om_internal.reflection_drops d
+                   JOIN branch_records(p_session, p_tip) x
+                     ON x.ledger_id = d.ledger_id AND x.kind = 'om.reflections.dropped'
+                   WHERE d.session_id = p_session AND d.refl_id = p_id) AS dropped
     FROM om_internal.reflections f
     JOIN branch_records(p_session, p_tip) r ON r.ledger_id = f.ledger_id AND r.kind = 'om.reflections.recorded'
     WHERE f.session_id = p_session AND f.refl_id = p_id;

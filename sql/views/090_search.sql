@@ -34,6 +34,10 @@ CREATE OR REPLACE MACRO search_scope(p_project, p_session) AS TABLE
         FROM om_internal.drops d
         JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id AND r.origin = 'user'
         UNION ALL
+        SELECT DISTINCT d.session_id, d.refl_id
+        FROM om_internal.reflection_drops d
+        JOIN om_internal.ledger r ON r.session_id = d.session_id AND r.ledger_id = d.ledger_id AND r.origin = 'user'
+        UNION ALL
         SELECT DISTINCT t.project_id, t.refl_id
         FROM om_internal.project_retirements t
         JOIN om_internal.project_ledger r ON r.project_id = t.project_id AND r.ledger_id = t.ledger_id
