@@ -161,9 +161,11 @@ def _entries(chunk: str) -> list[dict[str, Any]]:
 
 def _cited(rest: str) -> set[str]:
     """The observations some reflection cites, from the stage's coverage as either layout gives it:
-    ``strong: ids`` / ``partial: ids`` lines, or a table row ``id age partial``."""
+    ``strong: ids`` / ``partial: ids`` lines, or a dropper's table row ``id age relevance tokens partial
+    citing-ids`` (an older layout: ``id age partial``)."""
     cited = {i for line in re.findall(r"^(?:strong|partial): (.+)$", rest, re.MULTILINE) for i in _IDS.findall(line)}
-    return cited | set(re.findall(r"^([0-9a-f]{12}) \S+ (?:partial|strong)$", rest, re.MULTILINE))
+    return cited | set(re.findall(r"^([0-9a-f]{12}) \S+ (?:\S+ \S+ )?(?:partial|strong)(?: \S+)?$", rest,
+                                  re.MULTILINE))
 
 
 def _gist(text_: str, words: int, salt: str) -> str:

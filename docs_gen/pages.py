@@ -193,7 +193,8 @@ def _default(field) -> str:
 
 
 def settings_page() -> str:
-    from om_core.settings import SETTING_DOCS, Settings, snake
+    from docs_gen.setting_docs import SETTING_DOCS
+    from om_core.settings import Settings, snake
 
     missing = sorted(set(Settings.model_fields) - set(SETTING_DOCS))
     stray = sorted(set(SETTING_DOCS) - set(Settings.model_fields))

@@ -23,6 +23,7 @@ from om_core.errors import OmError
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 DEFAULT_CHUNK_TOKENS = 60_000
+PASSIVE_ENV = "PI_OBSERVATIONAL_MEMORY_PASSIVE"  # the extension's environment switch for `passive`
 DEFAULT_SUMMARY_MAX_TOKENS = 8_000  # SPEC §13, when no context window is known
 DEFAULT_WORKER_MEMORY_TOKENS = 16_000  # SPEC §13, when the memory model's window is not known
 MIN_CHUNK_TOKENS = 256
@@ -36,6 +37,8 @@ class ModelSetting(BaseModel):
     provider: str | None = None
     id: str = Field(min_length=1)
     thinking: ThinkingLevel = "off"
+    # this project's: the model's own OpenAI-compatible server (unset: apiBase)
+    apiBase: str | None = None
 
     @property
     def litellm_name(self) -> str:
@@ -43,6 +46,47 @@ class ModelSetting(BaseModel):
         if self.provider and not self.id.startswith(self.provider + "/"):
             return f"{self.provider}/{self.id}"
         return self.id
+
+
+ROUTED_STAGES = ("observer", "reflector", "reflection-dropper", "dropper")
+MODEL_TOKENS = ("provider", "id", "model", "thinking")  # what a modelMap rule's model may take from the session model
+_TOKEN = re.compile(r"\$([A-Za-z_]\w*)")
+
+
+class ModelRule(BaseModel):
+    """One ``modelMap`` rule (SPEC §13): the session model's ``provider/id`` matching the glob ``match``
+    routes ``stages`` (all when unset) to ``model`` (``provider/id[:thinking]``, with ``$provider``,
+    ``$id``, ``$model``, ``$thinking`` taken from the session model). A rule that cannot work (an unknown
+    stage, an unknown token, a model that is no ``provider/id``) is refused when the settings load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    stages: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> ModelRule:
+        unknown = [s for s in self.stages or () if s not in ROUTED_STAGES]
+        if unknown:
+            raise ValueError(f"modelMap rule {self.match!r}: unknown stage {unknown[0]!r} "
+                             f"(stages: {', '.join(ROUTED_STAGES)})")
+        if self.stages is not None and not self.stages:
+            raise ValueError(f"modelMap rule {self.match!r}: an empty stages list routes nothing")
+        tokens = [t for t in _TOKEN.findall(self.model) if t not in MODEL_TOKENS]
+        if tokens:
+            raise ValueError(f"modelMap rule {self.match!r}: unknown token ${tokens[0]} in {self.model!r} "
+                             f"(tokens: {', '.join('$' + t for t in MODEL_TOKENS)})")
+        probe = _TOKEN.sub(lambda m: "high" if m.group(1) == "thinking" else "x", self.model)
+        name, _, thinking = probe.partition(":")
+        if "/" not in name.strip("/") or name.startswith("/") or name.endswith("/"):
+            raise ValueError(f"modelMap rule {self.match!r}: model {self.model!r} is no provider/id[:thinking]")
+        if thinking and thinking not in THINKING_LEVELS:
+            raise ValueError(f"modelMap rule {self.match!r}: unknown thinking level {thinking!r} in {self.model!r}")
+        return self
+
+
+THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 class Settings(BaseModel):
@@ -60,7 +104,12 @@ class Settings(BaseModel):
     agentMaxTurns: int = Field(16, ge=1)
     model: ModelSetting | None = None
     passive: bool = False
-    # --- bounded memory (SPEC §13); unset: derived from contextWindow, else the SPEC's fallback
+    # --- the extension's settings after 3.1.4 (SPEC §13)
+    fallbackModel: ModelSetting | None = None  # tried when the memory model fails; never equal to it
+    modelMap: list[ModelRule] = Field(default_factory=list)  # first-match routing per session model and stage
+    compactionCatchUpMaxChunks: int = Field(2, ge=0)  # observer chunks a compaction may run to close its gap
+    compactionMaxRetainedTokens: int | None = Field(None, gt=0)  # kept tail + summary over it: decline
+    # bounded memory; unset: derived from contextWindow, else the SPEC's fallback
     compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
     reflectionsPoolTargetTokens: int = Field(8_000, gt=0)  # active reflections' rendered lines, the target
     workerMemoryMaxTokens: int | None = Field(None, gt=0)  # the memory one worker request carries, at most
@@ -88,7 +137,10 @@ class Settings(BaseModel):
     # without one; 0: every run starts Prefect's temporary API and stops it (no server outlives a run)
     prefectServerIdleSeconds: float = Field(600.0, ge=0)
 
-    @field_validator("model", mode="before")
+    # this project's: how long a live compaction's catch-up may take before the hook answers without it
+    compactionCatchUpSeconds: float = Field(20.0, gt=0)
+
+    @field_validator("model", "fallbackModel", mode="before")
     @classmethod
     def _model_string(cls, value: Any) -> Any:
         """A litellm model string (``openai/gpt-4o-mini``) wherever a model is set: om.toml, Pi's settings."""
@@ -124,6 +176,32 @@ class Settings(BaseModel):
     # recall by query fuses local semantic similarity (the embeddings extra: a model shipped in its
     # wheel, no embedding API) with the keyword ranking; off: keyword ranking only
     recallEmbeddings: bool = False
+    # the compact_context tool of om's Pi extension: the agent compacts at a breakpoint it chooses,
+    # leaving a resume note in the kept tail; the compaction is om's (model-free)
+    selfCompact: bool = False
+    # om's Pi extension: its background tick (`om run`) runs only while the agent is idle; the agent
+    # starting a turn stops it (om run resumes at the next settle)
+    consolidateWhenIdle: bool = False
+    # with selfCompact, ask the agent to compact as its context fills: each rule a share of the
+    # window (at most 1) or a count of tokens (above 1); one ask per rule crossed since the latest
+    # compaction, the last one firmer
+    warnAt: list[float] = Field(default_factory=list)
+
+    @field_validator("warnAt", mode="before")
+    @classmethod
+    def _warn_at_text(cls, value: Any) -> Any:
+        """``OM_WARN_AT='0.6,0.8'`` (or a JSON list): a list where one is set from text."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [p for p in text.split(",") if p.strip()]
+        return value
+
+    @field_validator("warnAt")
+    @classmethod
+    def _warn_at_rules(cls, value: list[float]) -> list[float]:
+        if any(not math.isfinite(v) or v <= 0 for v in value):
+            raise ValueError("each warnAt rule is a share of the window (0 < x <= 1) or a count of tokens (> 1)")
+        return value
 
     @field_validator("projects", mode="before")
     @classmethod
@@ -135,11 +213,30 @@ class Settings(BaseModel):
             return {str(Path(k).expanduser()) if str(k).startswith("~") else str(k): v for k, v in value.items()}
         return value
 
+    @field_validator("modelMap", mode="before")
+    @classmethod
+    def _rules_json(cls, value: Any) -> Any:
+        """``OM_MODEL_MAP='[{"match": "anthropic/*", "model": "openai/gpt-4o-mini"}]'``: JSON where set from text."""
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else []
+        return value
+
     @model_validator(mode="after")
     def _target_below_max(self) -> Settings:
         if self.observationsPoolTargetTokens is not None and self.observationsPoolTargetTokens >= self.observationsPoolMaxTokens:
             raise ValueError("observationsPoolTargetTokens must be below observationsPoolMaxTokens")
+        if (self.fallbackModel is not None and self.model is not None
+                and self.fallbackModel.litellm_name == self.model.litellm_name
+                and self.fallbackModel.apiBase == self.model.apiBase):
+            raise ValueError("fallbackModel equals model: a fallback must be another model")
         return self
+
+    @property
+    def retained_max_tokens(self) -> int:
+        """compactionMaxRetainedTokens, else half the session's window, else 60000 (SPEC §13)."""
+        if self.compactionMaxRetainedTokens is not None:
+            return self.compactionMaxRetainedTokens
+        return self.contextWindow // 2 if self.contextWindow else 60_000
 
     @property
     def pool_target_tokens(self) -> int:
@@ -198,6 +295,10 @@ class Settings(BaseModel):
         if self.observationsPoolTargetTokens is None:
             found["observationsPoolTargetTokens"] = (
                 self.pool_target_tokens, f"half of observationsPoolMaxTokens {self.observationsPoolMaxTokens}")
+        if self.compactionMaxRetainedTokens is None:
+            found["compactionMaxRetainedTokens"] = (
+                self.retained_max_tokens, f"half of contextWindow {self.contextWindow}" if self.contextWindow
+                else "60000, as no contextWindow is set")
         if self.compactAfterTokensMode == "ratio":
             found["compactAfterTokens"] = (
                 self.compact_threshold,
@@ -252,7 +353,7 @@ def _canonical(key: str) -> str | None:
 
 
 def _env_value(key: str, raw: str) -> Any:
-    if key == "model":
+    if key in ("model", "fallbackModel"):
         raw = raw.strip()
         return json.loads(raw) if raw.startswith("{") else {"id": raw}
     return raw
@@ -314,6 +415,10 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
             raise SettingsError(f"{toml_path} is not valid TOML: {exc}") from None
         take(data.get(PI_SETTINGS_KEY, data) if isinstance(data.get(PI_SETTINGS_KEY), dict) else data,
              str(toml_path), strict=True)
+    # the extension's own switch, below om's OM_PASSIVE
+    if env.get(PASSIVE_ENV, "") != "":
+        values["passive"] = env[PASSIVE_ENV]
+        sources["passive"] = f"env {PASSIVE_ENV}"
     for key in FIELDS:
         name = f"OM_{snake(key).upper()}"
         if name in env and env[name] != "":
@@ -343,115 +448,3 @@ def load_settings(config: str | os.PathLike | None = None, flags: Mapping[str, A
                 problems.append(f"{error['msg'].removeprefix('Value error, ')} ({where})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
     return ResolvedSettings(settings=settings, sources=sources, notes=notes)
-
-
-# ---------------------------------------------------------------- the settings table, documented
-
-
-class SettingDoc(BaseModel):
-    """What a setting does, for the documentation's settings page (docs_gen) and `om config --help`
-    readers: ``default`` says a default the model cannot (a derived or unset one); else the
-    model's own default is shown."""
-
-    meaning: str
-    default: str | None = None
-
-
-SETTING_DOCS: dict[str, SettingDoc] = {
-    "observeAfterTokens": SettingDoc(meaning="the observer's clock threshold: new tokens before the observer runs"),
-    "reflectAfterTokens": SettingDoc(meaning="the reflector's clock threshold"),
-    "observerChunkMaxTokens": SettingDoc(
-        default="20% of `contextWindow`, else 60000 (at least 256)",
-        meaning="the most source one observer call reads"),
-    "compactAfterTokens": SettingDoc(meaning="proactive compaction: the context size that starts one"),
-    "compactAfterTokensMode": SettingDoc(
-        meaning="`calibrated` uses `compactAfterTokens`; `ratio` uses `contextWindow` × `compactAfterTokensRatio`"),
-    "compactAfterTokensRatio": SettingDoc(meaning="the share of `contextWindow` in ratio mode"),
-    "observationsPoolMaxTokens": SettingDoc(meaning="full-fold pressure: the observation pool's size that folds in full"),
-    "observationsPoolTargetTokens": SettingDoc(
-        default="half of `observationsPoolMaxTokens`", meaning="the dropper's target for the observation pool"),
-    "agentMaxTurns": SettingDoc(meaning="model calls per worker run"),
-    "model": SettingDoc(
-        default="none (the offline baseline)",
-        meaning="`{provider, id, thinking}` or a litellm string such as `\"openai/gpt-4o-mini\"`, in `om.toml`, "
-                "Pi's settings or `OM_MODEL`"),
-    "passive": SettingDoc(meaning="no background work"),
-    "tokenCounter": SettingDoc(meaning="`pi` or `tiktoken`: the count that drives clocks and budgets"),
-    "contextWindow": SettingDoc(default="none",
-                                meaning="the model's window when known (the budget guard assumes 200000 otherwise)"),
-    "keepRecentTokens": SettingDoc(
-        meaning="Pi's cut-point budget (also read from Pi's own `compaction.keepRecentTokens`, below every om source)"),
-    "cutPointRules": SettingDoc(
-        meaning="Pi's compaction rules to simulate: `pi-1.6` (projection, Pi 1.6 estimate, decline cases) or "
-                "`legacy` (Pi before 1.6)"),
-    "clockBasis": SettingDoc(
-        meaning="observer and reflector clocks on the provider's usage growth (`usage`, SPEC §7), or `source` "
-                "tokens everywhere"),
-    "gapSafeCompaction": SettingDoc(meaning="simulated compactions keep no gap between memory and the kept tail"),
-    "gapSafeMaxContextShare": SettingDoc(meaning="the budget guard of a gap-safe compaction: the kept tail's "
-                                                 "largest share of the context window"),
-    "redactSecrets": SettingDoc(
-        meaning="redact secrets from prompts and the offline baseline's observations (compaction summaries are "
-                "always redacted)"),
-    "storePrompts": SettingDoc(
-        meaning="keep each model call's request and response text in the database (`llm_call_texts`, "
-                "`om logs --full`)"),
-    "requestTimeoutSeconds": SettingDoc(meaning="a model request's timeout"),
-    "modelConcurrency": SettingDoc(meaning="model calls in flight at once across a run"),
-    "breakerFailures": SettingDoc(
-        meaning="the run's breaker: after this many model calls in a row failed with a transient error (500s, "
-                "429s, timeouts; across stages, each retry counted, no success in between) no stage starts and "
-                "the run ends with one line naming the cause and exit 1; a rerun resumes. `0` never stops (each "
-                "stage is still retried 5 times)"),
-    "apiBase": SettingDoc(default="none", meaning="the base URL of an OpenAI-compatible server"),
-    "resultStorage": SettingDoc(
-        default="`<db>.stage-results/` next to the database",
-        meaning="where the pipeline keeps computed stage results (exactly-once): a folder, an fsspec URL "
-                "(`s3://…`), or a Prefect storage block slug (`s3-bucket/NAME`). A cluster needs one every "
-                "worker reaches"),
-    "agentClosingTurn": SettingDoc(
-        meaning="after a tool call accepted in full, ask the model once more (the extension's loop); off, a "
-                "clean receipt ends the stage in one call"),
-    "keepUncitedCritical": SettingDoc(
-        meaning="the dropper never drops a critical observation that no reflection cites (om's guard beyond "
-                "SPEC §8: proposing one gets a `kept` receipt line, no new turn); false: SPEC's rule alone"),
-    "observerToolMaxTokens": SettingDoc(
-        meaning="the observer reads a tool call's arguments, a tool result or a command's output longer than "
-                "this (Pi's estimate, 4 characters a token) as its head (60%) and tail, the cut marked with its "
-                "size; `0` shows them whole. Its view only: the stored entries, `om recall`, summaries and the "
-                "ledger keep everything (the default is measured: `bench/prompts.py`)"),
-    "reflectorBackoff": SettingDoc(
-        meaning="after a deliberate empty reflector result, wait for another `reflectAfterTokens` of source "
-                "before asking it again, as the observer always does (SPEC §9); off, the extension's behaviour: "
-                "it is asked again at each turn end while its clock is due and its input changed"),
-    "projects": SettingDoc(
-        default="none",
-        meaning="folder → project id (`{\"/src/monorepo/api\" = \"api\"}` in om.toml, JSON in `OM_PROJECTS`): a "
-                "session whose cwd (or work tree) is that folder or below belongs to that project, overriding "
-                "its repository"),
-    "projectReflectAfterTokens": SettingDoc(
-        meaning="the project stage runs (om run, om serve) when the project's sessions recorded this many tokens "
-                "of reflections and critical observations since it last read"),
-    "projectInputMaxTokens": SettingDoc(
-        meaning="new session memory one project stage reads at most (whole records; the rest waits for the next)"),
-    "projectMemoryInCompaction": SettingDoc(
-        meaning="add the project's memory (its newest reflections within the budget) to a session's first "
-                "compaction (`om compact`, `om export --compact`, the live compaction)"),
-    "projectMemoryMaxTokens": SettingDoc(meaning="the project reflections such a compaction adds, at most"),
-    "reflectionsPoolTargetTokens": SettingDoc(
-        meaning="the reflection dropper's target for the active reflections, measured on their rendered lines "
-                "`[id] content` (SPEC §13)"),
-    "workerMemoryMaxTokens": SettingDoc(
-        default="`contextWindow` / 4, else 16000",
-        meaning="the memory one observer, reflector or dropper request carries: observations at least half, "
-                "newest first for the observer and reflector, oldest first for the droppers (SPEC §13)"),
-    "compactionSummaryMaxTokens": SettingDoc(
-        default="`contextWindow` / 8, else 8000",
-        meaning="the rendered memory summary at most: newest records first, observations at least half (SPEC §13)"),
-    "prefectServerIdleSeconds": SettingDoc(
-        meaning="the local Prefect server an `om run` starts (when `PREFECT_API_URL` is unset) stays for the next "
-                "runs and stops after this many seconds without one; `om server status` / `om server stop` show "
-                "and end it; `0`: each run starts Prefect's temporary API and stops it"),
-    "recallEmbeddings": SettingDoc(
-        meaning="recall by query fuses local semantic similarity (the `embeddings` extra) with the keyword ranking"),
-}

@@ -177,6 +177,8 @@ def test_a_new_database_keeps_its_tables_in_om_internal_and_only_views_in_main(t
 
 # Columns migrations after 008 added (a database at 007 cannot hold them: they migrate as NULL).
 ADDED_AFTER_008 = {"observations": ["ts_repaired_from"], "drops": ["reason"]}
+# columns a later migration adds with a default: a file at 008 had none of them
+DEFAULTED_AFTER_013 = {"llm_calls": ["fallback"]}
 
 
 def forget_added_columns(db: Path) -> None:
@@ -245,7 +247,7 @@ def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, se
     answers = public_answers(current)
     before = schema(current)
     with dbmod.writing(current) as con:  # the file as om left it at 008
-        for table, columns in ADDED_AFTER_008.items():
+        for table, columns in {**ADDED_AFTER_008, **DEFAULTED_AFTER_013}.items():
             for column in columns:
                 con.execute(f"ALTER TABLE om_internal.{table} DROP COLUMN {column}")
         for table in TABLES_ADDED_AFTER_009:  # nor had it the tables of later migrations

@@ -39,11 +39,11 @@ def test_the_check_names_a_page_that_drifted(tmp_path):
 
 def test_a_setting_without_a_text_fails_the_generator(monkeypatch):
     from docs_gen.pages import settings_page
-    from om_core import settings
+    from docs_gen import setting_docs
 
-    docs = dict(settings.SETTING_DOCS)
+    docs = dict(setting_docs.SETTING_DOCS)
     del docs["passive"]
-    monkeypatch.setattr(settings, "SETTING_DOCS", docs)
+    monkeypatch.setattr(setting_docs, "SETTING_DOCS", docs)
     with pytest.raises(SystemExit, match="no text for passive"):
         settings_page()
 

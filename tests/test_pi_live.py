@@ -17,12 +17,14 @@ Pi's settings at each use, so a scenario changes them between compactions):
 - the README's `om serve` example with no om settings at all: om's memory reaches the agent; eight
   sessions compacting at once through it; an archived v1 file om maintained, opened (Pi migrates it)
   and compacted in Pi, answered from om's memory.
-Then Pi processes of their own: pi-observational-memory loaded too (Pi starts, one answers, said
-once), in either order, with om installed by `pi install ./deployments/pi`.
+Then Pi processes of their own: pi-observational-memory loaded too (Pi starts, one recall tool, the
+other's; om's compaction stands whenever the other gives none; said once), in either order, with om
+installed by `pi install ./deployments/pi`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -463,26 +465,51 @@ def test_an_archived_v1_file_om_maintained_is_answered_from_memory_in_pi(live):
 
 # ------------------------------------------------------------------ pi-observational-memory loaded too
 
+BESIDE = ("its recall tool and commands are the ones in this session; for compactions Pi keeps the answer of the one "
+          "loaded last that gives one, so om's stands whenever the other gives none")
 
-def _steps_aside_and_the_other_answers(pi: RpcPi, server: FakeOpenAI) -> None:
+
+def _recall_tools(server: FakeOpenAI) -> list[dict]:
+    """The recall tools Pi offered the model in its latest request."""
+    return [t["function"] for t in server.requests[-1].get("tools", []) if t["function"]["name"] == "recall"]
+
+
+def _beside_the_other(pi: RpcPi, server: FakeOpenAI) -> str:
+    """Pi starts with both loaded; om says once that the other's tool and commands are the ones; one
+    recall tool, the other's. The line."""
     first = pi.wait_for(lambda r: r.get("method") == "notify", timeout=120)["message"]
     assert first.startswith("om: another memory extension is loaded (a recall tool from ") and str(OTHER) in first
-    assert "steps aside in this session (no recall tool, no compaction hook)" in first
+    assert first.endswith(BESIDE), first
+    # then where om's memory is (`om live info`)
+    pi.wait_for(lambda r: r.get("method") == "notify" and re.match(r"om: (memory in|no om database at) ", r.get("message") or ""),
+                timeout=180)
     turn(pi, server)
+    [tool] = _recall_tools(server)  # one recall tool: Pi started, nothing conflicts
+    assert tool["description"] != "" and "12-character id" not in tool["description"]  # not om's
+    return first
+
+
+def _the_other_answers(pi: RpcPi, server: FakeOpenAI) -> None:
+    """No om memory for this session: the other's answer is written, and om says so once."""
+    first = _beside_the_other(pi, server)
     turn(pi, server)
     _, lines, entry = compact_now(pi)
-    notes = [n for n in pi.notes() if n.startswith("om:")]
-    assert lines == [] and notes == [first], notes  # said once; om neither answered nor declined
     assert "om.folded" not in json.dumps(entry.get("details"))
     if not REAL_OTHER:
         assert entry["fromHook"] is True and entry["summary"] == OTHER_SUMMARY
+        assert len(lines) == 1 and lines[0].startswith("om: no om database at "), lines
+        assert lines[0].endswith(f"; the other memory extension answered (a recall tool from {OTHER})"), lines
+    turn(pi, server)
+    _, again, _ = compact_now(pi)
+    assert again == [] and [n for n in pi.notes() if n.startswith("om: another")] == [first]  # each said once
 
 
 def test_both_extensions_loaded_pi_starts_and_one_answers(tmp_path):
     """om's extension installed the way Pi users install extensions (`pi install ./deployments/pi`), and
-    pi-observational-memory loaded too: Pi starts (no "Tool recall conflicts"), om steps aside in one
-    line, the other answers. Then with om loaded first by -e. Then om installed alone: it loads and
-    answers for itself (its line at session start)."""
+    pi-observational-memory loaded too: Pi starts (no "Tool recall conflicts"), one recall tool (the
+    other's), om says once what answers; with no om memory for the session the other's compaction is
+    written. Then with om loaded first by -e. Then om installed alone: it loads and answers for itself
+    (its line at session start)."""
     home, project = tmp_path / "home", tmp_path / "project"
     project.mkdir()
     with FakeOpenAI(default=Reply(text=NATIVE)) as server:
@@ -497,13 +524,67 @@ def test_both_extensions_loaded_pi_starts_and_one_answers(tmp_path):
         for extensions in ((OTHER,), (EXTENSION, OTHER)):  # installed + -e; then -e om first, -e the other
             pi = RpcPi(home, project, env, session_dir=tmp_path / "sessions", extensions=extensions)
             try:
-                _steps_aside_and_the_other_answers(pi, server)
+                _the_other_answers(pi, server)
             finally:
                 pi.close()
         alone = RpcPi(home, project, env, session_dir=tmp_path / "sessions", extensions=())
         try:
             line = alone.wait_for(lambda r: r.get("method") == "notify", timeout=120)["message"]
-            assert line.startswith("om: no om database at ") and "steps aside" not in line, line
+            assert line.startswith("om: no om database at ") and "another memory extension" not in line, line
             assert alone.call({"type": "get_state"})["success"]
         finally:
             alone.close()
+
+
+@pytest.mark.skipif(REAL_OTHER is not None, reason="the stand-in declines on demand; the real one by its own rules")
+def test_beside_the_other_oms_answer_stands_when_the_other_gives_none(prefect_api, tmp_path):
+    """A session om maintained, pi-observational-memory loaded too and declining (the real one finds no
+    ledger of its own in the file): in either load order, the compaction Pi writes is om's (its memory,
+    equal to `om compact` at Pi's cut), said in om's one line; one recall tool, the other's. Then,
+    the other answering and loaded after om, its answer is written, and om says so once."""
+    from builders import SessionBuilder
+    from conftest import workspace
+
+    from om_core.ingest import ingest
+
+    home, project = tmp_path / "home", tmp_path / "project"
+    project.mkdir()
+    db = (tmp_path / "om.duckdb").resolve()
+    with FakeOpenAI(default=Reply(text=NATIVE)) as server:
+        agent_dir(home, server.base_url, {"compaction": {"keepRecentTokens": 120},
+                                          "om": {"db": str(db), "timeoutMs": 60000, "infoTimeoutMs": 60000}})
+        env = os_env(PATH=f"{BIN}:{os.environ['PATH']}", PREFECT_API_URL=prefect_api)
+        for n, (extensions, declines) in enumerate((((OTHER, EXTENSION), True), ((EXTENSION, OTHER), True),
+                                                   ((EXTENSION, OTHER), False))):
+            sb = SessionBuilder(f"00000002-7ec4-4000-8000-00000000000{n}", cwd=str(project))
+            asked = sb.user("Where does the ledger service keep its schema? " + PROMPTS[0])
+            told = sb.assistant("In migrations/0001_init.sql; PostgreSQL 16 listens on port 5433.")
+            content = "The ledger schema lives in migrations/0001_init.sql; PostgreSQL 16 listens on port 5433."
+            sb.custom("om.observations.recorded", {"observations": [{
+                "id": hashlib.sha256(content.encode()).hexdigest()[:12], "content": content,
+                "timestamp": "2026-01-15 14:30", "relevance": "high", "sourceEntryIds": [asked, told],
+                "tokenCount": 20}], "coversUpToId": told})
+            path = sb.write(tmp_path / f"maintained-{n}.jsonl")
+            ingest(workspace(db), [path])
+            pi = RpcPi(home, project, {**env, **({"PI_OTHER_MEMORY_DECLINES": "1"} if declines else {})},
+                       session_file=path, extensions=extensions)
+            try:
+                first = _beside_the_other(pi, server)
+                turn(pi, server)
+                _, lines, entry = compact_now(pi)
+                if declines:
+                    assert len(lines) == 1 and re.fullmatch(ANSWERED + "the om command", lines[0]), lines
+                    assert entry["fromHook"] is True and entry["details"]["type"] == "om.folded"
+                    assert content in entry["summary"]
+                    expected = compact(Workspace.open(db, settings=Settings()), str(path), entry["firstKeptEntryId"],
+                                       entry["parentId"])
+                    assert entry["summary"] == expected.summary and entry["details"] == expected.details()
+                else:  # loaded after om, the other's answer replaces om's: said once
+                    assert entry["summary"] == OTHER_SUMMARY, entry
+                    assert lines == [f"om: the other memory extension answered (a recall tool from {OTHER}): it is loaded "
+                                     "after om, so its answer replaces om's whenever it gives one"], lines
+                    turn(pi, server)
+                    assert compact_now(pi)[1] == []
+                assert [x for x in pi.notes() if x.startswith("om: another")] == [first]
+            finally:
+                pi.close()

@@ -384,6 +384,9 @@ def test_on_the_examples_every_redaction_is_a_secret_and_every_secret_is_redacte
     assert len(redacted) == occurrences == 14
 
 
+USER_HEADER = re.compile(r"^\[([0-9a-f]{8}) User \d{2}:\d{2}\]", re.MULTILINE)
+
+
 class QuotingWorkers(ScriptedWorkers):
     """The fake model as the observer prompt asks it to be: every line of its chunk that holds a
     corpus identifier is copied into an observation exactly; other stages answer as ScriptedWorkers."""
@@ -398,9 +401,18 @@ class QuotingWorkers(ScriptedWorkers):
         if not quoted:
             return super()._first_turn(body)
         first, last = CHUNK.search(user).groups()
+        # a note of what the user wrote cites the user's message holding the line (the check refuses
+        # a "User …" note that cites no message of the user's)
         return tool_call("record_observations", {"observations": [
             {"timestamp": "2026-01-15 14:00", "content": f"User wrote: {line}", "relevance": "high",
-             "sourceEntryIds": [first, last]} for line in quoted]})
+             "sourceEntryIds": [self._user_entry(user, line) or first, last]} for line in quoted]})
+
+    @staticmethod
+    def _user_entry(user: str, line: str) -> str | None:
+        """The id of the user message the line is quoted from (the last user header before it)."""
+        task = user.find("## Task")  # the entries, not the memory (which may quote the line already)
+        headers = [m for m in USER_HEADER.finditer(user, task, user.find(line, task))]
+        return headers[-1].group(1) if headers else None
 
 
 def identifier_session() -> tuple[SessionBuilder, list[str]]:

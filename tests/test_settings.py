@@ -387,3 +387,21 @@ def test_every_setting_is_in_the_readme_settings_table():
     keys = {key for row in table.splitlines() if row.startswith("| `")
             for key in re.findall(r"`([A-Za-z]+)`", row.split("|")[1])}
     assert set(Settings.model_fields) - keys == set()
+
+
+def test_the_extensions_passive_switch_and_the_agent_side_settings(dirs):
+    """PI_OBSERVATIONAL_MEMORY_PASSIVE (the extension's switch) sets passive, below OM_PASSIVE; selfCompact,
+    warnAt and consolidateWhenIdle are off by default, and warnAt reads a list from text."""
+    home, project = dirs
+    s = load_settings(home=home, cwd=project, env={}).settings
+    assert (s.selfCompact, s.warnAt, s.consolidateWhenIdle) == (False, [], False)
+    resolved = load_settings(home=home, cwd=project, env={"PI_OBSERVATIONAL_MEMORY_PASSIVE": "1"})
+    assert resolved.settings.passive is True and resolved.sources["passive"] == "env PI_OBSERVATIONAL_MEMORY_PASSIVE"
+    assert load_settings(home=home, cwd=project, env={"PI_OBSERVATIONAL_MEMORY_PASSIVE": "1",
+                                                      "OM_PASSIVE": "false"}).settings.passive is False
+    env = {"OM_SELF_COMPACT": "true", "OM_WARN_AT": "0.6, 0.85", "OM_CONSOLIDATE_WHEN_IDLE": "1"}
+    s = load_settings(home=home, cwd=project, env=env).settings
+    assert (s.selfCompact, s.warnAt, s.consolidateWhenIdle) == (True, [0.6, 0.85], True)
+    assert load_settings(home=home, cwd=project, env={"OM_WARN_AT": "[50000]"}).settings.warnAt == [50000]
+    with pytest.raises(SettingsError, match="warnAt"):
+        load_settings(home=home, cwd=project, env={"OM_WARN_AT": "0.5,-1"})

@@ -238,7 +238,9 @@ def test_observer_input_shows_current_reflections_and_active_observations(server
         f"\n\n## Dropped since\n{o3['id']}\n\n## Task: observe")
     # the chunk starts after the observation watermark E2
     assert f"({E[3]} to {E[6]})" in sent
-    assert f"[{E[2]} " not in sent
+    assert f"[{E[2]} " not in sent.split("## New entries")[1]
+    # the entries before the chunk are shown as context, marked as already observed
+    assert f"## Context (before this chunk, already observed)\n=== 2026-01-15 ===\n\n[{E[1]} User 14:01]" in sent
 
 
 @pytest.mark.parametrize("cap, last", [(256, 3), (299, 3), (300, 4), (301, 4)])
@@ -344,7 +346,7 @@ def test_every_rejection_rule_and_its_receipt(server, tmp_path, db_path):
         item("A relevance that is not one.", [E[3]], rel="urgent"),            # 4 bad relevance
         item("No sources at all.", []),                                        # 5 empty sourceEntryIds
         {"timestamp": "2026-01-15 14:03", "content": "Sources missing.", "relevance": "low"},  # 6 missing
-        item("Cites an entry of an earlier chunk.", [E[1]]),                   # 7 outside the chunk
+        item("Cites an entry of the context.", [E[1]]),                        # 7 context: citable
         item("Cites an entry that does not exist.", [E[3], "feedbeef"]),       # 8 unknown id
         item(existing["content"], [E[3]]),                                     # 9 duplicate of a recorded id
         item(fresh, [E[3]]),                                                   # 10 recorded
@@ -353,7 +355,7 @@ def test_every_rejection_rule_and_its_receipt(server, tmp_path, db_path):
     ]
     server.add(tool_call("record_observations", {"observations": proposals}), text("Thanks."))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
-    assert (outcome.items, outcome.rejected, outcome.duplicates) == (2, 8, 2)
+    assert (outcome.items, outcome.rejected, outcome.duplicates) == (3, 7, 2)
 
     [receipt] = tool_messages(server, 1)
     lines = receipt.splitlines()
@@ -361,7 +363,7 @@ def test_every_rejection_rule_and_its_receipt(server, tmp_path, db_path):
     expect = {
         1: ("rejected", "not an object"), 2: ("rejected", "content"), 3: ("rejected", "timestamp"),
         4: ("rejected", "relevance"), 5: ("rejected", "sourceEntryIds"), 6: ("rejected", "sourceEntryIds"),
-        7: ("rejected", E[1]), 8: ("rejected", "feedbeef"), 9: ("duplicate", existing["id"]),
+        7: ("recorded", mid("Cites an entry of the context.")), 8: ("rejected", "feedbeef"), 9: ("duplicate", existing["id"]),
         10: ("recorded", mid(fresh)), 11: ("duplicate", mid(fresh)),
     }
     for n, (verdict, detail) in expect.items():
@@ -373,12 +375,12 @@ def test_every_rejection_rule_and_its_receipt(server, tmp_path, db_path):
 
     ledger_id = records(db_path)[-1][4]
     stored = observations_of(db_path, ledger_id)
-    assert [o["content"] for o in stored] == [fresh, truncated]
-    assert stored[1]["id"] == mid(truncated)
-    assert len(stored[1]["content"]) == 10_000 + len(TRUNCATION_MARKER)
-    assert stored[1]["tokenCount"] == pi_tokens(f"[{mid(truncated)}] 2026-01-15 14:02 [medium] {truncated}")
+    assert [o["content"] for o in stored] == ["Cites an entry of the context.", fresh, truncated]
+    assert stored[2]["id"] == mid(truncated)
+    assert len(stored[2]["content"]) == 10_000 + len(TRUNCATION_MARKER)
+    assert stored[2]["tokenCount"] == pi_tokens(f"[{mid(truncated)}] 2026-01-15 14:02 [medium] {truncated}")
     [stage] = stages(db_path)
-    assert (stage["outcome"], stage["items"], stage["rejected"]) == ("recorded", 2, 8)
+    assert (stage["outcome"], stage["items"], stage["rejected"]) == ("recorded", 3, 7)
 
 
 def test_malformed_json_and_wrong_shapes_get_receipts_and_the_loop_continues(server, tmp_path, db_path):
@@ -609,7 +611,9 @@ def test_reflector_input_shows_coverage_tiers(server, tmp_path, db_path):
         reflection("The user is exacting about the database.", "O1"), line("O4")])
         + f"\n\n## Dropped since\n{o['O5']['id']}\n\n## Task: reflect\n")
     assert sent.endswith(f"## Coverage\nstrong: {o['O1']['id']}\npartial: {o['O2']['id']}\n"
-                         "none: every other active observation")
+                         "none: every other active observation\n\n"
+                         # recorded after the last reflections: what the reflector has not seen yet
+                         f"## New since the last reflections\n{o['O4']['id']}")
     assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["record_observations", "record_reflections",
                                                                           "drop_observations"]
     assert len(records(db_path)) == 4  # an empty reflector run appends nothing
@@ -704,14 +708,20 @@ def test_dropper_input_and_maximum(server, tmp_path, db_path):
     reflector, dropper = reflect_now(Workspace.open(db_path, settings=settings), SID, None, config(server))
     assert (reflector.outcome, dropper.outcome) == ("recorded", "recorded")
     sent = prompt(server, 1)
-    assert "Active observations: 4 using 105 tokens; target 50 tokens. Drop at most 3, only what is safe." in sent
+    assert ("Active observations: 4 using 105 tokens; target 50 tokens, so 55 tokens to shed. Drop at most 3, "
+            "only what is safe. Guard: never dropped, as critical notes of the user's own words that no "
+            f"reflection cites: {made[3]['id']}.") in sent
     # the current time, and each active observation's age and coverage, oldest first
     assert "## Task: drop\nCurrent time: 2026-01-15 14:06." in sent
     assert f"[{made[0]['id']}] 2026-01-15 14:10 [low] Alpha note." in sent
     assert f"[{made[2]['id']}] 2026-01-15 14:12 [high] Gamma note." in sent
     # Alpha by the older reflection, Beta by the same run's one
-    assert sent.endswith(f"## Active observations: id, age, coverage\n{made[0]['id']} 0m partial\n"
-                         f"{made[1]['id']} 0m partial\n{made[2]['id']} 0m none\n{made[3]['id']} 0m none")
+    # (id, age in minutes, relevance, tokens, coverage, citing reflections)
+    older, fresh = mid("Reflection 0."), mid("A fresh durable conclusion.")
+    assert sent.endswith("## Active observations: id, age (minutes), relevance, tokens, coverage, citing "
+                         f"reflections\n{made[0]['id']} 0 low 10 partial {older}\n"
+                         f"{made[1]['id']} 0 medium 20 partial {fresh}\n{made[2]['id']} 0 high 30 none -\n"
+                         f"{made[3]['id']} 0 critical 45 none -")
     assert (f"[{mid('A fresh durable conclusion.')}] reflection: A fresh durable conclusion. "
             f"(supports: {made[1]['id']})") in sent
     # the dropper's request starts as the reflector's did: same head, the same memory, then its own task
@@ -1038,7 +1048,7 @@ def test_a_near_duplicate_of_an_active_observation_is_skipped_as_a_duplicate(ser
     append(db_path, OBS, {"observations": [earlier], "coversUpToId": E[2]}, E[2])
     one_word = item("User asked to run all unit tests before every commit to the main branch.", [E[3]])
     other_number = item("User asked for 3 retries on the upload step of the main branch.", [E[3]])
-    same_but_number = item("User asked for 5 retries on the upload step of the main branch.", [E[4]])
+    same_but_number = item("User asked for 5 retries on the upload step of the main branch.", [E[3]])  # the user's
     server.add(tool_call("record_observations", {"observations": [one_word, other_number, same_but_number]}))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
     assert len(server.requests) == 1  # a duplicate is no mistake to correct: the receipt is clean
@@ -1192,7 +1202,7 @@ def _row(obs_id: str, rec: int, place: int, tokens: float = 40, dropped_at: int 
 ])
 def test_the_workers_memory_keeps_dropped_lines_until_a_full_fold(pool_max, lines, dropped, later_lines,
                                                                   later_dropped):
-    from om_core.workers.inputs import laid_out_memory
+    from om_core.workers.memory_layout import laid_out_memory
 
     def ids(layout) -> list[str]:
         return [line.split("] ", 1)[0][1:] for line in layout.lines]

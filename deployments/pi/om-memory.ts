@@ -6,8 +6,12 @@
  *
  * - session_before_compact: om ingests the session file's new lines and answers with the compaction
  *   at Pi's own cut point (summary and om.folded details, what `om compact` gives on that file; Pi's
- *   customInstructions, from `/compact TEXT`, follow the memory). The answer is checked before Pi
- *   writes it (a non-empty summary, Pi's own firstKeptEntryId and tokensBefore, details an object).
+ *   customInstructions, from `/compact TEXT`, follow the memory). When om's observer is behind Pi's
+ *   cut, om catches up (within this hook's deadline) or keeps from the first message its memory does
+ *   not cover: its firstKeptEntryId is then an entry before Pi's cut, which Pi writes verbatim; om
+ *   declines when that would keep too much or free nothing (Pi's own summarizer runs). The answer is
+ *   checked before Pi writes it (a non-empty summary, a firstKeptEntryId at or before Pi's on the
+ *   branch, Pi's own tokensBefore, details an object).
  *   When om has no memory there, is not installed, fails, answers something else or does not answer
  *   within `timeoutMs`, the hook declines and Pi's own summarizer runs; one line says why.
  * - the `recall` tool: the exact evidence behind a memory id, answered by om (the extension's text);
@@ -15,13 +19,25 @@
  *   project), each with the id to recall next.
  * - commands: /om:status, /om:view [full|replayed], /om:recall ID|QUERY, /om:consolidate (the due
  *   stages now, with the configured model, even when passive); each answers in a notification.
+ * - with om's setting `selfCompact` on (om.toml, Pi's "observational-memory" settings, OM_SELF_COMPACT;
+ *   read at session start through `om live info`), the `compact_context` tool: the agent asks for a
+ *   compaction at a breakpoint it chooses, with a required resume note; once the agent settles Pi
+ *   compacts (through the hook above: om's memory, no model call), the call and its note stay in the
+ *   kept tail, and a short message starts the next turn pointing the agent at the note. `warnAt` rules
+ *   (a share of the window, at most 1, or tokens) ask the agent to compact as its context fills: one
+ *   message per rule crossed since the latest compaction, the last one firmer.
  * - with `tick` on, `om run FILE --no-drain` in the background when the agent settles (for teams
- *   without `om serve`); it never blocks a turn.
+ *   without `om serve`); it never blocks a turn. om's setting `passive` (or PI_OBSERVATIONAL_MEMORY_PASSIVE)
+ *   stops it (not the commands); with `consolidateWhenIdle` the agent starting a turn stops it (om run
+ *   resumes where it was at the next settle).
  * - at session start, one line names om's database and settings (`om live info`, with a deadline of
  *   its own, `infoTimeoutMs`).
  * - with pi-observational-memory also loaded (a `recall` tool of another extension's, or its
- *   /om:status command), this extension steps aside for the session in one line: no tool, no hook;
- *   the other answers compactions and recall.
+ *   /om:status command), its tool and commands are the only ones (om registers none), and om's
+ *   compaction hook stays: Pi keeps the answer of the extension loaded last that gives one, so om's
+ *   answer stands whenever the other gives none. One line at session start says so; each compaction's
+ *   line waits until Pi has written it, so it names the answer Pi kept (the first time the other's
+ *   answer replaces om's, one line says that instead).
  *
  * Where om's memory is: the database named in the "om" settings below, else OM_DB, else the
  * database of the endpoint that serves the session's folder (`om serve --live DIR`, `om live
@@ -72,13 +88,18 @@ type Options = {
 };
 type Announcement = { url: string; token: string; pid: number; db: string; sessions: string[]; started: number };
 type Ran = { code: number | null; stdout: string; stderr: string; why?: string };
-type Info = { db: string; db_source: string; db_exists: boolean; settings_files: string[]; endpoint: { url: string } | null };
+type Info = {
+	db: string; db_source: string; db_exists: boolean; settings_files: string[]; endpoint: { url: string } | null;
+	selfCompact: boolean; warnAt: number[]; // om's settings selfCompact and warnAt, as om resolves them here
+	passive: boolean; consolidateWhenIdle: boolean; // likewise (passive also from PI_OBSERVATIONAL_MEMORY_PASSIVE)
+};
 type Compaction = { summary: string; firstKeptEntryId: string; tokensBefore: number; details: Record<string, unknown> };
 type CompactAnswer =
-	| { compaction: Compaction; observations: number; reflections: number; via: string; after?: string }
+	| { compaction: Compaction; observations: number; reflections: number; via: string; after?: string; moved?: string }
 	| { declined: string }
 	| { why: string };
 type RecallResult = AgentToolResult<unknown>;
+type Heard = { line: string; level: "info" | "warning" } & ({ summary: string } | { why: string });
 type RecallAsk = { id: string } | { query: string };
 type CompactionOutcome = { compacted: boolean; fromExtension: boolean; aborted: boolean };
 type PendingCompaction = {
@@ -93,6 +114,9 @@ const DEFAULTS = { command: ["om"], timeoutMs: 5000, infoTimeoutMs: 15_000 };
 const TICK_TIMEOUT_MS = 30 * 60_000;
 const GRACE_MS = 10_000; // after SIGTERM, om run's time to stop its helpers before SIGKILL
 const FILE = "\u0000session-file"; // stands for the session's file in a command's arguments
+const SELF_COMPACT_TOOL = "compact_context";
+const SELF_COMPACT_RESUME = "om.self-compact.resume"; // the message after an agent-asked compaction
+const SELF_COMPACT_WARNING = "om.self-compact.warning"; // a warnAt rule's ask
 
 // ------------------------------------------------------------------ settings
 
@@ -342,8 +366,10 @@ function parseJson(text: string): unknown {
 // ------------------------------------------------------------------ answers, checked
 
 /** om's compaction answer, checked before Pi writes it: a non-empty summary and details that are an
- * object, for Pi's own cut (firstKeptEntryId and tokensBefore are Pi's, whatever om said). */
-function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: number, via: string): CompactAnswer {
+ * object, Pi's own tokensBefore, and a firstKeptEntryId that is Pi's cut or an entry of the branch before
+ * it (om keeps every message its memory does not cover yet: F moves back, never forward). Pi writes it
+ * verbatim. */
+function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: number, via: string, branch: string[]): CompactAnswer {
 	if (!isRecord(result)) return { why: `${via} answered no object` };
 	if (result.compaction === null || result.compaction === undefined) {
 		return typeof result.declined === "string" && result.declined ? { declined: result.declined } : { why: `${via} answered neither a compaction nor why not` };
@@ -351,13 +377,18 @@ function compactAnswer(result: unknown, firstKeptEntryId: string, tokensBefore: 
 	const c = result.compaction;
 	if (!isRecord(c)) return { why: `${via} answered a compaction that is no object` };
 	if (typeof c.summary !== "string" || !c.summary.trim()) return { why: `${via} answered an empty summary` };
-	if (c.firstKeptEntryId !== firstKeptEntryId) return { why: `${via} answered a compaction at ${JSON.stringify(c.firstKeptEntryId)}, not at Pi's cut ${firstKeptEntryId}` };
+	const kept = c.firstKeptEntryId;
+	const at = typeof kept === "string" ? branch.indexOf(kept) : -1;
+	if (kept !== firstKeptEntryId && (at < 0 || at > branch.indexOf(firstKeptEntryId))) {
+		return { why: `${via} answered a compaction at ${JSON.stringify(kept)}, not at Pi's cut ${firstKeptEntryId} or before it` };
+	}
 	if (typeof c.tokensBefore !== "number" || c.tokensBefore !== tokensBefore) return { why: `${via} answered tokensBefore ${JSON.stringify(c.tokensBefore)}, not Pi's ${tokensBefore}` };
 	if (!isRecord(c.details)) return { why: `${via} answered details that are no object` };
 	const count = (value: unknown) => (typeof value === "number" && Number.isFinite(value) ? value : 0);
+	const moved = kept !== firstKeptEntryId ? String(kept) : undefined;
 	return {
-		compaction: { summary: c.summary, firstKeptEntryId, tokensBefore, details: c.details },
-		observations: count(result.observations), reflections: count(result.reflections), via,
+		compaction: { summary: c.summary, firstKeptEntryId: String(kept), tokensBefore, details: c.details },
+		observations: count(result.observations), reflections: count(result.reflections), via, ...(moved ? { moved } : {}),
 	};
 }
 
@@ -419,10 +450,33 @@ export default function omMemory(pi: ExtensionAPI) {
 	let settle: ((outcome: CompactionOutcome) => void) | undefined;
 	let registered = false;
 	let own: string | undefined; // the file om's registrations come from (Pi's sourceInfo.path)
+	let beside: string | undefined; // another memory extension loaded too: what om found of it
+	let heard: Heard | undefined; // this compaction's line, beside another memory extension
+	let otherSaid = false; // the line that the other's answer was kept: once
 
 	const say = (ctx: ExtensionContext, text: string, level: "info" | "warning" = "info") => {
 		if (ctx.hasUI) ctx.ui.notify(text, level);
 		else console.error(text);
+	};
+
+	/** A compaction's line: at once when om is alone; beside another memory extension, once Pi has
+	 * written the compaction, to name the answer Pi kept (``om``: om's summary, or why om had none). */
+	const report = (ctx: ExtensionContext, line: string, level: "info" | "warning", om: { summary: string } | { why: string }) => {
+		if (beside) heard = { line, level, ...om };
+		else say(ctx, line, level);
+	};
+
+	/** Beside another memory extension: the line of the compaction Pi wrote. om's own line when Pi kept
+	 * om's answer or wrote its own summary; the first time Pi kept the other's, one line says so. */
+	const reportWritten = (ctx: ExtensionContext, written: { summary?: unknown } | undefined, fromExtension: boolean) => {
+		const got = heard;
+		heard = undefined;
+		if (!beside || !got) return;
+		if (!fromExtension || ("summary" in got && written?.summary === got.summary)) return say(ctx, got.line, got.level);
+		if (otherSaid) return;
+		otherSaid = true;
+		say(ctx, "why" in got ? `${got.why}; the other memory extension answered (${beside})`
+			: `om: the other memory extension answered (${beside}): it is loaded after om, so its answer replaces om's whenever it gives one`);
 	};
 
 	const describe = (o: Options, ctx: ExtensionContext): Promise<Info | string> => {
@@ -435,6 +489,9 @@ export default function omMemory(pi: ExtensionAPI) {
 				db: found.db, db_source: String(found.db_source ?? ""), db_exists: found.db_exists !== false,
 				settings_files: Array.isArray(found.settings_files) ? found.settings_files.map(String) : [],
 				endpoint: isRecord(found.endpoint) && typeof found.endpoint.url === "string" ? { url: found.endpoint.url } : null,
+				selfCompact: found.self_compact === true,
+				passive: found.passive === true, consolidateWhenIdle: found.consolidate_when_idle === true,
+				warnAt: Array.isArray(found.warn_at) ? found.warn_at.filter((v): v is number => typeof v === "number" && Number.isFinite(v) && v > 0) : [],
 			};
 			return known;
 		});
@@ -454,6 +511,8 @@ export default function omMemory(pi: ExtensionAPI) {
 		const deadline = Date.now() + o.timeoutMs;
 		const leaf = event.branchEntries.at(-1)?.id ?? ctx.sessionManager.getLeafId() ?? "";
 		const { firstKeptEntryId, tokensBefore } = event.preparation;
+		const branch = event.branchEntries.map((e) => e.id);
+		const reason = typeof event.reason === "string" ? event.reason : undefined;
 		const instructions = event.customInstructions?.trim() ? event.customInstructions : undefined;
 		const endpoint = findEndpoint(o.db, file);
 		const missing = missingDatabase(o, endpoint);
@@ -463,9 +522,10 @@ export default function omMemory(pi: ExtensionAPI) {
 			const got = await post(endpoint, "compact", {
 				session_file: file, leaf, first_kept_entry_id: firstKeptEntryId, tokens_before: tokensBefore,
 				cwd: ctx.cwd, project_settings: o.trusted, ...(instructions ? { custom_instructions: instructions } : {}),
+				...(reason ? { reason } : {}), deadline_seconds: Math.max(0.1, (deadline - Date.now()) / 1000),
 			}, deadline - Date.now(), event.signal);
 			if ("result" in got) {
-				const checked = compactAnswer(got.result, firstKeptEntryId, tokensBefore, "the endpoint");
+				const checked = compactAnswer(got.result, firstKeptEntryId, tokensBefore, "the endpoint", branch);
 				if (!("why" in checked)) return checked;
 				tried = checked.why;
 			} else {
@@ -477,11 +537,12 @@ export default function omMemory(pi: ExtensionAPI) {
 		const wait = Math.min(2, o.timeoutMs / 3000).toFixed(1);
 		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db,
 			["live", "compact", file, "--leaf", leaf, "--first-kept", firstKeptEntryId, "--tokens-before", String(tokensBefore),
-				...(instructions ? ["--instructions", instructions] : []), "--wait", wait, "--json"],
+				...(instructions ? ["--instructions", instructions] : []), ...(reason ? ["--reason", reason] : []),
+				"--deadline", Math.max(0.1, (deadline - Date.now()) / 1000).toFixed(1), "--wait", wait, "--json"],
 			Math.max(1, deadline - Date.now()), { signal: event.signal, boundMs: o.timeoutMs });
 		const then = tried ? ` (before it, ${tried})` : "";
 		if (r.code !== 0 || r.why) return { why: `${failure(r)}${then}` };
-		const checked = compactAnswer(parseJson(r.stdout), firstKeptEntryId, tokensBefore, "the om command");
+		const checked = compactAnswer(parseJson(r.stdout), firstKeptEntryId, tokensBefore, "the om command", branch);
 		if ("why" in checked) return { why: `om: ${checked.why}${then}` };
 		return "compaction" in checked && tried ? { ...checked, after: tried } : checked;
 	}
@@ -600,31 +661,43 @@ export default function omMemory(pi: ExtensionAPI) {
 			pending = { state: "pending", sessionFile: file, firstKeptEntryId: event.preparation.firstKeptEntryId, reason: event.reason, done };
 			pi.events.emit("om:compaction", pending);
 			if (!file) {
-				say(ctx, "om: this session has no file; Pi's own summarizer runs");
+				report(ctx, "om: this session has no file; Pi's own summarizer runs", "info", { why: "om: this session has no file" });
 				return undefined;
 			}
 			const started = performance.now();
 			const got = await compactWithOm(event, ctx, o, file);
 			const ms = Math.round(performance.now() - started);
 			if ("why" in got) {
-				say(ctx, `${got.why}; Pi's own summarizer runs`, "warning");
+				report(ctx, `${got.why}; Pi's own summarizer runs`, "warning", { why: got.why });
 				return undefined;
 			}
 			if ("declined" in got) {
-				say(ctx, `om: ${got.declined}; Pi's own summarizer runs`);
+				report(ctx, `om: ${got.declined}; Pi's own summarizer runs`, "info", { why: `om: ${got.declined}` });
 				return undefined;
 			}
 			const after = got.after ? ` (before it, ${got.after})` : "";
-			say(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}`);
+			const kept = got.moved ? `; kept from ${got.moved}, before Pi's cut, so no message is lost` : "";
+			report(ctx, `om: compacted from memory (${got.observations} observations, ${got.reflections} reflections) in ${ms} ms, from ${got.via}${after}${kept}`, "info", { summary: got.compaction.summary });
 			return { compaction: got.compaction };
 		});
 
-		pi.on("session_compact", async (event) => finished({ compacted: true, fromExtension: event.fromExtension, aborted: false }));
-		pi.on("session_compact_failed", async (event) => finished({ compacted: false, fromExtension: event.fromExtension, aborted: event.aborted }));
+		pi.on("session_compact", async (event, ctx) => {
+			reportWritten(ctx, event.compactionEntry, event.fromExtension);
+			finished({ compacted: true, fromExtension: event.fromExtension, aborted: false });
+		});
+		pi.on("session_compact_failed", async (event, ctx) => {
+			reportWritten(ctx, undefined, false);
+			finished({ compacted: false, fromExtension: event.fromExtension, aborted: event.aborted });
+		});
 		pi.events.on("om:compaction:query", (data) => {
 			if (isRecord(data) && typeof data.reply === "function") data.reply(pending);
 		});
 
+		if (!beside) registerAgentSide();
+	}
+
+	/** The recall tool and the commands: not beside another memory extension, whose own are the ones. */
+	function registerAgentSide(): void {
 		pi.registerTool({
 			name: "recall",
 			label: "Recall memory evidence",
@@ -659,11 +732,117 @@ export default function omMemory(pi: ExtensionAPI) {
 		});
 
 		registerCommands();
+	}
+
+	// ---------------------------------------------------------------- compact_context and warnAt
+	// The agent compacts at a breakpoint it chooses: the tool only records the request (and ends the
+	// run); the compaction starts once the agent settles, so it never cuts a turn in half, and goes
+	// through Pi's own path, hence through om's hook. The note is an argument of the call, so it is in
+	// the kept tail (the newest entries) and needs no copy; only a failure repeats it.
+
+	let selfCompactOn = false;
+	let selfCompactAsked: { resume: string } | undefined;
+	let selfCompacting = false;
+	let warnedLevel = 0; // warnAt rules already asked about since the latest compaction
+
+	function resumeMessage(resume: string, failure?: string): void {
+		const content = failure
+			? `The compaction you asked for did not happen (${failure}). Carry on from your resume note:\n\n${resume}`
+			: `Your context was compacted into memory. Your ${SELF_COMPACT_TOOL} call just above holds your resume note: carry on from it.`;
+		pi.sendMessage({ customType: SELF_COMPACT_RESUME, content, display: true }, { triggerTurn: true, deliverAs: "followUp" });
+	}
+
+	function registerSelfCompact(): void {
+		if (selfCompactOn) return;
+		if (pi.getAllTools().some((t) => t.name === SELF_COMPACT_TOOL)) return; // another extension's: it answers
+		selfCompactOn = true;
+		pi.registerTool({
+			name: SELF_COMPACT_TOOL,
+			label: "Compact context",
+			description: "Compact the conversation into memory now, at a clean breakpoint of your choosing; the latest turns " +
+				"stay word for word. Give a resume note: the task in hand and the next step. Ends this run; the compaction " +
+				"follows and a message then brings you back to the note.",
+			promptSnippet: "Use compact_context(resume) at a clean breakpoint when the context is filling up.",
+			promptGuidelines: [
+				"Call compact_context between steps (not in the middle of an edit), with a resume note that says what you are doing and what comes next.",
+			],
+			parameters: Type.Object({
+				resume: Type.String({ minLength: 1, maxLength: 8000, description: "The task in hand and the next step, kept in context after the compaction." }),
+			}, { additionalProperties: false }),
+			async execute(_toolCallId, params): Promise<AgentToolResult<unknown>> {
+				const resume = typeof params.resume === "string" ? params.resume.trim() : "";
+				if (!resume) {
+					return { content: [{ type: "text", text: "compact_context needs a resume note: the task in hand and the next step." }], details: { scheduled: false } };
+				}
+				const scheduled = selfCompactAsked === undefined && !selfCompacting;
+				if (scheduled) selfCompactAsked = { resume };
+				return {
+					content: [{ type: "text", text: scheduled ? "Compaction scheduled: it runs when this run ends." : "A compaction is already scheduled." }],
+					details: { scheduled }, terminate: true,
+				};
+			},
+		});
+
+		pi.on("agent_settled", async (_event, ctx) => {
+			const asked = selfCompactAsked;
+			if (!asked) return;
+			selfCompactAsked = undefined;
+			selfCompacting = true;
+			const done = (failure?: string) => {
+				selfCompacting = false;
+				resumeMessage(asked.resume, failure);
+			};
+			try {
+				ctx.compact({ onComplete: () => done(), onError: (error) => done(error.message) });
+			} catch (error) {
+				done(error instanceof Error ? error.message : String(error));
+			}
+		});
+
+		pi.on("turn_end", async (event, ctx) => {
+			const rules = known?.warnAt ?? [];
+			if (!rules.length || selfCompactAsked || selfCompacting) return;
+			const usage = ctx.getContextUsage();
+			if (!usage || usage.tokens === null || usage.tokens === undefined) return;
+			const tokens = usage.tokens;
+			const window = usage.contextWindow;
+			// a share of an unknown window never fires
+			const thresholds = rules.map((r) => (r <= 1 ? (window > 0 ? r * window : Infinity) : r)).sort((a, b) => a - b);
+			const level = thresholds.filter((t) => tokens >= t).length;
+			if (level <= warnedLevel) return;
+			warnedLevel = level;
+			const used = window > 0 ? `${Math.round((tokens / window) * 100)}% of the context window (${tokens} of ${window} tokens)` : `${tokens} tokens of context`;
+			const ask = level === thresholds.length ? "Call compact_context before you start anything new."
+				: "Call compact_context at the next clean breakpoint.";
+			// a turn with no tool results ends the run: the ask then waits for the next prompt
+			pi.sendMessage({ customType: SELF_COMPACT_WARNING, content: `You have used ${used}. ${ask}`, display: true, details: { level } },
+				{ deliverAs: event.toolResults.length > 0 ? "steer" : "nextTurn" });
+		});
+
+		pi.on("session_compact", async () => {
+			warnedLevel = 0;
+		});
+	}
+
+	/** The background tick, its pause while the agent works (consolidateWhenIdle) and its stop at shutdown. */
+	function registerTick(): void {
+		let paused = false; // the tick was stopped because the agent started a turn
+
+		pi.on("agent_start", async () => {
+			if (!tick || !known?.consolidateWhenIdle) return;
+			paused = true;
+			await stopChild(tick, GRACE_MS);
+		});
 
 		pi.on("agent_settled", async (_event, ctx) => {
 			const o = readOptions(ctx);
 			const file = ctx.sessionManager.getSessionFile();
 			if (!o.enabled || !o.tick || !file || tick) return; // one tick at a time; the next settle catches up
+			if (known?.passive) {
+				if (ctx.hasUI) ctx.ui.setStatus("om", "om: passive: no background memory work (/om:consolidate runs it)");
+				return;
+			}
+			paused = false;
 			if (ctx.hasUI) ctx.ui.setStatus("om", "om: updating memory…");
 			void runOm(o, ctx.cwd, o.db ?? findEndpoint(undefined, file)?.db, ["run", file, "--no-drain", "--json"], TICK_TIMEOUT_MS,
 				{ started: (child) => (tick = child), graceMs: GRACE_MS })
@@ -674,6 +853,8 @@ export default function omMemory(pi: ExtensionAPI) {
 					const s = isRecord(run) && Array.isArray(run.sessions) && isRecord(run.sessions[0]) ? run.sessions[0] : undefined;
 					if (r.code === 0 || s) line = s ? `om: memory +${s.observations} observations, +${s.reflections} reflections` : "om: memory up to date";
 					if (s && typeof s.error === "string" && s.error) line = `om: memory update failed: ${s.error}`;
+					if (paused) line = "om: memory update paused while the agent works; the next settle resumes it";
+					paused = false;
 					if (ctx.hasUI) ctx.ui.setStatus("om", line);
 				});
 		});
@@ -685,23 +866,25 @@ export default function omMemory(pi: ExtensionAPI) {
 	}
 
 	pi.on("session_start", async (_event, ctx) => {
-		const other = otherMemory(pi, own);
-		if (other) {
-			say(ctx, `om: another memory extension is loaded (${other}); om's extension steps aside in this session (no recall tool, no compaction hook): it answers`);
-			return;
-		}
 		if (!registered) {
+			beside = otherMemory(pi, own);
 			register(); // once per load: a session_start of a new, resumed or forked session too
-			own = pi.getAllTools().find((t) => t.name === "recall")?.sourceInfo.path;
+			registerTick();
+			own = pi.getAllTools().find((t) => t.name === "recall" && !beside)?.sourceInfo.path;
 		}
 		registered = true;
 		const o = readOptions(ctx);
 		if (!o.enabled) return;
+		if (beside) {
+			say(ctx, `om: another memory extension is loaded (${beside}): its recall tool and commands are the ones in this session; ` +
+				"for compactions Pi keeps the answer of the one loaded last that gives one, so om's stands whenever the other gives none");
+		}
 		void describe(o, ctx).then((found) => {
 			if (typeof found === "string") return say(ctx, `om: ${found}; compactions use Pi's own summarizer`, "warning");
 			if (!found.db_exists && !found.endpoint) {
 				return say(ctx, `om: no om database at ${found.db} (${found.db_source}); compactions use Pi's own summarizer until om serve or om ingest makes one`, "warning");
 			}
+			if (found.selfCompact && !beside) registerSelfCompact();
 			const settings = found.settings_files.length ? found.settings_files.join(", ") : "defaults";
 			const how = found.endpoint ? `answers from the endpoint ${found.endpoint.url}` : "answers through the om command (start `om live endpoint` for faster answers)";
 			say(ctx, `om: memory in ${found.db} (${found.db_source}), settings: ${settings}; ${how}${o.tick ? "; background tick on" : ""}`);

@@ -143,7 +143,7 @@ def model_config(settings: Settings, model: str | None, api_base: str | None, as
     from om_core.workers.stages import ModelConfig  # the workers' modules: only for commands that run them
 
     config = ModelConfig.from_settings(settings, model, api_base, **run)
-    config.preflight()
+    config.preflight(settings)
     if announce and not as_json:
         announce_model(config)
     return config

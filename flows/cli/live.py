@@ -71,7 +71,7 @@ def info(
                                            "file: the endpoint serving its folder names it when --db and OM_DB "
                                            "do not."),
     as_json: bool = typer.Option(False, "--json", help='Print {"db", "db_source", "db_exists", "settings_files", '
-                                 '"observations_pool_max_tokens", "endpoint", "extension", "package"}.'),
+                                 '"observations_pool_max_tokens", "self_compact", "warn_at", "passive", "consolidate_when_idle", "endpoint", "extension", "package"}.'),
 ) -> None:
     """Which database and settings om uses here (as every om command resolves them; for --session, the
     database of the endpoint serving that session's folder), whether an endpoint serves that database,
@@ -85,6 +85,8 @@ def info(
                     if not src.startswith(("env ", "flag", "default"))})
     answer = {"db": str(db), "db_source": source, "db_exists": db.exists(), "settings_files": files,
               "observations_pool_max_tokens": resolved.settings.observationsPoolMaxTokens,
+              "self_compact": resolved.settings.selfCompact, "warn_at": resolved.settings.warnAt,
+              "passive": resolved.settings.passive, "consolidate_when_idle": resolved.settings.consolidateWhenIdle,
               "endpoint": {"url": found["url"], "pid": found["pid"]} if found else None,
               "extension": str(EXTENSION), "package": str(PACKAGE)}
     if as_json:
@@ -117,18 +119,24 @@ def compact(
                                       "as given)."),
     instructions: Optional[str] = typer.Option(None, "--instructions", metavar="TEXT", help="Pi's customInstructions "
                                                "(`/compact TEXT`): added to the summary after the memory."),
+    reason: Optional[str] = typer.Option(None, "--reason", metavar="REASON", help="Pi's reason: manual, threshold or "
+                                         "overflow (a recovery: om never keeps more than Pi's cut then)."),
+    deadline: Optional[float] = typer.Option(None, "--deadline", min=0.1, metavar="SECONDS", help="How long the hook "
+                                             "waits for the answer: a catch-up of the observer stops before it."),
     wait: float = WaitOpt,
     as_json: bool = typer.Option(False, "--json", help='Print {"session_id", "leaf", "compaction": {"summary", '
                                  '"firstKeptEntryId", "tokensBefore", "details"} or null, "declined", …}.'),
 ) -> None:
-    """Ingest the file's new lines, then the compaction Pi's session_before_compact gets: the memory
-    folded at Pi's cut point (what `om compact FILE --first-kept F --leaf LEAF` gives on that file), or
-    why there is none (then Pi's own summarizer runs)."""
+    """Ingest the file's new lines, then the compaction Pi's session_before_compact gets, gap-free: when
+    the observer is behind Pi's cut, up to compactionCatchUpMaxChunks observer chunks first; then the
+    memory folded at the first entry no observation covers (Pi's cut when none; what `om compact FILE
+    --gap-safe --first-kept F --leaf LEAF` gives on that file), or why there is none (then Pi's own
+    summarizer runs)."""
     from om_core.pi.live import CompactRequest, compact_live
 
     answer = compact_live(_live_workspace(wait, session_file), CompactRequest(
         session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before,
-        custom_instructions=instructions))
+        custom_instructions=instructions, reason=reason, deadline_seconds=deadline))
     if as_json:
         print_json(answer.model_dump(mode="json"))
     elif answer.compaction is None:

@@ -85,8 +85,9 @@ def compact(
     leaf: Optional[str] = typer.Option(None, "--leaf", help="Compact as of this entry (default: current leaf)."),
     pool_max: Optional[int] = typer.Option(None, "--pool-max", min=1, help="observationsPoolMaxTokens (default: the "
                                            "setting, 20000 unless configured)."),
-    gap_safe: bool = typer.Option(False, "--gap-safe", help="Move F back so no raw message falls in the gap "
-                                  "(neither summarized nor kept); reports how much the kept tail grew."),
+    gap_safe: bool = typer.Option(False, "--gap-safe", help="The live hook's gap-free compaction: F moved back to "
+                                  "the first entry no observation covers (no raw message lost), or declined when "
+                                  "that keeps over compactionMaxRetainedTokens or frees nothing."),
     replayed: bool = typer.Option(False, "--replayed", help="The replayed world: the replay's simulated "
                                   "compactions count too (what the extension would have folded had it lived "
                                   "the session), like `om view --replayed`."),
@@ -102,7 +103,7 @@ def compact(
     """
     from om_core.store.catalog import cut_point
     from om_core.pi.cutpoint import DEFAULT_RULES
-    from om_core.memory.gaps import gap_safe_at
+    from om_core.memory.gap_free_compaction import gap_free_compaction
     from om_core.memory.compaction import compact as run_compact
     from om_core.memory.fold import session_offline
 
@@ -116,19 +117,28 @@ def compact(
             err.print(f"no --first-kept: using Pi's cut point, first kept entry {cut.firstKeptEntryId} (position "
                       f"{cut.firstKeptPosition} on the branch, keepRecentTokens {settings.keepRecentTokens})",
                       highlight=False)
-    boundary = None
-    if gap_safe:
-        boundary = gap_safe_at(ws, session, first_kept, leaf)
-        first_kept = boundary.first_kept
     pool = pool_max if pool_max is not None else settings.observationsPoolMaxTokens
-    result = run_compact(ws, session, first_kept, leaf, pool, replayed=replayed)
-    if as_json:
-        print_json({**result.as_json(), **({"cut_point": cut.as_json()} if cut else {}),
-                    **({"gap_safe": boundary.as_json()} if boundary else {})})
-        return
-    if boundary is not None:
-        err.print(f"gap-safe first kept entry: {boundary.first_kept} (plain {boundary.plain_first_kept}; the kept "
-                  f"tail grew by {boundary.kept_tail_growth_tokens} tokens)" + (f"; {boundary.guard}" if boundary.guard else ""))
+    if gap_safe:  # the live hook's compaction (SPEC §13): F moved back, or declined to Pi's summary
+        done = gap_free_compaction(workspace({"observationsPoolMaxTokens": pool}), session, first_kept, leaf,
+                                   replayed=replayed)
+        why = done.why(settings.retained_max_tokens)
+        if as_json:
+            print_json({**(done.result.as_json() if done.result is not None else {"summary": None}),
+                        **({"cut_point": cut.as_json()} if cut else {}), "gap_free": done.as_json(),
+                        **({"declined_why": why} if why else {})})
+            return
+        if done.result is None:
+            err.print(f"declined: {why}; Pi's native summarizer would run instead")
+            return
+        if done.decision.moved:
+            err.print(f"gap-free first kept entry: {done.first_kept} (Pi's {done.proposed_first_kept}; "
+                      f"{done.decision.retained_tokens} tokens retained, {done.decision.freed_tokens} freed)")
+        result = done.result
+    else:
+        result = run_compact(ws, session, first_kept, leaf, pool, replayed=replayed)
+        if as_json:
+            print_json({**result.as_json(), **({"cut_point": cut.as_json()} if cut else {})})
+            return
     if replayed:
         err.print("replayed: the replay's simulated compactions count (what the extension would have folded "
                   "had it lived the session, not what the session file holds)")

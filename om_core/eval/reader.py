@@ -176,6 +176,7 @@ class CallLog:
             "error": pa.array([r.error for r in rows], pa.string()),
             "attempt": pa.array([r.attempt for r in rows], pa.int32()),
             "started_at": pa.array([r.started_at for r in rows], pa.timestamp("us", tz="UTC")),
+            "fallback": pa.array([r.fallback for r in rows], pa.bool_()),
         })
         texts = [r for r in rows if r.request is not None]  # kept when storePrompts is on (om logs --full)
         with db.write() as con:

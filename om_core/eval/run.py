@@ -368,7 +368,8 @@ class _Run:
         if "om" in self.o.conditions:
             models.append(self.o.model)
         for name in dict.fromkeys(models):
-            ModelConfig(model=name, api_base=self.o.api_base, api_key=self.o.api_key).preflight()
+            ModelConfig(model=name, api_base=self.o.api_base, api_key=self.o.api_key).preflight(
+                self.settings if name == self.o.model else None)
 
     def _config(self, condition: str) -> dict[str, Any]:
         config: dict[str, Any] = {"reader": self.o.reader}

@@ -137,6 +137,11 @@ class DeclineReason(StrEnum):
 
     EMPTY_PROJECTION = "empty-projection"  # no record covered before F (SPEC §5)
     NOTHING_FITS = "nothing-fits"  # records exist, none fits compactionSummaryMaxTokens (SPEC §13)
+    # gap-free compaction's declines (SPEC §13, om_core.memory.gap_free)
+    NO_COVERAGE = "no-coverage"  # no observation covers anything before F: nothing to fold
+    OVER_BUDGET = "over-budget"  # kept tail plus summary over compactionMaxRetainedTokens
+    NOTHING_FREED = "nothing-freed"  # F moved back to where the context already starts
+    OVERFLOW_RECOVERY = "overflow-recovery"  # Pi compacts to recover from a context overflow: it must free
 
 
 class CompactionResult(BaseModel):

@@ -101,6 +101,7 @@ class CallRecord:
     # the run that made the call: a stage result computed by an interrupted run and recorded by the run
     # that resumed it still counts the call under the run that paid for it
     run_id: str | None = None
+    fallback: bool = False  # made by the fallbackModel after the stage's own model failed (SPEC §13)
 
 
 class ChatModel(Protocol):

@@ -12,14 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from om_core.memory.fold import DeclineReason
 from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
-from om_core.memory.compaction import DeclineReason, compact
+from om_core.store import db as dbmod
 from om_core.recall.evidence import recall
 from om_core.recall.tool import tool_result
 from om_core.redaction.redact import redact
@@ -42,6 +44,8 @@ class CompactRequest(BaseModel):
     custom_instructions: str | None = Field(default=None, max_length=20_000)
     cwd: str | None = None
     project_settings: bool = True
+    reason: str | None = None  # Pi's: manual, threshold or overflow (a recovery: retention must not hold it back)
+    deadline_seconds: float | None = Field(default=None, gt=0)  # how long the hook waits: the catch-up stops before
 
 
 class RecallRequest(BaseModel):
@@ -74,6 +78,20 @@ class LiveCompaction(BaseModel):
     observations: int = 0
     reflections: int = 0
     entries_added: int = 0  # what this request ingested
+    moved_from: str | None = None  # Pi's F, when om keeps from further back (SPEC §13: no raw message lost)
+    catch_up: CatchUp | None = None  # the observer chunks run before answering, when it was behind Pi's F
+
+
+class CatchUp(BaseModel):
+    """The catch-up a live compaction ran (SPEC §13): chunks recorded, and how it ended."""
+
+    chunks: int = 0
+    ended: Literal["caught_up", "chunk_limit", "empty", "failed", "time_limit"] = "caught_up"
+    error: str | None = None
+    model: str | None = None
+
+
+LiveCompaction.model_rebuild()
 
 
 def warm() -> None:
@@ -81,6 +99,9 @@ def warm() -> None:
     rules of the summary's redaction: about a second): a long-running endpoint pays it at its start."""
     count_tokens(["warm up"])
     redact("warm up")
+    # a compaction's catch-up runs the observer (SPEC §13): its modules are loaded now, not in Pi's wait
+    import om_core.replay.stage_runner  # noqa: F401
+    import om_core.workers.offline  # noqa: F401
 
 
 @contextmanager
@@ -100,24 +121,83 @@ def _with_file(ws: Workspace, session_file: str, command: str) -> Iterator[tuple
         yield here, done.session_id, done.entries_added
 
 
+def _catch_up(here: Workspace, session_id: str, leaf: str, first_kept: str, deadline: float) -> CatchUp | None:
+    """Observer chunks from the watermark up to Pi's F, at most compactionCatchUpMaxChunks, each appended
+    like any stage, before ``deadline`` (time.monotonic()); None when the observer is not behind F (no
+    model is asked then). A chunk that records nothing, fails or runs out of time ends it."""
+    from om_core.memory.gap_free_compaction import observer_behind
+
+    settings = here.settings
+    if not observer_behind(here, session_id, leaf, first_kept, settings.compactionCatchUpMaxChunks):
+        return None
+    # the workers' modules only when a catch-up runs: the model-free answer imports none of them
+    from om_core.model.client import RetryPolicy
+    from om_core.replay.stage_runner import StageRunner
+    from om_core.workers.stage_kinds import StageRequest
+    from om_core.workers.stages import ModelConfig, RunGuards, make_brain, read_session_model
+
+    with here.read() as con:
+        session_model = read_session_model(con, session_id)
+        position = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": leaf,
+                                                              "entry_id": first_kept})
+    report = CatchUp()
+    for _ in range(settings.compactionCatchUpMaxChunks):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            report.ended = "time_limit"
+            return report
+        # one attempt, bounded by what is left: a model that hangs ends the catch-up, never the hook
+        config = ModelConfig.from_settings(settings, retry=RetryPolicy(attempts=1)).model_copy(
+            update={"timeout": min(settings.requestTimeoutSeconds, remaining)})
+        guards = RunGuards()
+        runner = StageRunner(here, make_brain(config, settings, guards, session_model=session_model), guards=guards)
+        outcome = runner(StageRequest(session_id, leaf, "observer", chunk_until=position - 1))
+        report.model = outcome.model
+        if outcome.outcome == "failed":
+            report.ended = "time_limit" if time.monotonic() >= deadline else "failed"
+            report.error = outcome.error
+            return report
+        if outcome.outcome != "recorded":
+            report.ended = "empty" if outcome.outcome == "empty" else "caught_up"
+            return report
+        report.chunks += 1
+        if not observer_behind(here, session_id, leaf, first_kept, 1):
+            return report
+    report.ended = "chunk_limit"
+    return report
+
+
 def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
-    """Ingest the file's new lines, then fold its memory at Pi's cut point on the branch ending at
-    ``req.leaf`` (``om compact FILE --first-kept F --leaf LEAF`` on the same file)."""
+    """Ingest the file's new lines, then the gap-free compaction at Pi's cut point on the branch ending at
+    ``req.leaf`` (SPEC §13): a catch-up when the observer is behind Pi's F, then F moved back to the
+    first unobserved entry, or declined (then Pi's own summary runs). What `om compact --gap-safe
+    --first-kept F --leaf LEAF` gives on the same file and ledger."""
+    from om_core.memory.gap_free_compaction import gap_free_compaction
+
+    started = time.monotonic()
     with _with_file(ws, req.session_file, "live compact") as (here, session_id, added):
         with here.read() as con:
             resolve_tip(con, session_id, req.leaf)  # the leaf must be in the file: a clear error if not
-        result = compact(here, session_id, req.first_kept_entry_id, req.leaf, instructions=req.custom_instructions)
-    answer = LiveCompaction(session_id=session_id, leaf=req.leaf, entries_added=added,
-                            observations=len(result.observationIds), reflections=len(result.reflectionIds),
-                            left_out=result.leftOutObservations + result.leftOutReflections)
-    if result.summary is None:
-        answer.declined_reason = result.declined
+        settings = here.settings
+        limit = settings.compactionCatchUpSeconds
+        if req.deadline_seconds is not None:  # leave the hook time to answer after the catch-up
+            limit = min(limit, req.deadline_seconds * 0.5)
+        catch_up = _catch_up(here, session_id, req.leaf, req.first_kept_entry_id, started + limit)
+        done = gap_free_compaction(here, session_id, req.first_kept_entry_id, req.leaf,
+                                   overflow=req.reason == "overflow", instructions=req.custom_instructions)
+    answer = LiveCompaction(session_id=session_id, leaf=req.leaf, entries_added=added, catch_up=catch_up)
+    if done.result is not None:
+        answer.observations, answer.reflections = len(done.result.observationIds), len(done.result.reflectionIds)
+        answer.left_out = done.result.leftOutObservations + done.result.leftOutReflections
+    if done.declined is not None:
+        answer.declined_reason = done.declined
         answer.declined = (f"no memory before entry {req.first_kept_entry_id} of this session yet"
-                           if result.declined is DeclineReason.EMPTY_PROJECTION else
-                           f"no memory record fits compactionSummaryMaxTokens {result.summaryMaxTokens}")
+                           if done.declined is DeclineReason.EMPTY_PROJECTION else done.why(settings.retained_max_tokens))
         return answer
-    answer.compaction = {"summary": result.summary, "firstKeptEntryId": req.first_kept_entry_id,
-                         "tokensBefore": req.tokens_before, "details": result.details()}
+    if done.decision.moved:
+        answer.moved_from = req.first_kept_entry_id
+    answer.compaction = {"summary": done.summary, "firstKeptEntryId": done.first_kept,
+                         "tokensBefore": req.tokens_before, "details": done.result.details()}
     return answer
 
 

@@ -288,7 +288,7 @@ class BranchReplayer:
             self._changed(t)
             if t not in self.simulated_at:
                 bisect.insort(self.simulated_at, t)
-            self.simulated_kept[t] = result.gap_safe.first_kept if result.gap_safe else result.first_kept
+            self.simulated_kept[t] = result.kept_first or result.first_kept
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
                        "stage": "compaction", "outcome": "native_fallback" if result.native_fallback else "folded"})
 

@@ -32,6 +32,7 @@ from om_core.replay.stage_runner import BudgetReached, Compute, RunGuards, RunSt
 from om_core.settings import Settings
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import Brain
+from om_core.workers.stages import RoutedBrain, read_session_model
 from om_core.store.workspace import Workspace
 
 
@@ -79,6 +80,9 @@ def replay_payload(payload: SessionPayload, settings: Settings, brain: Brain, re
     an unexpected failure."""
     session_id = payload.session_id
     ws = payload_workspace(payload, settings)
+    if isinstance(brain, RoutedBrain):  # its stages' models follow the session's own model (SPEC §13)
+        with ws.read() as con:
+            brain.bind(read_session_model(con, session_id))
     runner = StageRunner(ws, brain, results, run_id, compute, guards)
     result = ReplayResult(session_id, run_id, ReplayedRows(session_id, run_id))
     try:

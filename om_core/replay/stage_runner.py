@@ -26,7 +26,7 @@ from om_core.errors import storage_error
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
 from om_core.workers.stages import BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards, \
-    RunStopped, compute_stage, make_brain, prepare_stage, record_stage
+    RunStopped, compute_stage, make_brain, prepare_stage, record_stage, stage_model
 
 __all__ = ["BudgetReached", "RunGuards", "RunStopped", "StageResults", "StageRunner", "TableStageResults",
            "observe_now", "reflect_now"]
@@ -116,7 +116,7 @@ class StageRunner:
         self.check()
         started = datetime.now(timezone.utc)
         with self.ws.read() as con:
-            prepared, outcome = prepare_stage(con, req, self.ws.settings, self.brain.name)
+            prepared, outcome = prepare_stage(con, req, self.ws.settings, stage_model(self.brain, req.stage))
         if prepared is None:
             return outcome  # nothing to do: no input, already appended, or a deliberate empty result before
         computed = self.results.get(prepared)

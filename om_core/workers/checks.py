@@ -30,11 +30,20 @@ COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
 # shown to the minute; a model that rounds up, or stamps the question a cited answer replies to, is
 # no wrong clock). A time further out is replaced by the first cited entry's time.
 EVENT_TIME_TOLERANCE = timedelta(minutes=5)
-# A note is a near-duplicate of an active one when their normalised words are at least this similar
-# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9) and they name
-# the same numbers, identifiers, memory ids and negations (``PostgreSQL 15`` is no duplicate of
-# ``PostgreSQL 16``, nor ``must not`` of ``must``).
+# A note nearly repeats an active one when their normalised words are at least this similar
+# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). Its numbers
+# and identifiers (paths, versions, names with digits, memory ids) must be the same: ``PostgreSQL 15``
+# and ``16``, ``Step 1`` and ``Step 2``, ``a.py`` and ``b.py`` are other facts, recorded (a number alone
+# cannot tell a changed value from another step or item: counted as changes, the generated test
+# sessions' "Step 0 …" and "Step 1 …" notes were refused). Then a near copy that names the same states (negations and
+# ``STATE_WORDS``) is a duplicate, skipped; one that changes a state (``must`` to ``must not``,
+# ``passes`` to ``fails``, ``chat`` to ``pending``) is refused until it names the note it replaces,
+# "(supersedes [id])", or is reworded as a fact of its own.
 NEAR_DUPLICATE_RATIO = 0.9
+# A short note (under ten words, where one changed word already falls under the ratio) is a near
+# copy that changes a state, too, when its other words are the same, in the same order, and there
+# are at least this many of them.
+SAME_SENTENCE_MIN_WORDS = 5
 
 TokenCounter = Callable[[str], int]
 
@@ -88,6 +97,17 @@ def event_time(proposed: str, cited_times: list[str]) -> str:
 _WORDS = re.compile(r"[\w./:@#+-]+")
 _NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "without", "cannot", "can't", "don't", "doesn't",
                         "didn't", "isn't", "aren't", "wasn't", "won't", "shouldn't", "mustn't", "neither", "nor"})
+# Words that name a state: a near copy of a note that swaps one of them for another (or drops it)
+# records a change, not a repeat.
+STATE_WORDS = frozenset({
+    "pass", "passes", "passed", "passing", "fail", "fails", "failed", "failing", "failure", "failures",
+    "open", "opened", "closed", "fixed", "unfixed", "broken", "works", "working", "done", "pending", "finished",
+    "unfinished", "started", "stopped", "running", "enabled", "disabled", "added", "removed", "deleted", "kept",
+    "accepted", "rejected", "approved", "declined", "merged", "reverted", "committed", "uncommitted", "pushed",
+    "true", "false", "succeeded", "successful", "blocked", "unblocked", "resolved", "unresolved", "valid",
+    "invalid", "present", "missing", "installed", "uninstalled", "allowed", "forbidden", "required", "optional",
+    "green", "red", "active", "inactive", "available", "unavailable",
+})
 
 
 def normalised_words(content: str) -> tuple[str, ...]:
@@ -96,39 +116,74 @@ def normalised_words(content: str) -> tuple[str, ...]:
 
 
 def _marks(words: tuple[str, ...]) -> frozenset[str]:
-    """What must be equal for two notes to be duplicates: numbers, identifiers, negations."""
-    return frozenset(w for w in words if w in _NEGATIONS or any(c.isdigit() or c in "./:@#_+" for c in w))
+    """What must be equal for two notes to be duplicates: numbers, identifiers, negations, states."""
+    return frozenset(w for w in words
+                     if w in _NEGATIONS or w in STATE_WORDS or any(c.isdigit() or c in "./:@#_+" for c in w))
+
+
+def _values(marks: frozenset[str]) -> frozenset[str]:
+    """The numbers and identifiers among a note's marks: a near copy that changes one is another fact."""
+    return frozenset(w for w in marks if w not in _NEGATIONS and w not in STATE_WORDS)
+
+
+@dataclass(frozen=True)
+class NearMatch:
+    """An earlier note a new one nearly repeats: ``changed`` when the new one changes a state of it."""
+
+    note_id: str
+    content: str
+    changed: bool
 
 
 class NearDuplicates:
     """Finds an earlier note a new one nearly repeats (``NEAR_DUPLICATE_RATIO``)."""
 
     def __init__(self, notes: Iterable[tuple[str, str]] = ()) -> None:
-        self._notes: list[tuple[str, tuple[str, ...], frozenset[str]]] = []
+        self._notes: list[tuple[str, str, tuple[str, ...], frozenset[str]]] = []
+        self._sentences: dict[tuple[str, ...], tuple[str, str, frozenset[str]]] = {}  # words but the marks -> note
         for note_id, content in notes:
             self.add(note_id, content)
 
     def add(self, note_id: str, content: str) -> None:
         words = normalised_words(content)
-        self._notes.append((note_id, words, _marks(words)))
+        marks = _marks(words)
+        self._notes.append((note_id, content, words, marks))
+        rest = tuple(w for w in words if w not in marks)
+        if len(rest) >= SAME_SENTENCE_MIN_WORDS:
+            self._sentences.setdefault(rest, (note_id, content, marks))
 
-    def of(self, content: str) -> str | None:
-        """The id of the note ``content`` nearly repeats, or None."""
+    def match(self, content: str) -> NearMatch | None:
+        """The earlier note ``content`` nearly repeats (a repeat before a change of state), or None."""
         words = normalised_words(content)
         if not words:
             return None
         marks = _marks(words)
+        values = _values(marks)
         matcher = SequenceMatcher(autojunk=False)
         matcher.set_seq2(words)
-        for note_id, other, other_marks in self._notes:
+        change = None
+        for note_id, text, other, other_marks in self._notes:
             size = len(other) + len(words)
-            if other_marks != marks or 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
-                continue  # different numbers or names, or too different in length to reach the ratio
+            if 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
+                continue  # too different in length to reach the ratio
+            if other_marks != marks and _values(other_marks) != values:
+                continue  # other numbers or identifiers: another fact
             matcher.set_seq1(other)
             if matcher.real_quick_ratio() >= NEAR_DUPLICATE_RATIO and matcher.quick_ratio() >= NEAR_DUPLICATE_RATIO \
                     and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
-                return note_id
-        return None
+                if other_marks == marks:
+                    return NearMatch(note_id, text, False)
+                change = change or NearMatch(note_id, text, True)
+        if change is None:
+            same = self._sentences.get(tuple(w for w in words if w not in marks))
+            if same is not None and same[2] != marks and _values(same[2]) == values:
+                change = NearMatch(same[0], same[1], True)
+        return change
+
+    def of(self, content: str) -> str | None:
+        """The id of the note ``content`` nearly repeats (no change of state), or None."""
+        found = self.match(content)
+        return found.note_id if found is not None and not found.changed else None
 
 
 def _id_list(value: Any) -> list[str] | None:
@@ -225,12 +280,33 @@ def _references(content: str, known: set[str]) -> list[str]:
     return named
 
 
+# The fixed grammar by which a note attributes something to the user: its content starts with the
+# word "User" or "The user" (any case; "User asked …", "The user's goal is …"). Such a note must
+# cite an entry in the user's own words (``USER_ROLES``). Notes of the agent's start otherwise
+# ("Agent proposed …", "Agent claimed …").
+_USER_SUBJECT = re.compile(r"^\W*(?:the\s+)?user\b", re.IGNORECASE)
+# Entry roles in the user's own words: a message, and a command the user ran (``!cmd``).
+USER_ROLES = frozenset({"user", "bashExecution"})
+
+
+def attributes_to_user(content: str) -> bool:
+    """Whether a note says what the user said, asked, decided or required (``_USER_SUBJECT``)."""
+    return _USER_SUBJECT.match(content) is not None
+
+
+def _quoted(content: str, limit: int = 200) -> str:
+    return content if len(content) <= limit else content[: limit - 1] + "…"
+
+
 @dataclass
 class ObservationCheck(_ItemCheck):
-    """The observer's items. ``chunk_times``: the chunk's entry ids with their times (``YYYY-MM-DD
-    HH:MM``, '' when unknown), in chunk order; ``known_ids``: every observation recorded on the branch
-    (dropped ones too); ``active``: the active observations, whose near-duplicates are skipped;
-    ``memory_ids``: the ids a note may name (observations recorded on the branch, current reflections)."""
+    """The observer's items. ``chunk_times``: the entry ids a note may cite with their times
+    (``YYYY-MM-DD HH:MM``, '' when unknown), in branch order: the context shown before the chunk, then
+    the chunk; ``user_ids``: those of them in the user's own words (``USER_ROLES``), which a note
+    attributing something to the user must cite; ``known_ids``: every observation recorded on the
+    branch (dropped ones too); ``active``: the active observations, whose near-duplicates are skipped
+    (and whose changes of state must name them); ``memory_ids``: the ids a note may name
+    (observations recorded on the branch, current reflections)."""
 
     tool: ClassVar[str] = "record_observations"
     key: ClassVar[str] = "observations"
@@ -238,6 +314,7 @@ class ObservationCheck(_ItemCheck):
     known_ids: set[str]  # recorded before (dropped ones too)
     active: list[Observation] = field(default_factory=list)
     memory_ids: set[str] = field(default_factory=set)
+    user_ids: frozenset[str] | None = None  # None: roles unknown, attribution unchecked
     repaired: int = 0  # times outside the cited entries', replaced (EVENT_TIME_TOLERANCE)
 
     def __post_init__(self) -> None:
@@ -261,16 +338,25 @@ class ObservationCheck(_ItemCheck):
                             "entries, and name an earlier note the new one replaces in its content, as "
                             "(supersedes [id])")
         sources = _cited_ids(item, "sourceEntryIds", "entry ids", self.chunk_ids,
-                             "sourceEntryIds {} are not entries of this chunk")
-        _references(content, self.memory_ids | self.known_ids)
+                             "sourceEntryIds {} are not entries of this chunk or its context")
+        # a note may name one recorded earlier in this stage, as the state-change receipt asks
+        named = _references(content, self.memory_ids | self.known_ids | {a.id for a in self.accepted})
         obs_id = memory_id(content)
         if self._seen(obs_id, self.known_ids):
             return f"duplicate [{obs_id}]: already recorded, skipped"
-        earlier = self._similar.of(content)
-        if earlier is not None:
+        near = self._similar.match(content)
+        if near is not None and not near.changed:
             self.duplicates += 1
-            return f"duplicate [{obs_id}]: nearly the same as [{earlier}], skipped"
-        cited = [self.chunk_times[i] for i in self.chunk_times if i in set(sources)]  # in chunk order
+            return f"duplicate [{obs_id}]: nearly the same as [{near.note_id}], skipped"
+        if self.user_ids is not None and attributes_to_user(content) and not set(sources) & self.user_ids:
+            raise _Rejected("the note says what the user said, asked, decided or required, but cites no message of "
+                            "the user's: cite the user's own message, or write what the agent proposed or claimed "
+                            "as \"Agent proposed …\" / \"Agent claimed …\"")
+        if near is not None and near.note_id not in named:
+            raise _Rejected(f"nearly the same as [{near.note_id}] \"{_quoted(near.content)}\" but with a changed "
+                            f"state: if it replaces that note, name it with (supersedes [{near.note_id}]); if it "
+                            "is another fact, reword it to say so")
+        cited = [self.chunk_times[i] for i in self.chunk_times if i in set(sources)]  # in branch order
         timestamp = event_time(proposed, cited)
         notes = {}
         if timestamp != proposed:
@@ -301,14 +387,18 @@ class ReflectionCheck(_ItemCheck):
         content = _content(item, single_line=True)
         support = _cited_ids(item, "supportingObservationIds", "observation ids", self.active_ids,
                              "{} are not active observations")
-        _references(content, self.existing_ids | self.active_ids)
+        named = _references(content, self.existing_ids | self.active_ids | {a.id for a in self.accepted})
         refl_id = memory_id(content)
         if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
-        earlier = self._similar.of(content)
-        if earlier is not None:
+        near = self._similar.match(content)
+        if near is not None and not near.changed:
             self.duplicates += 1
-            return f"duplicate [{refl_id}]: nearly the same as reflection [{earlier}], skipped"
+            return f"duplicate [{refl_id}]: nearly the same as reflection [{near.note_id}], skipped"
+        if near is not None and near.note_id not in named:
+            raise _Rejected(f"nearly the same as reflection [{near.note_id}] \"{_quoted(near.content)}\" but with a "
+                            f"changed state: if it replaces that reflection, name it with (supersedes "
+                            f"[{near.note_id}]); if it is another conclusion, reword it to say so")
         self.accepted.append(Reflection(id=refl_id, content=content, supportingObservationIds=support,
                                         tokenCount=self.count_tokens(content)))
         self._similar.add(refl_id, content)
@@ -322,7 +412,10 @@ MAX_REASON_CHARS = 1_000
 class DropCheck:
     """Collects proposed ids; the final choice keeps at most ``max_drops``, safest first.
     ``keep_uncited_critical`` (om's guard beyond SPEC §8, on by default): a critical observation that
-    no reflection cites is never dropped; proposing it is no mistake to correct, so it gets no new turn."""
+    no reflection cites is never dropped when it is one of ``guarded_ids`` (None: every one is);
+    proposing it is no mistake to correct, so it gets no new turn. The stage passes the ones that cite
+    the user's own words, newest first, up to a bound (``om_core.workers.guard.guarded_critical``): an
+    observer that marks the agent's work critical, or marks everything critical, cannot pin the pool."""
 
     tool: ClassVar[str] = "drop_observations"
     duplicates: ClassVar[int] = 0  # an id proposed again is no new proposal, nor a rejection
@@ -330,6 +423,7 @@ class DropCheck:
     max_drops: int
     order: dict[str, int]  # obs id -> age order (smaller = older)
     keep_uncited_critical: bool = True
+    guarded_ids: frozenset[str] | None = None
     proposed: list[str] = field(default_factory=list)
     ignored: int = 0
     malformed: int = 0
@@ -343,7 +437,8 @@ class DropCheck:
 
     def guarded(self, obs_id: str) -> bool:
         covered = self.active[obs_id]
-        return self.keep_uncited_critical and covered.coverage == "none" and covered.observation.relevance == "critical"
+        return (self.keep_uncited_critical and covered.coverage == "none" and covered.observation.relevance == "critical"
+                and (self.guarded_ids is None or obs_id in self.guarded_ids))
 
     def submit(self, args: Any) -> str:
         if not isinstance(args, dict) or not isinstance(args.get("ids"), list):

@@ -19,8 +19,10 @@ from om_core.ledger.records import Observation, Reflection
 from om_core.store import db as dbmod
 from om_core.memory.fold import (CoveredObservation, active_memory, ledger_rows, observation_from_row,
                                  reflection_from_row)
-from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER, age, reflection_memory_line
-from om_core.memory.render import observation_line
+from om_core.workers.checks import USER_ROLES
+from om_core.workers.guard import guarded_critical
+from om_core.workers.memory_layout import MemoryBudget, MemoryLayout, laid_out_memory
+from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER
 from om_core.pi.session import loads_line
 from om_core.settings import Settings
 from om_core.recall.source_text import entry_text, minute, role_label
@@ -59,6 +61,12 @@ class SourceEntry:
         message = self.obj.get("message")
         return message if isinstance(message, dict) else {}
 
+
+# The observer's context: this many source entries before its chunk, each shown as at most
+# CONTEXT_MAX_CHARS (a head…tail excerpt): enough to read a reply that opens the chunk with what it
+# answers, and cite it, without resending a long proposal whole.
+CONTEXT_ENTRIES = 3
+CONTEXT_MAX_CHARS = 1_200
 
 HEAD_SHARE = 0.6  # of a cut text: its head (the command, the file's start) and tail (the result, the summary)
 
@@ -111,96 +119,6 @@ def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:24]
 
 
-def memory_line(row: dict[str, Any]) -> str:
-    """One memory item as workers read it: an observation's rendered line, or
-    ``[id] reflection: … (supports: …)``."""
-    if row["item_kind"] == "observation":
-        return observation_line(row["id"], row["ts"], row["relevance"], row["content"])
-    return reflection_memory_line(row["id"], row["content"], list(row["supporting_observation_ids"]))
-
-
-@dataclass
-class MemoryLayout:
-    """The memory as the workers read it: ``lines`` in ledger order, and ``dropped``, the ids of the
-    records among them dropped since the lines were laid out (listed after them)."""
-
-    lines: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """What a worker request's memory may hold (``workerMemoryMaxTokens``, SPEC §13): observations at
-    least half, reflections the rest, each side reclaiming what the other leaves; ``newest_first``
-    for the observer and the reflector, the oldest records for the droppers (pruning old records is
-    their job). ``count`` measures a line in the settings' counter."""
-
-    max_tokens: int
-    newest_first: bool
-    count: Callable[[str], int]
-
-    @classmethod
-    def of(cls, settings: Settings, newest_first: bool) -> MemoryBudget:
-        from om_core.pi.tokens import count_text_tokens
-        from om_core.workers.checks import pi_token_counter
-
-        return cls(settings.worker_memory_max_tokens, newest_first,
-                   pi_token_counter if settings.tokenCounter == "pi" else count_text_tokens)
-
-    def apply(self, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The records of ``shown`` (in layout order) that fit, in the same order."""
-        from om_core.memory.compaction import select_newest_first
-
-        costs = [self.count(memory_line(r)) + 1 for r in shown]
-        if sum(costs) <= self.max_tokens:
-            return shown
-        obs = [i for i, r in enumerate(shown) if r["item_kind"] == "observation"]
-        refl = [i for i, r in enumerate(shown) if r["item_kind"] != "observation"]
-        if not self.newest_first:  # the selection takes the tail of each list: give it the oldest there
-            obs, refl = obs[::-1], refl[::-1]
-        kept_obs, kept_refl = select_newest_first([costs[i] for i in obs], [costs[i] for i in refl], self.max_tokens)
-        keep = {obs[i] for i in kept_obs} | {refl[i] for i in kept_refl}
-        return [r for i, r in enumerate(shown) if i in keep]
-
-
-def laid_out_memory(rows: list[dict[str, Any]], full_fold_tokens: int,
-                    budget: MemoryBudget | None = None) -> MemoryLayout:
-    """Current reflections and observations in ledger order (the order they were first recorded),
-    laid out so that between two stages the memory only grows at its end: a provider cache serves the
-    earlier prompt as a prefix. A drop does not cut its line out of the middle; the id is listed
-    after the memory instead, until the lines shown reach ``full_fold_tokens`` of observations
-    (``observationsPoolMaxTokens``, the pool pressure at which a compaction's full fold applies drops,
-    SPEC §4): then the memory is laid out anew without them. Walked in record order, so the layout
-    is a function of the branch's ledger alone (``rows``: ``ledger_at``'s, dropped ones included)."""
-    events: list[tuple[int, int, int, dict[str, Any]]] = []  # (record order, 0 item | 1 drop, place, row)
-    for r in rows:
-        never_shown = r["dropped"] and r["dropped_at"] < r["rec_order"]  # tombstoned before it was recorded
-        if never_shown:
-            continue
-        events.append((r["rec_order"], 0, r["fold_order"], r))
-        if r["dropped"]:
-            events.append((r["dropped_at"], 1, r["fold_order"], r))
-    events.sort(key=lambda e: e[:3])
-    shown: dict[str, dict[str, Any]] = {}
-    pending: list[dict[str, Any]] = []  # observation and reflection drops (SPEC §13) alike
-    tokens = 0.0
-    for _, drop, _, r in events:
-        if drop:
-            pending.append(r)
-        else:
-            shown[r["id"] + r["item_kind"]] = r
-            if r["item_kind"] == "observation":
-                tokens += r["token_count"]
-        if pending and tokens >= full_fold_tokens:  # a full fold: the memory is laid out anew
-            for gone in pending:
-                shown.pop(gone["id"] + gone["item_kind"])
-                if gone["item_kind"] == "observation":
-                    tokens -= gone["token_count"]
-            pending = []
-    kept = list(shown.values()) if budget is None else budget.apply(list(shown.values()))
-    return MemoryLayout([memory_line(r) for r in kept], [r["id"] for r in pending])
-
-
 @dataclass
 class MemoryLines:
     reflections: list[Reflection]
@@ -227,6 +145,7 @@ class ObserverInput:
     cap_tokens: int
     known_observation_ids: set[str]
     tool_max_tokens: int = 0  # observerToolMaxTokens (0: tool parts are shown whole)
+    context: list[SourceEntry] = field(default_factory=list)  # CONTEXT_ENTRIES before the chunk, already observed
 
     @property
     def first_id(self) -> str:
@@ -244,6 +163,27 @@ class ObserverInput:
     def chunk_times(self) -> dict[str, str]:
         """Each chunk entry's time (``YYYY-MM-DD HH:MM``, '' when unknown), in chunk order."""
         return {e.entry_id: e.timestamp for e in self.chunk}
+
+    @property
+    def citable_times(self) -> dict[str, str]:
+        """The entries a note may cite, with their times, in branch order: the context, then the chunk."""
+        return {e.entry_id: e.timestamp for e in [*self.context, *self.chunk]}
+
+    @property
+    def user_entry_ids(self) -> frozenset[str]:
+        """The citable entries in the user's own words (a message, a command the user ran)."""
+        return frozenset(e.entry_id for e in [*self.context, *self.chunk] if e.role in USER_ROLES)
+
+    def render_context(self, clean: Callable[[str], str] | None = None) -> str:
+        """The context entries as the observer reads them ('' when there are none), each cut to
+        ``CONTEXT_MAX_CHARS``."""
+        parts, day = [], None
+        for entry in self.context:
+            if entry.timestamp and entry.timestamp[:10] != day:
+                day = entry.timestamp[:10]
+                parts.append(DAY_LINE.format(day=day))
+            parts.append(render_entry(entry, CONTEXT_MAX_CHARS, clean, CONTEXT_MAX_CHARS)[0])
+        return "\n\n".join(parts)
 
     def render(self, clean: Callable[[str], str] | None = None) -> tuple[str, bool]:
         """The chunk as the observer reads it, and whether an entry had to be excerpted."""
@@ -322,6 +262,11 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
     cursor.fetchall()  # release the result before the next statement
     if not chunk:
         return None
+    context = [SourceEntry(entry_id=row["entry_id"], position=row["position"], entry_type=row["entry_type"],
+                           role=row["role"], timestamp=minute(row["ts"]), tokens=int(row["tokens_pi"] or 0),
+                           obj=loads_line(row["raw"]))
+               for row in dbmod.rows_as_dicts(con.execute(query("observer_context"), {
+                   "session_id": session_id, "tip": tip, "at": start, "n": CONTEXT_ENTRIES}))]
     state = ledger_rows(con, session_id, tip)
     memory = active_memory(state)
     known = {r["id"] for r in state if r["item_kind"] == "observation"}  # dropped ones too
@@ -333,6 +278,7 @@ def observer_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, se
         cap_tokens=cap,
         known_observation_ids=known,
         tool_max_tokens=settings.observerToolMaxTokens,
+        context=context,
     )
 
 
@@ -344,18 +290,31 @@ def coverage_tiers(covered: list[CoveredObservation]) -> dict[str, list[str]]:
     return tiers
 
 
-def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, full_fold_tokens: int,
-                         budget: MemoryBudget | None = None,
-                         ) -> tuple[list[Reflection], list[CoveredObservation], MemoryLayout, set[str]]:
-    """Current reflections, active observations with their coverage tiers, the memory as the
-    workers read it (``laid_out_memory``), and the tombstoned reflection ids (SPEC §13), from one query."""
+@dataclass
+class CoveredMemory:
+    """Current reflections, active observations with their coverage tiers, the memory as the workers
+    read it (``laid_out_memory``), the active observations recorded after the last reflections
+    (None: no reflections recorded yet) and the tombstoned reflection ids (SPEC §13)."""
+
+    reflections: list[Reflection]
+    covered: list[CoveredObservation]
+    layout: MemoryLayout
+    new_since_reflections: list[str] | None
+    tombstoned: set[str]
+
+
+def memory_with_coverage(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                         full_fold_tokens: int, budget: MemoryBudget | None = None) -> CoveredMemory:
+    """What the reflector and the dropper read, from one query."""
     rows = dbmod.rows_as_dicts(con.execute(query("ledger_coverage"), {"session_id": session_id, "tip": tip}))
     reflections = [reflection_from_row(r) for r in rows if r["item_kind"] == "reflection" and not r["dropped"]]
     tombstoned = {r["id"] for r in rows if r["item_kind"] == "reflection" and r["dropped"]}
+    active = [r for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
     covered = [CoveredObservation(observation=observation_from_row(r), citingReflections=r["citing_reflections"],
-                                  coverage=r["coverage"])
-               for r in rows if r["item_kind"] == "observation" and not r["dropped"]]
-    return reflections, covered, laid_out_memory(rows, full_fold_tokens, budget), tombstoned
+                                  coverage=r["coverage"]) for r in active]
+    last = max((r["rec_order"] for r in rows if r["item_kind"] == "reflection"), default=None)
+    new = None if last is None else [r["id"] for r in active if r["rec_order"] > last]
+    return CoveredMemory(reflections, covered, laid_out_memory(rows, full_fold_tokens, budget), new, tombstoned)
 
 
 class _CoveredPool:
@@ -379,6 +338,7 @@ class ReflectorInput(_CoveredPool):
     covered: list[CoveredObservation]
     observation_watermark: str  # the record's coversUpToId
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
+    new_ids: list[str] | None = None  # active observations recorded after the last reflections (None: none yet)
     dropped_reflection_ids: set[str] = field(default_factory=set)  # tombstoned: duplicates, never recorded again
 
     @property
@@ -401,9 +361,10 @@ def reflector_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
     watermark = _observation_watermark(con, session_id, tip)
     if watermark is None:
         return None
-    reflections, covered, memory, tombstoned = memory_with_coverage(
-        con, session_id, tip, settings.observationsPoolMaxTokens, MemoryBudget.of(settings, newest_first=True))
-    return ReflectorInput(session_id, tip, reflections, covered, watermark, memory, tombstoned)
+    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
+                               MemoryBudget.of(settings, newest_first=True))
+    return ReflectorInput(session_id, tip, got.reflections, got.covered, watermark, got.layout,
+                          got.new_since_reflections, got.tombstoned)
 
 
 @dataclass
@@ -418,19 +379,32 @@ class DropperInput(_CoveredPool):
     watermark: str
     memory: MemoryLayout = field(default_factory=MemoryLayout)  # as the workers read it
     now: str = ""  # the tip's time: each observation's age is counted from it
+    guarded: frozenset[str] = frozenset()  # the uncited critical observations the guard keeps (guarded_critical)
+    guard: bool = True  # keepUncitedCritical: the dropper's guard (om_core.workers.checks.DropCheck)
 
     @property
     def active(self) -> dict[str, CoveredObservation]:
         return {c.observation.id: c for c in self.covered}
 
-    def ages(self) -> list[tuple[str, str, str]]:
-        """(id, age at ``now``, coverage) of each active observation, oldest first."""
+    def citing(self) -> dict[str, list[str]]:
+        """Each active observation's citing reflections (ids, in ledger order)."""
+        out: dict[str, list[str]] = {}
+        for r in self.reflections:
+            for obs_id in dict.fromkeys(r.supportingObservationIds):
+                out.setdefault(obs_id, []).append(r.id)
+        return out
+
+    def rows(self) -> list[tuple[str, str, str, float, str, list[str]]]:
+        """(id, age in minutes at ``now``, relevance, tokens, coverage, citing reflection ids) of each
+        active observation, oldest first."""
         now = _parse_minute(self.now)
+        citing = self.citing()
         out = []
         for c in self.covered:
-            then = _parse_minute(c.observation.timestamp)
-            when = age((now - then).total_seconds() / 60) if now and then else "?"
-            out.append((c.observation.id, when, c.coverage))
+            o = c.observation
+            then = _parse_minute(o.timestamp)
+            minutes = str(max(0, int((now - then).total_seconds() // 60))) if now and then else "?"
+            out.append((o.id, minutes, o.relevance, o.tokenCount, c.coverage, citing.get(o.id, [])))
         return out
 
     def stage_key(self, model: str) -> str:
@@ -451,8 +425,9 @@ def max_drops(pool_tokens: float, target_tokens: int, active_count: int) -> int:
 def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, settings: Settings,
                   reflection_watermark: str | None) -> DropperInput | None:
     """None unless the active pool is over ``observationsPoolTargetTokens``."""
-    reflections, covered, memory, _ = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
-                                                           MemoryBudget.of(settings, newest_first=False))
+    got = memory_with_coverage(con, session_id, tip, settings.observationsPoolMaxTokens,
+                               MemoryBudget.of(settings, newest_first=False))
+    reflections, covered, memory = got.reflections, got.covered, got.layout
     pool = sum(c.observation.tokenCount for c in covered)
     target = settings.pool_target_tokens
     if pool <= target or not covered:
@@ -467,4 +442,5 @@ def dropper_input(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, set
     watermark = min(marks, key=lambda m: positions.get(m, math.inf))
     tip_ts = dbmod.scalar(con, "entry_timestamp", {"session_id": session_id, "entry_id": tip})
     return DropperInput(session_id, tip, reflections, covered, pool, target,
-                        max_drops(pool, target, len(covered)), watermark, memory, _now_at(tip_ts))
+                        max_drops(pool, target, len(covered)), watermark, memory, _now_at(tip_ts),
+                        guarded_critical(con, session_id, tip, covered, target), settings.keepUncitedCritical)

@@ -107,16 +107,17 @@ class ModelBrain:
 
     def observer_prompt(self, inp: ObserverInput) -> tuple[str, list[dict[str, Any]]]:
         chunk, _ = inp.render(self._clean)  # entries are redacted whole, before any excerpt is cut
-        task = prompts.observer_task(inp.now, chunk, inp.first_id, inp.last_id)
+        task = prompts.observer_task(inp.now, chunk, inp.first_id, inp.last_id, inp.render_context(self._clean))
         return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.ordered, inp.memory.dropped), task)
 
     def reflector_prompt(self, inp: ReflectorInput) -> tuple[str, list[dict[str, Any]]]:
-        task = prompts.reflector_task(inp.coverage)
+        task = prompts.reflector_task(inp.coverage, inp.new_ids)
         return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
 
     def dropper_prompt(self, inp: DropperInput) -> tuple[str, list[dict[str, Any]]]:
-        task = prompts.dropper_task(inp.now, inp.ages(), len(inp.covered), inp.pool_tokens, inp.target_tokens,
-                                    inp.max_drops)
+        task = prompts.dropper_task(inp.now, inp.rows(), len(inp.covered), inp.pool_tokens, inp.target_tokens,
+                                    inp.max_drops, inp.guard,
+                                    [c.observation.id for c in inp.covered if c.observation.id in inp.guarded])
         return prompts.WORKER_SYSTEM, user_parts(self._memory(inp.memory.lines, inp.memory.dropped), task)
 
     def reflection_dropper_prompt(self, inp: ReflectionDropperInput) -> tuple[str, list[dict[str, Any]]]:

@@ -19,9 +19,13 @@ The earlier part of this conversation was replaced by memory kept while the sess
 assembled from a ledger of notes, not written fresh, so nothing below is a paraphrase of a paraphrase.
 
 - Reflections are durable conclusions: the user's standing preferences and constraints, decisions \
-that still hold, and long-lived facts about the project. Treat them as ground rules.
+that still hold, and long-lived facts about the project. Follow them while they hold; a reflection \
+that names another as "(supersedes [id])" replaces the one it names.
 - Observations are dated notes of what happened, oldest first, each marked low, medium, high or \
-critical for how much it matters. When two observations disagree, the newer one is the current truth.
+critical for how much it matters. When two observations disagree, the newer one is the current truth, \
+and one that names another as "(supersedes [id])" replaces it.
+- A note that says "User …" records the user's own words; "Agent proposed …" or "Agent claimed …" \
+records what you said, which is no decision of the user's unless a later note says they accepted it.
 - Work an observation records as finished is done: do not redo it unless the user asks again.
 - Every line starts with a 12-character memory id. When an exact detail matters before you act (the \
 user's own words, a command, an error message, a path, the reason behind a decision), call `recall` \
@@ -46,17 +50,18 @@ A line never changes once written. An observation dropped from active memory kee
 listed under "## Dropped since" after the memory: treat it as gone. Then "## Task" names this \
 request's job (observe, reflect or drop) and gives its inputs. Call that job's tool only.
 
-Relevance. Most notes are medium or low; high and critical are few, which is what makes them worth \
-keeping:
-- critical: what must never be lost: the user's goal for the session, hard constraints, \
-corrections, who the user is. "User forbids force-pushes to main: the last one lost a day of work."
-- high: decisions and their reasons, open requests, blockers, what the agent waits on the user \
-for. "Waiting on the user to pick one of the two cache designs before wiring either in."
+Relevance says how strongly a note resists leaving active memory. Most notes are medium or low:
+- critical: who the user is, their goal, hard constraints and explicit corrections, and completed \
+outcomes of what they asked for. "User forbids force-pushes to main: the last one lost a day of work."
+- high: decisions and their reasons, technical direction, open requests, blockers, key preferences, \
+what the agent waits on the user for. "Waiting on the user to pick one of the two cache designs."
 - medium: ordinary progress and the current task's context. "Added retries to src/upload.py; its \
 two new tests pass."
-- low: routine steps and details easy to find again. "Listed the files under tests/fixtures."
-Finishing a step is medium (high when it is what the user asked for); creating a branch or running \
-a command is low unless its result matters.
+- low: routine steps, acknowledgements and details easy to find again. "Listed the files under \
+tests/fixtures."
+A finished step is medium; a finished outcome of the user's goal, checked, is high, or critical when \
+it completes what the user asked for. Creating a branch or running a command is low unless its \
+result matters.
 
 # Observe (record_observations)
 Record what the new entries add to the memory:
@@ -66,12 +71,20 @@ statement is not a question ("User said the API is read-only" is not "User asked
 - corrections with what they replace; decisions with their reasons and the options turned down;
 - finished work and how it was checked, so it is not redone; errors, and whether they were fixed;
 - exact identifiers, copied as written: paths, names, commands, flags, versions, error text, numbers.
+Who said it. A note that starts with "User" (or "The user") says what the user said, asked, decided \
+or required: write one only from the user's own message (or a command the user ran) and cite that \
+entry; the check refuses it otherwise. What the agent proposes, plans or claims is "Agent proposed \
+…" or "Agent claimed …" until the user accepts it (cite their reply) or a tool result shows it. A \
+tool result outranks the agent's account of it: record what the result shows.
 Do not record routine tool calls and plain results, file contents or output the agent can read \
 again, each try of a repeated step (one note for the outcome), or what the memory already says \
-unless it changed. When a fact replaces an earlier note, name that note's id in the content: \
-"Retries are now 5 (supersedes [3f9a0c1b2d4e])".
+unless it changed. When a state changes (passes to fails, open to closed, a number, a name), the new \
+note names the one it replaces: "Retries are now 5 (supersedes [3f9a0c1b2d4e])"; a near copy of an \
+active note that changes its state without naming it is refused.
 Each observation is one line of plain prose that stands on its own. sourceEntryIds: the ids of the \
-entries of this chunk it comes from. timestamp: when it happened, YYYY-MM-DD HH:MM, from the date \
+entries it comes from, the user's own message first when there is one; entries under "## Context" \
+came before this chunk and are already observed: record nothing from them alone, but cite one a \
+new entry answers (the proposal a user's "no" rejects). timestamp: when it happened, YYYY-MM-DD HH:MM, from the date \
 line above its entry and the time in the entry's header; the current time in the task is only a \
 fallback for an entry shown without one. The entries: `=== YYYY-MM-DD ===` dates the entries after \
 it, each entry starts with `[entry-id Role HH:MM]`, a tool call reads `(tool call) name(arguments)` \
@@ -86,16 +99,18 @@ one line and cites in supportingObservationIds all and only the active observati
 it keeps in full: overstated support lets the dropper lose detail. Do not reword an existing \
 reflection; when one is outdated, write its replacement and name it: "(supersedes [id])". The task \
 gives each active observation's coverage: none, partial (one reflection cites it) or strong (two or \
-more). Coverage shows what is not yet kept; it is no quota.
+more). Coverage shows what is not yet kept; it is no quota. "New since the last \
+reflections" lists the observations recorded after the last reflections were.
 
 # Drop (drop_observations)
 The active observations are over their token target, so some may leave the agent's view (a dropped \
 note stays in the ledger and can be recalled by id). Keep by default. The maximum given is a \
-limit, not a goal: dropping fewer or none is often right. Good to drop: notes a newer one replaces, \
-finished routine steps, low notes with nothing unique, notes a reflection carries in full. Coverage \
-is evidence, not proof: compare the note with the reflection that cites it. Age matters: recent \
-notes hold the working state, old routine ones rarely do. Keep what alone carries the goal, an open \
-request, a constraint, a correction, an exact identifier or an unsolved error. Give a short reason.
+limit, not a goal: dropping fewer or none is often right. Good to drop: notes a newer one \
+replaces, finished routine steps, low notes with nothing unique, notes a reflection carries in \
+full. Coverage is evidence, not proof: compare the note with the reflections that cite it. Age \
+matters: recent notes hold the working state, old routine ones rarely do. Keep what alone carries \
+the goal, an open request, a constraint, a correction, an exact identifier or an unsolved error. \
+Give a short reason.
 
 Each tool call gets a receipt. A receipt that rejects an item gives you another turn: send only the \
 corrected items. To record or drop nothing, answer in a few words without calling a tool."""
@@ -169,8 +184,11 @@ def memory_block(lines: list[str], dropped: list[str] = ()) -> str:
     return block
 
 
-def observer_task(now: str, chunk: str, first_id: str, last_id: str) -> str:
-    return (f"## Task: observe\nCurrent time (a fallback only): {now}\n\n"
+def observer_task(now: str, chunk: str, first_id: str, last_id: str, context: str = "") -> str:
+    """``context``: the entries just before the chunk, already observed (shown so that a reply that
+    opens the chunk can be read, and cited, with what it answers)."""
+    shown = f"## Context (before this chunk, already observed)\n{context}\n\n" if context else ""
+    return (f"## Task: observe\nCurrent time (a fallback only): {now}\n\n{shown}"
             f"## New entries ({first_id} to {last_id})\n{chunk}")
 
 
@@ -182,8 +200,14 @@ def coverage_block(coverage: dict[str, list[str]]) -> str:
     return "## Coverage\n" + ("\n".join(rows) if rows else "(no active observations)")
 
 
-def reflector_task(coverage: dict[str, list[str]]) -> str:
-    return "## Task: reflect\n" + coverage_block(coverage)
+def reflector_task(coverage: dict[str, list[str]], new_ids: list[str] | None = None) -> str:
+    """``new_ids``: the active observations recorded after the last reflections were (None: no
+    reflections yet, so every one is new)."""
+    if new_ids is None:
+        new = "every active observation (no reflections yet)"
+    else:
+        new = ", ".join(new_ids) if new_ids else "(none)"
+    return "## Task: reflect\n" + coverage_block(coverage) + f"\n\n## New since the last reflections\n{new}"
 
 
 def age(minutes: float) -> str:
@@ -195,13 +219,28 @@ def age(minutes: float) -> str:
     return f"{int(minutes // (24 * 60))}d"
 
 
-def dropper_task(now: str, rows: list[tuple[str, str, str]], active: int, pool_tokens: float,
-                 target_tokens: int, max_drops: int) -> str:
-    """``rows``: (id, age, coverage) of each active observation, oldest first."""
-    table = "\n".join(f"{obs_id} {when} {coverage}" for obs_id, when, coverage in rows)
+def dropper_guard(guard: bool, guarded: list[str]) -> str:
+    """The dropper's guard as the task states it: which notes it keeps this time."""
+    if not guard:
+        return "Guard: none (keepUncitedCritical is off)."
+    if not guarded:
+        return "Guard: it keeps no note this time."
+    return ("Guard: never dropped, as critical notes of the user's own words that no reflection cites: "
+            + ", ".join(guarded) + ".")
+
+
+def dropper_task(now: str, rows: list[tuple[str, str, str, float, str, list[str]]], active: int,
+                 pool_tokens: float, target_tokens: int, max_drops: int, guard: bool = True,
+                 guarded: list[str] = ()) -> str:
+    """``rows``: (id, age in minutes, relevance, tokens, coverage, citing reflection ids) of each
+    active observation, oldest first; ``guarded``: the ids the guard keeps (in ``rows`` order)."""
+    table = "\n".join(f"{obs_id} {minutes} {relevance} {tokens:g} {coverage} {','.join(cited) or '-'}"
+                      for obs_id, minutes, relevance, tokens, coverage, cited in rows)
+    shed = max(0.0, pool_tokens - target_tokens)
     return (f"## Task: drop\nCurrent time: {now}. Active observations: {active} using {pool_tokens:g} tokens; target "
-            f"{target_tokens} tokens. Drop at most {max_drops}, only what is safe.\n\n"
-            f"## Active observations: id, age, coverage\n{table}")
+            f"{target_tokens} tokens, so {shed:g} tokens to shed. Drop at most {max_drops}, only what is safe. "
+            f"{dropper_guard(guard, list(guarded))}\n\n"
+            f"## Active observations: id, age (minutes), relevance, tokens, coverage, citing reflections\n{table}")
 
 
 def reflection_dropper_task(rows: list[str], active: int, pool_tokens: int, target_tokens: int,

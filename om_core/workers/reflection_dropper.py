@@ -24,7 +24,8 @@ from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.sqlfiles import query
 from om_core.workers.checks import MAX_REASON_CHARS, TokenCounter
-from om_core.workers.inputs import MemoryBudget, MemoryLayout, _digest, laid_out_memory, max_drops
+from om_core.workers.inputs import _digest, max_drops
+from om_core.workers.memory_layout import MemoryBudget, MemoryLayout, laid_out_memory
 
 
 @dataclass(frozen=True)

@@ -128,19 +128,29 @@ class Stage:
     def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
         """Run the worker on its input through the check; the payload holds what the check accepted
         (None: nothing). A model failure or the run's cost budget is an outcome, never an exception."""
-        outcome.stage_key = inp.stage_key(brain.name)
+        primary = getattr(brain, "primary_for", None)  # a routed brain (SPEC §13): the stage's own model
+        outcome.stage_key = inp.stage_key(primary(self.kind).name if primary is not None else brain.name)
         outcome.chunk = self.chunk(inp)
         outcome.covers_up_to_id = self.watermark(inp)
-        check = self.check(inp, settings)
-        try:
-            loop = self.ask(brain, inp, check)
-        except BudgetExceeded as exc:
-            outcome.outcome, outcome.reason, outcome.budget_stop = "skipped", str(exc), True
-            return outcome, None
-        except ModelError as exc:
-            outcome.outcome, outcome.error, outcome.error_kind = "failed", str(exc), exc.kind
-            return outcome, None
-        outcome.receipts, outcome.turns, outcome.turn_cap_reached = loop.receipts, loop.turns, not loop.finished
+        answering = brain.for_stage(self.kind) if primary is not None else brain
+        while True:
+            check = self.check(inp, settings)  # a fresh check: nothing a failed attempt accepted is kept
+            try:
+                loop = self.ask(answering, inp, check)
+                break
+            except BudgetExceeded as exc:
+                outcome.outcome, outcome.reason, outcome.budget_stop = "skipped", str(exc), True
+                return outcome, None
+            except ModelError as exc:
+                fallback = brain.after_failure(self.kind) if primary is not None else None
+                if fallback is None:
+                    outcome.outcome, outcome.error, outcome.error_kind = "failed", str(exc), exc.kind
+                    return outcome, None
+                outcome.receipts.append(f"{answering.name} failed ({exc}); the fallback {fallback.name} answers")
+                answering = fallback
+        outcome.model = answering.name
+        outcome.receipts += loop.receipts
+        outcome.turns, outcome.turn_cap_reached = loop.turns, not loop.finished
         accepted = check.accepted
         outcome.items, outcome.duplicates, outcome.rejected = len(accepted), check.duplicates, check.rejected
         if not accepted:
@@ -164,8 +174,8 @@ OBSERVER = Stage(
     read_input=lambda con, req, settings: observer_input(con, req.session_id, req.tip, settings,
                                                          until_position=req.chunk_until),
     not_due=_observer_not_due,
-    check=lambda inp, settings: ObservationCheck(chunk_times=inp.chunk_times, known_ids=inp.known_observation_ids,
-                                                 active=inp.memory.observations,
+    check=lambda inp, settings: ObservationCheck(chunk_times=inp.citable_times, known_ids=inp.known_observation_ids,
+                                                 user_ids=inp.user_entry_ids, active=inp.memory.observations,
                                                  memory_ids=inp.known_observation_ids
                                                  | {r.id for r in inp.memory.reflections},
                                                  count_tokens=token_counter(settings)),
@@ -197,7 +207,8 @@ DROPPER = Stage(
     not_due=lambda req: "the active observation pool is within its target",
     check=lambda inp, settings: DropCheck(active=inp.active, max_drops=inp.max_drops,
                                           order={c.observation.id: i for i, c in enumerate(inp.covered)},
-                                          keep_uncited_critical=settings.keepUncitedCritical),
+                                          keep_uncited_critical=settings.keepUncitedCritical,
+                                          guarded_ids=inp.guarded),
     ask=lambda brain, inp, check: brain.drop(inp, check),
     watermark=lambda inp: inp.watermark,
     after="reflector",

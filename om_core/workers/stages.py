@@ -27,7 +27,8 @@ from om_core.model.circuit import CircuitBreaker, preflight_model
 from om_core.ledger.records import append_record
 from om_core.model.cost import CostBudget
 from om_core.model.client import OFFLINE, CallRecord, LiteLLMModel, RetryPolicy
-from om_core.settings import Settings
+from om_core.model.routing import SessionModel, routed_model
+from om_core.settings import ModelSetting, Settings
 from om_core.store.sqlfiles import query
 from om_core.workers.llm import ModelBrain
 from om_core.workers.offline import OfflineBrain
@@ -82,10 +83,19 @@ class ModelConfig(BaseModel):
     def key(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key is not None else None
 
-    def preflight(self) -> None:
-        """Fail before anything starts on what can be checked offline (om_core.model.circuit)."""
+    def preflight(self, settings: Settings | None = None) -> None:
+        """Fail before anything starts on what can be checked offline (om_core.model.circuit). With a
+        ``fallbackModel`` in ``settings``, a primary that cannot be resolved is not fatal: the fallback
+        answers (it must pass instead)."""
+        fallback = settings.fallbackModel if settings is not None else None
         if not self.offline:
-            preflight_model(self.model, self.api_base, self.key)
+            try:
+                preflight_model(self.model, self.api_base, self.key)
+            except Exception:
+                if fallback is None:
+                    raise
+        if fallback is not None:
+            preflight_model(fallback.litellm_name, fallback.apiBase or self.api_base, self.key)
 
 
 class RunStopped(Exception):
@@ -152,20 +162,143 @@ class RunGuards:
         self.__dict__.update(state)
 
 
+def _model_brain(config: ModelConfig, settings: Settings, guards: RunGuards, calls: list[CallRecord],
+                 model: str, api_base: str | None, thinking: str, *, fallback: bool = False,
+                 breaker: CircuitBreaker | None = None) -> ModelBrain:
+    record = calls.append
+    if fallback:  # each of its calls is recorded as the fallback's
+        def record(call: CallRecord) -> None:
+            call.fallback = True
+            calls.append(call)
+    chat = LiteLLMModel(model, api_base=api_base, api_key=config.key, thinking=thinking, timeout=config.timeout,
+                        stream=config.stream, retry=config.retry, record=record, gate=guards.gate,
+                        breaker=guards.breaker if breaker is None else breaker, keep_texts=settings.storePrompts,
+                        budget=guards.budget)
+    return ModelBrain(chat, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
+                      closing_turn=settings.agentClosingTurn, calls=calls)
+
+
 def make_brain(config: ModelConfig, settings: Settings, guards: RunGuards | None = None,
-               calls: list[CallRecord] | None = None) -> Brain:
+               calls: list[CallRecord] | None = None, session_model: SessionModel | None = None) -> Brain:
     """The offline baseline or a model brain; a model brain's model consults ``guards`` (the run's
-    breaker, budget and call gate) before every call and keeps its call records in ``brain.calls``."""
-    if config.offline:
-        return OfflineBrain(redact_secrets=settings.redactSecrets)
+    breaker, budget and call gate) before every call and keeps its call records in ``brain.calls``.
+    With ``modelMap`` or ``fallbackModel`` set (SPEC §13), a ``RoutedBrain`` picks each stage's model for
+    ``session_model`` (it can also learn it later: ``RoutedBrain.bind``)."""
     guards = guards if guards is not None else RunGuards()
     calls = [] if calls is None else calls
-    model = LiteLLMModel(config.model, api_base=config.api_base, api_key=config.key, thinking=config.thinking,
-                         timeout=config.timeout, stream=config.stream, retry=config.retry, record=calls.append,
-                         gate=guards.gate, breaker=guards.breaker, keep_texts=settings.storePrompts,
-                         budget=guards.budget)
-    return ModelBrain(model, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
-                      closing_turn=settings.agentClosingTurn, calls=calls)
+    if settings.modelMap or settings.fallbackModel is not None:
+        return RoutedBrain(config, settings, guards, calls, session_model)
+    if config.offline:
+        return OfflineBrain(redact_secrets=settings.redactSecrets)
+    return _model_brain(config, settings, guards, calls, config.model, config.api_base, config.thinking)
+
+
+def read_session_model(con: duckdb.DuckDBPyConnection, session_id: str) -> SessionModel | None:
+    """The session model of an ingested session: the one its assistant messages name (None: none does)."""
+    row = dbmod.named_row(con, "session_model", {"session_id": session_id})
+    if row is None or not row["id"]:
+        return None
+    return SessionModel(provider=row["provider"] or None, id=row["id"], thinking=row["thinking"] or None)
+
+
+class RoutedBrain:
+    """The workers on the models SPEC §13 routes them to: each stage's model by the first ``modelMap``
+    rule matching the session model (else the configured model, or the offline baseline), and
+    ``fallbackModel`` when a stage's model cannot be resolved or its call fails: tried once for that
+    stage, then used for every later stage of the pass (this brain's life: one session's replay).
+
+    The primaries keep a breaker of their own: a rejected key of the primary must not stop the run's
+    calls, which the fallback makes under the run's breaker."""
+
+    offline = False
+
+    def __init__(self, config: ModelConfig, settings: Settings, guards: RunGuards, calls: list[CallRecord],
+                 session_model: SessionModel | None = None) -> None:
+        self.config, self.settings, self.guards, self.calls = config, settings, guards, calls
+        self.session_model = session_model
+        self.fell_back = False  # the fallback answered once: every later stage of the pass uses it
+        self._brains: dict[tuple, Brain] = {}
+        self._primary_breaker = CircuitBreaker() if settings.fallbackModel is not None else None
+        fallback = settings.fallbackModel
+        self.fallback_name = (None if fallback is None else
+                              LiteLLMModel(fallback.litellm_name, api_base=fallback.apiBase or config.api_base).name)
+
+    def bind(self, session_model: SessionModel | None) -> None:
+        """The session whose stages it runs (the replay engine tells it once the session is read)."""
+        self.session_model = session_model
+
+    def _primary_setting(self, stage: str) -> ModelSetting | None:
+        chosen, rule = routed_model(self.settings, self.session_model, stage)
+        if rule is None:  # no rule: the run's own model (--model or the settings'), not the settings' alone
+            return None if self.config.offline else ModelSetting(id=self.config.model, thinking=self.config.thinking)
+        return chosen
+
+    def _brain(self, setting: ModelSetting | None, fallback: bool) -> Brain:
+        if setting is None or setting.litellm_name == OFFLINE:
+            key: tuple = ("offline",)
+        else:
+            key = (setting.litellm_name, setting.apiBase, setting.thinking, fallback)
+        if key not in self._brains:
+            if key == ("offline",):
+                self._brains[key] = OfflineBrain(redact_secrets=self.settings.redactSecrets)
+            else:
+                self._brains[key] = _model_brain(
+                    self.config, self.settings, self.guards, self.calls, setting.litellm_name,
+                    setting.apiBase or self.config.api_base, setting.thinking, fallback=fallback,
+                    breaker=None if fallback else self._primary_breaker)
+        return self._brains[key]
+
+    def _resolvable(self, setting: ModelSetting | None) -> bool:
+        if setting is None:
+            return True
+        try:
+            preflight_model(setting.litellm_name, setting.apiBase or self.config.api_base, self.config.key)
+            return True
+        except Exception:
+            return False
+
+    def primary_for(self, stage: str) -> Brain:
+        """The brain a stage asks first; the stage key is made with its name."""
+        return self._brain(self._primary_setting(stage), False)
+
+    def for_stage(self, stage: str) -> Brain:
+        """Who answers ``stage`` now: the fallback once it took over, or when the stage's model cannot be
+        resolved; else the stage's own model."""
+        fallback = self.settings.fallbackModel
+        if fallback is not None and (self.fell_back or not self._resolvable(self._primary_setting(stage))):
+            self.fell_back = True
+            return self._brain(fallback, True)
+        return self.primary_for(stage)
+
+    def after_failure(self, stage: str) -> Brain | None:
+        """The fallback for a stage whose call failed, once (None: no fallback, or it failed itself)."""
+        if self.settings.fallbackModel is None or self.fell_back:
+            return None
+        self.fell_back = True
+        return self._brain(self.settings.fallbackModel, True)
+
+    @property
+    def name(self) -> str:
+        """The run's model as plans and fingerprints name it."""
+        return self.config.name
+
+    def observe(self, inp: Any, check: Any) -> Any:
+        return self.for_stage("observer").observe(inp, check)
+
+    def reflect(self, inp: Any, check: Any) -> Any:
+        return self.for_stage("reflector").reflect(inp, check)
+
+    def drop(self, inp: Any, check: Any) -> Any:
+        return self.for_stage("dropper").drop(inp, check)
+
+    def drop_reflections(self, inp: Any, check: Any) -> Any:
+        return self.for_stage("reflection-dropper").drop_reflections(inp, check)
+
+
+def stage_model(brain: Brain, stage: str) -> str:
+    """The name a stage's key and its stages row carry: the routed stage's own model."""
+    primary = getattr(brain, "primary_for", None)
+    return primary(stage).name if primary is not None else brain.name
 
 
 # ------------------------------------------------------------------ writing results
@@ -175,7 +308,7 @@ _CALL_COLUMNS = {
     "call_id": pa.string(), "model": pa.string(), "turn": pa.int32(), "input_tokens": pa.int32(),
     "output_tokens": pa.int32(), "cached_tokens": pa.int32(), "cost": pa.float64(), "latency_ms": pa.float64(),
     "status": pa.string(), "error_kind": pa.string(), "error": pa.string(), "attempt": pa.int32(),
-    "started_at": pa.timestamp("us", tz="UTC"),
+    "started_at": pa.timestamp("us", tz="UTC"), "fallback": pa.bool_(),
 }
 _TEXT_COLUMNS = {"call_id": pa.string(), "request": pa.string(), "response": pa.string()}
 
@@ -280,7 +413,7 @@ def compute_stage(prepared: PreparedStage, brain: Brain, settings: Settings) -> 
     req = prepared.request
     calls = brain.calls
     calls_before = len(calls)
-    outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, brain.name)
+    outcome = StageOutcome(req.stage, "skipped", req.session_id, req.tip, stage_model(brain, req.stage))
     outcome, payload = STAGES[req.stage].run(prepared.input, brain, settings, outcome)
     outcome.calls = calls[calls_before:]
     if outcome.budget_stop and outcome.calls:

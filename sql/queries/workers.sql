@@ -32,9 +32,9 @@ VALUES ($stage_run_id, $run_id, $session_id, $stage, $stage_key, $tip_entry_id, 
 -- name: insert_model_calls
 INSERT INTO om_internal.llm_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens,
                          output_tokens, cached_tokens, cost, latency_ms, status, error_kind, error, attempt,
-                         started_at)
+                         started_at, fallback)
 SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, output_tokens,
-       cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at
+       cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at, fallback
 FROM call_batch;
 
 -- name: empty_runs
@@ -142,3 +142,37 @@ FROM compaction_gap($session_id, $leaf, $compaction_pos, $seq, $simulated, $f_po
 -- name: insert_model_call_texts
 INSERT OR IGNORE INTO om_internal.llm_call_texts (call_id, run_id, request, response)
 SELECT call_id, run_id, request, response FROM text_batch;
+
+-- name: observer_context
+-- The last $n source entries on the branch at or before a position (the observer's context: the
+-- entries just before its chunk, already observed), oldest first.
+SELECT * FROM (
+    SELECT b.position, e.entry_id, e.entry_type, e.role, e.ts, e.tokens_pi, e.tokens, e.raw
+    FROM branch($session_id, $tip) b
+    JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+    WHERE e.is_source AND b.position <= $at
+    ORDER BY b.position DESC
+    LIMIT $n
+) ORDER BY position;
+
+-- name: entry_roles
+-- The role of each of the given entries on the branch (the dropper's guard: which observations
+-- cite the user's own words).
+SELECT b.entry_id, e.role
+FROM branch($session_id, $tip) b
+JOIN om_internal.entries e ON e.session_id = $session_id AND e.entry_id = b.entry_id
+WHERE list_contains($ids::VARCHAR[], b.entry_id);
+
+-- name: session_model
+-- The model the session talks to (SPEC §13): the one its latest assistant message names, with the
+-- latest thinking level the file set (NULL when it set none).
+SELECT json_extract_string(raw, '$.message.provider') AS provider,
+       json_extract_string(raw, '$.message.model') AS id,
+       (SELECT json_extract_string(t.raw, '$.thinkingLevel') FROM om_internal.entries t
+        WHERE t.session_id = $session_id AND t.entry_type = 'thinking_level_change'
+        ORDER BY t.line_no DESC LIMIT 1) AS thinking
+FROM om_internal.entries
+WHERE session_id = $session_id AND entry_type = 'message' AND role = 'assistant'
+  AND json_extract_string(raw, '$.message.model') IS NOT NULL
+ORDER BY line_no DESC
+LIMIT 1;

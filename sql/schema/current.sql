@@ -261,7 +261,8 @@ CREATE TABLE om_internal.llm_calls (
     error_kind      VARCHAR,
     error           VARCHAR,
     attempt         INTEGER NOT NULL DEFAULT 1,
-    started_at      TIMESTAMPTZ NOT NULL
+    started_at      TIMESTAMPTZ NOT NULL,
+    fallback        BOOLEAN DEFAULT false  -- made by the fallbackModel (SPEC §13)
 );
 
 -- The text of every model call, joined on call_id; a failed call has no response.

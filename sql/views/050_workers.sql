@@ -2,7 +2,7 @@
 
 CREATE OR REPLACE VIEW llm_calls AS
     SELECT call_id, run_id, session_id, stage, model, turn, attempt, input_tokens, output_tokens,
-           cached_tokens, cost, latency_ms, status, error_kind, error, started_at, stage_run_id
+           cached_tokens, cost, latency_ms, status, error_kind, error, started_at, stage_run_id, fallback
     FROM om_internal.llm_calls;
 
 CREATE OR REPLACE VIEW stages AS

@@ -1,0 +1,145 @@
+"""A gap-free compaction on the database (SPEC §13): the branch's facts read once, the decisions of
+``om_core.memory.gap_free`` asked, and the memory folded at the F they chose. No model runs here (the
+live hook's catch-up runs before, om_core.pi.live); the live hook and `om compact --gap-safe` give the
+same F and summary on the same ledger because both are this function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+from pydantic import BaseModel
+
+from om_core.memory.compaction import compact
+from om_core.memory.fold import CompactionResult, DeclineReason
+from om_core.memory.gap_free import (
+    DECLINED_WHY,
+    Branch,
+    Decision,
+    SpanEntry,
+    decide,
+    needs_catch_up,
+    retained_first_kept,
+)
+from om_core.pi.js_length import js_len
+from om_core.store import db as dbmod
+from om_core.store.catalog import resolve_session, resolve_tip
+from om_core.store.sqlfiles import query
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
+
+
+class GapFreeCompaction(BaseModel):
+    """The compaction a gap-free path answers: F (moved back, or Pi's), the projection there, or why it
+    declines (then Pi's own summary runs)."""
+
+    session_id: str
+    leaf: str
+    proposed_first_kept: str  # Pi's F
+    first_kept: str  # the F of the answer (Pi's when declined)
+    decision: Decision
+    result: CompactionResult | None = None  # None when declined
+    result_max_tokens: int | None = None  # compactionSummaryMaxTokens where the service applied it
+    summary: str | None = None
+
+    @property
+    def declined(self) -> DeclineReason | None:
+        return self.decision.declined
+
+    def why(self, budget: int) -> str | None:
+        if self.decision.declined is None:
+            return None
+        if self.decision.declined is DeclineReason.NOTHING_FITS:
+            return f"no memory record fits compactionSummaryMaxTokens {self.result_max_tokens}"
+        return DECLINED_WHY[self.decision.declined].format(retained=self.decision.retained_tokens, budget=budget)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"first_kept_entry_id": self.first_kept, "proposed_first_kept_entry_id": self.proposed_first_kept,
+                "moved": self.decision.moved, "declined": self.declined.value if self.declined else None,
+                "retained_tokens": self.decision.retained_tokens, "freed_tokens": self.decision.freed_tokens}
+
+
+def _call_position(branch: list[dict[str, Any]], index: int) -> int | None:
+    """The assistant message that made a tool result's call (searching back); the nearest assistant
+    message when none names it."""
+    call_id = json.loads(branch[index]["raw"]).get("message", {}).get("toolCallId")
+    nearest = None
+    for row in reversed(branch[:index]):
+        if row["entry_type"] == "message" and row["role"] == "assistant":
+            nearest = row["position"] if nearest is None else nearest
+            content = json.loads(row["raw"]).get("message", {}).get("content") or []
+            if any(isinstance(b, dict) and b.get("type") == "toolCall" and b.get("id") == call_id for b in content):
+                return row["position"]
+    return nearest
+
+
+def read_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> tuple[Branch, dict[str, int]]:
+    """The branch ending at ``tip`` as the decisions need it, and each entry's position."""
+    tip_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": tip, "entry_id": tip})
+    rows = dbmod.rows_as_dicts(con.execute(query("gap_window"), {"session_id": session_id, "leaf": tip,
+                                                                 "from_pos": 0, "to_pos": tip_pos}))
+    positions = {r["entry_id"]: r["position"] for r in rows}
+    entries, context_start = [], 0
+    for i, r in enumerate(rows):
+        tool_result = r["entry_type"] == "message" and r["role"] == "toolResult"
+        entries.append(SpanEntry(position=r["position"], entry_id=r["entry_id"], is_source=bool(r["is_source"]),
+                                 tokens=int(r["tokens"] or 0) if r["is_source"] else 0, tool_result=tool_result,
+                                 call_position=_call_position(rows, i) if tool_result else None))
+        if r["entry_type"] == "compaction":  # the context starts at the latest compaction's F
+            kept = json.loads(r["raw"]).get("firstKeptEntryId")
+            context_start = positions.get(kept, r["position"] + 1)
+    return Branch(entries=entries, context_start=context_start), positions
+
+
+def observer_behind(ws: Workspace, session_id: str, tip: str, first_kept: str, max_chunks: int) -> bool:
+    """Whether a catch-up observer may close a gap before Pi's F (some coverage, something uncovered)."""
+    with ws.read() as con:
+        branch, positions = read_branch(con, session_id, tip)
+    projection = compact(ws, session_id, first_kept, tip)
+    if first_kept not in positions:
+        return False
+    return needs_catch_up(branch, projection.observationWatermarkPosition, positions[first_kept], max_chunks)
+
+
+def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str | None = None, *,
+                        overflow: bool = False, replayed: bool = False,
+                        instructions: str | None = None) -> GapFreeCompaction:
+    """The compaction Pi proposed at ``first_kept``, gap-free: F moved back to the first source entry no
+    observation in the projection covers, the memory folded there (``om compact`` at that F), then kept
+    or declined by ``decide`` (the summary's tokens count toward compactionMaxRetainedTokens)."""
+    with ws.read() as con:
+        sid = resolve_session(con, session)
+        tip = resolve_tip(con, sid, leaf)
+        branch, positions = read_branch(con, sid, tip)
+        proposed = positions.get(first_kept)
+        record_at = None
+        if proposed is None:  # one of om's records (an entry of the exported file): it stands after its anchor
+            anchor = dbmod.scalar(con, "kept_entry", {"session_id": sid, "tip": tip, "entry_id": first_kept})
+            record_at = positions[anchor] + 1 if anchor in positions else None
+    result = compact(ws, sid, first_kept, tip, replayed=replayed, instructions=instructions)
+    kept = first_kept
+    if proposed is not None:  # (F may be one of om's records in an exported file: no move there)
+        at = proposed
+        for _ in range(len(branch.entries)):  # moving F back may exclude a record: until it stops moving
+            moved = retained_first_kept(branch, result.observationWatermarkPosition, at)
+            if moved == at:
+                break
+            at, kept = moved, branch.entries[moved].entry_id
+            result = compact(ws, sid, kept, tip, replayed=replayed, instructions=instructions)
+    summary = result.summary
+    tokens = math.ceil(js_len(summary) / 4) if summary is not None else None  # Pi's estimate
+    settings = ws.settings
+    at = proposed if proposed is not None else (record_at if record_at is not None else 0)
+    decision = decide(branch, at, positions.get(kept, at), tokens, max_retained_tokens=settings.retained_max_tokens,
+                      overflow=overflow)
+    if result.declined is not None:  # the compaction service's own decline (no record, or none fits)
+        decision.declined, decision.first_kept, decision.moved = result.declined, at, False
+    answer = GapFreeCompaction(session_id=sid, leaf=tip, proposed_first_kept=first_kept, first_kept=first_kept,
+                               decision=decision, result_max_tokens=result.summaryMaxTokens)
+    if decision.goes_ahead:
+        answer.first_kept, answer.result, answer.summary = kept, result, summary
+    return answer
