@@ -260,7 +260,9 @@ def test_compact_at_first_kept_reproduces_the_extensions_compaction(om, first_ke
     assert got["summary"].endswith(
         f"[{details['observations'][-1]['id']}] {details['observations'][-1]['timestamp']} "
         f"[{details['observations'][-1]['relevance']}] {details['observations'][-1]['content']}")
-    assert set(got) == {"world", "full_fold", "observations", "reflections", "summary", "details"}
+    assert set(got) == {"world", "full_fold", "observations", "reflections", "summary", "details",
+                        # the summary budget's decision (SPEC §13)
+                        "declined", "summary_tokens", "summary_max_tokens", "left_out"}
     assert got["world"] == "file"
 
 
@@ -284,7 +286,7 @@ def test_status_json(om):
     assert set(s) >= {"session_id", "tip", "observations", "reflections", "drift", "clocks", "pools", "last_errors"}
     assert (s["session_id"], s["tip"]) == (SID, E[32])
     assert s["observations"] == {"recorded": 8, "active": 5, "dropped": 3, "visible": 5}
-    assert s["reflections"] == {"recorded": 3, "visible": 2}
+    assert s["reflections"] == {"recorded": 3, "active": 3, "dropped": 0, "visible": 2}
     assert s["drift"] == {"observations_only_in_full": [O8["id"]], "reflections_only_in_full": [R3["id"]],
                           "visible_no_longer_active": [O5["id"]]}
     clocks = {name: (c["tokens_pi"], c["threshold"], c["due"], c["watermark_entry_id"]) for name, c in s["clocks"].items()}
@@ -305,7 +307,7 @@ def test_status_at_an_interior_leaf(om):
     s = om.json("status", SID, "--leaf", E[21])
     assert s["tip"] == E[21]
     assert s["observations"] == {"recorded": 5, "active": 3, "dropped": 2, "visible": 3}
-    assert s["reflections"] == {"recorded": 2, "visible": 0}
+    assert s["reflections"] == {"recorded": 2, "active": 2, "dropped": 0, "visible": 0}
     assert s["drift"] == {"observations_only_in_full": [O5["id"]], "reflections_only_in_full": [R1["id"], R2["id"]],
                           "visible_no_longer_active": [O2["id"]]}
 
