@@ -104,7 +104,7 @@ def compact(
     from om_core.store.catalog import cut_point
     from om_core.pi.cutpoint import DEFAULT_RULES
     from om_core.memory.gap_free_compaction import gap_free_compaction
-    from om_core.memory.compaction import compact as run_compact
+    from om_core.memory.compaction import DeclineReason, compact as run_compact
     from om_core.memory.fold import session_offline
 
     ws = workspace()
@@ -143,8 +143,8 @@ def compact(
         err.print("replayed: the replay's simulated compactions count (what the extension would have folded "
                   "had it lived the session, not what the session file holds)")
     if result.summary is None:
-        err.print("the projection is empty: Pi's native summarizer would run instead" if result.declined is None
-                  or result.declined.value == "empty-projection" else
+        err.print("the projection is empty: Pi's native summarizer would run instead"
+                  if result.declined in (None, DeclineReason.EMPTY_PROJECTION) else
                   f"no memory record fits compactionSummaryMaxTokens {result.summaryMaxTokens}: Pi's native "
                   "summarizer would run instead")
         return
