@@ -406,6 +406,18 @@ class ReflectionCheck(_ItemCheck):
 
 
 MAX_REASON_CHARS = 1_000
+MALFORMED_DROP_CALL = 'rejected: expected {"ids": [...], "reason": "..."}'
+
+
+def drop_call_ids(check: Any, args: Any) -> list[Any] | None:
+    """A dropper's tool call (``{"ids": [...], "reason": "..."}``, both droppers alike): its ids, with
+    its reason kept on ``check`` (one line, bounded); None for a malformed call, counted on ``check``."""
+    if not isinstance(args, dict) or not isinstance(args.get("ids"), list):
+        check.malformed += 1
+        return None
+    if isinstance(args.get("reason"), str) and args["reason"].strip():
+        check.reason = " ".join(args["reason"].split())[:MAX_REASON_CHARS]
+    return args["ids"]
 
 
 @dataclass
@@ -441,13 +453,11 @@ class DropCheck:
                 and (self.guarded_ids is None or obs_id in self.guarded_ids))
 
     def submit(self, args: Any) -> str:
-        if not isinstance(args, dict) or not isinstance(args.get("ids"), list):
-            self.malformed += 1
-            return 'rejected: expected {"ids": [...], "reason": "..."}'
-        if isinstance(args.get("reason"), str) and args["reason"].strip():
-            self.reason = " ".join(args["reason"].split())[:MAX_REASON_CHARS]
+        ids = drop_call_ids(self, args)
+        if ids is None:
+            return MALFORMED_DROP_CALL
         lines = []
-        for value in args["ids"]:
+        for value in ids:
             if not isinstance(value, str) or value not in self.active:
                 self.ignored += 1
                 lines.append(f"ignored {value!r}: not an active observation")

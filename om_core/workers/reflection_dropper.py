@@ -23,7 +23,7 @@ from om_core.memory.render import reflection_line
 from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.sqlfiles import query
-from om_core.workers.checks import MAX_REASON_CHARS, TokenCounter
+from om_core.workers.checks import MALFORMED_DROP_CALL, TokenCounter, drop_call_ids
 from om_core.workers.inputs import _digest, max_drops
 from om_core.workers.memory_layout import MemoryBudget, MemoryLayout, laid_out_memory
 
@@ -132,13 +132,11 @@ class ReflectionDropCheck:
         return self.ignored
 
     def submit(self, args: Any) -> str:
-        if not isinstance(args, dict) or not isinstance(args.get("ids"), list):
-            self.malformed += 1
-            return 'rejected: expected {"ids": [...], "reason": "..."}'
-        if isinstance(args.get("reason"), str) and args["reason"].strip():
-            self.reason = " ".join(args["reason"].split())[:MAX_REASON_CHARS]
+        ids = drop_call_ids(self, args)
+        if ids is None:
+            return MALFORMED_DROP_CALL
         lines = []
-        for value in args["ids"]:
+        for value in ids:
             if not isinstance(value, str) or value not in self.active:
                 self.ignored += 1
                 lines.append(f"ignored {value!r}: not an active reflection")
