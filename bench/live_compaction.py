@@ -58,7 +58,7 @@ from pi_rpc import RpcPi, agent_dir, missing, os_env  # noqa: E402
 
 from flows.endpoint import ask, running_endpoint  # noqa: E402
 from om_core.store.catalog import cut_point  # noqa: E402
-from om_core.pi.export import export_session  # noqa: E402
+from om_core.usecases.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402

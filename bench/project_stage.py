@@ -89,7 +89,7 @@ def run(sessions: list[Path]) -> dict[str, Any]:
     from om_core.ingest import ingest
     from om_core.project.stage import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, run_project_stages
     from om_core.workers.prompts import WORKER_SYSTEM, WORKER_TOOLS
-    from om_core.project.repository import list_projects
+    from om_core.store.repository import list_projects
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.workers.stages import ModelConfig, make_brain

@@ -70,7 +70,7 @@ def synthetic(mb: float, seed: int = 7) -> str:
 def session_entries() -> list[tuple[str, str, str]]:
     """(file name, entry id, text the observer reads) of every source entry of the real sessions
     and the examples."""
-    from om_core.recall.source_text import entry_text
+    from om_core.pi.source_text import entry_text
 
     paths = sorted((ROOT.parent / "shared" / "sessions").glob("*.jsonl")) + sorted((ROOT / "examples" / "sessions").glob("*.jsonl"))
     entries = []

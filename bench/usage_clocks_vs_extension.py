@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from om_core.replay import branch as R  # noqa: E402
 from om_core.replay.stage_runner import StageRunner  # noqa: E402
-from om_core.pi.export import export_session  # noqa: E402
+from om_core.usecases.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from om_core.store.catalog import PiDeclines, cut_point  # noqa: E402
 from om_core.errors import OmError  # noqa: E402
-from om_core.pi.export import export_session  # noqa: E402
+from om_core.usecases.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.memory.compaction import compact  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402

@@ -50,7 +50,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from om_core.errors import DatabaseBusy, OmError
-from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
+from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
 from om_core.pi.session import file_header
 from om_core.store.private_files import private_dir, write_private
 from om_core.settings import Settings

@@ -162,7 +162,7 @@ class Settings(BaseModel):
 
     # --- project memory (issue 35)
     # folder -> project id: a session whose cwd is that folder or below it belongs to that project
-    # (overrides the git work tree's remote or root, om_core.project.repository)
+    # (overrides the git work tree's remote or root, om_core.store.repository)
     projects: dict[str, str] = Field(default_factory=dict)
     # the project stage runs when the project's sessions recorded this many tokens of reflections and
     # critical observations since it last read them

@@ -21,8 +21,8 @@ from om_core.memory import fold as memory
 from om_core.memory.compaction import compact, summary_tokens
 from om_core.memory.render import reflection_line
 from om_core.model.client import RetryPolicy
-from om_core.pi.export import export_session
-from om_core.pi.live import CompactRequest, compact_live
+from om_core.usecases.export import export_session
+from om_core.usecases.live import CompactRequest, compact_live
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.store import db as dbmod

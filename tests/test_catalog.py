@@ -547,7 +547,7 @@ def _every_kind_of_entry() -> SessionBuilder:
 def test_entry_texts_is_each_entry_as_recall_prints_it(tmp_path, db_path):
     from conftest import EXAMPLES
     from om_core.pi.session import loads_line
-    from om_core.recall.source_text import entry_text  # what om recall prints for a source entry
+    from om_core.pi.source_text import entry_text  # what om recall prints for a source entry
 
     paths = [_every_kind_of_entry().write(tmp_path / "kinds.jsonl"), *sorted(EXAMPLES.glob("*.jsonl"))]
     ingest(workspace(db_path), paths)

@@ -115,7 +115,7 @@ def populated(tmp_path: Path, server) -> Path:
         con.execute("INSERT INTO om_internal.stage_results (session_id, stage_key, stage, result) "
                     "VALUES (?, 'key-1', 'observer', '[]')", [OTHER])
     # project memory (issue 35): the offline project stage, and a user's forget of what it recorded
-    from om_core.ledger.forget import forget
+    from om_core.usecases.forget import forget
     from om_core.project.stage import run_due_projects
 
     projects_ws = workspace(db, SETTINGS.model_copy(update={"projectReflectAfterTokens": 1}))

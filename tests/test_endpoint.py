@@ -28,7 +28,7 @@ from test_extension_interop import E, O1, extension_session
 from conftest import REPO, workspace
 from flows.endpoint import LiveEndpoint, ask, endpoint_file, running_endpoint
 from om_core.errors import OmError
-from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live
+from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live
 from om_core.store.private_files import private_dir
 from om_core.settings import Settings
 

@@ -15,7 +15,7 @@ from conftest import workspace
 from om_core.store import db as dbmod
 from flows.cli.main import app
 from om_core.errors import InvalidArgument
-from om_core.pi.export import js_iso
+from om_core.usecases.export import js_iso
 from om_core.ingest import ingest
 from om_core.replay.engine import replay_session
 from om_core.pi.session import parse_lines

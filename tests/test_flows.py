@@ -263,7 +263,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
     con.close()
     assert failed == [("00000002-aaaa-bbbb-cccc-dddddddddddd", "permanent")]
     assert per_session.get("00000000-aaaa-bbbb-cccc-dddddddddddd") and per_session.get("00000001-aaaa-bbbb-cccc-dddddddddddd")
-    from om_core.memory.status import status
+    from om_core.usecases.status import status
 
     shown = status(workspace(db), "00000002")
     assert shown.last_errors and "BadRequestError" in shown.last_errors[0]["detail"]

@@ -1,5 +1,5 @@
 """Gap-free compaction (SPEC §13): the decisions (om_core.memory.gap_free), and the live hook's answer
-(om_core.pi.live.compact_live) when the observer is behind Pi's cut: F moved back, or the gap caught up
+(om_core.usecases.live.compact_live) when the observer is behind Pi's cut: F moved back, or the gap caught up
 by observer chunks, or declined; `om compact --gap-safe` answers the same on the same ledger, and
 `om gaps` finds no gap in the compaction written at om's F."""
 
@@ -19,7 +19,7 @@ from om_core.ingest import ingest
 from om_core.memory.fold import DeclineReason
 from om_core.memory.gap_free import Branch, SpanEntry, decide, needs_catch_up, retained_first_kept
 from om_core.memory.gaps import compaction_gaps
-from om_core.pi.live import CompactRequest, compact_live
+from om_core.usecases.live import CompactRequest, compact_live
 from om_core.replay.stage_runner import observe_now
 from om_core.settings import Settings
 from om_core.workers.stages import ModelConfig

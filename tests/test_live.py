@@ -1,4 +1,4 @@
-"""om_core.pi.live and om_core.recall.tool: what a live Pi's extension gets, after the file's new lines are
+"""om_core.usecases.live and om_core.recall.tool: what a live Pi's extension gets, after the file's new lines are
 ingested (the real Pi runs them in tests/test_pi_live.py). The session is the one the TypeScript
 extension writes (tests/test_extension_interop.py): its records and om.folded compactions in the file."""
 
@@ -19,7 +19,7 @@ from conftest import REPO, workspace
 from flows.cli.main import app
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
-from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live
+from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live
 from om_core.memory.compaction import compact
 from om_core.settings import Settings
 

@@ -23,7 +23,7 @@ from om_core.store import db as dbmod
 from om_core.store.catalog import branch_for_cut_point
 from om_core.pi.cutpoint import compaction_cut_point
 from om_core.ingest import ingest
-from om_core.pi.live import CompactRequest, RecallRequest, compact_live, recall_live
+from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live
 from om_core.memory.compaction import compact
 from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay

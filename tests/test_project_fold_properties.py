@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from om_core.store import db as dbmod
 from om_core.ledger.records import OBSERVATIONS_DROPPED, LedgerRows, ObservationsDropped
-from om_core.project.memory import ProjectReflection, Retirement, append_project_records, project_fold
+from om_core.memory.project_memory import ProjectReflection, Retirement, append_project_records, project_fold
 from project_oracle import PRecord, PReflection, project_fold as oracle_fold
 
 CONTENTS = ["uses duckdb", "never force-push", "tests run offline", "poetry not pip", "ci on 2 cores"]

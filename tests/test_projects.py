@@ -143,7 +143,7 @@ def _offline_brain():
 
 
 def test_the_offline_project_stage_keeps_projects_apart_and_cites_only_their_sessions(two_repos):
-    from om_core.project.memory import show_project
+    from om_core.memory.project_memory import show_project
     from om_core.project.stage import run_due_projects
 
     ws, ids = two_repos["ws"], two_repos["ids"]
@@ -164,7 +164,7 @@ def test_the_offline_project_stage_keeps_projects_apart_and_cites_only_their_ses
 
 
 def test_recall_of_a_project_reflection_reaches_the_source_entries_across_sessions(two_repos):
-    from om_core.project.memory import show_project
+    from om_core.memory.project_memory import show_project
     from om_core.project.stage import run_due_projects
     from om_core.recall.evidence import recall
 
@@ -183,7 +183,7 @@ def test_recall_of_a_project_reflection_reaches_the_source_entries_across_sessio
 
 
 def test_a_new_session_supersedes_a_project_reflection_and_the_fold_retires_it(two_repos, tmp_path):
-    from om_core.project.memory import project_fold
+    from om_core.memory.project_memory import project_fold
     from om_core.project.stage import run_due_projects
 
     ws = two_repos["ws"]
@@ -208,7 +208,7 @@ def test_a_new_session_supersedes_a_project_reflection_and_the_fold_retires_it(t
 
 
 def test_a_fake_model_runs_the_project_stage_through_litellm_and_its_checks(two_repos):
-    from om_core.project.memory import show_project
+    from om_core.memory.project_memory import show_project
     from om_core.project.stage import PROJECT_SYSTEM, run_project_stages
 
     ws, ids = two_repos["ws"], two_repos["ids"]
@@ -288,7 +288,7 @@ def test_search_has_an_analyst_macro(two_repos):
 
 def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
     from om_core.memory import fold as memory
-    from om_core.ledger.forget import forget
+    from om_core.usecases.forget import forget
     from om_core.recall.search import search
 
     ws, ids, entries = two_repos["ws"], two_repos["ids"], two_repos["entries"]
@@ -321,8 +321,8 @@ def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
 
 def test_forget_honours_the_stored_compactions_and_om_export_compact(two_repos, tmp_path):
     from om_core.memory import fold as memory
-    from om_core.pi.export import export_session
-    from om_core.ledger.forget import forget
+    from om_core.usecases.export import export_session
+    from om_core.usecases.forget import forget
     from om_core.ledger.records import FoldedDetails, store_simulated_compaction
 
     ws, ids, entries = two_repos["ws"], two_repos["ids"], two_repos["entries"]
@@ -347,8 +347,8 @@ def test_forget_honours_the_stored_compactions_and_om_export_compact(two_repos, 
 
 
 def test_forget_of_a_project_reflection_retires_it_in_the_project_ledger(two_repos):
-    from om_core.ledger.forget import forget
-    from om_core.project.memory import show_project
+    from om_core.usecases.forget import forget
+    from om_core.memory.project_memory import show_project
     from om_core.project.stage import run_due_projects
 
     ws = two_repos["ws"]
@@ -368,8 +368,8 @@ def test_forget_of_a_project_reflection_retires_it_in_the_project_ledger(two_rep
 
 def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_path):
     from om_core.memory.compaction import compact
-    from om_core.pi.export import export_session
-    from om_core.project.memory import PROJECT_SECTION, show_project
+    from om_core.usecases.export import export_session
+    from om_core.memory.project_memory import PROJECT_SECTION, show_project
     from om_core.project.stage import run_due_projects
 
     ws, entries = two_repos["ws"], two_repos["entries"]
@@ -408,7 +408,7 @@ def test_project_memory_joins_a_first_compaction_only_when_asked(two_repos, tmp_
 
 
 def test_the_recall_tool_of_a_live_pi_resolves_a_project_reflection(two_repos):
-    from om_core.project.memory import show_project
+    from om_core.memory.project_memory import show_project
     from om_core.project.stage import run_due_projects
     from om_core.recall.evidence import recall
     from om_core.recall.tool import tool_result

@@ -326,7 +326,7 @@ def test_recall_keeps_secrets_out_of_the_tool_and_of_om_recall_unless_raw(tmp_pa
     import subprocess
     import sys
 
-    from om_core.pi.live import RecallRequest, recall_live
+    from om_core.usecases.live import RecallRequest, recall_live
 
     path = secret_session().write(tmp_path / "secret.jsonl")
     db = tmp_path / "om.duckdb"

@@ -227,7 +227,7 @@ def test_the_live_recall_answers_a_query_through_the_endpoint_and_the_command(tm
     from test_extension_interop import O1, extension_session
 
     from flows.endpoint import LiveEndpoint, ask, running_endpoint
-    from om_core.pi.live import RecallRequest, recall_live
+    from om_core.usecases.live import RecallRequest, recall_live
     from om_cli import run_om
 
     path = extension_session().write(tmp_path / "live.jsonl")

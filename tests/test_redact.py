@@ -369,7 +369,7 @@ def test_on_the_examples_every_redaction_is_a_secret_and_every_secret_is_redacte
     from pathlib import Path
 
     from om_core.redaction.redact import secret_spans
-    from om_core.recall.source_text import entry_text
+    from om_core.pi.source_text import entry_text
 
     redacted, occurrences = [], 0
     for path in sorted((Path(__file__).parent.parent / "examples" / "sessions").glob("*.jsonl")):

@@ -1,6 +1,6 @@
 """`om status` against what the next `om run` does: a clock is due exactly when the planner replays
 the session and the replay runs its stage at the branch's last turn end; otherwise status says why,
-in words (om_core/memory/status.py)."""
+in words (om_core/usecases/status.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from om_core.replay.branch import replay_events
 from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
-from om_core.memory.status import status
+from om_core.usecases.status import status
 from om_core.workers.llm import LoopResult
 from om_core.workers.offline import OfflineBrain
 from om_core.workers.stages import compute_stage

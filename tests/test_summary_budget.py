@@ -17,8 +17,8 @@ from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.memory.compaction import DeclineReason, World, compact, compact_at, select_newest_first, summary_tokens
 from om_core.memory.fold import compaction_projection
-from om_core.pi.export import export_session
-from om_core.pi.live import CompactRequest, compact_live
+from om_core.usecases.export import export_session
+from om_core.usecases.live import CompactRequest, compact_live
 from om_core.replay.compaction import simulate_compaction
 from om_core.settings import Settings
 from om_core.store import db as dbmod

@@ -132,7 +132,7 @@ def compact(
     memory folded at the first entry no observation covers (Pi's cut when none; what `om compact FILE
     --gap-safe --first-kept F --leaf LEAF` gives on that file), or why there is none (then Pi's own
     summarizer runs)."""
-    from om_core.pi.live import CompactRequest, compact_live
+    from om_core.usecases.live import CompactRequest, compact_live
 
     answer = compact_live(_live_workspace(wait, session_file), CompactRequest(
         session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before,
@@ -160,7 +160,7 @@ def recall(
     shape): the exact evidence behind the id on that branch, or the hits of a query."""
     from pydantic import ValidationError
 
-    from om_core.pi.live import RecallRequest, recall_live
+    from om_core.usecases.live import RecallRequest, recall_live
 
     try:
         request = RecallRequest(session_file=str(session_file), leaf=leaf, id=memory_id, query=query_text)

@@ -332,7 +332,7 @@ def status(
 
     Without SESSION: every session on one line each (memory counts, what is visible, whether the next
     om run replays it)."""
-    from om_core.memory.status import status as branch_status
+    from om_core.usecases.status import status as branch_status
 
     if session is None:
         if leaf is not None:
@@ -387,7 +387,7 @@ def status(
 def _all_sessions_status(model: Optional[str], as_json: bool) -> None:
     """`om status` without a session: each session's status on one line (the same status, one path)."""
     from om_core.memory.fold import offline_memory
-    from om_core.memory.status import status as branch_status
+    from om_core.usecases.status import status as branch_status
     from om_core.pi.session import file_label
     from om_core.store.catalog import sessions as list_sessions
 

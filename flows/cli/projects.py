@@ -35,11 +35,11 @@ def project(
     folder to a project id of your choice. om run and om serve run the project stage when a project's
     sessions recorded projectReflectAfterTokens of reflections and critical observations since it last
     read them."""
-    from om_core.project.memory import show_project
+    from om_core.memory.project_memory import show_project
 
     ws = workspace()
     if list_all:
-        from om_core.project.repository import list_projects
+        from om_core.store.repository import list_projects
 
         with ws.read() as con:
             projects = list_projects(con)
@@ -81,7 +81,7 @@ def project(
 def _reflect(ws, path: str | None, model: str | None, api_base: str | None, as_json: bool) -> None:  # noqa: ANN001
     from flows.cli.common import model_config
     from om_core.project.stage import run_project_stages
-    from om_core.project.repository import resolve_project
+    from om_core.store.repository import resolve_project
     from om_core.workers.stages import make_brain
 
     config = model_config(ws.settings, model, api_base, as_json)
@@ -163,7 +163,7 @@ def forget(
     it, a retirement record. From then on the id is in no fold, projection, compaction (om view, om
     compact, om export --compact, the live compaction), worker input, project memory or search hit;
     the source entries stay, and om recall still shows the evidence, marked forgotten."""
-    from om_core.ledger.forget import forget as run_forget
+    from om_core.usecases.forget import forget as run_forget
 
     ws = workspace()
     with ws.one_writer("forget"):

@@ -63,7 +63,7 @@ def export(
 ) -> None:
     """Write a new Pi session file holding this project's ledger records as the extension's custom
     entries, so Pi with the extension continues with this memory."""
-    from om_core.pi.export import export_session
+    from om_core.usecases.export import export_session
 
     to_stdout = str(out_file) == "-"
     report = export_session(workspace(), session, None if to_stdout else out_file, overwrite=force,

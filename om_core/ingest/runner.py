@@ -25,7 +25,7 @@ from om_core.ingest.files import discover
 from om_core.ingest.read_ahead import ReadAhead
 from om_core.ingest.reader import ProgressFn
 from om_core.ingest.reports import FileReport, IngestReport
-from om_core.project.repository import record_session_projects
+from om_core.store.repository import record_session_projects
 from om_core.store.runs import finish_run, start_run
 from om_core.recall.search import refresh_search_index
 from om_core.recall.vectors import Embedder, refresh_vectors

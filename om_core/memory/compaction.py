@@ -1,7 +1,7 @@
 """The compaction service: the one path from Pi's cut point to the summary a compaction writes.
 
-Every compaction goes through ``compact_at``: the live hook (``om_core.pi.live``), ``om compact``,
-``om export --compact`` (``om_core.pi.export``) and the replay's simulated compactions
+Every compaction goes through ``compact_at``: the live hook (``om_core.usecases.live``), ``om compact``,
+``om export --compact`` (``om_core.usecases.export``) and the replay's simulated compactions
 (``om_core.replay.compaction``). It takes the compaction projection at F (SPEC §4) in one ``World``,
 adds the project's memory in the file's world (a setting, off by default), applies the summary
 budget ``compactionSummaryMaxTokens`` (SPEC §13) and renders the summary once
@@ -101,7 +101,7 @@ def compact_at(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_
         return result
     project = None
     if world is World.FILE:  # a session's first compaction may carry its project's memory
-        from om_core.project.memory import compaction_project_section
+        from om_core.memory.project_memory import compaction_project_section
 
         project = compaction_project_section(con, session_id, tip, settings)
     observations, reflections = result.rows()

@@ -295,7 +295,7 @@ class Clock(BaseModel):
     context_tokens: int | None = None  # usage basis: U(t), Pi's context estimate at the tip
     baseline_tokens: int | None = None  # usage basis: the context at the anchor
     fallback: str | None = None  # clockBasis usage, but measured on source tokens: why
-    due: bool | None = None  # `om status`: the next `om run` runs this stage (om_core.memory.status)
+    due: bool | None = None  # `om status`: the next `om run` runs this stage (om_core.usecases.status)
     why: str | None = None  # `om status`: why the stage would not run when its branch is replayed
 
 

@@ -1,6 +1,6 @@
 """A gap-free compaction on the database (SPEC §13): the branch's facts read once, the decisions of
 ``om_core.memory.gap_free`` asked, and the memory folded at the F they chose. No model runs here (the
-live hook's catch-up runs before, om_core.pi.live); the live hook and `om compact --gap-safe` give the
+live hook's catch-up runs before, om_core.usecases.live); the live hook and `om compact --gap-safe` give the
 same F and summary on the same ledger because both are this function.
 """
 

@@ -166,7 +166,7 @@ class ProjectView(BaseModel):
 
 def show_project(ws: Workspace, ref: str | None = None) -> ProjectView:
     """The project ``ref`` names (an id, a name, a folder; default the current directory)."""
-    from om_core.project.repository import resolve_project
+    from om_core.store.repository import resolve_project
 
     with ws.read() as con:
         project = resolve_project(con, ref, ws.settings.projects)

@@ -48,7 +48,7 @@ def render_summary(reflection_lines: Sequence[str], observation_lines: Sequence[
     Pi sends the summary to its model, so every line is redacted (whatever wrote the memory: a model,
     the offline baseline's excerpts, records imported from the extension); lines recur in every
     compaction, so the per-line redaction is cached. ``project_section`` is already rendered
-    (``om_core.project.memory.project_section``) and redacted here line by line."""
+    (``om_core.memory.project_memory.project_section``) and redacted here line by line."""
     if not reflection_lines and not observation_lines:
         return None
     parts = [SUMMARY_PREAMBLE]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from om_core.ledger.records import memory_id, memory_references
-from om_core.project.memory import ProjectReflection, Retirement
+from om_core.memory.project_memory import ProjectReflection, Retirement
 from om_core.workers.checks import MAX_CONTENT_CHARS, NearDuplicates, normalised_words, pi_token_counter
 
 if TYPE_CHECKING:

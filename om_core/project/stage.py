@@ -37,7 +37,7 @@ import duckdb
 from om_core.store import db as dbmod
 from om_core.store.db import named_rows, scalar
 from om_core.project.distil import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, ProjectCheck, distil_offline
-from om_core.project.memory import ProjectReflection, Retirement, append_project_records, current_reflections
+from om_core.memory.project_memory import ProjectReflection, Retirement, append_project_records, current_reflections
 from om_core.store.sqlfiles import query
 from om_core.workers.checks import normalised_words
 

@@ -13,7 +13,7 @@ from om_core.store.db import named_column, named_rows, scalar
 from om_core.errors import AmbiguousMemoryId
 from om_core.ledger.records import is_memory_id, memory_references
 from om_core.pi.session import loads_line
-from om_core.recall.source_text import entry_text, minute, role_label
+from om_core.pi.source_text import entry_text, minute, role_label
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace

@@ -95,7 +95,7 @@ def _text(row: dict[str, Any], query: str) -> str:
     if row["doc_kind"] != "entry":
         return row["content"] or ""
     from om_core.pi.session import loads_line
-    from om_core.recall.source_text import entry_text
+    from om_core.pi.source_text import entry_text
 
     try:
         text = entry_text(row["entry_type"], loads_line(row["raw"])) if row["raw"] is not None else ""

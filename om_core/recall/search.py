@@ -35,7 +35,7 @@ def _entry_texts(con: duckdb.DuckDBPyConnection, sessions: list[str]) -> pa.Tabl
     SQL: it reads every line the ingest kept (deep nesting, lone surrogates) where DuckDB's JSON
     functions refuse some."""
     from om_core.pi.session import loads_line
-    from om_core.recall.source_text import entry_text
+    from om_core.pi.source_text import entry_text
 
     rows = named_rows(con, "search_missing_entries", {"sessions": sessions})
     texts = []
@@ -140,7 +140,7 @@ def search(ws: Workspace, text: str, *, project: str | None = None, session: str
         sid = resolve_session(con, session) if session is not None else None
         pid = None
         if project is not None:
-            from om_core.project.repository import resolve_project
+            from om_core.store.repository import resolve_project
 
             pid = resolve_project(con, project, ws.settings.projects).project_id
         rows = named_rows(con, "search", {"query": text, "project": pid, "session": sid, "limit": limit,

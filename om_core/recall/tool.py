@@ -2,7 +2,7 @@
 ``{"content": [{"type": "text", "text": …}], "details": {…}}``, built from om's recall (SPEC §6).
 
 The model reads ``content``: the same text the extension gives for the same ledger on the same branch,
-byte for byte (its recall format of each source entry: om_core.recall.source_text.recall_block; its sections
+byte for byte (its recall format of each source entry: om_core.pi.source_text.recall_block; its sections
 and sentences), so an agent that used the extension reads the same evidence. ``details`` carries the
 fields the extension's tool returns (status, the matches with their source entries, what is
 missing). Secrets are redacted by the rules of compaction summaries, in ``content`` and ``details``
@@ -18,7 +18,7 @@ from om_core.pi.js_length import js_len
 from om_core.recall.evidence import RecallObservation, RecallResult, redacted
 from om_core.redaction.redact import redact
 from om_core.pi.session import entry_as_message, loads_line
-from om_core.recall.source_text import js_blank, js_local_minute, recall_block, recall_block_content
+from om_core.pi.source_text import js_blank, js_local_minute, recall_block, recall_block_content
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace

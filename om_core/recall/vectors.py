@@ -83,7 +83,7 @@ def unavailable() -> str | None:
 
 def _texts(rows: list[dict]) -> list[str]:
     from om_core.pi.session import loads_line
-    from om_core.recall.source_text import entry_text
+    from om_core.pi.source_text import entry_text
 
     texts = []
     for row in rows:

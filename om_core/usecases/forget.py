@@ -126,7 +126,7 @@ def _forget_in_session(con, row: dict[str, Any], memory_id: str, reason: str, no
 
 def _forget_in_project(con, project_id: str, memory_id: str, reason: str, run_id: str | None,  # noqa: ANN001
                        result: ForgetResult) -> None:
-    from om_core.project.memory import mint_project_ledger_id
+    from om_core.memory.project_memory import mint_project_ledger_id
 
     if scalar(con, "project_reflection_forgotten", {"project_id": project_id, "id": memory_id}):
         result.already.append(Forgotten(scope="project", scope_id=project_id, ledger_id=None,

@@ -25,7 +25,7 @@ from om_core.workers.memory_layout import MemoryBudget, MemoryLayout, laid_out_m
 from om_core.workers.prompts import DAY_LINE, EXCERPT_MARKER, PART_CUT_MARKER
 from om_core.pi.session import loads_line
 from om_core.settings import Settings
-from om_core.recall.source_text import entry_text, minute, role_label
+from om_core.pi.source_text import entry_text, minute, role_label
 from om_core.store.sqlfiles import query
 
 

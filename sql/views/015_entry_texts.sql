@@ -1,4 +1,4 @@
--- entry_texts: each source entry's text exactly as `om recall` prints it (om_core/recall/source_text.py:
+-- entry_texts: each source entry's text exactly as `om recall` prints it (om_core/pi/source_text.py:
 -- text blocks verbatim, thinking and tool calls marked, a tool result under its tool's name, a shell
 -- run as `$ command` and its output, images as a placeholder). tests/test_catalog.py checks it
 -- against recall's own rendering, entry by entry.
