@@ -39,7 +39,7 @@ from builders import SessionBuilder  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.recall import vectors  # noqa: E402
 from om_core.recall.query import recall_query  # noqa: E402
-from om_core.recall.search import refresh_search_index  # noqa: E402
+from om_core.store.search_index import refresh_search_index  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.store import db as dbmod  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402

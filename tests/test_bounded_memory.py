@@ -19,7 +19,7 @@ from fake_openai import FakeOpenAI
 from om_core.ingest import ingest
 from om_core.memory import fold as memory
 from om_core.memory.compaction import compact, summary_tokens
-from om_core.memory.render import reflection_line
+from om_core.ledger.lines import reflection_line
 from om_core.model.client import RetryPolicy
 from om_core.usecases.export import export_session
 from om_core.usecases.live import CompactRequest, compact_live

@@ -21,12 +21,12 @@ from om_core.model.cost import (
     BudgetExceeded,
     CostBudget,
     Price,
-    estimate_for_targets,
     estimate_run,
     price_of,
     request_tokens,
 )
 from om_core.ingest import ingest
+from om_core.replay.plan import estimate_for_targets
 from om_core.model.client import RetryPolicy
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings

@@ -169,7 +169,7 @@ def _cost_estimate(ws, targets, config, max_cost, as_json: bool):
         if max_cost is not None:
             raise InvalidArgument("--max-cost needs a model (the offline baseline costs nothing)")
         return None
-    from om_core.model.cost import estimate_for_targets  # for speed, see above
+    from om_core.replay.plan import estimate_for_targets  # for speed, see above
 
     estimate, backlog = estimate_for_targets(ws, targets, config.model)
     if estimate.usd is None:  # a model litellm has no price for: no estimate to print

@@ -25,9 +25,9 @@ from om_core.ingest.files import discover
 from om_core.ingest.read_ahead import ReadAhead
 from om_core.ingest.reader import ProgressFn
 from om_core.ingest.reports import FileReport, IngestReport
-from om_core.store.repository import record_session_projects
+from om_core.ingest.projects import record_session_projects
 from om_core.store.runs import finish_run, start_run
-from om_core.recall.search import refresh_search_index
+from om_core.store.search_index import refresh_search_index
 from om_core.recall.vectors import Embedder, refresh_vectors
 from om_core.pi.tokens import DEFAULT_ENCODING
 

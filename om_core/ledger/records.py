@@ -22,7 +22,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       StrictStr, ValidationError, field_validator)
 
 from om_core.store.db import insert_arrow, named_rows, scalar
-from om_core.memory.render import observation_line, reflection_line
+from om_core.ledger.lines import observation_line, reflection_line
 from om_core.pi.session import loads_line
 from om_core.store.sqlfiles import query
 

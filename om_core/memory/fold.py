@@ -17,7 +17,8 @@ from om_core.store.catalog import branch_for_cut_point, resolve_session, resolve
 from om_core.store.db import named_rows, scalar
 from om_core.errors import EntryNotFound, InvalidArgument
 from om_core.ledger.records import Observation, Reflection
-from om_core.memory.render import observation_line, reflection_line, render_summary
+from om_core.ledger.lines import observation_line, reflection_line
+from om_core.memory.render import render_summary
 from om_core.settings import Settings
 
 if TYPE_CHECKING:

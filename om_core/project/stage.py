@@ -252,7 +252,7 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
                          started_at: datetime) -> ProjectOutcome:
     """Append the stage's records, its project_stages row and its model calls in one transaction; the
     search index learns the new reflections."""
-    from om_core.recall.search import refresh_search_index
+    from om_core.store.search_index import refresh_search_index
     from om_core.workers.stages import _write_calls
 
     with dbmod.transaction(con):

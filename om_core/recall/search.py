@@ -4,7 +4,7 @@ reflections, ranked by BM25.
 The index is a terms table in the database (``om_internal.search_documents``, ``search_terms``), kept up
 to date by the writers: every ingest indexes what it added to its sessions (and drops what a rewrite
 took away), every run what it appended, ``om forget`` and the project stage theirs
-(``refresh_search_index``). Terms and BM25 are SQL (``sql/views/090_search.sql``): a search reads the
+(``om_core.store.search_index.refresh_search_index``). Terms and BM25 are SQL (``sql/views/090_search.sql``): a search reads the
 index and never writes, so it works during a run like ``om sql``.
 
 DuckDB's own full-text extension (``fts``) is not used: DuckDB installs extensions from its own
@@ -16,66 +16,18 @@ write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
-import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from om_core.recall.kinds import SearchKind
 from om_core.store.db import named_rows, scalar
+from om_core.store.search_index import index_everything
 from om_core.store.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace
-
-def _entry_texts(con: duckdb.DuckDBPyConnection, sessions: list[str]) -> pa.Table:
-    """The texts of the source entries the index lacks, as ``om recall`` renders them. In Python, not
-    SQL: it reads every line the ingest kept (deep nesting, lone surrogates) where DuckDB's JSON
-    functions refuse some."""
-    from om_core.pi.session import loads_line
-    from om_core.pi.source_text import entry_text
-
-    rows = named_rows(con, "search_missing_entries", {"sessions": sessions})
-    texts = []
-    for row in rows:
-        try:
-            text = entry_text(row["entry_type"], loads_line(row["raw"]))
-        except Exception:  # an entry that renders no text is indexed without terms, never fatal
-            text = ""
-        texts.append(text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates: not UTF-8
-    return pa.table({"doc_kind": pa.array(["entry"] * len(rows), pa.string()),
-                     "scope_id": pa.array([r["session_id"] for r in rows], pa.string()),
-                     "doc_id": pa.array([r["entry_id"] for r in rows], pa.string()),
-                     "text": pa.array(texts, pa.string())})
-
-
-def refresh_search_index(con: duckdb.DuckDBPyConnection, session_ids: Iterable[str] = (),
-                         project_ids: Iterable[str] = ()) -> None:
-    """Bring the index up to date for these sessions and projects (what a write touched), and drop
-    the documents of sessions and projects that are gone. Call inside the writer's transaction."""
-    sessions, projects = sorted(set(session_ids)), sorted(set(project_ids))
-    con.execute(query("search_drop_gone_scopes"))
-    if sessions or projects:
-        con.execute(query("search_wanted_keys"), {"sessions": sessions, "projects": projects})
-        con.execute(query("search_drop_unwanted"), {"sessions": sessions, "projects": projects})
-        con.register("search_entry_batch", _entry_texts(con, sessions))
-        try:
-            con.execute(query("search_new_texts"))
-        finally:
-            con.unregister("search_entry_batch")
-        con.execute(query("search_insert_docs"))
-        con.execute(query("search_insert_terms"))
-        con.execute(query("search_done"))
-    con.execute(query("search_drop_gone_terms"))
-
-
-def index_everything(con: duckdb.DuckDBPyConnection) -> None:
-    """Index every session and project (a database written before the index existed)."""
-    sessions = [r["session_id"] for r in named_rows(con, "all_session_ids", {})]
-    projects = [r["project_id"] for r in named_rows(con, "all_project_ids", {})]
-    refresh_search_index(con, sessions, projects)
 
 
 class SearchHit(BaseModel):

@@ -8,9 +8,9 @@ A session's project is, in this order:
 3. ``git_root``: that work tree's top folder, when it has no remote;
 4. ``path``: cwd itself, when no git work tree holds it (or the folder no longer exists).
 
-The filesystem is read once per session, when it is first ingested (``record_session_projects``,
-called by the ingest): the facts found then (cwd, git root, remote) are kept in
-``om_internal.project_sessions``, so a folder deleted later changes nothing, and no read path ever
+The filesystem is read once per session, when it is first ingested
+(``om_core.ingest.projects.record_session_projects``): the facts found then (cwd, git root, remote)
+are kept in ``om_internal.project_sessions``, so a folder deleted later changes nothing, and no read path ever
 looks at the disk. Which project a session belongs to follows from those facts and the setting; every
 ingest assigns it again (pure, no filesystem), so a changed setting applies to every session.
 Git is not run: the work tree is found by its ``.git`` (a folder, or a worktree's file) and the
@@ -29,7 +29,6 @@ import duckdb
 from pydantic import BaseModel
 
 from om_core.store.db import named_rows
-from om_core.store.sqlfiles import query
 
 
 class ProjectFacts(BaseModel):
@@ -179,26 +178,6 @@ def project_of(facts: ProjectFacts, overrides: Mapping[str, str] | None = None) 
     if facts.cwd:
         return os.path.normpath(facts.cwd), "path"
     return None, "none"
-
-
-def record_session_projects(con: duckdb.DuckDBPyConnection, overrides: Mapping[str, str] | None = None,
-                            session_ids: list[str] | None = None) -> int:
-    """At ingest: resolve the sessions (``session_ids``, the ingest's own; None: all) that have no project
-    facts yet (the filesystem, once each), then assign every session's project from its facts and
-    ``overrides``. Returns the sessions resolved."""
-    new = named_rows(con, "sessions_without_project", {"sessions": session_ids})
-    for row in new:
-        facts = resolve_facts(row["cwd"])
-        project_id, how = project_of(facts, overrides)
-        con.execute(query("insert_session_project"), {**facts.model_dump(), "session_id": row["session_id"],
-                                                       "project_id": project_id, "how": how})
-    for row in named_rows(con, "session_project_facts", {}):
-        project_id, how = project_of(ProjectFacts(cwd=row["cwd"], git_root=row["git_root"],
-                                                  git_remote=row["git_remote"]), overrides)
-        if (project_id, how) != (row["project_id"], row["how"]):
-            con.execute(query("assign_session_project"), {"session_id": row["session_id"],
-                                                          "project_id": project_id, "how": how})
-    return len(new)
 
 
 # ------------------------------------------------------------------ reading projects

@@ -75,7 +75,7 @@ def forget(ws: Workspace, memory_id: str, reason: str, *, session: str | None = 
     holding it (``session``: only there) and every project whose memory holds it (``project``: only
     there). Raises when it is recorded nowhere."""
     from om_core.store.catalog import resolve_session
-    from om_core.recall.search import refresh_search_index
+    from om_core.store.search_index import refresh_search_index
 
     reason = " ".join(reason.split())[:MAX_REASON_CHARS]
     if not reason:

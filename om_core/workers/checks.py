@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from om_core.ledger.records import (DROP_REASON, RELEVANCE_ORDER, TS_REPAIRED_FROM, Observation, Reflection, memory_id,
                             memory_references)
 from om_core.workers.prompts import TRUNCATION_MARKER
-from om_core.memory.render import observation_line
+from om_core.ledger.lines import observation_line
 from om_core.pi.js_length import js_len
 
 MAX_CONTENT_CHARS = 10_000

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from om_core.memory.render import observation_line
+from om_core.ledger.lines import observation_line
 from om_core.settings import Settings
 from om_core.workers.prompts import reflection_memory_line
 

@@ -13,25 +13,6 @@ precedes the memory. Each instruction answers SPEC §8 or a failure measured on 
 
 from __future__ import annotations
 
-# Opens every compaction summary rendered from the ledger (SPEC §5).
-SUMMARY_PREAMBLE = """\
-The earlier part of this conversation was replaced by memory kept while the session ran. It was \
-assembled from a ledger of notes, not written fresh, so nothing below is a paraphrase of a paraphrase.
-
-- Reflections are durable conclusions: the user's standing preferences and constraints, decisions \
-that still hold, and long-lived facts about the project. Follow them while they hold; a reflection \
-that names another as "(supersedes [id])" replaces the one it names.
-- Observations are dated notes of what happened, oldest first, each marked low, medium, high or \
-critical for how much it matters. When two observations disagree, the newer one is the current truth, \
-and one that names another as "(supersedes [id])" replaces it.
-- A note that says "User …" records the user's own words; "Agent proposed …" or "Agent claimed …" \
-records what you said, which is no decision of the user's unless a later note says they accepted it.
-- Work an observation records as finished is done: do not redo it unless the user asks again.
-- Every line starts with a 12-character memory id. When an exact detail matters before you act (the \
-user's own words, a command, an error message, a path, the reason behind a decision), call `recall` \
-with that id to read the original messages."""
-
-
 # ---------------------------------------------------------------- workers (SPEC §8)
 
 # One system prompt for the three workers (the shared head of every request); each request's

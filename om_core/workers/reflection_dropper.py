@@ -19,7 +19,7 @@ import duckdb
 
 from om_core.ledger.records import DROP_REASON, Reflection
 from om_core.memory.fold import reflection_from_row
-from om_core.memory.render import reflection_line
+from om_core.ledger.lines import reflection_line
 from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.sqlfiles import query
