@@ -1,18 +1,23 @@
-"""Layers you can see (issue 17): a static import graph over om_core, flows and deployments.
+"""Layers you can see: a static import graph over om_core, flows and deployments.
 
 Every ``import`` and ``from … import`` counts, at any depth (inside functions too: a function-level
 import may make a library faster to load, never hide a cycle), with relative imports resolved. Only an
 ``if TYPE_CHECKING:`` block is left out: it never runs, and the library names the workspace's type
 there for its annotations (``ws: Workspace``) without depending on it.
 
-The layers, top to bottom (a module may import its own layer's modules and any lower layer's):
-    shell      flows.*, deployments.*  (flows.cli is the `om` command line); deployments imports
-               flows (what it registers), flows never imports deployments
+The rooms, bottom up (ROOMS_BOTTOM_UP, drawn the same in docs/design.md): a room imports only its own
+modules and the rooms below it, so no import runs up and no two rooms import each other. ``om_core``
+there is the package's leaf modules (its version, errors, settings); ``om_core.X`` is room X;
+``flows`` (with flows.cli, the `om` command line) and ``deployments`` are the shells on top.
+
+Inside that order, the finer module layers, top to bottom (a module may import its own layer's
+modules and any lower layer's):
+    shell      flows.*, deployments.*
     workspace  om_core.store.workspace, and the modules that build one below the shells:
                om_core.replay.payload (a replay task's in-memory copy of a session's rows),
                om_core.replay.engine (the replay of such a copy) and om_core.eval.run (the
                evaluation's own database in its --out folder)
-    library    every other om_core module, in its room (ROOMS)
+    library    every other om_core module, in its room
     storage    om_core.store (the package), om_core.store.db, .sqlfiles, .migrations (open, migrate
                with frozen data steps, run named SQL)
     leaves     om_core (the package: its version), om_core.errors, om_core.settings, and Pi's own formats
@@ -21,9 +26,8 @@ The layers, top to bottom (a module may import its own layer's modules and any l
                lengths); pure, importing only leaves
 Storage imports only leaves (and each other); leaves import only leaves.
 
-The rooms (issue 34): om_core holds only the leaves' two modules and packages named after what they
-do, each for its SPEC sections (docs/design.md says which); a package's ``__init__`` imports
-nothing of the project but its own modules, so entering a room costs nothing.
+om_core holds only the leaves' two modules and its rooms, each for its SPEC sections; a package's
+``__init__`` imports nothing of the project but its own modules, so entering a room costs nothing.
 
 An edge is the module named: ``from om_core.ingest import plan`` is an edge to om_core.ingest.plan,
 ``from om_core.ingest import ingest`` (a name) one to om_core.ingest. Importing a package's module
@@ -47,26 +51,28 @@ LEAVES = {"om_core", "om_core.errors", "om_core.settings",
 STORAGE = {"om_core.store", "om_core.store.db", "om_core.store.sqlfiles", "om_core.store.migrations"}
 WORKSPACE = {"om_core.store.workspace", "om_core.replay.payload", "om_core.replay.engine", "om_core.eval.run"}
 
-# om_core's rooms, named after the SPEC (docs/design.md); nothing else sits in om_core
-ROOMS = {"pi", "store", "ingest", "ledger", "memory", "recall", "workers", "model", "redaction", "replay",
-         "project", "eval", "report", "usecases"}
+# The rooms, bottom up: each imports only itself and the rooms before it (docs/design.md draws this table).
+ROOMS_BOTTOM_UP = ("om_core", "redaction", "pi", "store", "ledger", "memory", "recall", "ingest", "model",
+                   "workers", "project", "replay", "report", "eval", "usecases", "flows", "deployments")
+SHELLS = {"flows", "deployments"}
+ROOMS = set(ROOMS_BOTTOM_UP) - SHELLS - {"om_core"}  # om_core's packages; nothing else sits in om_core
 TOP_MODULES = {"__init__.py", "errors.py", "settings.py"}
 
-# Known violations another engineer is fixing in issue 17 (remove each line when its fix is merged).
+# Known violations someone is fixing (remove each line when its fix is merged; the lists only shrink).
 PENDING_CYCLES: set[frozenset[str]] = set()
 PENDING_LAYER_EDGES: set[tuple[str, str]] = set()
 PENDING_SIZES: set[str] = set()
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -112,9 +118,9 @@ def imported_names(name: str, path: Path, known: set[str] | None = None) -> set[
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the project's modules it imports (outside names kept as they are, for the prefect check)."""
-    mods = modules()
+    mods = modules(root)
     edges: dict[str, set[str]] = {}
     for name, path in mods.items():
         targets = set()
@@ -198,6 +204,91 @@ def layer(name: str) -> int:
     if name.startswith("om_core."):
         return 3 if name in WORKSPACE else 2
     return 4  # flows, deployments
+
+
+def room_of(module: str) -> str:
+    """The room a module of the project sits in: ``om_core`` for the package's leaf modules."""
+    parts = module.split(".")
+    if parts[0] != "om_core":
+        return parts[0]
+    return "om_core" if len(parts) == 1 or f"{parts[1]}.py" in TOP_MODULES else parts[1]
+
+
+def room_graph(edges: dict[str, set[str]]) -> dict[str, dict[str, list[str]]]:
+    """Room -> the other rooms it imports, each with the module edges that make it (``a -> b``)."""
+    rooms: dict[str, dict[str, list[str]]] = {}
+    for name, targets in edges.items():
+        for target in sorted(targets):
+            if target.split(".")[0] not in PACKAGES:
+                continue
+            src, dst = room_of(name), room_of(target)
+            if src != dst:
+                rooms.setdefault(src, {}).setdefault(dst, []).append(f"{name} -> {target}")
+    return rooms
+
+
+def room_violations(edges: dict[str, set[str]], order: tuple[str, ...] = ROOMS_BOTTOM_UP) -> list[str]:
+    """Every import between rooms that runs up the order, every room the order lacks, and every cycle
+    of rooms (which an upward import always closes; named on its own so the message says which)."""
+    rooms = room_graph(edges)
+    rank = {room: i for i, room in enumerate(order)}
+    found = sorted(f"room {room!r} is not in ROOMS_BOTTOM_UP ({module})" for module in edges
+                   for room in [room_of(module)] if room not in rank)
+    for src, targets in sorted(rooms.items()):
+        for dst, why in sorted(targets.items()):
+            if src in rank and dst in rank and rank[dst] > rank[src]:
+                found.append(f"{src} imports {dst}, above it: {'; '.join(why)}")
+    found += [f"rooms in a cycle: {' -> '.join(c)}" for c in cycles({r: set(ts) for r, ts in rooms.items()}
+                                                                      | {r: set() for r in order if r not in rooms})]
+    return found
+
+
+def design_rooms(text: str) -> list[str]:
+    """The rooms of docs/design.md's table, bottom up: the first column of each row after its heading."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| room (bottom up)"))
+    names = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        names.append(line.split("|")[1].strip().strip("`").removeprefix("om_core/").rstrip("/"))
+    return names
+
+
+def test_rooms_import_only_downwards_and_never_in_a_cycle():
+    bad = room_violations(graph())
+    assert not bad, "imports against the rooms' order (ROOMS_BOTTOM_UP):\n" + "\n".join(bad)
+
+
+def test_the_design_page_draws_the_rooms_table():
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    assert design_rooms(text) == list(ROOMS_BOTTOM_UP)
+
+
+def test_the_room_check_fails_on_an_upward_or_circular_import(tmp_path):
+    """The checker itself, on a synthetic tree: a function-level import from store up into memory is
+    caught, with the cycle it closes; the same import under TYPE_CHECKING is not."""
+    def write(rel: str, text: str = "") -> None:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    write("om_core/__init__.py")
+    write("om_core/errors.py")
+    write("om_core/store/__init__.py")
+    write("om_core/memory/__init__.py")
+    write("om_core/memory/fold.py", "from om_core.store import db\n")
+    write("om_core/store/db.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from om_core.memory.fold import x\n")
+    assert room_violations(graph(tmp_path)) == []  # memory -> store runs down; TYPE_CHECKING never runs
+
+    write("om_core/store/db.py", "import om_core.errors\ndef f():\n    from om_core.memory.fold import x\n")
+    bad = room_violations(graph(tmp_path))
+    assert any(v.startswith("store imports memory, above it: om_core.store.db -> om_core.memory") for v in bad), bad
+    assert any(v.startswith("rooms in a cycle: ") and "memory" in v and "store" in v for v in bad), bad
+
+    write("om_core/newroom/__init__.py", "import om_core.errors\n")
+    assert any("'newroom' is not in ROOMS_BOTTOM_UP" in v for v in room_violations(graph(tmp_path)))
 
 
 def test_no_import_cycle():
