@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from om_core.settings import Settings
+
+if TYPE_CHECKING:
+    from om_core.workers.stages import ModelConfig
 
 # a live folder's runs must not overlap: a tick still running when the next is due skips that one
 _ONE_AT_A_TIME = {"limit": 1, "collision_strategy": "CANCEL_NEW"}
@@ -35,7 +38,7 @@ def resolved_inputs(settings: Settings, model: str | None = None,
     return ModelConfig.from_settings(settings, model, api_base, limit="prefect"), settings.model_dump(mode="json")
 
 
-def _model_json(model: Any) -> dict[str, Any]:
+def _model_json(model: ModelConfig | dict[str, Any]) -> dict[str, Any]:
     """A deployment carries the ModelConfig as JSON (no API key: a worker reads its own credentials)."""
     from om_core.workers.stages import ModelConfig
 
@@ -49,7 +52,7 @@ def _module_entrypoint():
     return EntrypointType.MODULE_PATH
 
 
-def _archive(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
+def _archive(directory: Path, db_path: str, model: ModelConfig | dict[str, Any], settings: dict[str, Any],
              exclude: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     from flows.pipeline import process_sessions
 
@@ -62,8 +65,8 @@ def _archive(directory: Path, db_path: str, model: Any, settings: dict[str, Any]
     )
 
 
-def _maintenance(directory: Path, db_path: str, model: Any, settings: dict[str, Any], every_seconds: int = 600,
-                 exclude: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
+def _maintenance(directory: Path, db_path: str, model: ModelConfig | dict[str, Any], settings: dict[str, Any],
+                 every_seconds: int = 600, exclude: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     from prefect.client.schemas.objects import ConcurrencyLimitConfig
 
     from flows.pipeline import maintain_sessions
@@ -79,19 +82,19 @@ def _maintenance(directory: Path, db_path: str, model: Any, settings: dict[str, 
     )
 
 
-def archive_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
+def archive_deployment(directory: Path, db_path: str, model: ModelConfig | dict[str, Any], settings: dict[str, Any],
                        exclude: list[str] | None = None):
     flow, options = _archive(directory, db_path, model, settings, exclude)
     return flow.to_deployment(**options)
 
 
-def maintenance_deployment(directory: Path, db_path: str, model: Any, settings: dict[str, Any],
+def maintenance_deployment(directory: Path, db_path: str, model: ModelConfig | dict[str, Any], settings: dict[str, Any],
                            every_seconds: int = 600, exclude: list[str] | None = None):
     flow, options = _maintenance(directory, db_path, model, settings, every_seconds, exclude)
     return flow.to_deployment(**options)
 
 
-def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: Any,
+def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: ModelConfig | dict[str, Any],
                   settings: dict[str, Any], every_seconds: int = 600, exclude: list[str] | None = None) -> None:
     """Serve the deployments from this process until it is stopped. Every parameter of theirs is pinned
     here (flows.served): a flow run asking for others is refused."""

@@ -207,7 +207,7 @@ class LiveEndpoint:
                  sessions: Iterable[str | os.PathLike] | None = None, socket_seconds: float = SOCKET_SECONDS,
                  on_answer: Callable[[str], None] | None = None,
                  settings_for: Callable[[Path, bool], Settings] | None = None) -> None:
-        if ws.path is None:
+        if not ws.has_file:
             raise TypeError("the live endpoint serves a database file")
         self.db_path = ws.path.resolve()
         # the session folders it reads from (default: Pi's own); a request for any other file is refused

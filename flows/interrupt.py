@@ -22,7 +22,11 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
+    from om_core.workers.stages import RunGuards
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -91,7 +95,7 @@ def end_processes(pids: list[int], timeout: float = 3.0) -> None:
     terminate_then_kill(procs, timeout)
 
 
-def _interrupt(ws: Any, run_id: str, guards: Any, signum: int) -> Interruption:
+def _interrupt(ws: Workspace, run_id: str, guards: RunGuards, signum: int) -> Interruption:
     import json
 
     from flows.pipeline import COMMIT_LOCK
@@ -151,16 +155,16 @@ class _Signals:
             signal.signal(s, h)
 
 
-def _record_helpers(ws: Any) -> None:
+def _record_helpers(ws: Workspace) -> None:
     """Note the run's helper processes in the writer lock file, for the next start after a kill -9
     (the run's row got those already running when the flow inserted it: om_core.store.runs.start_run)."""
     from om_core.store import writer_lock
 
-    if ws.path is not None:
+    if ws.has_file:
         writer_lock.record_helpers(ws.path)
 
 
-def run_interruptibly(ws: Any, run_id: str, guards: Any, work: Callable[[], dict[str, Any]],
+def run_interruptibly(ws: Workspace, run_id: str, guards: RunGuards, work: Callable[[], dict[str, Any]],
                       on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
     with _Signals() as got:

@@ -15,7 +15,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from om_core.settings import Settings
+    from om_core.workers.stages import ModelConfig, RunGuards
 
 MODEL_CALL_LIMIT = "om-model-calls"
 LimitMode = Literal["prefect", "process"]
@@ -59,7 +63,7 @@ class ProcessGate:
             return _semaphores.setdefault(self.slots, threading.BoundedSemaphore(self.slots))
 
 
-def run_guards(config, settings):  # noqa: ANN001, ANN201 - ModelConfig, Settings -> RunGuards
+def run_guards(config: ModelConfig, settings: Settings) -> RunGuards:
     """A run's guards, once per run (om_core.workers.stages.RunGuards): its breaker (``breakerFailures``),
     its --max-cost budget and the model-call gate of ``config.limit``."""
     from om_core.workers.stages import RunGuards

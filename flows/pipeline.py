@@ -43,8 +43,8 @@ from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, run_guards
 from flows.served import refused_run, steering
 from flows.storage import PrefectStageResults, stage_result_storage
-from flows.run_names import project_stage_name, project_summary, replay_name, run_summary, session_label, session_summary, session_tags, \
-    stage_name
+from flows.run_names import (project_stage_name, project_summary, replay_name, run_summary, session_label, session_summary, session_tags,
+                             stage_name)
 from flows.ticks import announce_tick, log_to_run
 from om_core.store import db as dbmod
 from om_core.store import writer_lock
@@ -153,7 +153,7 @@ def _finish(ws: Workspace, run_id: str, status: str, detail: dict[str, Any]) -> 
             raise
         # a full disk: the run's error line says so; the row is written by the next writer's start, from
         # the lock file (its block is allocated already)
-        if ws.path is not None:
+        if ws.has_file:
             writer_lock.note_unwritten_outcome(ws.path, run_id, status, detail)
 
 

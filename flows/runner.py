@@ -14,7 +14,12 @@ import secrets
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from om_core.replay.plan import RunPlan
+    from om_core.store.workspace import WorkspaceSpec
+    from om_core.workers.stages import ModelConfig, RunGuards
 
 
 # What om's Prefect API keeps of a run: the flow run, its task runs (named and tagged: what the UI
@@ -86,8 +91,9 @@ def task_runner(kind: str, concurrency: int, dask_address: str | None = None):
     raise ValueError(f"unknown task runner {kind!r}: use threads or dask")
 
 
-def run_pipeline(targets: list[str], *, model: Any, db_path: str | None = None,
-                 settings: dict[str, Any] | None = None, spec: Any = None, plan: Any = None, guards: Any = None,
+def run_pipeline(targets: list[str], *, model: ModelConfig | dict[str, Any], db_path: str | None = None,
+                 settings: dict[str, Any] | None = None, spec: WorkspaceSpec | None = None, plan: RunPlan | None = None,
+                 guards: RunGuards | None = None,
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
                  window: int | None = None,
                  task_runner_override: Any = None, run_id: str | None = None,

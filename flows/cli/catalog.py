@@ -11,8 +11,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import ExcludeOpt, SessionArg, app, counted, err, examples, out, print_json, print_rows, \
-    workspace
+from flows.cli.common import (ExcludeOpt, SessionArg, app, counted, err, examples, out, print_json, print_rows,
+                              workspace)
 from om_core.errors import InvalidArgument, OmError
 
 

@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -26,6 +26,9 @@ from flows.cli.placeholders import Group, Typer
 from om_core.store.db import resolve_db_path
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
+
+if TYPE_CHECKING:
+    from om_core.workers.stages import ModelConfig
 
 # The options several commands take, declared once.
 SessionArg = Annotated[str, typer.Argument(help="Session id, unique id prefix, or ingested file path.")]
@@ -149,7 +152,7 @@ def model_config(settings: Settings, model: str | None, api_base: str | None, as
     return config
 
 
-def announce_model(config: Any) -> None:
+def announce_model(config: ModelConfig) -> None:
     """One line when the workers run on the offline baseline (no model configured)."""
     if config.offline:
         err.print("[yellow]using the offline baseline (extractive rules, no model): set --model or OM_MODEL "

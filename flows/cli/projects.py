@@ -4,7 +4,7 @@ retirement of a memory id (issue 35). Reading imports neither litellm nor Prefec
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.markup import escape
 from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, out, print_json, print_rows, workspace
 from om_core.errors import InvalidArgument
 from om_core.recall.kinds import SearchKind
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
 
 
 @app.command(epilog=examples('om project', 'om project ~/src/app --json', 'om project --list',
@@ -78,7 +81,7 @@ def project(
         err.print(OFFLINE_MEMORY, highlight=False)
 
 
-def _reflect(ws, path: str | None, model: str | None, api_base: str | None, as_json: bool) -> None:  # noqa: ANN001
+def _reflect(ws: Workspace, path: str | None, model: str | None, api_base: str | None, as_json: bool) -> None:
     from flows.cli.common import model_config
     from om_core.project.stage import run_project_stages
     from om_core.store.repository import resolve_project

@@ -18,8 +18,8 @@ from rich import box
 from rich.table import Table
 
 from flows import progress
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, counted, err, examples, \
-    model_config, out, print_json, print_rows, workspace
+from flows.cli.common import (ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, counted, err, examples,
+                              model_config, out, print_json, print_rows, workspace)
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.limits import run_guards
 from flows.preflight import check_cluster_run, check_credential

@@ -7,19 +7,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 
 from flows.deployments import resolved_inputs, serve_locally
-from flows.cli.common import ApiBaseOpt, ExcludeOpt, ModelOpt, app, db_source, err, examples, out, print_json, print_rows, \
-    state, warn_exposure, workspace
+from flows.cli.common import (ApiBaseOpt, ExcludeOpt, ModelOpt, app, db_source, err, examples, out, print_json, print_rows,
+                              state, warn_exposure, workspace)
 from flows.interrupt import serve_until_signal
 from flows.preflight import check_credential
 from flows.runner import prepare_environment
 from flows.server import CREDENTIALS, api_open, local_server, server_home
 from om_core.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
 
 
 @app.command(epilog=examples(
@@ -98,20 +101,20 @@ def farewell_line(code: int, ended: list[str] | None) -> str:
     return f"{how}; the maintenance run in progress ({', '.join(ended)}) was ended and its next tick redoes it"
 
 
-def _mark_interrupted(ws, pids: list[int], signum: int) -> list[str]:
+def _mark_interrupted(ws: Workspace, pids: list[int], signum: int) -> list[str]:
     """The maintenance runs a signal ended (their flow run's process was ours), marked ``interrupted``,
     not left ``running``."""
     import signal
 
     from om_core.store.runs import mark_interrupted_runs
 
-    if ws.path is None or not ws.path.exists():
+    if not ws.has_file or not ws.path.exists():
         return []
     with ws.write() as con:
         return mark_interrupted_runs(con, pids, signal.Signals(signum).name)
 
 
-def _live_endpoint(ws, live: Path | None):
+def _live_endpoint(ws: Workspace, live: Path | None):
     """The live endpoint of this database in a thread, answering for the session files under the --live
     folder (without one, Pi's own), or None (and one line why) when another runs."""
     from flows.cli.live import project_settings

@@ -19,8 +19,8 @@ from om_core.ingest import plan as planning
 from om_core.ingest.files import session_file_row
 from om_core.ingest.plan import Plan, state_to_json
 from om_core.ingest.reader import Batch, FileReader, ProgressFn
-from om_core.ingest.migration import NotFollowed, follow_fork, follow_migration, followed_counts, \
-    keep_replaced_entries
+from om_core.ingest.migration import (NotFollowed, follow_fork, follow_migration, followed_counts,
+                                      keep_replaced_entries)
 from om_core.ingest.reports import FileReport, FollowedRewrite, no_header_error
 from om_core.ingest.rewrites import Before, before_replacing, what_was_lost
 from om_core.ingest.writer import BatchWriter, store_tree

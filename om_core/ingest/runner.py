@@ -59,7 +59,7 @@ def ingest(
         from om_core.recall.vectors import embedder
 
         model = embedder()
-    if ws.path is not None:
+    if ws.has_file:
         return _ingest(ws.path, paths, progress, encoding, threads, command, exclude, projects, model)
     with ws.write() as con:
         return _ingest(con, paths, progress, encoding, threads, command, exclude, projects, model)

@@ -4,8 +4,9 @@ reflections, ranked by BM25.
 The index is a terms table in the database (``om_internal.search_documents``, ``search_terms``), kept up
 to date by the writers: every ingest indexes what it added to its sessions (and drops what a rewrite
 took away), every run what it appended, ``om forget`` and the project stage theirs
-(``om_core.store.search_index.refresh_search_index``). Terms and BM25 are SQL (``sql/views/090_search.sql``): a search reads the
-index and never writes, so it works during a run like ``om sql``.
+(``refresh_search_index``, in ``om_core.store.search_index``). Terms and BM25 are SQL
+(``sql/views/090_search.sql``): a search reads the index and never writes, so it works during a run
+like ``om sql``.
 
 DuckDB's own full-text extension (``fts``) is not used: DuckDB installs extensions from its own
 server at run time, which om never reaches, and the only registry copies (PyPI's
@@ -59,7 +60,6 @@ def catch_up(ws: Workspace) -> int:
     """Index what the index lacks (a database written before it existed, or by a writer that does not
     keep it), when no other process is writing: the writer lock is tried, not waited for. Returns the
     documents left unindexed (0 once caught up; more while another process writes)."""
-    from om_core.store import writer_lock
     from om_core.store.db import transaction
     from om_core.errors import DatabaseBusy
 
@@ -68,8 +68,7 @@ def catch_up(ws: Workspace) -> int:
     if not behind:
         return 0
     try:
-        with ws.one_writer("search (indexing)") if ws.path is None else \
-                writer_lock.one_writer(ws.path, "search (indexing)", 0.05):
+        with ws.one_writer("search (indexing)", busy_seconds=0.05):  # tried, not waited for
             with ws.write() as con, transaction(con):
                 index_everything(con)
                 return int(scalar(con, "search_unindexed", {}) or 0)

@@ -128,7 +128,6 @@ def catch_up_vectors(ws: Workspace, model: Embedder) -> int:
     """Embed what the index lacks when no other process writes (the writer lock is tried, not waited
     for). Returns the documents left without a vector."""
     from om_core.errors import DatabaseBusy
-    from om_core.store import writer_lock
     from om_core.store.db import transaction
 
     with ws.read() as con:
@@ -136,8 +135,7 @@ def catch_up_vectors(ws: Workspace, model: Embedder) -> int:
     if not behind:
         return 0
     try:
-        with ws.one_writer("recall (embedding)") if ws.path is None else \
-                writer_lock.one_writer(ws.path, "recall (embedding)", 0.05):
+        with ws.one_writer("recall (embedding)", busy_seconds=0.05):  # tried, not waited for
             with ws.write() as con, transaction(con):
                 refresh_vectors(con, model)
                 return missing(con, model)

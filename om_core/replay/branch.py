@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from om_core.replay.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
 from om_core.store.catalog import branch_for_cut_point
@@ -33,6 +33,9 @@ from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
 from om_core.replay.stage_runner import StageRunner
 from om_core.workers.stages import prepare_stage
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
 
 # Stages whose input is read from the ledger on the branch alone (not from the entries after a
 # watermark): the reflector's (its current reflections, active observations, observation watermark).
@@ -111,7 +114,7 @@ class BranchReport:
 class BranchReplayer:
     """One branch's replay; ``runner`` runs its stages (None: an outlook, which runs none)."""
 
-    def __init__(self, ws: Any, session_id: str, leaf: str, runner: StageRunner | None, *,
+    def __init__(self, ws: Workspace, session_id: str, leaf: str, runner: StageRunner | None, *,
                  drain: bool = True, compactor: Compactor = simulate_compaction, run_id: str | None = None,
                  progress: Progress | None = None) -> None:
         self.db = ws  # the workspace: its database and its settings
@@ -401,19 +404,19 @@ class Outlook:
     uncovered_tokens: int  # source tokens after the observer's watermark: what a drain observes in any case
 
 
-def branch_outlook(ws: Any, session_id: str, tip: str, model: str) -> Outlook:
+def branch_outlook(ws: Workspace, session_id: str, tip: str, model: str) -> Outlook:
     """``BranchReplayer.outlook`` of the branch ending at ``tip``, with the workspace's settings."""
     return BranchReplayer(ws, session_id, tip, None).outlook(model)
 
 
-def session_leaves(ws: Any, session_id: str) -> list[str]:
+def session_leaves(ws: Workspace, session_id: str) -> list[str]:
     """Every leaf of a session, in file order (branches sharing a prefix share its records)."""
     with ws.read() as con:
         return [row["entry_id"] for row in rows_as_dicts(con.execute(query("session_leaves"),
                                                                      {"session_id": session_id}))]
 
 
-def replay_branches(ws: Any, session_id: str, runner: StageRunner, *, drain: bool = True,
+def replay_branches(ws: Workspace, session_id: str, runner: StageRunner, *, drain: bool = True,
                     run_id: str | None = None, progress: Progress | None = None) -> list[BranchReport]:
     """Replay every branch of a session, in file order, one stage at a time, with the workspace's settings
     (the replay engine's loop: om_core.replay.engine.replay_payload)."""

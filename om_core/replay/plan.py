@@ -34,6 +34,7 @@ from om_core.settings import Settings
 from om_core.store.sqlfiles import query
 
 if TYPE_CHECKING:
+    from om_core.ingest.reports import IngestReport
     from om_core.store.workspace import Workspace
 
 
@@ -140,7 +141,7 @@ class Targets(NamedTuple):
     problems: list[str]  # a missing path or an unknown id, one line each
 
 
-def check_targets(ws: Any, targets: list[str], *, strict: bool = True) -> Targets:
+def check_targets(ws: Workspace, targets: list[str], *, strict: bool = True) -> Targets:
     """The run's targets, checked offline (it reads only). ``strict`` (a command): a missing path or unknown
     session id stops everything, in one line, before anything is done (``TargetsMissing``); otherwise (a
     scheduled flow) it is one of the plan's errors."""
@@ -150,7 +151,7 @@ def check_targets(ws: Any, targets: list[str], *, strict: bool = True) -> Target
     problems = [f"{p}: no such file or directory" for p in missing]
     session_ids: list[str] = []
     if refs:
-        if ws.path is not None and not ws.path.exists():
+        if ws.has_file and not ws.path.exists():
             problems += [f"{r}: no such file, directory or ingested session (no database yet)" for r in refs]
         else:
             with ws.read() as con:
@@ -164,8 +165,8 @@ def check_targets(ws: Any, targets: list[str], *, strict: bool = True) -> Target
     return Targets(paths, session_ids, problems)
 
 
-def ingest_targets(ws: Any, targets: Targets, *, command: str = "ingest", progress: Callable[..., None] | None = None,
-                   exclude: Sequence[str] = ()) -> Any:
+def ingest_targets(ws: Workspace, targets: Targets, *, command: str = "ingest", progress: Callable[..., None] | None = None,
+                   exclude: Sequence[str] = ()) -> IngestReport:
     """The step before the plan: the new lines of the targets' paths ingested (``exclude``: globs leaving
     out files a directory walk finds). Returns the ingest's report (om_core.ingest), None without paths."""
     if not targets.paths:
@@ -175,7 +176,7 @@ def ingest_targets(ws: Any, targets: Targets, *, command: str = "ingest", progre
     return ingest(ws, targets.paths, command=command, progress=progress, exclude=exclude)
 
 
-def plan_run(ws: Any, targets: Targets, ingested: Any, *, model: str, drain: bool) -> RunPlan:
+def plan_run(ws: Workspace, targets: Targets, ingested: IngestReport | None, *, model: str, drain: bool) -> RunPlan:
     """The run's plan from its checked targets and what their ingest reported (``ingested``: None when
     nothing was ingested): the sessions it covers, the ones due and their fingerprints. It reads only."""
     session_ids = list(targets.session_ids)
@@ -262,7 +263,7 @@ def estimate_for_targets(ws: Workspace, targets: list[str], model: str) -> tuple
     refs = [t for t in targets if not Path(t).exists() and "/" not in t and not t.endswith(".jsonl")]
     files, _ = discover(paths)
     backlog = None
-    if ws.path is None or ws.path.is_file():  # no database file yet: nothing ingested to count
+    if not ws.has_file or ws.path.is_file():  # no database file yet: nothing ingested to count
         try:
             with ws.read() as con:
                 sids = []

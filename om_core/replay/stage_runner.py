@@ -18,15 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from om_core.store.catalog import resolve_session, resolve_tip
 from om_core.store.db import scalar
 from om_core.errors import storage_error
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
-from om_core.workers.stages import BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards, \
-    RunStopped, compute_stage, make_brain, prepare_stage, record_stage, stage_model
+from om_core.workers.stages import (BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards,
+                                   RunStopped, compute_stage, make_brain, prepare_stage, record_stage, stage_model)
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
 
 __all__ = ["BudgetReached", "RunGuards", "RunStopped", "StageResults", "StageRunner", "TableStageResults",
            "observe_now", "reflect_now"]
@@ -48,7 +51,7 @@ class TableStageResults:
     is in the ledger: in the append's transaction (om_core.workers.stages.record_outcome) or, for a
     replay, in its commit's (om_core.replay.engine.commit_replay)."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Workspace) -> None:
         self.ws = ws
 
     def get(self, prepared: PreparedStage) -> ComputedStage | None:
@@ -98,7 +101,7 @@ class StageRunner:
     ``kept`` lists the stage keys whose results this runner found or put in ``results``: once the
     replay's rows are committed, nothing asks for them again."""
 
-    def __init__(self, ws: Any, brain: Brain, results: StageResults | None = None, run_id: str | None = None,
+    def __init__(self, ws: Workspace, brain: Brain, results: StageResults | None = None, run_id: str | None = None,
                  compute: Compute | None = None, guards: RunGuards | None = None) -> None:
         self.ws = ws
         self.brain = brain
@@ -145,13 +148,13 @@ class StageRunner:
 # ------------------------------------------------------------------ manual stages (om observe / om reflect)
 
 
-def _session_and_tip(ws: Any, session: str, leaf: str | None) -> tuple[str, str]:
+def _session_and_tip(ws: Workspace, session: str, leaf: str | None) -> tuple[str, str]:
     with ws.read() as con:
         sid = resolve_session(con, session)
         return sid, resolve_tip(con, sid, leaf)
 
 
-def observe_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
+def observe_now(ws: Workspace, session: str, leaf: str | None, config: ModelConfig,
                 run_id: str | None = None) -> StageOutcome:
     """One observer stage now, on the oldest uncovered chunk, even below the threshold."""
     sid, tip = _session_and_tip(ws, session, leaf)
@@ -160,7 +163,7 @@ def observe_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
     return runner(StageRequest(sid, tip, "observer"))
 
 
-def reflect_now(ws: Any, session: str, leaf: str | None, config: ModelConfig,
+def reflect_now(ws: Workspace, session: str, leaf: str | None, config: ModelConfig,
                 run_id: str | None = None) -> list[StageOutcome]:
     """The reflector now; then the dropper if it appended reflections and the pool is over target."""
     sid, tip = _session_and_tip(ws, session, leaf)

@@ -449,5 +449,5 @@ def report_page(ws: Workspace, sessions: list[str] | None) -> str:
     """The report's one HTML page (``om report --out -`` prints it)."""
     settings = ws.settings  # resolved first: a bad settings source fails before any reading
     reports = collect(ws, sessions)
-    database = ws.path if ws.path is not None else "(an open connection)"
+    database = ws.path if ws.has_file else "(an open connection)"
     return render_page(reports, settings, database)

@@ -229,6 +229,12 @@ class Workspace:
     def path(self) -> Path | None:
         return self.db.path if isinstance(self.db, FileDatabase) else None
 
+    @property
+    def has_file(self) -> bool:
+        """Whether the database is a file of its own (then ``path`` names it), not one in memory or a
+        caller's open connection: only a file has a writer lock, helpers and a disk that fills."""
+        return isinstance(self.db, FileDatabase)
+
     # ------------------------------------------------------------------ using it
 
     def read(self):
@@ -244,13 +250,15 @@ class Workspace:
         with self.write() as con:
             yield Workspace(ConnectionDatabase(con), self.settings)
 
-    def one_writer(self, command: str):
+    def one_writer(self, command: str, busy_seconds: float | None = None):
         """The database's writer lock around a writing command or flow run (``om_core.store.writer_lock``):
-        ``DatabaseBusy`` (exit 3) when another process holds it. A workspace around an open
-        connection or in memory has no file another process could write."""
-        if self.path is None:
+        ``DatabaseBusy`` (exit 3) when another process holds it after ``busy_seconds`` (the database's
+        own wait by default). A workspace around an open connection or in memory has no file another
+        process could write."""
+        if not isinstance(self.db, FileDatabase):
             return nullcontext()
-        return writer_lock.one_writer(self.path, command, self.db.busy_seconds)
+        wait = self.db.busy_seconds if busy_seconds is None else busy_seconds
+        return writer_lock.one_writer(self.db.path, command, wait)
 
     def rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The named query's rows as dicts (column name -> value)."""
