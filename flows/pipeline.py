@@ -110,7 +110,7 @@ def replay_session_task(payload: Any, model: ModelConfig, settings: Settings, dr
 
 @task(name="project-stage", persist_result=False, cache_policy=NO_CACHE)
 def project_stage_task(inp: ProjectInput, brain: Any, settings: Settings) -> ProjectOutcome:
-    """One project stage's model run (issue 35) on its read input; touches no database (this process
+    """One project stage's model run on its read input; touches no database (this process
     reads the input and records the outcome: om_core.project.stage.project_stage)."""
     return compute_project_stage(inp, brain, settings)
 

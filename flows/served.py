@@ -1,4 +1,4 @@
-"""A flow run of a deployment `om serve` serves cannot be steered (issue 31 item 2).
+"""A flow run of a deployment `om serve` serves cannot be steered.
 
 Whoever may create flow runs on a Prefect API (or edit a deployment there) chooses their parameters:
 for om's flows, the sessions folder read, the database written, the model server the prompts go to

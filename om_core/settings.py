@@ -160,7 +160,7 @@ class Settings(BaseModel):
     # asking it again (the observer always backs off so, SPEC §9; the extension's reflector does not)
     reflectorBackoff: bool = False
 
-    # --- project memory (issue 35)
+    # --- project memory
     # folder -> project id: a session whose cwd is that folder or below it belongs to that project
     # (overrides the git work tree's remote or root, om_core.store.repository)
     projects: dict[str, str] = Field(default_factory=dict)

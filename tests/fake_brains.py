@@ -39,7 +39,7 @@ _SESSION_REFLECTION = re.compile(r"^\[([0-9a-f]{12})\] reflection: (.+)$", re.MU
 
 def stage_of(body: dict) -> str:
     """The worker a request is from, by its task (the three share their system prompt and tools), or
-    the project stage (issue 35: a system prompt of its own)."""
+    the project stage (a system prompt of its own)."""
     from om_core.project.distil import PROJECT_SYSTEM
 
     if body["messages"][0]["content"] == PROJECT_SYSTEM:

@@ -1,4 +1,4 @@
-"""A plain-Python reference of the project fold (issue 35), used only as a test oracle for the SQL
+"""A plain-Python reference of the project fold, used only as a test oracle for the SQL
 (``project_fold`` in sql/views/080_projects.sql). Written from the rule, sharing no code with om_core:
 records in append order; the first occurrence of a reflection id wins (earliest record, then place in
 it); every retired id is a tombstone, even one not seen yet, and its reason is that of the first

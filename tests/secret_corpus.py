@@ -126,7 +126,7 @@ SECRETS: list[tuple[str, str, str]] = [
     ("entropy-near-word", "the api key is {s}, keep it safe", rnd("near", 26, LOWER_ALNUM)),
     ("entropy-near-secret", "secret: {s}", rnd("near2", 32)),
     ("entropy-credentials-prose", "credentials for staging are {s}", rnd("near3", 24)),
-    # issue 23: shapes that reached the model, and secrets that look like identifiers where a secret's
+    # shapes that reached the model, and secrets that look like identifiers where a secret's
     # name is assigned (a UUID or hex value assigned to a token's name is the token: Consul, Heroku)
     ("pgpassword-prose", "run it as PGPASSWORD={s} psql -h db.internal -U orders", rnd("pgpw", 16)),
     ("pgpassword-backticks", "I used `PGPASSWORD={s} pg_dump orders > dump.sql`", "Pg-" + rnd("pgpw2", 12)),
@@ -206,7 +206,7 @@ NEAR_MISSES = [
 ]
 
 
-# ------------------------------------------------------------------ identifiers that must pass (issue 23)
+# ------------------------------------------------------------------ identifiers that must pass
 
 def _b64_digest(data: bytes, algorithm: str) -> str:
     import base64
@@ -341,13 +341,13 @@ LOOKALIKES = [
     "tokens used: 123456 of 200000",
     "cache key users:42:profile:v3",
     "the key is in ~/.ssh/id_ed25519.pub",
-    # issue 32: an om run id (16 hex) after a token count is no token: nothing assigns it to the word
+    # an om run id (16 hex) after a token count is no token: nothing assigns it to the word
     "Token usage: 1,234,567 prompt tokens in run 3f9a2c7d1e0b4a56",
     "token usage 12,345 prompt / 678 completion in run 9b1c2d3e4f5a6b7c (see om logs)",
 ]
 
 
-# ------------------------------------------------------------------ scoring (issue 23)
+# ------------------------------------------------------------------ scoring
 
 @dataclass
 class Score:

@@ -1,5 +1,4 @@
-"""The catalog (session references, listing, read-only SQL, cut point) and the analyst schema (issue 2,
-items 5 and 7)."""
+"""The catalog (session references, listing, read-only SQL, cut point) and the analyst schema."""
 
 from __future__ import annotations
 

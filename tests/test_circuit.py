@@ -1,4 +1,4 @@
-"""Fail fast (issue 12, item 2): error classes, the run's circuit breaker, and the offline preflight,
+"""Fail fast: error classes, the run's circuit breaker, and the offline preflight,
 through litellm's real HTTP path against the fake model server."""
 
 from __future__ import annotations

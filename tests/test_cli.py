@@ -1,5 +1,4 @@
-"""The `om` command line: ingest, sessions, sql, cutpoint; --db / OM_DB; clear errors without tracebacks
-(issue 2, items 5-8)."""
+"""The `om` command line: ingest, sessions, sql, cutpoint; --db / OM_DB; clear errors without tracebacks."""
 
 from __future__ import annotations
 
@@ -574,7 +573,7 @@ def test_real_session_cutpoints(real_db, ref, session_id, first_kept, turn_start
     assert turn_role == "user"
 
 
-# ------------------------------------------------------------------ conventions (issue 15, item 5)
+# ------------------------------------------------------------------ conventions
 
 
 def _commands() -> list[str]:

@@ -1,4 +1,4 @@
-"""`om run` on a real cluster (issue 11, item 3): a `prefect server start`, a `dask scheduler` and two
+"""`om run` on a real cluster: a `prefect server start`, a `dask scheduler` and two
 `dask worker` processes on 127.0.0.1, started from their own directories in mount namespaces where
 the database's directory is an empty tmpfs (tests/cluster.py). The ledger must be the threads run's,
 record for record, also when a worker is killed mid-run; without a reachable Prefect API the run

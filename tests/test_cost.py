@@ -1,4 +1,4 @@
-"""Model cost (issue 14, item 4): prices from litellm's local cost map, the estimate before a run,
+"""Model cost: prices from litellm's local cost map, the estimate before a run,
 the budget that stops a run before it would pass --max-cost, and the cost views.
 
 The budget tests replay a session (``replay_session``, with the run's guards holding the budget) against the fake model server (no

@@ -114,7 +114,7 @@ def populated(tmp_path: Path, server) -> Path:
     with dbmod.writing(db) as con:  # a computed result not yet appended (what a crash leaves)
         con.execute("INSERT INTO om_internal.stage_results (session_id, stage_key, stage, result) "
                     "VALUES (?, 'key-1', 'observer', '[]')", [OTHER])
-    # project memory (issue 35): the offline project stage, and a user's forget of what it recorded
+    # project memory: the offline project stage, and a user's forget of what it recorded
     from om_core.usecases.forget import forget
     from om_core.project.stage import run_due_projects
 

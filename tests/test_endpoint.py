@@ -212,7 +212,7 @@ def test_one_endpoint_per_database_and_its_announcement_goes_with_it(tmp_path):
     assert running_endpoint(ws.path) is None
 
 
-# ------------------------------------------------------------------ what another local process may send (issue 31 item 6)
+# ------------------------------------------------------------------ what another local process may send
 
 
 def _send(url: str, raw: bytes, timeout: float = 20.0, shut: bool = False) -> tuple[int, dict]:

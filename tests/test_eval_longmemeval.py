@@ -1,4 +1,4 @@
-"""`om eval longmemeval` (issue 16) on a small LongMemEval-format file written by the project, with
+"""`om eval longmemeval` on a small LongMemEval-format file written by the project, with
 the fake model server playing workers, reader, native summarizer and judge."""
 
 from __future__ import annotations

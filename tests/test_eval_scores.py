@@ -1,4 +1,4 @@
-"""The LongMemEval scores as the official scripts compute them (issue 22 item 4), each case against
+"""The LongMemEval scores as the official scripts compute them, each case against
 the official formulas written out here (LongMemEval src/evaluation/print_qa_metrics.py and
 evaluate_qa.py), and what a run refuses or skips before a reader could be misled."""
 

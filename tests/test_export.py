@@ -319,7 +319,7 @@ def test_with_no_folded_compaction_in_the_file_nothing_is_visible(tmp_path):
     assert isinstance(both.exception, InvalidArgument) and "--replayed" in str(both.exception)
 
 
-# ---------------------------------------------------------------- record timestamps (SPEC §6, issue 13)
+# ---------------------------------------------------------------- record timestamps (SPEC §6)
 
 
 def test_records_carry_the_time_they_were_made_never_before_their_parent(tmp_path):

@@ -1,5 +1,5 @@
 """A session written the way the TypeScript extension writes it imports unchanged, and the `om`
-commands agree with it (issue 3, Done-when).
+commands agree with it.
 
 The session below is what Pi plus `pi-observational-memory` leave on disk: `custom` entries
 `om.observations.recorded` / `om.reflections.recorded` / `om.observations.dropped` appended by

@@ -1,4 +1,4 @@
-"""Faults end cleanly (issue 26), injected for real on a real `om run` process: a kill -9 after its
+"""Faults end cleanly, injected for real on a real `om run` process: a kill -9 after its
 Prefect server started leaves no orphan past the next start; a SIGTERM in a retry storm leaves the
 `interrupted` row and line."""
 

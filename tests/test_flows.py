@@ -169,7 +169,7 @@ def clean_run(prefect_api, tmp_path_factory) -> dict:
                               capture_output=True, text=True, timeout=300)
         requests = len(server.requests)
     assert done.returncode == 0, done.stderr[-2000:]
-    # issue 34: a stage's kept result goes once its record is committed; a finished run leaves none
+    # a stage's kept result goes once its record is committed; a finished run leaves none
     assert not list(Path(f"{db}.stage-results").glob("*.json"))
     return {"sessions": root / "sessions", "requests": requests, "cost": json.loads(done.stdout)["cost"],
             "snapshot": snapshot(db)}
@@ -416,9 +416,9 @@ def test_a_tick_beside_another_writer_is_skipped_with_a_line(prefect_api, tmp_pa
 def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
     """Issue 25 item 5, read through the Prefect client as the UI reads it: task runs named by what
     they do (``replay · <file>``, ``observer · <file> · entries a–b``), the replay tasks tagged with the
-    session id and ``stage:replay`` (issue 34: only they, since Prefect asks its API for concurrency
-    slots for every tagged task run), and the run's summary in the flow run's logs; and no more:
-    Prefect's event feed is not kept (issue 34: it was most of what a run left in Prefect's database)."""
+    session id and ``stage:replay`` (only they, since Prefect asks its API for concurrency slots for every
+    tagged task run), and the run's summary in the flow run's logs; and no more: Prefect's event feed is
+    not kept (it was most of what a run left in Prefect's database)."""
     import asyncio
     import time
 

@@ -1,4 +1,4 @@
-"""What redaction's guesses leave alone (om_core/redaction/identifiers.py, issue 23): the shapes are told apart
+"""What redaction's guesses leave alone (om_core/redaction/identifiers.py): the shapes are told apart
 from secrets of the same characters, and references from ids a secret's name may hold."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ingest of Pi session files into DuckDB (issue 2, items 6-8): lossless, idempotent, incremental,
+"""Ingest of Pi session files into DuckDB: lossless, idempotent, incremental,
 rewrite detection, bad input, duplicate sessions, and the real sample sessions."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_raw_lines_and_physical_line_numbers_are_kept(tmp_path, db_path):
 
 
 def test_header_line_kept_verbatim(tmp_path, db_path):
-    """Lossless (issue 2 item 6: "the raw JSON of every line is kept"): the header line too, with the legacy
+    """Lossless ("the raw JSON of every line is kept"): the header line too, with the legacy
     fields Pi keeps but never reads (pi-sessions.md 1.2: provider, modelId, thinkingLevel, branchedFrom)."""
     head = (b'{"type":"session","id":"' + SID.encode() + b'","timestamp":"2026-01-15T14:00:00.000Z",'
             b'"cwd":"/p","provider":"anthropic","modelId":"claude-opus-4-5","thinkingLevel":"off",'
@@ -1048,7 +1048,7 @@ def test_real_sessions_are_lossless(real_db):
         assert file_lines[len(stored) + 1:] == [""]
 
 
-# ------------------------------------------------------------------ write errors (issue 12, item 5)
+# ------------------------------------------------------------------ write errors
 
 
 def test_a_file_failing_with_batches_still_queued_does_not_stall_the_read_ahead(tmp_path, db_path, monkeypatch):
@@ -1155,7 +1155,7 @@ def test_a_read_only_filesystem_is_one_line_and_reads_still_work(tmp_path, small
     assert [s["session_id"] for s in json.loads(listed.stdout)] == [SID]
 
 
-# ------------------------------------------------------------------ lines JSON.parse reads (issue 15 item 3)
+# ------------------------------------------------------------------ lines JSON.parse reads
 
 
 def lone(text: str) -> str:
@@ -1325,7 +1325,7 @@ def test_an_ingest_error_is_one_line(tmp_path, db_path, monkeypatch):
     assert error == "ValueError: first line second line third line"
 
 
-# ------------------------------------------------------------------ migration 004 (issue 17)
+# ------------------------------------------------------------------ migration 004
 
 
 def test_a_database_migrated_from_003_has_the_tree_of_a_fresh_ingest(tmp_path, db_path):

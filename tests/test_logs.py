@@ -1,4 +1,4 @@
-"""`om logs` (issue 12, item 6): every model call, newest first, with its request as sent (after
+"""`om logs`: every model call, newest first, with its request as sent (after
 redaction) and its response, stored in ``om_internal.llm_call_texts`` (view ``llm_call_texts``)."""
 
 from __future__ import annotations

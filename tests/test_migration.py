@@ -1,4 +1,4 @@
-"""Memory follows Pi's own rewrites (issue 33 item 1; pi-sessions.md §1.5): a v1 file om maintained,
+"""Memory follows Pi's own rewrites (pi-sessions.md §1.5): a v1 file om maintained,
 then migrated in place by Pi (new random ids, parent ids, hookMessage renamed), keeps every record of
 om's on its entries: nothing orphaned, the fold, the projections, the compactions and the clocks at
 every point of the branch equal to before (through the map of ids), recall unchanged, and om run has

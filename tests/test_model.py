@@ -1,4 +1,4 @@
-"""The model layer (issue 4, item 1): one chat call through litellm's real HTTP path against the fake
+"""The model layer: one chat call through litellm's real HTTP path against the fake
 OpenAI-compatible server, classified errors, our own retries with backoff, a CallRecord per attempt,
 streaming, and the thinking level mapped to reasoning only where litellm says the model supports it.
 
@@ -296,7 +296,7 @@ def test_a_missing_api_key_is_permanent_even_when_reported_as_a_500():
     assert classify(InternalServerError("upstream overloaded")).kind == "transient"
 
 
-# ------------------------------------------------------------------ prompt-cache breakpoints (issue 14)
+# ------------------------------------------------------------------ prompt-cache breakpoints
 
 
 def test_cache_breakpoints_are_kept_only_for_providers_that_take_them():

@@ -1,4 +1,4 @@
-"""The offline baseline (issue 4, item 6): extractive observer, reflector and dropper that need no
+"""The offline baseline: extractive observer, reflector and dropper that need no
 model, run through the same stages and checks as a model, on a small built session and on the real
 sample session ../shared/sessions/before-compaction.jsonl.
 """

@@ -1,4 +1,4 @@
-"""The om extension trusts only what the user trusts (issue 31 item 5), with the real Pi 1.6.0 in RPC mode:
+"""The om extension trusts only what the user trusts, with the real Pi 1.6.0 in RPC mode:
 
 - a project Pi does not trust (`--no-approve`) chooses nothing: its `.pi/settings.json` cannot name the
   command the extension runs, and om (told `--no-project-settings`) reads neither that file nor the

@@ -1,4 +1,4 @@
-"""A Prefect API om starts requires its credential (issue 31 item 1), beyond the server `om serve` starts
+"""A Prefect API om starts requires its credential, beyond the server `om serve` starts
 (tests/test_serve.py's test_served_*): the local API Prefect starts for `om run`, and which running
 server om reuses (only one it started, still this user's, still locked)."""
 

@@ -1,4 +1,4 @@
-"""Project memory, search and forget (issue 35), on sessions built in code in two git repositories
+"""Project memory, search and forget, on sessions built in code in two git repositories
 whose folders have the same name (``.../alpha/app`` and ``.../beta/app``).
 
 Repository A has a remote and two sessions (one started in a subfolder); repository B has no remote

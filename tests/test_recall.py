@@ -300,7 +300,7 @@ def test_the_eval_reader_s_recall_tool_prints_a_reflection_with_its_supporting_i
     assert f"Observation [{mid(A)}]" in text
 
 
-# ------------------------------------------------------------------ secrets stay out (issue 31 item 7)
+# ------------------------------------------------------------------ secrets stay out
 
 KEY = "sk-proj-" + "Q7x2Lm9Vr4Tb8Nc1Zp6Wd3Hs5Kf0Jg2Ye7Ua4Io9Pq1Rt"
 PASSWORD = "Tr0ub4dor&3-horse-battery"

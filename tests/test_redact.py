@@ -1,4 +1,4 @@
-"""Secret redaction (issue 4 item 4, issue 15 item 1): every common secret shape becomes a marker in
+"""Secret redaction: every common secret shape becomes a marker in
 what leaves the machine, ordinary text and code are left alone, the stored session is untouched, and
 recall still shows the original locally. The end-to-end tests read what the fake model server actually
 received and every compaction summary.
@@ -356,7 +356,7 @@ def test_a_private_key_cut_by_the_head_tail_excerpt_does_not_leak(server, tmp_pa
     assert leaked == [], f"{len(leaked)} of {len(key_lines)} private key lines were sent to the model"
 
 
-# ------------------------------------------------------------------ identifiers end to end (issue 23)
+# ------------------------------------------------------------------ identifiers end to end
 
 
 EXAMPLE_SECRETS = {"qk_live_4f9a2c7e1b8d6035a9e2", "qk_live_2b81f0c4d7e95a36c1f8", "qk_live_0123456789abcdef0123",

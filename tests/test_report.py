@@ -1,4 +1,4 @@
-"""`om report` (issue 6, item 4): the static HTML page is well-formed XHTML, shows every session with
+"""`om report`: the static HTML page is well-formed XHTML, shows every session with
 its memory charts, compaction markers by gap class and model-call totals, says so when a session has
 no memory yet, and renders to PNG when a headless Chromium is at hand."""
 

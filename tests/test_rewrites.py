@@ -1,4 +1,4 @@
-"""Rewritten session files (issue 26, item 4): what a rewrite took away is reported by file name
+"""Rewritten session files: what a rewrite took away is reported by file name
 (entries, and this project's memory records now without their evidence); the records stay in the
 ledger, marked in the orphaned_records view, and om recall says their source is gone."""
 

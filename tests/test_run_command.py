@@ -154,7 +154,7 @@ def test_a_missing_path_fails_in_one_line_before_anything_starts(tmp_path):
                 env=env_for(tmp_path, **NO_API), timeout=60)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    # one line: not the offline baseline's banner first (issue 33 item 5)
+    # one line: not the offline baseline's banner first
     assert len(lines) == 1 and lines[0].startswith("error:") and "gone.jsonl: no such file or directory" in lines[0]
     assert "orchestrator" not in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "om.duckdb").exists()  # nothing was ingested either

@@ -1,4 +1,4 @@
-"""Scheduled maintenance that runs (issue 11, item 7): `om serve --live` on no configured Prefect API
+"""Scheduled maintenance that runs: `om serve --live` on no configured Prefect API
 starts a local Prefect server with its scheduler, every tick ingests new lines and runs the due
 stages with the user's resolved settings, and stopping `om serve` stops that server; deployments
 registered on a server (`python -m deployments`) carry the resolved settings from every source."""

@@ -377,8 +377,8 @@ def test_om_config_json_has_effective_values(tmp_path):
 
 
 def test_every_setting_is_in_the_readme_settings_table():
-    """Each setting's name is in the settings page's table (issue 32: a new setting comes with its name,
-    default and effect); the page is generated from the settings table (docs_gen)."""
+    """Each setting's name is in the settings page's table (a new setting comes with its name, default
+    and effect); the page is generated from the settings table (docs_gen)."""
     from pathlib import Path
 
     from om_core.settings import Settings

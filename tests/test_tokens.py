@@ -323,7 +323,7 @@ def test_unknown_encoding_raises():
         count_tokens(["hello"], encoding="no_such_encoding")
 
 
-# ---------------------------------------------------------------- bounded run count (issue 15 item 4)
+# ---------------------------------------------------------------- bounded run count
 
 
 def exact_counts(texts: list[str]) -> list[int]:
@@ -411,7 +411,7 @@ def test_normal_text_is_counted_exactly():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("ab é½_-.1 \n\t\u2003"), st.integers(1, 1_400)), min_size=1, max_size=8))
 def test_the_long_run_pre_check_skips_only_texts_without_a_long_run(runs):
-    """issue 34: bounded_pieces' cheap pre-check gives what the regex scan alone gives, for texts made of
+    """bounded_pieces' cheap pre-check gives what the regex scan alone gives, for texts made of
     runs of letters, digits, punctuation and whitespace of every kind and length around LONG_RUN_CHARS."""
     text = "".join(char * n for char, n in runs)
     scanned = None

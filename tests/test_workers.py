@@ -1,4 +1,4 @@
-"""The memory workers of SPEC §8 (issue 4, items 2, 3, 5): observer, reflector and dropper as tool-calling
+"""The memory workers of SPEC §8: observer, reflector and dropper as tool-calling
 runs through litellm against the fake OpenAI-compatible server, with code (not the model) making ids,
 token counts, validation and the dropper's selection.
 
@@ -860,7 +860,7 @@ def test_a_result_computed_but_not_appended_is_appended_later_without_asking_aga
     assert rows(db_path, "SELECT count(*) FROM om_internal.stage_results") == [(0,)]
 
 
-# ------------------------------------------------------------------ one call per stage; cached tokens (issue 14)
+# ------------------------------------------------------------------ one call per stage; cached tokens
 
 
 @pytest.mark.parametrize("closing_turn, calls", [(False, 1), (True, 2)])
@@ -948,7 +948,7 @@ def test_consecutive_observer_prompts_share_their_memory_as_a_prefix(server, tmp
     assert server.requests[0]["messages"][0] == server.requests[1]["messages"][0]
 
 
-# ---------------------------------------------------------------- the stage records (issue 17)
+# ---------------------------------------------------------------- the stage records
 
 
 def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
@@ -991,7 +991,7 @@ def test_the_droppers_follow_only_a_reflector_run_that_appended_reflections():
     assert asked == ["reflector", "dropper", "reflection-dropper"]  # a recorded dropper has no follow-up
 
 
-# ------------------------------------------------------------------ issue 32: flawed answers, through litellm
+# ------------------------------------------------------------------ flawed answers, through litellm
 
 
 def repaired(db) -> list[tuple]:
@@ -1138,7 +1138,7 @@ def test_a_reworded_reflection_is_a_duplicate_of_the_current_one(server, tmp_pat
     assert lines[2].startswith("2. rejected: content names [ffffffffffff]")
 
 
-# ------------------------------------------------------------------ issue 32: the observer's view of tool parts
+# ------------------------------------------------------------------ the observer's view of tool parts
 
 
 def test_long_tool_results_and_arguments_are_shortened_in_the_observers_view_only(server, tmp_path, db_path):

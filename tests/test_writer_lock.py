@@ -1,4 +1,4 @@
-"""One writer at a time (issue 26, item 5): a second writing command on one database gets exit 3 and
+"""One writer at a time: a second writing command on one database gets exit 3 and
 one line naming the holder; the lock is re-entrant within a process and never outlives its holder
 (kill -9 included). The two real `om run` at once are in test_run_command.py, a tick of `om serve`'s
 flow beside another writer in test_flows.py."""

@@ -1,5 +1,5 @@
 """`om project`, `om search`, `om forget`: project memory, search over all memory, and a user's
-retirement of a memory id (issue 35). Reading imports neither litellm nor Prefect; `om project
+retirement of a memory id. Reading imports neither litellm nor Prefect; `om project
 --reflect` loads the workers' model only when it runs one."""
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def run(
             out.print(escape(f"memory in {ws.path}"), highlight=False)
             if config.offline:  # what it recorded copies, it does not understand: say so where it is shown
                 out.print(OFFLINE_NOTE, highlight=False)
-            for p in summary.get("projects", []):  # the project stages after the sessions (issue 35)
+            for p in summary.get("projects", []):  # the project stages after the sessions
                 why = p.get("error") or p.get("reason")
                 out.print(escape(f"project {p.get('project_id', '?')}: {p['outcome']}"
                                  + (f", {len(p['reflections'])} reflection(s)" if p["outcome"] == "recorded" else "")

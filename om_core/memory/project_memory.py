@@ -1,4 +1,4 @@
-"""Project memory (issue 35): the project ledger, its fold, and what one project shows.
+"""Project memory: the project ledger, its fold, and what one project shows.
 
 A project's ledger is append-only like a session's (``om_internal.project_ledger``): records of
 reflections (``om.project.reflections.recorded``: id, one line of content, the session memory ids it

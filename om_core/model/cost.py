@@ -16,7 +16,7 @@ from om_core.model.client import ModelError
 
 # Prompt tokens per source token (Pi's estimate), as bench/workers.py measured them on the two
 # sample sessions with one call per stage, rounded up from the larger figure (prompt 1.05 and 1.39;
-# uncached, what an automatic prefix cache would not serve, 0.60 and 0.95: issue 32's prompts, the
+# uncached, what an automatic prefix cache would not serve, 0.60 and 0.95: the current prompts, the
 # observer's tool parts shortened at observerToolMaxTokens 1,000). They were measured with the
 # scripted fake model, whose memory stays small: a real model's memory (up to
 # observationsPoolMaxTokens) adds prompt tokens, most of them cached (bench/prompts.py's careful

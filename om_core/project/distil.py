@@ -1,4 +1,4 @@
-"""What the project stage asks and what it accepts (issue 35): its prompt and tool (our own words), the
+"""What the project stage asks and what it accepts: its prompt and tool (our own words), the
 check of each tool call, and the offline baseline (extractive, no model; a fallback, named as one).
 ``om_core.project.stage`` reads the stage's input and runs and records it."""
 

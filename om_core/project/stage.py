@@ -1,4 +1,4 @@
-"""The project stage (issue 35): distil a project's durable reflections from its sessions' memory.
+"""The project stage: distil a project's durable reflections from its sessions' memory.
 
 Its input is what the project's sessions recorded since the stage last read them (each session's
 current branch, folded as the workers read it: current reflections and active critical

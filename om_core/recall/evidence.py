@@ -133,7 +133,7 @@ class RecallResult(BaseModel):
     session_ids: list[str] = Field(default_factory=list)
     sessions: list[RecallGroup] = Field(default_factory=list)
     orphaned: list[RecallOrphan] = Field(default_factory=list)  # on no branch: kept, their source is gone
-    projects: list[RecallProject] = Field(default_factory=list)  # the id as a project reflection (issue 35)
+    projects: list[RecallProject] = Field(default_factory=list)  # the id as a project reflection
     message: str | None = None
 
     def as_json(self) -> dict[str, Any]:

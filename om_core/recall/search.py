@@ -1,4 +1,4 @@
-"""Search over all memory (issue 35): observations, reflections, source entries and project
+"""Search over all memory: observations, reflections, source entries and project
 reflections, ranked by BM25.
 
 The index is a terms table in the database (``om_internal.search_documents``, ``search_terms``), kept up

@@ -220,7 +220,7 @@ def tool_result(ws: Workspace, session_id: str, leaf: str, result: RecallResult)
     }
     details = {"status": _status(details), **details}
     said = _text(result, sources, source_ids) if result.observations or result.reflections else ""
-    if result.projects:  # a project reflection (issue 35): its evidence lies in the project's other sessions
+    if result.projects:  # a project reflection: its evidence lies in the project's other sessions
         details["projects"] = [p.model_dump(mode="json") for p in result.projects]
         said = "\n\n".join(part for part in (said, _project_text(result)) if part)
     return {"content": [{"type": "text", "text": said or f"Memory {result.id} was found, but none of its evidence has text."}],

@@ -1,4 +1,4 @@
-"""Projects (issue 35): the repository a session worked in, from its header's ``cwd``.
+"""Projects: the repository a session worked in, from its header's ``cwd``.
 
 A session's project is, in this order:
 1. ``setting``: the ``projects`` setting maps a folder to a project id; a session whose cwd is that

@@ -1,4 +1,4 @@
-"""Forget (issue 35): a user retires a memory id, append-only, with a reason.
+"""Forget: a user retires a memory id, append-only, with a reason.
 
 ``om forget ID`` appends, in each session whose ledger records the id (an observation or a
 reflection), a drop record of origin ``user`` naming it (``om.observations.dropped``, or

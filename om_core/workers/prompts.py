@@ -7,8 +7,7 @@ out so that between full folds it only grows at its end (a drop is listed after 
 it: ``om_core.workers.inputs.laid_out_memory``). Only then what is the stage's own: its task and what
 is new each call (the current time, the new entries, coverage, ages, budgets). So the reflector's
 request shares the observer's head and memory, and the dropper's the reflector's; nothing volatile
-precedes the memory. Each instruction answers SPEC §8 or a failure measured on real sessions
-(issue 32).
+precedes the memory. Each instruction answers SPEC §8 or a failure measured on real sessions.
 """
 
 from __future__ import annotations
