@@ -15,43 +15,76 @@ runner (Prefect's threads, a Dask cluster).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import duckdb
 import pyarrow as pa
 
 from om_core.store import db as dbmod
 from om_core.settings import Settings
-from om_core.store.sqlfiles import query
+from om_core.store.sqlfiles import query, table_query
 from om_core.store.workspace import Workspace
 
-# The tables a replay reads, in load order; each has its payload_/load_ queries in replay_payload.sql.
-PAYLOAD_TABLES = (
-    ("om_internal.sessions", "payload_sessions", "load_sessions"),
-    ("om_internal.entries", "payload_entries", "load_entries"),
-    ("om_internal.entry_tree", "payload_entry_tree", "load_entry_tree"),
-    ("om_internal.ledger", "payload_ledger", "load_ledger"),
-    ("om_internal.observations", "payload_observations", "load_observations"),
-    ("om_internal.reflections", "payload_reflections", "load_reflections"),
-    ("om_internal.drops", "payload_drops", "load_drops"),
-    ("om_internal.reflection_drops", "payload_reflection_drops", "load_reflection_drops"),
-    ("om_internal.compactions", "payload_compactions", "load_compactions"),
-    ("om_internal.compaction_items", "payload_compaction_items", "load_compaction_items"),
-    ("om_internal.stages", "payload_stages", "load_stages"),
-)
+class ReplayTable(StrEnum):
+    """A table of ``om_internal`` that a replay reads or appends to."""
 
-# The tables a replay appends to, in commit order; each has replayed_/commit_ queries.
-REPLAYED_TABLES = (
-    ("om_internal.ledger", "replayed_ledger", "commit_ledger"),
-    ("om_internal.observations", "replayed_observations", "commit_observations"),
-    ("om_internal.reflections", "replayed_reflections", "commit_reflections"),
-    ("om_internal.drops", "replayed_drops", "commit_drops"),
-    ("om_internal.reflection_drops", "replayed_reflection_drops", "commit_reflection_drops"),
-    ("om_internal.compactions", "replayed_compactions", "commit_compactions"),
-    ("om_internal.compaction_items", "replayed_compaction_items", "commit_compaction_items"),
-    ("om_internal.stages", "replayed_stages", "commit_stages"),
-    ("om_internal.llm_calls", "replayed_llm_calls", "commit_llm_calls"),
-    ("om_internal.llm_call_texts", "replayed_llm_call_texts", "commit_llm_call_texts"),
-)
+    SESSIONS = "sessions"
+    ENTRIES = "entries"
+    ENTRY_TREE = "entry_tree"
+    LEDGER = "ledger"
+    OBSERVATIONS = "observations"
+    REFLECTIONS = "reflections"
+    DROPS = "drops"
+    REFLECTION_DROPS = "reflection_drops"
+    COMPACTIONS = "compactions"
+    COMPACTION_ITEMS = "compaction_items"
+    STAGES = "stages"
+    LLM_CALLS = "llm_calls"
+    LLM_CALL_TEXTS = "llm_call_texts"
+
+    @property
+    def qualified(self) -> str:
+        return f"om_internal.{self.value}"
+
+
+T = ReplayTable
+# The tables a replay reads, in load order, and those it appends to, in commit order.
+PAYLOAD_TABLES = (T.SESSIONS, T.ENTRIES, T.ENTRY_TREE, T.LEDGER, T.OBSERVATIONS, T.REFLECTIONS, T.DROPS,
+                  T.REFLECTION_DROPS, T.COMPACTIONS, T.COMPACTION_ITEMS, T.STAGES)
+REPLAYED_TABLES = (T.LEDGER, T.OBSERVATIONS, T.REFLECTIONS, T.DROPS, T.REFLECTION_DROPS, T.COMPACTIONS,
+                   T.COMPACTION_ITEMS, T.STAGES, T.LLM_CALLS, T.LLM_CALL_TEXTS)
+# Reads of their own shape, named queries in replay_payload.sql; every other table's read is a template
+# of sql/queries/tables.
+_OWN_PAYLOAD_READS = {T.STAGES: "payload_stages"}
+_RENUMBERED = {T.LEDGER, T.COMPACTIONS}  # their record order is renumbered for the payload
+_OWN_REPLAYED_READS = {T.LEDGER: "replayed_ledger", T.COMPACTIONS: "replayed_compactions",
+                       T.COMPACTION_ITEMS: "replayed_compaction_items", T.STAGES: "replayed_stages",
+                       T.LLM_CALLS: "replayed_llm_calls", T.LLM_CALL_TEXTS: "replayed_llm_call_texts"}
+_COMMITTED_ONCE = {T.STAGES, T.LLM_CALLS, T.LLM_CALL_TEXTS}  # an earlier commit may hold them already
+
+
+def payload_read(table: ReplayTable) -> str:
+    """The statement reading a session's rows of ``table`` for its payload (``$session_id``)."""
+    if table in _OWN_PAYLOAD_READS:
+        return query(_OWN_PAYLOAD_READS[table])
+    return table_query("renumbered_of_session" if table in _RENUMBERED else "rows_of_session", table)
+
+
+def payload_load(table: ReplayTable) -> str:
+    """The statement loading a payload's rows of ``table`` (registered as ``payload_batch``)."""
+    return table_query("load_payload", table)
+
+
+def replayed_read(table: ReplayTable) -> str:
+    """The statement reading the rows of ``table`` a run's replay appended (``$run_id``)."""
+    if table in _OWN_REPLAYED_READS:
+        return query(_OWN_REPLAYED_READS[table])
+    return table_query("of_replayed_records", table)
+
+
+def commit_statement(table: ReplayTable) -> str:
+    """The statement committing a replay's rows of ``table`` (registered as ``replay_batch``)."""
+    return table_query("commit_replayed_once" if table in _COMMITTED_ONCE else "commit_replayed", table)
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -65,8 +98,8 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def _arrow(con: duckdb.DuckDBPyConnection, name: str, params: dict) -> pa.Table:
-    return con.sql(query(name), params=params).to_arrow_table()
+def _arrow(con: duckdb.DuckDBPyConnection, statement: str, params: dict) -> pa.Table:
+    return con.sql(statement, params=params).to_arrow_table()
 
 
 @dataclass
@@ -118,10 +151,10 @@ class ReplayedRows:
 def read_session_payload(con: duckdb.DuckDBPyConnection, session_id: str) -> SessionPayload:
     payload = SessionPayload(session_id)
     params = {"session_id": session_id}
-    for table, read_name, _ in PAYLOAD_TABLES:
-        data = _arrow(con, read_name, params)
-        payload.tables[table] = _to_ipc(data)
-        payload.rows[table] = data.num_rows
+    for table in PAYLOAD_TABLES:
+        data = _arrow(con, payload_read(table), params)
+        payload.tables[table.qualified] = _to_ipc(data)
+        payload.rows[table.qualified] = data.num_rows
     return payload
 
 
@@ -129,9 +162,10 @@ def payload_workspace(payload: SessionPayload, settings: Settings) -> Workspace:
     """An in-memory workspace holding the payload's rows (the caller closes it)."""
     ws = Workspace.in_memory(settings)
     with ws.write() as con, dbmod.transaction(con):
-        for table, _, load_name in PAYLOAD_TABLES:
-            if payload.rows.get(table):
-                dbmod.insert_arrow(con, "payload_batch", _from_ipc(payload.tables[table]), load_name)
+        for table in PAYLOAD_TABLES:
+            if payload.rows.get(table.qualified):
+                dbmod.insert_arrow_with(con, "payload_batch", _from_ipc(payload.tables[table.qualified]),
+                                        payload_load(table))
         ordered = payload.rows.get("om_internal.ledger", 0) + payload.rows.get("om_internal.compactions", 0)
         if ordered:
             con.execute(query("advance_append_seq"), {"n": ordered}).fetchall()
@@ -140,11 +174,11 @@ def payload_workspace(payload: SessionPayload, settings: Settings) -> Workspace:
 
 def replayed_rows(con: duckdb.DuckDBPyConnection, session_id: str, run_id: str) -> ReplayedRows:
     result = ReplayedRows(session_id, run_id)
-    for table, read_name, _ in REPLAYED_TABLES:
-        data = _arrow(con, read_name, {"run_id": run_id})
-        result.rows[table] = data.num_rows
+    for table in REPLAYED_TABLES:
+        data = _arrow(con, replayed_read(table), {"run_id": run_id})
+        result.rows[table.qualified] = data.num_rows
         if data.num_rows:
-            result.tables[table] = _to_ipc(data)
+            result.tables[table.qualified] = _to_ipc(data)
     return result
 
 
@@ -189,8 +223,9 @@ def commit_replayed_rows(con: duckdb.DuckDBPyConnection, result: ReplayedRows) -
     if ordered:
         seqs = dbmod.named_column(con, "take_append_seqs", {"n": ordered})
         tables = _renumber(tables, seqs)
-    for table, _, commit_name in REPLAYED_TABLES:
-        if table in tables and tables[table].num_rows:
-            dbmod.insert_arrow(con, "replay_batch", tables[table], commit_name)
-            written[table] = tables[table].num_rows
+    for table in REPLAYED_TABLES:
+        name = table.qualified
+        if name in tables and tables[name].num_rows:
+            dbmod.insert_arrow_with(con, "replay_batch", tables[name], commit_statement(table))
+            written[name] = tables[name].num_rows
     return written

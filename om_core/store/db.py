@@ -318,9 +318,15 @@ def scalar(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any] | N
 def insert_arrow(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, query_name: str,
                  params: dict[str, Any] | None = None) -> None:
     """Run the named INSERT … SELECT over an Arrow table registered as ``view_name``."""
+    insert_arrow_with(con, view_name, table, query(query_name), params)
+
+
+def insert_arrow_with(con: duckdb.DuckDBPyConnection, view_name: str, table: Any, statement: str,
+                      params: dict[str, Any] | None = None) -> None:
+    """``insert_arrow`` for a statement of ``sql/`` already in hand (a table template's, ``table_query``)."""
     con.register(view_name, table)
     try:
-        con.execute(query(query_name), params or {})
+        con.execute(statement, params or {})
     finally:
         try:
             con.unregister(view_name)

@@ -5,16 +5,20 @@
   upgrade a database that already exists.
 * ``sql/views/NNN_name.sql``: views and macros, re-created whenever their text changes.
 * ``sql/queries/*.sql``: named statements (``-- name: x`` starts statement ``x``) used by Python.
+* ``sql/queries/tables/*.sql``: one statement each, the same for several tables: ``{table}`` stands for
+  a table of ``om_internal``, named by a member of an enum (``table_query``), never by input.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*([A-Za-z0-9_]+)\s*$", re.MULTILINE)
+_TABLE = re.compile(r"^[a-z_]+$")
 
 
 @cache
@@ -81,3 +85,16 @@ def query(name: str) -> str:
         return _queries()[name]
     except KeyError:
         raise KeyError(f"no query named {name!r} in {sql_dir() / 'queries'}") from None
+
+
+@cache
+def _table_template(name: str) -> str:
+    text = (sql_dir() / "queries" / "tables" / f"{name}.sql").read_text()
+    return "\n".join(line for line in text.splitlines() if not line.startswith("--")).strip()
+
+
+def table_query(template: str, table: StrEnum) -> str:
+    """The statement of ``sql/queries/tables/<template>.sql`` for one table of ``om_internal``."""
+    if not _TABLE.match(table.value):
+        raise ValueError(f"not a table name: {table.value!r}")
+    return _table_template(template).replace("{table}", table.value)
