@@ -24,7 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from om_core.errors import StopReason
+
 if TYPE_CHECKING:
+    from flows.run_result import RunResult
     from om_core.store.workspace import Workspace
     from om_core.workers.stages import RunGuards
 
@@ -53,6 +56,8 @@ class Interruption:
 
 
 class RunInterrupted(Exception):
+    reason = StopReason.INTERRUPT
+
     def __init__(self, interruption: Interruption) -> None:
         super().__init__(interruption.line)
         self.interruption = interruption
@@ -164,8 +169,8 @@ def _record_helpers(ws: Workspace) -> None:
         writer_lock.record_helpers(ws.path)
 
 
-def run_interruptibly(ws: Workspace, run_id: str, guards: RunGuards, work: Callable[[], dict[str, Any]],
-                      on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+def run_interruptibly(ws: Workspace, run_id: str, guards: RunGuards, work: Callable[[], RunResult],
+                      on_tick: Callable[[], None] | None = None) -> RunResult:
     """Run ``work`` (the flow) in a thread; raise ``RunInterrupted`` on SIGINT/SIGTERM."""
     with _Signals() as got:
         thread, outcome = _in_a_thread(work)

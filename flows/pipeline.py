@@ -43,12 +43,13 @@ from flows import progress as progress_board
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, run_guards
 from flows.served import refused_run, steering
 from flows.storage import PrefectStageResults, stage_result_storage
-from flows.run_names import (project_stage_name, project_summary, replay_name, run_summary, session_label, session_summary, session_tags,
-                             stage_name)
+from flows.run_names import (project_stage_name, project_summary, replay_name, run_summary, session_label,
+                             session_summary, session_tags, stage_name)
+from flows.run_result import RunResult, SessionOutcome
 from flows.ticks import announce_tick, log_to_run
 from om_core.store import db as dbmod
 from om_core.store import writer_lock
-from om_core.errors import DatabaseBusy, InvalidArgument, StorageError, storage_error
+from om_core.errors import DatabaseBusy, InvalidArgument, StopReason, StorageError, storage_error
 from om_core.model.client import ModelError
 from om_core.replay.engine import ReplayResult, commit_replay, replay_payload
 from om_core.replay.payload import read_session_payload
@@ -175,14 +176,14 @@ def _start(ws: Workspace, run_id: str, command: str, targets: list[str], drain: 
 
 
 def _stopped_by_storage(ws: Workspace, run_id: str, message: str, errors: list[str],
-                        ingested: dict[str, Any]) -> dict[str, Any]:
+                        ingested: dict[str, Any]) -> RunResult:
     _finish(ws, run_id, "failed", {"errors": [*errors, message]})
-    return {"run_id": run_id, "sessions": [], "errors": [*errors, message], "ingest": ingested, "skipped": [],
-            "stopped": message}
+    return RunResult(run_id=run_id, errors=[*errors, message], ingest=ingested, stop=StopReason.STORAGE,
+                     stopped=message)
 
 
 def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards, drain: bool, run_id: str,
-             window: int) -> dict[str, Any]:
+             window: int) -> RunResult:
     """The run of a plan (its row started): every due session replayed, each result committed as it
     arrives, the row finished."""
     settings = ws.settings
@@ -192,10 +193,11 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
     for line in plan.notes:
         log_to_run(line)
     if settings.passive:  # the extension's "no background work": ingest only
+        result = RunResult(run_id=run_id, errors=errors, ingest=plan.ingest, passive=True,
+                           skipped=list(plan.session_ids))
         with ws.write() as con:
-            finish_run(con, run_id, "ok", {"sessions": 0, "passive": True})
-        return {"run_id": run_id, "sessions": [], "errors": errors, "ingest": plan.ingest, "passive": True,
-                "skipped": list(plan.session_ids)}
+            finish_run(con, run_id, "ok", result.runs_detail())
+        return result
     if not model.offline and model.limit == "prefect":
         ensure_model_call_limit(settings.modelConcurrency)
     storage = stage_result_storage(settings, str(ws.path))
@@ -228,8 +230,8 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
         result: ReplayResult = future.result()
         if result.session_id in lent:  # a replay elsewhere: its spending joins the run's budget
             guards.budget.settle(lent.pop(result.session_id), result.cost)
-        if result.stopped and not guards.breaker.tripped:  # it stopped elsewhere: no later replay starts
-            guards.breaker.trip(ModelError(result.error.removeprefix("stopped: "), "permanent"))
+        if result.stop is StopReason.CIRCUIT and not guards.breaker.tripped:  # elsewhere: no later replay starts
+            guards.breaker.trip(ModelError(result.stop_detail or "", "permanent"))
         waiting = len(queue)
         committed: list[str] = []
         if not isinstance(guards.breaker.reason, StorageError):  # after a full disk nothing more is written
@@ -270,16 +272,16 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
     stopped = guards.breaker.reason
     if stopped is not None:
         errors.insert(0, f"model calls stopped: {stopped}" if isinstance(stopped, ModelError) else str(stopped))
-    failed = bool(errors) or any(r.error for r in results)
-    _finish(ws, run_id, "failed" if failed else "ok",
-            {"sessions": len(results), "errors": errors + [r.error for r in results if r.error],
-             "projects": [{k: p.get(k) for k in ("project_id", "outcome", "error")} for p in projects]})
-    sessions = [r.summary() for r in results]
-    for r in sessions:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
-        log_to_run(session_summary(labels.get(r["session_id"], r["session_id"][:8]), r))
-    log_to_run(run_summary(run_id, sessions, len(plan.skipped), errors))
-    return {"run_id": run_id, "sessions": sessions, "errors": errors, "ingest": plan.ingest, "skipped": plan.skipped,
-            "stopped": None if stopped is None else str(stopped), "projects": projects, "flow_run_id": _flow_run_id()}
+    run = RunResult(run_id=run_id, sessions=[SessionOutcome.of(r) for r in results], errors=errors,
+                    ingest=plan.ingest, skipped=plan.skipped, projects=projects, flow_run_id=_flow_run_id(),
+                    stop=None if stopped is None else (StopReason.STORAGE if isinstance(stopped, StorageError)
+                                                       else StopReason.CIRCUIT),
+                    stopped=None if stopped is None else str(stopped))
+    _finish(ws, run_id, "failed" if run.failed else "ok", run.runs_detail())
+    for s in run.sessions:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
+        log_to_run(session_summary(labels.get(s.session_id, s.session_id[:8]), s))
+    log_to_run(run_summary(run_id, run.sessions, len(plan.skipped), errors))
+    return run
 
 
 def _flow_run_id() -> str | None:
@@ -309,7 +311,7 @@ def _plan_here(ws: Workspace, targets: list[str], model: ModelConfig, drain: boo
 
 
 def _run(ws: Workspace, command: str, plan: RunPlan | None, targets: list[str], model: ModelConfig,
-         guards: RunGuards | None, drain: bool, run_id: str | None, window: int, exclude: list[str]) -> dict[str, Any]:
+         guards: RunGuards | None, drain: bool, run_id: str | None, window: int, exclude: list[str]) -> RunResult:
     """The flow's work holding the database's writer lock (om_core.store.writer_lock). Held already by this
     process (``om run``'s command) it is taken again at once; held by another process (``om run`` beside
     `om serve`), a scheduled tick is skipped with a line saying so (the next tick does its work), a run
@@ -323,8 +325,8 @@ def _run(ws: Workspace, command: str, plan: RunPlan | None, targets: list[str], 
                 get_run_logger().warning(("skipped: " if command == "maintain" else "") + message)
             except Exception:
                 pass
-            return {"run_id": None, "sessions": [], "errors": [] if command == "maintain" else [message],
-                    "ingest": {"files": [], "missing": []}, "skipped": [], "busy": message}
+            return RunResult(errors=[] if command == "maintain" else [message], stop=StopReason.BUSY,
+                             stopped=message)
         run_id = run_id or dbmod.new_run_id()
         try:
             _start(ws, run_id, command, targets, drain, model)
@@ -369,7 +371,7 @@ def _workspace(spec: WorkspaceSpec | None, db_path: str, settings: dict[str, Any
 def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: ModelConfig | dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
                      window: int = 8, exclude: list[str] | None = None, plan: RunPlan | None = None,
-                     spec: WorkspaceSpec | None = None, guards: RunGuards | None = None) -> dict[str, Any]:
+                     spec: WorkspaceSpec | None = None, guards: RunGuards | None = None) -> RunResult:
     """Ingest and replay sessions (files, directories, or ingested session ids); ``exclude``: globs
     leaving out files the directory walk finds.
 
@@ -387,7 +389,7 @@ def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: Mode
 @flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
 def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: ModelConfig | dict[str, Any] | None = None,
                       settings: dict[str, Any] | None = None, exclude: list[str] | None = None,
-                      every_seconds: int | None = None) -> dict[str, Any]:
+                      every_seconds: int | None = None) -> RunResult:
     """Scheduled maintenance of a live sessions folder: ingest new lines, run due stages, no draining.
     Ends with one line saying what the tick did (and, given its schedule's ``every_seconds``, when the next
     one is due), on stdout and in the flow run's logs."""

@@ -4,7 +4,10 @@ what a run did."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flows.run_result import SessionOutcome
 
 
 def session_label(file_path: str | None, session_id: str) -> str:
@@ -49,27 +52,25 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def session_summary(label: str, result: dict[str, Any]) -> str:
+def session_summary(label: str, result: SessionOutcome) -> str:
     """``s0.jsonl (00000000): observer 3, reflector 1 (4 stages run), 2 compactions, 0 errors``."""
     per_stage: dict[str, int] = {}
-    compactions = failures = 0
-    for branch in result.get("branches", []):
+    compactions = 0
+    for branch in result.branches:
         compactions += branch.get("compactions", 0)
-        failures += len(branch.get("failures", []))
         for key, n in branch.get("stages", {}).items():
             stage, _, outcome = key.partition(":")
             if outcome != "skipped":
                 per_stage[stage] = per_stage.get(stage, 0) + n
     stages = ", ".join(f"{stage} {n}" for stage, n in per_stage.items()) or "no stage"
-    errors = failures + (1 if result.get("error") else 0)
-    line = (f"{label} ({result['session_id'][:8]}): {stages} ({_count(sum(per_stage.values()), 'stage')} run), "
+    errors = result.failures() + (1 if result.error else 0)
+    line = (f"{label} ({result.session_id[:8]}): {stages} ({_count(sum(per_stage.values()), 'stage')} run), "
             f"{_count(compactions, 'compaction')}, {_count(errors, 'error')}")
-    return line + (f": {result['error']}" if result.get("error") else "")
+    return line + (f": {result.error}" if result.error else "")
 
 
-def run_summary(run_id: str, results: list[dict[str, Any]], skipped: int, errors: list[str]) -> str:
-    stages = sum(n for r in results for b in r.get("branches", []) for k, n in b.get("stages", {}).items()
-                 if not k.endswith(":skipped"))
-    failed = len(errors) + sum(1 for r in results if r.get("error"))
+def run_summary(run_id: str, results: list[SessionOutcome], skipped: int, errors: list[str]) -> str:
+    stages = sum(r.stages() for r in results)
+    failed = len(errors) + sum(1 for r in results if r.error)
     return (f"run {run_id}: {_count(len(results), 'session')} replayed, {skipped} unchanged (skipped), "
             f"{_count(stages, 'stage')} run, {_count(failed, 'error')}")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from flows.run_result import RunResult
     from om_core.replay.plan import RunPlan
     from om_core.store.workspace import WorkspaceSpec
     from om_core.workers.stages import ModelConfig, RunGuards
@@ -97,7 +98,7 @@ def run_pipeline(targets: list[str], *, model: ModelConfig | dict[str, Any], db_
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
                  window: int | None = None,
                  task_runner_override: Any = None, run_id: str | None = None,
-                 on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+                 on_tick: Callable[[], None] | None = None) -> RunResult:
     """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
 
     ``model`` is a ModelConfig (om run's, built once) or its JSON form (a dict, validated once by the flow).

@@ -6,28 +6,17 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flows.run_result import RunResult
 
 
 def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def stages_recorded(result: dict[str, Any]) -> int:
-    """Stage runs that appended memory. Not every stage asked: most find their input answered before (an
-    empty result, a reflector whose ledger did not change), call no model and change nothing; a failed
-    one counts among the errors."""
-    return sum(n for session in result.get("sessions", []) for branch in session.get("branches", [])
-               for key, n in branch.get("stages", {}).items() if key.endswith(":recorded"))
-
-
-def tick_errors(result: dict[str, Any]) -> int:
-    sessions = result.get("sessions", [])
-    return (len(result.get("errors", [])) + sum(1 for s in sessions if s.get("error"))
-            + sum(len(b.get("failures", [])) for s in sessions for b in s.get("branches", [])))
-
-
-def tick_line(result: dict[str, Any], started: datetime, every_seconds: int | None, link: str | None = None) -> str:
+def tick_line(result: RunResult, started: datetime, every_seconds: int | None, link: str | None = None) -> str:
     """``tick 04:01:10: 3 sessions seen, 120 lines ingested, 2 stages recorded memory, 0 errors; next tick
     04:11:10; http://127.0.0.1:4200/runs/flow-run/…`` (``link``: the tick's flow run in Prefect's UI)."""
     at = started.astimezone().strftime("%H:%M:%S")
@@ -36,14 +25,14 @@ def tick_line(result: dict[str, Any], started: datetime, every_seconds: int | No
         upcoming = f"; next tick {(started + timedelta(seconds=every_seconds)).astimezone():%H:%M:%S}"
     if link:
         upcoming += f"; {link}"
-    if result.get("busy"):
-        return f"tick {at}: skipped ({result['busy']}){upcoming}"
-    files = result.get("ingest", {}).get("files", [])
+    if result.busy:
+        return f"tick {at}: skipped ({result.busy}){upcoming}"
+    files = result.ingest.get("files", [])
     lines = sum(f.get("entries_added", 0) + f.get("lines_quarantined", 0) for f in files)
     seen = len({f["session_id"] for f in files if f.get("session_id")})
-    recorded = stages_recorded(result)
     return (f"tick {at}: {_count(seen, 'session')} seen, {_count(lines, 'line')} ingested, "
-            f"{_count(recorded, 'stage')} recorded memory, {_count(tick_errors(result), 'error')}{upcoming}")
+            f"{_count(result.stages_recorded(), 'stage')} recorded memory, "
+            f"{_count(result.error_count(), 'error')}{upcoming}")
 
 
 def flow_run_link() -> str | None:
@@ -75,7 +64,7 @@ def log_to_run(line: str, level: int = logging.INFO) -> None:
         pass
 
 
-def announce_tick(result: dict[str, Any], every_seconds: int | None) -> str:
+def announce_tick(result: RunResult, every_seconds: int | None) -> str:
     """Print the tick's line (flushed: the runner relays it as it comes) and log it to the flow run."""
     from prefect.runtime import flow_run
 

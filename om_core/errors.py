@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class StopReason(StrEnum):
+    """Every way a run stops before its work is done, one value wherever it is carried (a replay's
+    result, the flow's result, the command's exit)."""
+
+    BUDGET = "budget"  # --max-cost: the next model call could pass it; nothing half-done kept, a rerun resumes
+    CIRCUIT = "circuit"  # the run's circuit breaker tripped: model calls failing (om_core.model.circuit)
+    STORAGE = "storage"  # the database could not be written (a full disk)
+    INTERRUPT = "interrupt"  # Ctrl-C or SIGTERM
+    BUSY = "busy"  # another process holds the database's writer lock
+
 
 class OmError(Exception):
     """An expected failure with a message meant for the user."""

@@ -22,6 +22,7 @@ import om_cli
 from conftest import shared_session, workspace
 from om_core.store import db as dbmod
 from flows.cli.main import app
+from flows.run_result import RunReport
 from om_core.errors import DatabaseBusy, InvalidArgument
 from om_core.ingest import ingest
 
@@ -134,7 +135,7 @@ def test_ingest_missing_path_exits_non_zero_but_ingests_the_rest(tmp_path, db_pa
 
 
 def test_the_default_database_is_in_the_user_s_data_directory_and_this_user_s_only(tmp_path, monkeypatch):
-    """Issue 31 items 4 and 5: no ./om.duckdb in the working folder; the default is
+    """No ./om.duckdb in the working folder; the default is
     $XDG_DATA_HOME/om/om.duckdb, else ~/.local/share/om/om.duckdb, created 0700/0600 (om live info says
     where it is)."""
     b = SessionBuilder(SID_A)
@@ -684,7 +685,7 @@ def test_the_closing_table_of_om_run_fits_80_columns_with_numbers_right_aligned(
             "8e3f1d2f-9c4b-4a7e-b0d5-71a2c6e8f394"]
     rows = [dict(session_id=sid, observations=125 * n, reflections=8, drops=69, compactions=5, model_calls=40,
                  tokens=123_456, cost=0.0123, errors=0, error=None) for n, sid in enumerate(sids, 1)]
-    run_cli._print_run_table({"run_id": "6722ee52b6f04ca2"}, rows)
+    run_cli._print_run_table(RunReport(run_id="6722ee52b6f04ca2", sessions=rows))
     text = buffer.getvalue()
     headers = ["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
                "errors"]
@@ -695,7 +696,7 @@ def test_the_closing_table_of_om_run_fits_80_columns_with_numbers_right_aligned(
     ends = {line.index(str(125 * n)) + len(str(125 * n)) for n, line in zip((1, 2, 3), body)}
     assert len(ends) == 1  # right-aligned: 125, 250 and 375 end in the same column
     wide = terminal(monkeypatch, 200, run_cli)
-    run_cli._print_run_table({"run_id": "6722ee52b6f04ca2"}, rows)
+    run_cli._print_run_table(RunReport(run_id="6722ee52b6f04ca2", sessions=rows))
     assert all(sid in wide.getvalue() for sid in sids) and "not shown" not in wide.getvalue()
 
 
@@ -800,14 +801,14 @@ def test_gaps_table_shows_whole_session_ids(tmp_path, db_path):
 
 
 def test_cost_cells_and_the_cost_line_say_one_thing(monkeypatch):
-    """Issue 25 item 6: priced, unknown, or nothing (no model call); never $0.0000 for a cost nobody
+    """Priced, unknown, or nothing (no model call); never $0.0000 for a cost nobody
     knows, in the rows, the total row (an unpriced model, the offline baseline) and the closing line."""
     from flows.cli import run as run_cli
     from flows.cli.costs import cost_line
 
     def table(rows):
         buffer = terminal(monkeypatch, 200, run_cli)
-        run_cli._print_run_table({"run_id": "6722ee52b6f04ca2"}, rows)
+        run_cli._print_run_table(RunReport(run_id="6722ee52b6f04ca2", sessions=rows))
         return [line for line in buffer.getvalue().splitlines() if line.startswith("│")]
 
     def row(sid, calls, cost, unpriced=0):
@@ -837,7 +838,7 @@ def test_cost_cells_and_the_cost_line_say_one_thing(monkeypatch):
 
 
 def test_the_live_board_names_files_shows_elapsed_and_left_and_appears_once_sessions_are_on_it():
-    """Issue 25 item 7: file names beside ids, elapsed time and an estimate of what is left, and no
+    """File names beside ids, elapsed time and an estimate of what is left, and no
     board at all while Prefect starts (the flow has put no session on it yet)."""
     from rich.console import Console
 
@@ -875,7 +876,7 @@ def test_the_live_board_names_files_shows_elapsed_and_left_and_appears_once_sess
 
 
 def test_the_live_board_at_80_columns_keeps_ids_names_and_headers_and_counts_what_stages_did():
-    """Issue 33 item 5: at 80 columns the board cut ids and names to 7 characters and its header to
+    """At 80 columns the board cut ids and names to 7 characters and its header to
     "compactio…", and its "stages" counted every stage asked (465, most of them an input answered
     before) beside the run's 35 model calls. Now: the whole short id and the start of the file name
     (Pi's name less the id it repeats), every header whole, no line past 80 columns, and what the
@@ -920,7 +921,7 @@ def test_the_live_board_at_80_columns_keeps_ids_names_and_headers_and_counts_wha
 
 
 def test_a_path_that_is_no_session_file_is_named_so_not_sent_to_om_ingest(two_sessions, tmp_path):
-    """Issue 33 item 5: `om view /etc/passwd` suggested `om ingest /etc/passwd`. A file with no session
+    """`om view /etc/passwd` suggested `om ingest /etc/passwd`. A file with no session
     header, or a directory, is said to be what it is; a session file not yet ingested still gets the
     suggestion (its first lines may be blank or broken, as Pi skips them)."""
     db = two_sessions["db"]

@@ -240,7 +240,7 @@ def test_migration_008_keeps_every_row_constraint_and_answer_of_a_database_at_00
 
 
 def test_migration_009_adds_the_checks_columns_to_a_database_at_008(tmp_path, server):
-    """Issue 32: observations.ts_repaired_from and drops.reason; a database without them gets them
+    """The columns observations.ts_repaired_from and drops.reason; a database without them gets them
     empty, and every other row and answer stays."""
     current = populated(tmp_path, server)
     forget_added_columns(current)

@@ -20,6 +20,7 @@ from fake_brains import ScriptedWorkers, stage_key
 from fake_openai import FakeOpenAI, http_error
 
 from conftest import workspace
+from flows.run_result import RunResult
 from om_core.ledger.records import parse_folded, parse_record
 from om_core.settings import Settings
 
@@ -61,7 +62,7 @@ def snapshot(db: Path) -> dict:
         con.close()
 
 
-def run_flow(paths, db: Path, server: FakeOpenAI | None, runner: str = "threads", concurrency: int = 4) -> dict:
+def run_flow(paths, db: Path, server: FakeOpenAI | None, runner: str = "threads", concurrency: int = 4) -> RunResult:
     from flows.runner import run_pipeline
 
     model = ({"model": "openai/fake-model", "api_base": server.base_url, "retry": FAST_RETRIES} if server
@@ -130,7 +131,7 @@ def test_pipeline_with_429s_then_a_rerun_changes_nothing(prefect_api, tmp_path):
     script = ScriptedWorkers(fail_every=7)
     with FakeOpenAI(responder=script) as server:
         summary = run_flow(paths, db, server)
-        assert summary["errors"] == [] and all(s["error"] is None for s in summary["sessions"])
+        assert summary.errors == [] and all(s.error is None for s in summary.sessions)
         assert script.failed > 0  # 429s were injected and retried
         first = snapshot(db)
         assert len(first["observations"]) > 10
@@ -140,7 +141,7 @@ def test_pipeline_with_429s_then_a_rerun_changes_nothing(prefect_api, tmp_path):
         assert_ledger_sound(db)
         requests_before = len(server.requests)
         again = run_flow(paths, db, server)
-        assert all(s["error"] is None for s in again["sessions"])
+        assert all(s.error is None for s in again.sessions)
         assert len(server.requests) == requests_before  # the rerun called no model
         assert snapshot(db) == first  # and appended nothing
         assert starts  # the scripted model really was used
@@ -256,7 +257,7 @@ def test_a_failing_session_does_not_stop_the_others(prefect_api, tmp_path):
 
     with FakeOpenAI(responder=responder) as server:
         summary = run_flow([tmp_path / "sessions", broken], db, server)
-    assert any("broken.jsonl" in e for e in summary["errors"])
+    assert any("broken.jsonl" in e for e in summary.errors)
     con = duckdb.connect(str(db), read_only=True)
     per_session = dict(con.execute("SELECT session_id, count(*) FROM observations GROUP BY ALL").fetchall())
     failed = con.execute("SELECT DISTINCT session_id, error_kind FROM stages WHERE outcome = 'failed'").fetchall()
@@ -279,7 +280,7 @@ def test_same_flow_on_a_local_dask_cluster(prefect_api, tmp_path):
     paths = make_sessions(tmp_path / "sessions", count=2)
     db = tmp_path / "om.duckdb"
     summary = run_flow(paths, db, None, runner="dask", concurrency=2)
-    assert summary["errors"] == [] and all(s["error"] is None for s in summary["sessions"])
+    assert summary.errors == [] and all(s.error is None for s in summary.sessions)
     assert_ledger_sound(db)
     threads_db = tmp_path / "threads.duckdb"
     run_flow(paths, threads_db, None, runner="threads", concurrency=2)
@@ -330,9 +331,9 @@ def test_the_flows_and_deployments_take_exclude_globs(tmp_path):
     (root / "tool.log.jsonl").write_text('{"level": "info"}\n')
     db = str(tmp_path / "om.duckdb")
     passive = Settings(passive=True).model_dump()  # ingest only: no task is submitted, no API is needed
-    seen = lambda result: sorted(Path(f["path"]).name for f in result["ingest"]["files"])  # noqa: E731
+    seen = lambda result: sorted(Path(f["path"]).name for f in result.ingest["files"])  # noqa: E731
     result = maintain_sessions.fn(str(root), db, {"model": "offline"}, passive)
-    assert seen(result) == ["s0.jsonl", "tool.log.jsonl"] and result["errors"] == []  # skipped, with a note
+    assert seen(result) == ["s0.jsonl", "tool.log.jsonl"] and result.errors == []  # skipped, with a note
     assert seen(maintain_sessions.fn(str(root), db, {"model": "offline"}, passive, exclude=["*.log.jsonl"])) == [
         "s0.jsonl"]
     for deployment in (archive_deployment(root, db, {}, passive, ["*.log.jsonl"]),
@@ -358,7 +359,7 @@ def flow_log(capfd, caplog):
     return lines
 
 
-def tick(live: Path, db: Path) -> dict:
+def tick(live: Path, db: Path) -> RunResult:
     from flows.pipeline import maintain_sessions
 
     return maintain_sessions(str(live), db_path=str(db), model={"model": "offline"}, settings=SETTINGS.model_dump())
@@ -376,7 +377,7 @@ def test_a_tick_notes_a_copied_session_file_and_warns_of_a_rewrite_and_ends_ok(p
     live, db = tmp_path / "live", tmp_path / "om.duckdb"
     [path] = make_sessions(live, count=1)
     first = tick(live, db)
-    assert first["errors"] == [] and first["sessions"][0]["error"] is None
+    assert first.errors == [] and first.sessions[0].error is None
     observed = runs_of(db)
     # Pi's user copies a session file in the live folder, and another one is cut to half its lines
     (live / "copy.jsonl").write_bytes(path.read_bytes())
@@ -384,9 +385,9 @@ def test_a_tick_notes_a_copied_session_file_and_warns_of_a_rewrite_and_ends_ok(p
     path.write_text("\n".join(lines[:len(lines) // 2]) + "\n")
     flow_log()
     second = tick(live, db)
-    assert second["errors"] == []
+    assert second.errors == []
     new_runs = runs_of(db)[len(observed):]  # the flow's row and its ingest's
-    assert sorted(new_runs) == [("maintain", "ok"), (f"maintain {second['run_id']}", "ok")]
+    assert sorted(new_runs) == [("maintain", "ok"), (f"maintain {second.run_id}", "ok")]
     logged = flow_log()
     [warning] = [m for level, m in logged if level == "WARNING"]
     assert warning.startswith(f"{path}: rewritten: {len(lines) - len(lines) // 2} of {len(lines) - 1} entries")
@@ -406,15 +407,15 @@ def test_a_tick_beside_another_writer_is_skipped_with_a_line(prefect_api, tmp_pa
     finally:
         holder.kill()
         holder.wait(30)
-    assert skipped["errors"] == [] and skipped["run_id"] is None and not db.exists()
-    assert skipped["busy"].startswith(f"another om process is writing {db} (om run, pid {holder.pid} ")
-    assert ("WARNING", "skipped: " + skipped["busy"]) in flow_log()
+    assert skipped.errors == [] and skipped.run_id is None and not db.exists()
+    assert skipped.busy.startswith(f"another om process is writing {db} (om run, pid {holder.pid} ")
+    assert ("WARNING", "skipped: " + skipped.busy) in flow_log()
     done = tick(live, db)
-    assert done["errors"] == [] and done["sessions"][0]["error"] is None
+    assert done.errors == [] and done.sessions[0].error is None
 
 
 def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
-    """Issue 25 item 5, read through the Prefect client as the UI reads it: task runs named by what
+    """, read through the Prefect client as the UI reads it: task runs named by what
     they do (``replay · <file>``, ``observer · <file> · entries a–b``), the replay tasks tagged with the
     session id and ``stage:replay`` (only they, since Prefect asks its API for concurrency slots for every
     tagged task run), and the run's summary in the flow run's logs; and no more: Prefect's event feed is
@@ -427,14 +428,14 @@ def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
 
     paths = make_sessions(tmp_path / "sessions", count=2)
     result = run_flow(paths, tmp_path / "om.duckdb", None)
-    assert result["errors"] == [] and result["flow_run_id"]
+    assert result.errors == [] and result.flow_run_id
 
     async def read():
         async with get_client() as client:
             runs = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]])))
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result.flow_run_id])))
             logs = await client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result["flow_run_id"]])))
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result.flow_run_id])))
             events = await client.read_events(limit=10)
         return runs, logs, events
 
@@ -460,13 +461,13 @@ def test_prefect_s_ui_alone_tells_what_a_run_did(prefect_api, tmp_path):
         else:  # a stage: its name says its session's file
             assert r.tags == [], (r.name, r.tags)
     summary = [log.message for log in logs if "sessions replayed" in log.message]
-    assert summary and summary[0].startswith(f"run {result['run_id']}: 2 sessions replayed"), [m.message for m in logs]
+    assert summary and summary[0].startswith(f"run {result.run_id}: 2 sessions replayed"), [m.message for m in logs]
     per_session = [log.message for log in logs if log.message.startswith("s0.jsonl (00000000):")]
     assert per_session and "observer " in per_session[0] and "stages run" in per_session[0], per_session
 
 
 def test_om_run_plans_once_and_fingerprints_each_session_once(prefect_api, tmp_path, monkeypatch):
-    """Issue 21 item 3: om run's RunPlan and WorkspaceSpec reach the flow as values: one plan for the
+    """Om run's RunPlan and WorkspaceSpec reach the flow as values: one plan for the
     run (the CLI's; the flow plans nothing again) and one fingerprint per session, which the flow
     records when the replay completes (a rerun then has nothing to do)."""
     import flows.pipeline
@@ -582,7 +583,7 @@ def test_a_model_config_travels_as_json_without_its_key_and_a_bad_one_is_one_lin
 
 @pytest.mark.parametrize("brain", ["offline", "fake model"])
 def test_om_run_runs_the_project_stage_when_its_clock_says_so(prefect_api, tmp_path, brain):
-    """Issue 35 item 2: after a run's sessions are committed, a project whose sessions' reflections grew
+    """After a run's sessions are committed, a project whose sessions' reflections grew
     by projectReflectAfterTokens gets its stage, a task of its own ("project · …") under the run's guards,
     with the offline baseline and with a model (the fake server, through litellm's HTTP path); a second
     run with nothing new runs none; below the threshold it does not run."""
@@ -612,23 +613,26 @@ def test_om_run_runs_the_project_stage_when_its_clock_says_so(prefect_api, tmp_p
         finally:
             con.close()
 
+    project_requests: list[int] = []  # per run with the fake model: its requests of the project stage
+
     def go(**settings):
         if brain == "offline":
             return run(None, **settings)
         with FakeOpenAI(responder=ScriptedWorkers()) as server:
             result = run(server, **settings)
-        asked = [b for b in server.requests if "record_project_reflections" in json.dumps(b.get("tools") or [])]
-        return {**result, "project_requests": len(asked)}
+        project_requests.append(len([b for b in server.requests
+                                     if "record_project_reflections" in json.dumps(b.get("tools") or [])]))
+        return result
 
     first = go(projectReflectAfterTokens=1)
-    assert first["errors"] == [], first["errors"]
-    assert [p["outcome"] for p in first["projects"]] == ["recorded"], first["projects"]
-    assert first["projects"][0]["project_id"] == "/home/dev/project" and first["projects"][0]["reflections"]
+    assert first.errors == [], first.errors
+    assert [p["outcome"] for p in first.projects] == ["recorded"], first.projects
+    assert first.projects[0]["project_id"] == "/home/dev/project" and first.projects[0]["reflections"]
     rows = stage_rows()
-    assert [(r[0], r[1], r[3]) for r in rows] == [(first["run_id"], "/home/dev/project", "recorded")]
+    assert [(r[0], r[1], r[3]) for r in rows] == [(first.run_id, "/home/dev/project", "recorded")]
     if brain == "fake model":
-        assert first["project_requests"] >= 1 and rows[0][2] == "openai/fake-model"
-        assert all(r["content"].startswith("Across sessions: ") for r in first["projects"][0]["reflections"])
+        assert project_requests[0] >= 1 and rows[0][2] == "openai/fake-model"
+        assert all(r["content"].startswith("Across sessions: ") for r in first.projects[0]["reflections"])
     else:
         assert rows[0][2] == "offline"
     import asyncio
@@ -639,12 +643,12 @@ def test_om_run_runs_the_project_stage_when_its_clock_says_so(prefect_api, tmp_p
     async def task_names():
         async with get_client() as client:
             return [r.name for r in await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[first["flow_run_id"]])))]
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[first.flow_run_id])))]
 
     named = [n for n in asyncio.run(task_names()) if n.startswith("project · ")]
     assert named and all(n.startswith("project · /home/dev/project · ") for n in named), named
     again = go(projectReflectAfterTokens=1)  # nothing new: no session replayed, no project stage
-    assert again.get("projects", []) == [] and len(stage_rows()) == 1
+    assert again.projects == [] and len(stage_rows()) == 1
 
 
 def test_the_project_stage_waits_for_its_threshold(prefect_api, tmp_path):
@@ -653,4 +657,4 @@ def test_the_project_stage_waits_for_its_threshold(prefect_api, tmp_path):
 
     result = run_pipeline([str(p) for p in paths], db_path=str(tmp_path / "om.duckdb"), model={"model": "offline"},
                           settings=SETTINGS.model_copy(update={"projectReflectAfterTokens": 10**9}).model_dump())
-    assert result["errors"] == [] and result["projects"] == []
+    assert result.errors == [] and result.projects == []

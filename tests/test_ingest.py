@@ -739,7 +739,7 @@ def test_a_run_plan_notes_a_stray_file_and_counts_no_error(tmp_path, db_path):
 
 
 def test_a_plan_has_no_side_effects_the_ingest_is_its_own_step(tmp_path, db_path):
-    """Issue 34 item 2: ``plan_run`` reads only. Given the checked targets without their ingest, a new
+    """``plan_run`` reads only. Given the checked targets without their ingest, a new
     file's session is not in the plan and nothing was written; after the ingest step it is."""
     from om_core.replay.plan import check_targets, ingest_targets, plan_run
 

@@ -94,7 +94,7 @@ def test_ordinary_text_and_code_are_untouched(line):
 
 
 def test_the_corpus_is_redacted_with_full_precision_and_recall():
-    """Issue 23: every secret of the corpus goes (recall) and nothing else does (precision): each
+    """Every secret of the corpus goes (recall) and nothing else does (precision): each
     identifier alone, after each secret-ish word, in prose and as a reference's value; the lookalikes;
     the near misses; each as written and JSON-escaped in a tool call's arguments."""
     result = score()
@@ -445,7 +445,7 @@ def identifier_session() -> tuple[SessionBuilder, list[str]]:
 
 @pytest.mark.prefect
 def test_om_run_sends_every_identifier_verbatim_and_om_compact_keeps_them(prefect_api, tmp_path):
-    """Issue 23, Done-when: `om run` with the fake model server: every corpus identifier reaches the
+    """`om run` with the fake model server: every corpus identifier reaches the
     recorded observer prompts verbatim and no secret does; `om compact`'s summary keeps every
     identifier (from the model's observations and the extension's) and holds no secret."""
     import os

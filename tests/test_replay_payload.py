@@ -236,7 +236,7 @@ class _Bomb:
 
 
 def test_a_pickled_or_foreign_stage_result_is_never_run_and_the_stage_is_computed_again(tmp_path):
-    """Issue 31 item 3. The result storage of an interrupted run (rows not committed) is replaced by
+    """The result storage of an interrupted run (rows not committed) is replaced by
     what an attacker would plant under each stage key: Prefect's own pickled result record (what the
     flow wrote before, cloudpickle: the name the old form used), raw pickle bytes under the JSON name,
     another stage's result, and text that does not parse. The rerun unpickles nothing (no marker),
@@ -326,7 +326,7 @@ class FullDisk(KeptResults):
 
 
 def test_a_result_storage_write_failure_stops_every_later_stage_at_the_stage_runner(tmp_path):
-    """Issue 26 item 2 in the one stage runner: the first stage whose result cannot be kept fails
+    """In the one stage runner, the first stage whose result cannot be kept fails
     (its model calls stay recorded), the run's breaker trips with the storage error, and no stage
     starts after it (RunStopped at the runner's check: the replay ends 'stopped')."""
     db = session(tmp_path)

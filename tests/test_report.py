@@ -265,7 +265,7 @@ _FILE_CELLS = """<script>window.addEventListener('load', () => {
 
 
 def test_a_pi_file_name_in_the_overview_keeps_a_readable_width_in_a_narrow_window(tmp_path):
-    """Issue 33 item 5: in a window about 80 columns wide (640 px), the overview's file column broke a Pi
+    """In a window about 80 columns wide (640 px), the overview's file column broke a Pi
     file name after every character or two (28 lines for one name): it took the width left by twelve
     numeric columns. The name now sits under the session's id, less the id it repeats, at least 12
     characters wide (8 or more to a line in the page's proportional font)."""

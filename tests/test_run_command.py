@@ -221,7 +221,7 @@ LEDGER = "SELECT session_id, kind, covers_up_to_id, anchor_entry_id, stage_key F
 
 
 def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tmp_path, prefect_api):
-    """Issue 21: three 429s at the start of a run, retried: every stage succeeds, so the run does
+    """Three 429s at the start of a run, retried: every stage succeeds, so the run does
     (exit 0, no failure listed); the failed attempts stay recorded as attempts (llm_calls rows)."""
     folder = sessions(tmp_path / "sessions", count=3)
     script, lock, seen = ScriptedWorkers(), threading.Lock(), []

@@ -173,7 +173,7 @@ def test_served_om_serve_runs_its_schedule_on_a_local_server_with_the_om_toml_th
 
 
 def test_served_the_prefect_server_refuses_anonymous_and_foreign_origin_callers(served):
-    """Issue 31 item 1, as another local user (nobody) and as a web page would: the server om serve
+    """As another local user (nobody) and as a web page would: the server om serve
     started answers nobody without the credential (nor with a wrong one), takes no cross-origin call,
     listens on 127.0.0.1 only, and its credential is in a file only this user reads."""
     import psutil
@@ -217,7 +217,7 @@ def test_served_the_prefect_server_refuses_anonymous_and_foreign_origin_callers(
 
 
 def test_served_a_flow_run_asking_for_other_folders_database_model_or_settings_is_refused(served, tmp_path):
-    """Issue 31 item 2: a flow run of om serve's deployment with parameters of its own (here by a holder of
+    """A flow run of om serve's deployment with parameters of its own (here by a holder of
     the credential: on a server the user points om at, whoever may create flow runs) reads no folder,
     writes no database, calls no model and uses no result storage of its choosing; one line in its logs.
     A run as the deployment made it runs."""
@@ -257,7 +257,7 @@ def test_served_a_flow_run_asking_for_other_folders_database_model_or_settings_i
 
 
 def test_served_another_user_reads_none_of_the_files_om_serve_wrote(served):
-    """Issue 31 item 4, as another local user (nobody) would try it, with every folder above searchable
+    """As another local user (nobody) would try it, with every folder above searchable
     (a home folder often is): the database, its lock and endpoint file, the stage results, the Prefect
     server's home (its database of flow runs' parameters and logs, the credentials, the log) are
     refused; a file of the same folder that is world-readable is read (so the refusals are the modes')."""
@@ -347,7 +347,7 @@ def test_ctrl_c_of_om_serve_during_a_tick_marks_its_run_interrupted_and_prints_n
 
 
 def test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress(tmp_path, prefect_server):
-    """Issue 33 item 5: the exit line said "a maintenance run in progress was ended" even with none
+    """The exit line said "a maintenance run in progress was ended" even with none
     in progress. An om serve whose first tick is an hour away (on the test session's Prefect server)
     stopped at once: exit 130, one line, no run ended."""
     work, live, home = tmp_path / "work", tmp_path / "live", tmp_path / "home"

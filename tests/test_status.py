@@ -161,7 +161,7 @@ class ModelBrain(Brain):
 
 
 def test_after_a_run_with_a_model_status_is_about_that_model_not_the_offline_baseline(session, tmp_path):
-    """Issue 33 item 5: after `om run --model M`, `om status` said the next `om run (offline)` replays
+    """After `om run --model M`, `om status` said the next `om run (offline)` replays
     the session. With no model given or configured, the status is about the model of the session's
     last replay (its rerun replays nothing), and says that a plain om run would use the offline one."""
     from flows.cli.main import app
@@ -192,7 +192,7 @@ def test_after_a_run_with_a_model_status_is_about_that_model_not_the_offline_bas
 
 @pytest.mark.parametrize("backoff", [False, True])
 def test_the_reflector_after_an_empty_result_is_asked_again_unless_it_backs_off(tmp_path, backoff):
-    """Issue 32 item 9: the extension asks the reflector again at every turn end while its clock is
+    """The extension asks the reflector again at every turn end while its clock is
     due, so om does by default (asking only when its input changed: after each recorded observer
     chunk); with reflectorBackoff it waits, as the observer does, for another reflectAfterTokens of
     source after each empty result."""

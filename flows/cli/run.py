@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -23,9 +23,16 @@ from flows.cli.common import (ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, 
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.limits import run_guards
 from flows.preflight import check_cluster_run, check_credential
+from flows.run_result import RunReport, RunResult, SessionRow
 from flows.runner import prepare_environment, run_pipeline
 from om_core.store.db import new_run_id
-from om_core.errors import InvalidArgument
+from om_core.errors import InvalidArgument, StopReason
+
+if TYPE_CHECKING:
+    from om_core.model.cost import CostBudget, RunEstimate
+    from om_core.replay.plan import RunPlan
+    from om_core.store.workspace import Workspace
+    from om_core.workers.stages import ModelConfig, RunGuards
 
 
 @app.command(epilog=examples(
@@ -87,8 +94,8 @@ def run(
     say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
     if _no_session_files(targets, exclude):  # nothing to read: no database, no lock file, no replay claimed
         if as_json:
-            print_json({"run_id": None, "sessions": [], "errors": [], "failures": [], "skipped": [],
-                        "database": str(ws.path), "offline": config.offline, "session_files": 0})
+            print_json(RunReport(run_id=None, sessions=[], errors=[], failures=[], skipped=[], database=str(ws.path),
+                                 offline=config.offline, session_files=0).as_json())
         else:
             out.print(escape(f"no Pi session files (*.jsonl) in {', '.join(targets)}: nothing to ingest or "
                              "replay"), highlight=False)
@@ -106,7 +113,7 @@ def run(
                 err.print(f"  [yellow]note[/] {escape(note)}", highlight=False)
         estimate, guards = None, None
         if settings.passive or not plan.due:  # nothing to replay: no orchestrator starts
-            summary = {"run_id": None, "sessions": [], "errors": list(plan.errors)}
+            summary = RunResult(errors=list(plan.errors))
         else:
             estimate = _cost_estimate(ws, plan.due, config, max_cost, as_json)
             say(f"{len(plan.due)} of {len(plan.session_ids)} session(s) to replay; starting the orchestrator "
@@ -115,35 +122,35 @@ def run(
             summary = _run_with_display(ws, plan, config, guards, concurrency, not no_drain,
                                         runner, dask_address, as_json, verbose)
     skipped = plan.skipped if not settings.passive else list(plan.session_ids)
-    rows, failures = _run_rows(ws, summary), _run_failures(ws, summary)
-    cost = _run_cost(ws, summary, max_cost, estimate, guards.budget if guards is not None else None)
+    report = RunReport(run_id=summary.run_id, sessions=_run_rows(ws, summary), errors=summary.errors,
+                       failures=_run_failures(ws, summary), skipped=skipped, passive=settings.passive,
+                       cost=_run_cost(ws, summary, max_cost, estimate, guards.budget if guards is not None else None),
+                       projects=summary.projects, warnings=list(plan.warnings), notes=list(plan.notes),
+                       database=str(ws.path), offline=config.offline)
+    cost = report.cost
     if as_json:
-        print_json({"run_id": summary["run_id"], "sessions": rows, "errors": summary["errors"],
-                    "failures": failures, "skipped": skipped, "passive": settings.passive, "cost": cost,
-                    "projects": summary.get("projects", []),
-                    "warnings": list(plan.warnings), "notes": list(plan.notes),
-                    "database": str(ws.path), "offline": config.offline})
+        print_json(report.as_json())
     else:
-        if summary["run_id"] is None and not plan.session_ids:
+        if summary.run_id is None and not plan.session_ids:
             out.print(escape(f"no session to replay in {ws.path}"), highlight=False)
-        elif summary["run_id"] is None:
+        elif summary.run_id is None:
             why = ("passive is set: ingest only" if settings.passive else
                    "each is unchanged since its last complete replay")
             out.print(escape(f"{counted(len(plan.session_ids), 'session')} in {ws.path}, none to replay ({why})"),
                       highlight=False)
         else:
-            _print_run_table(summary, rows, skipped)
+            _print_run_table(report)
             out.print(escape(f"memory in {ws.path}"), highlight=False)
             if config.offline:  # what it recorded copies, it does not understand: say so where it is shown
                 out.print(OFFLINE_NOTE, highlight=False)
-            for p in summary.get("projects", []):  # the project stages after the sessions
+            for p in summary.projects:  # the project stages after the sessions
                 why = p.get("error") or p.get("reason")
                 out.print(escape(f"project {p.get('project_id', '?')}: {p['outcome']}"
                                  + (f", {len(p['reflections'])} reflection(s)" if p["outcome"] == "recorded" else "")
                                  + (f" ({why})" if why else "")), highlight=False)
-        _print_failures(summary, failures)
+        _print_failures(summary, report.failures)
         _print_cost(cost)
-    if summary["errors"] or failures or any(r["error"] for r in summary["sessions"]):
+    if summary.errors or report.failures or any(s.error for s in summary.sessions):
         raise typer.Exit(1)
     if cost.get("stopped_by_max_cost"):
         raise typer.Exit(4)
@@ -163,7 +170,8 @@ def _no_session_files(targets: list[str], exclude) -> bool:
     return bool(paths) and not ids and not missing and not discover(paths, exclude or ())[0]
 
 
-def _cost_estimate(ws, targets, config, max_cost, as_json: bool):
+def _cost_estimate(ws: Workspace, targets: list[str], config: ModelConfig, max_cost: float | None,
+                   as_json: bool) -> RunEstimate | None:
     """Print (and return) the run's estimated cost; --max-cost needs a model litellm can price."""
     if config.offline:
         if max_cost is not None:
@@ -185,10 +193,11 @@ def _cost_estimate(ws, targets, config, max_cost, as_json: bool):
     return estimate
 
 
-def _run_cost(ws, summary: dict, max_cost, estimate, budget) -> dict:
+def _run_cost(ws: Workspace, summary: RunResult, max_cost: float | None, estimate: RunEstimate | None,
+              budget: CostBudget | None) -> dict[str, Any]:
     """The run's real cost from the provider's usage, and whether --max-cost (the run's ``budget``) stopped it."""
-    run_id = summary["run_id"]
-    stopped = (budget is not None and budget.exhausted) or any(s.get("budget_stop") for s in summary["sessions"])
+    run_id = summary.run_id
+    stopped = (budget is not None and budget.exhausted) or any(s.stop is StopReason.BUDGET for s in summary.sessions)
     try:
         [row] = ws.rows("run_cost", {"run_id": run_id})
     except Exception:  # no database (nothing ingested)
@@ -295,15 +304,15 @@ class LiveBoard:
             self.live.stop()
 
 
-def _describe_sessions(ws, session_ids) -> None:
+def _describe_sessions(ws: Workspace, session_ids: list[str]) -> None:
     """File names and entry counts for the board, read before Prefect starts."""
     rows = ws.rows("board_sessions", {"session_ids": list(session_ids)})
     progress.describe({r["session_id"]: {"file": Path(r["file_path"]).name if r["file_path"] else None,
                                          "entries": r["entry_count"]} for r in rows})
 
 
-def _run_with_display(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet,
-                      verbose):
+def _run_with_display(ws: Workspace, plan: RunPlan, config: ModelConfig, guards: RunGuards, concurrency: int,
+                      drain: bool, runner: str, dask_address: str | None, quiet: bool, verbose: bool) -> RunResult:
     from flows.kept_server import api_for_run
 
     say = (lambda text: None) if quiet or not err.is_terminal else (lambda text: err.print(escape(text), highlight=False))
@@ -312,7 +321,8 @@ def _run_with_display(ws, plan, config, guards, concurrency, drain, runner, dask
         return _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose)
 
 
-def _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose):
+def _run_on_api(ws: Workspace, plan: RunPlan, config: ModelConfig, guards: RunGuards, concurrency: int, drain: bool,
+                runner: str, dask_address: str | None, quiet: bool, verbose: bool) -> RunResult:
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
     _describe_sessions(ws, plan.due)
@@ -335,58 +345,57 @@ def _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_addre
         say_and_exit(exc.interruption.stderr, exc.interruption.line, exc.interruption.exit_code)
 
 
-def _run_failures(ws, summary) -> list[dict]:
+def _run_failures(ws: Workspace, summary: RunResult) -> list[dict[str, Any]]:
     """The run's failed stages, grouped by stage, session and error."""
-    if summary["run_id"] is None:
+    if summary.run_id is None:
         return []
-    return ws.rows("run_failures", {"run_id": summary["run_id"]})
+    return ws.rows("run_failures", {"run_id": summary.run_id})
 
 
-def _print_failures(summary, failures) -> None:
+def _print_failures(summary: RunResult, failures: list[dict[str, Any]]) -> None:
     """Under the closing table: the failed stages, then the run's errors, one line each. A run the
     circuit breaker stopped gets its one line only: every failure then has that one cause."""
-    if failures and not summary.get("stopped"):
+    if failures and not summary.stopped:
         print_rows(["stage", "session", "error", "count"],
                    [[f["stage"], f["session_id"], f["error"], str(f["count"])] for f in failures],
                    fold={"error"}, title="failed stages", short={"session"}, console=err)
-    for e in summary["errors"]:
+    for e in summary.errors:
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
-    for s in summary["sessions"]:
-        if s["error"] and not s.get("stopped"):  # stopped: the run's one error line says why
-            err.print(f"[red]session {escape(s['session_id'])} failed:[/] {escape(str(s['error']))}", highlight=False)
+    for s in summary.sessions:
+        if s.error and not s.stopped:  # stopped: the run's one error line says why
+            err.print(f"[red]session {escape(s.session_id)} failed:[/] {escape(str(s.error))}", highlight=False)
 
 
-def _run_rows(ws, summary) -> list[dict]:
-    ids = [s["session_id"] for s in summary["sessions"]]
-    if not ids or summary["run_id"] is None:
+def _run_rows(ws: Workspace, summary: RunResult) -> list[SessionRow]:
+    ids = [s.session_id for s in summary.sessions]
+    if not ids or summary.run_id is None:
         return []
-    rows = ws.rows("run_summary", {"run_id": summary["run_id"], "session_ids": ids})
-    errors = {s["session_id"]: s["error"] for s in summary["sessions"]}
-    for row in rows:
-        row["error"] = errors.get(row["session_id"])
-    return rows
+    errors = {s.session_id: s.error for s in summary.sessions}
+    return [SessionRow(**row, error=errors.get(row["session_id"]))
+            for row in ws.rows("run_summary", {"run_id": summary.run_id, "session_ids": ids})]
 
 
-def _print_run_table(summary, rows, skipped=()) -> None:
+def _print_run_table(report: RunReport) -> None:
+    """The closing table: a row per session of ``report`` (what ``--json`` prints), then the total."""
     from flows.cli.costs import cost_cell
 
     counts = ("observations", "reflections", "drops", "compactions", "model_calls", "tokens")
     totals = {k: 0 for k in (*counts, "errors", "unpriced_calls")}
     cost = 0.0
     body = []
-    for r in rows:
+    for r in report.sessions:
         for k in totals:
-            totals[k] += r.get(k) or 0
-        cost += r["cost"] or 0
-        body.append([r["session_id"], *(str(r[k]) for k in counts),
-                     cost_cell(r["model_calls"] or 0, r["cost"], r.get("unpriced_calls") or 0),
-                     str(r["errors"]) + (" + session error" if r["error"] else "")])
-    priced = any(r["cost"] is not None for r in rows)
+            totals[k] += getattr(r, k) or 0
+        cost += r.cost or 0
+        body.append([r.session_id, *(str(getattr(r, k)) for k in counts),
+                     cost_cell(r.model_calls or 0, r.cost, r.unpriced_calls or 0),
+                     str(r.errors) + (" + session error" if r.error else "")])
+    priced = any(r.cost is not None for r in report.sessions)
     body.append(["total", *(str(totals[k]) for k in counts),
                  cost_cell(totals["model_calls"], cost if priced else None, totals["unpriced_calls"]),
                  str(totals["errors"])])
     print_rows(["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
-                "errors"], body, title=f"run {summary['run_id']}", short={"session"},
+                "errors"], body, title=f"run {report.run_id}", short={"session"},
                drop=["tokens", "model calls", "cost", "drops"], bold_last=True)
-    if skipped:
-        out.print(f"{len(skipped)} more session(s) unchanged since their last replay: skipped", highlight=False)
+    if report.skipped:
+        out.print(f"{len(report.skipped)} more session(s) unchanged since their last replay: skipped", highlight=False)

@@ -28,12 +28,14 @@ import json
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from enum import StrEnum
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 
+from om_core.errors import StopReason
 from om_core.store import db as dbmod
 from om_core.store.db import named_rows, scalar
 from om_core.project.distil import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, ProjectCheck, distil_offline
@@ -168,6 +170,13 @@ def read_project_input(con: duckdb.DuckDBPyConnection, project_id: str, settings
 # ---------------------------------------------------------------- running it
 
 
+class Settled(StrEnum):
+    """Why a project stage asked and appended nothing new: its work was done before (exactly-once)."""
+
+    APPENDED = "already appended by an earlier run"
+    EMPTY_BEFORE = "this exact input gave a deliberate empty result before; not asked again"
+
+
 @dataclass
 class ProjectOutcome:
     project_id: str
@@ -188,9 +197,12 @@ class ProjectOutcome:
     inputs: int = 0
     input_tokens: float = 0
     covers_up_to_seq: int = 0
+    settled: Settled | None = None  # its work was done before (``reason`` says it in words)
+    stop: StopReason | None = None  # the run's guards stopped it before its model call
 
     def as_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("calls", "reflections", "retirements")}
+        data = {k: v for k, v in self.__dict__.items()
+                if k not in ("calls", "reflections", "retirements", "settled", "stop")}
         data["reflections"] = [r.model_dump() for r in self.reflections]
         data["retirements"] = [r.model_dump() for r in self.retirements]
         data["model_calls"] = len(self.calls)
@@ -258,7 +270,8 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
     with dbmod.transaction(con):
         if outcome.outcome == "recorded":
             if scalar(con, "project_has_stage_key", {"project_id": outcome.project_id, "stage_key": outcome.stage_key}):
-                outcome.reason = "already appended by an earlier run"
+                outcome.settled = Settled.APPENDED
+                outcome.reason = str(Settled.APPENDED)
             else:
                 outcome.ledger_ids = append_project_records(
                     con, outcome.project_id, reflections=outcome.reflections, retirements=outcome.retirements,
@@ -291,7 +304,7 @@ def project_stage(ws: Workspace, project_id: str, brain: Any, *, run_id: str | N
         key = inp.stage_key(brain.name)
         if scalar(con, "project_stage_was_empty", {"project_id": project_id, "stage_key": key}):
             return ProjectOutcome(project_id=project_id, model=brain.name, outcome="empty", stage_key=key,
-                                  reason="this exact input gave a deliberate empty result before; not asked again")
+                                  settled=Settled.EMPTY_BEFORE, reason=str(Settled.EMPTY_BEFORE))
     started = datetime.now(timezone.utc)
     outcome = (compute or compute_project_stage)(inp, brain, settings)
     if outcome.outcome == "skipped":  # the run's cost budget stopped it before its model call: nothing is recorded
@@ -326,14 +339,14 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
             if guards is not None:
                 guards.check()
         except (RunStopped, BudgetReached) as exc:
-            outcomes.append(ProjectOutcome(project_id=project_id, model=brain.name, reason=f"stopped: {exc}"))
+            outcomes.append(ProjectOutcome(project_id=project_id, model=brain.name, reason=f"stopped: {exc}",
+                                           stop=exc.reason))
             break
         outcome = project_stage(ws, project_id, brain, run_id=run_id, compute=compute)
         if outcome is None:
             break
         outcomes.append(outcome)
-        if outcome.outcome in ("failed", "skipped") or outcome.reason == "already appended by an earlier run" \
-                or outcome.reason and outcome.reason.startswith("this exact input"):
+        if outcome.outcome in ("failed", "skipped") or outcome.settled is not None:
             break
     return outcomes
 
@@ -347,7 +360,7 @@ def run_due_projects(ws: Workspace, brain: Any, *, run_id: str | None = None, co
     outcomes: list[ProjectOutcome] = []
     for project_id in due:
         outcomes += run_project_stages(ws, project_id, brain, run_id=run_id, compute=compute, guards=guards)
-        if outcomes and (outcomes[-1].reason or "").startswith("stopped: "):
+        if outcomes and outcomes[-1].stop is not None:
             break
     return outcomes
 

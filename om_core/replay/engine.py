@@ -21,6 +21,7 @@ from typing import Any
 
 import duckdb
 
+from om_core.errors import StopReason
 from om_core.store import db as dbmod
 from om_core.memory.fold import clocks as read_clocks
 from om_core.replay.branch import BranchReport, Progress, replay_branches
@@ -46,20 +47,29 @@ class ReplayResult:
     rows: ReplayedRows
     branches: list[BranchReport] = field(default_factory=list)
     error: str | None = None  # one line; None when the replay ran to its end
-    stopped: bool = False  # the run's breaker ended it (the error says why)
-    budget_stop: str | None = None  # --max-cost ended it, cleanly: a rerun resumes here
+    stop: StopReason | None = None  # the run's guards ended it (the breaker: also an error; the budget: cleanly)
+    stop_detail: str | None = None  # the guard's own words for it
     kept: list[str] = field(default_factory=list)  # stage keys of results kept in the stage results store
     cost: float = 0.0  # of the model calls it made, as priced (USD)
 
     @property
+    def stopped(self) -> bool:
+        """The run's breaker ended it (its error says why)."""
+        return self.stop is StopReason.CIRCUIT
+
+    @property
+    def budget_stop(self) -> str | None:
+        """--max-cost ended it, cleanly (a rerun resumes here): the budget's words, else None."""
+        return self.stop_detail if self.stop is StopReason.BUDGET else None
+
+    @property
     def complete(self) -> bool:
         """Ran every stage it had to: no error, no budget stop, no failed stage (else the session stays due)."""
-        return not self.error and not self.budget_stop and not any(b.failures for b in self.branches)
+        return not self.error and self.stop is None and not any(b.failures for b in self.branches)
 
-    def summary(self) -> dict[str, Any]:
-        """The flow's and the command's view of it, without the rows (plain data: JSON-ready)."""
-        return {"session_id": self.session_id, "error": self.error, "stopped": self.stopped,
-                "budget_stop": self.budget_stop, "branches": [asdict(b) for b in self.branches]}
+    def branch_reports(self) -> list[dict[str, Any]]:
+        """Its branches' reports as plain data (JSON-ready)."""
+        return [asdict(b) for b in self.branches]
 
 
 def _due_source_tokens(ws: Workspace, session_id: str) -> int:
@@ -92,9 +102,9 @@ def replay_payload(payload: SessionPayload, settings: Settings, brain: Brain, re
             result.error = (f"the replay ran no stage although {due} source tokens are not yet observed "
                             f"({len(result.branches)} branch(es) found)")
     except RunStopped as exc:  # the reason is the run's one error line
-        result.error, result.stopped = f"stopped: {exc}", True
+        result.error, result.stop, result.stop_detail = f"stopped: {exc}", exc.reason, str(exc)
     except BudgetReached as exc:  # --max-cost: what was appended is kept; a rerun resumes here
-        result.budget_stop = str(exc)
+        result.stop, result.stop_detail = exc.reason, str(exc)
     except Exception as exc:  # one failing session never stops the others
         result.error = f"{type(exc).__name__}: {exc}"
         if on_error is not None:

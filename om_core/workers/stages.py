@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
 
+from om_core.errors import StopReason
 from om_core.store import db as dbmod
 from om_core.model.circuit import CircuitBreaker, preflight_model
 from om_core.ledger.records import append_record
@@ -101,10 +102,14 @@ class ModelConfig(BaseModel):
 class RunStopped(Exception):
     """A session's replay ends here: the run's circuit breaker tripped (om_core.model.circuit)."""
 
+    reason = StopReason.CIRCUIT
+
 
 class BudgetReached(Exception):
     """The run's --max-cost stopped a stage before its model call: the replay ends there, cleanly
     (nothing half-done is recorded), and a rerun resumes it (om_core.model.cost)."""
+
+    reason = StopReason.BUDGET
 
 
 class RunGuards:
