@@ -103,7 +103,7 @@ def end_processes(pids: list[int], timeout: float = 3.0) -> None:
 def _interrupt(ws: Workspace, run_id: str, guards: RunGuards, signum: int) -> Interruption:
     import json
 
-    from flows.pipeline import COMMIT_LOCK
+    from flows.replay_window import COMMIT_LOCK
     from om_core.store.db import named_row
     from om_core.model.client import ModelError
     from om_core.store.sqlfiles import query

@@ -27,12 +27,11 @@ fails once); permanent ones fail the stage at once. One failing session never st
 from __future__ import annotations
 
 import logging
-import threading
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from pydantic import ValidationError
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.futures import as_completed
@@ -46,13 +45,14 @@ from flows.storage import PrefectStageResults, stage_result_storage
 from flows.run_names import (project_stage_name, project_summary, replay_name, run_summary, session_label,
                              session_summary, session_tags, stage_name)
 from flows.run_result import RunResult, SessionOutcome
-from flows.ticks import announce_tick, log_to_run
+from flows.replay_window import COMMIT_LOCK, ReplayWindow, full_disk
+from flows.ticks import announce_tick, log_to_run, run_logger
 from om_core.store import db as dbmod
 from om_core.store import writer_lock
 from om_core.errors import DatabaseBusy, InvalidArgument, StopReason, StorageError, storage_error
 from om_core.model.client import ModelError
-from om_core.replay.engine import ReplayResult, commit_replay, replay_payload
-from om_core.replay.payload import read_session_payload
+from om_core.replay.engine import ReplayResult, replay_payload
+from om_core.replay.payload import SessionPayload
 from om_core.replay.plan import RunPlan, check_targets, ingest_targets, plan_run
 from om_core.project.stage import ProjectInput, ProjectOutcome, compute_project_stage, run_due_projects
 from om_core.store.runs import finish_run, start_run
@@ -77,10 +77,7 @@ def stage_task(prepared: PreparedStage, brain: Any, settings: Settings) -> Compu
 
 
 def _log_session_error(message: str, trace: str) -> None:
-    try:
-        get_run_logger().error("%s\n%s", message, trace)
-    except Exception:  # outside a Prefect run context (tests call the task's function)
-        pass
+    run_logger().error("%s\n%s", message, trace)
 
 
 @task(name="replay-session", persist_result=False, cache_policy=NO_CACHE)
@@ -130,9 +127,8 @@ def _project_stages(ws: Workspace, model: ModelConfig, guards: RunGuards, run_id
     try:
         outcomes = run_due_projects(ws, brain, run_id=run_id, compute=compute, guards=guards)
     except Exception as exc:
-        stored = storage_error(exc, ws.path)
-        if stored is not None:
-            guards.breaker.trip(stored)
+        if storage_error(exc, ws.path) is not None:
+            guards.breaker.trip(full_disk(exc, ws))
         log_to_run(f"project stages failed: {type(exc).__name__}: {exc}", logging.ERROR)
         return [{"outcome": "failed", "error": f"{type(exc).__name__}: {exc}"}]
     for outcome in outcomes:
@@ -140,18 +136,12 @@ def _project_stages(ws: Workspace, model: ModelConfig, guards: RunGuards, run_id
     return [o.as_json() for o in outcomes]
 
 
-# Commits are serialised, and an interrupted run takes this lock for good before it exits, so the
-# database never sees half a commit (flows.interrupt).
-COMMIT_LOCK = threading.Lock()
-
-
 def _finish(ws: Workspace, run_id: str, status: str, detail: dict[str, Any]) -> None:
     try:
         with ws.write() as con:
             finish_run(con, run_id, status, detail)
     except Exception as exc:
-        if storage_error(exc) is None:
-            raise
+        full_disk(exc, ws)
         # a full disk: the run's error line says so; the row is written by the next writer's start, from
         # the lock file (its block is allocated already)
         if ws.has_file:
@@ -185,7 +175,7 @@ def _stopped_by_storage(ws: Workspace, run_id: str, message: str, errors: list[s
 def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards, drain: bool, run_id: str,
              window: int) -> RunResult:
     """The run of a plan (its row started): every due session replayed, each result committed as it
-    arrives, the row finished."""
+    arrives, the projects' stages, the row finished."""
     settings = ws.settings
     errors = list(plan.errors)
     for line in plan.warnings:  # the flow run's logs say what the plan saw (the Prefect UI's Logs tab)
@@ -201,87 +191,35 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
     if not model.offline and model.limit == "prefect":
         ensure_model_call_limit(settings.modelConcurrency)
     storage = stage_result_storage(settings, str(ws.path))
-    session_ids = list(plan.due)  # sessions unchanged since their last complete replay have nothing to do
-    progress_board.start(session_ids)
-    results: list[ReplayResult] = []
-    shared = _in_process()  # else each replay gets a copy of the guards, and a part of the budget
-    lent: dict[str, float] = {}
-    pending, labels = [], {}
-    queue = list(session_ids)
 
-    def submit_next(con) -> None:  # noqa: ANN001 - a connection to the user's database
-        sid = queue[0]
-        payload = read_session_payload(con, sid)
-        labels[sid] = session_label(payload.file_path, sid)
-        replay_guards = guards
-        if not shared:
-            if guards.budget is not None:
-                lent[sid] = guards.budget.lend(window)
-            replay_guards = guards.for_replay(lent.get(sid))
-        pending.append(replay_session_task.with_options(
-            task_run_name=replay_name(labels[sid]), tags=session_tags(sid, "replay")).submit(
-                payload, model, settings, drain, run_id, storage, replay_guards))
-        queue.pop(0)
+    def submit(payload: SessionPayload, label: str, replay_guards: RunGuards) -> Any:
+        return replay_session_task.with_options(
+            task_run_name=replay_name(label), tags=session_tags(payload.session_id, "replay")).submit(
+                payload, model, settings, drain, run_id, storage, replay_guards)
 
-    def collect(future) -> None:  # noqa: ANN001 - a Prefect future
-        """Commit a finished replay and read the next session's payload (bounded: payloads are read
-        just before their task starts) in one open of the file: opening and closing a DuckDB file
-        costs ~20 ms of CPU, the largest part of the one writer's work per session."""
-        result: ReplayResult = future.result()
-        if result.session_id in lent:  # a replay elsewhere: its spending joins the run's budget
-            guards.budget.settle(lent.pop(result.session_id), result.cost)
-        if result.stop is StopReason.CIRCUIT and not guards.breaker.tripped:  # elsewhere: no later replay starts
-            guards.breaker.trip(ModelError(result.stop_detail or "", "permanent"))
-        waiting = len(queue)
-        committed: list[str] = []
-        if not isinstance(guards.breaker.reason, StorageError):  # after a full disk nothing more is written
-            try:
-                with COMMIT_LOCK, ws.write() as con:
-                    commit_replay(con, result, plan.fingerprints.get(result.session_id))
-                    if result.kept:
-                        committed = dbmod.named_column(con, "committed_stage_keys",
-                                                       {"session_id": result.session_id, "stage_keys": result.kept})
-                    if queue:
-                        submit_next(con)
-            except Exception as exc:
-                stored = storage_error(exc, ws.path)
-                if stored is None:
-                    raise
-                guards.breaker.trip(stored)  # a full disk: stop the other sessions before their model calls
-        if committed:  # their records are in the ledger: the stage results kept for them can go
-            PrefectStageResults(storage).forget(committed)
-        if queue and len(queue) == waiting:  # not read with the commit (a full disk): read it alone
-            with ws.read() as con:
-                submit_next(con)
-        results.append(result)
-        # the board is drawn here too: a replay on a cluster worker cannot update this process's board
-        progress_board.update({"session_id": result.session_id,
-                               **({"error": result.error} if result.error else {"done": True})})
-
-    if queue:
-        with ws.read() as con:  # the first window's payloads in one read
-            while queue and len(pending) < window:
-                submit_next(con)
-    while pending:
-        done = next(as_completed(pending))
-        pending.remove(done)
-        collect(done)
-    order = {sid: i for i, sid in enumerate(session_ids)}
-    results.sort(key=lambda r: order[r.session_id])
+    replays = ReplayWindow(ws, plan, guards, size=window, storage=storage, submit=submit, shared=_in_process(),
+                           wait=lambda pending: next(as_completed(pending)))
+    results = replays.run()
     projects = [] if guards.breaker.tripped else _project_stages(ws, model, guards, run_id)
+    run = _run_result(run_id, plan, results, projects, errors, guards)
+    _finish(ws, run_id, "failed" if run.failed else "ok", run.runs_detail())
+    for s in run.sessions:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
+        log_to_run(session_summary(replays.labels.get(s.session_id, s.session_id[:8]), s))
+    log_to_run(run_summary(run_id, run.sessions, len(plan.skipped), errors))
+    return run
+
+
+def _run_result(run_id: str, plan: RunPlan, results: list[ReplayResult], projects: list[dict[str, Any]],
+                errors: list[str], guards: RunGuards) -> RunResult:
+    """The run's result; a tripped breaker (failing model calls, a full disk) is its first error."""
     stopped = guards.breaker.reason
     if stopped is not None:
         errors.insert(0, f"model calls stopped: {stopped}" if isinstance(stopped, ModelError) else str(stopped))
-    run = RunResult(run_id=run_id, sessions=[SessionOutcome.of(r) for r in results], errors=errors,
-                    ingest=plan.ingest, skipped=plan.skipped, projects=projects, flow_run_id=_flow_run_id(),
-                    stop=None if stopped is None else (StopReason.STORAGE if isinstance(stopped, StorageError)
-                                                       else StopReason.CIRCUIT),
-                    stopped=None if stopped is None else str(stopped))
-    _finish(ws, run_id, "failed" if run.failed else "ok", run.runs_detail())
-    for s in run.sessions:  # the flow run's logs say what the run did (the Prefect UI's Logs tab)
-        log_to_run(session_summary(labels.get(s.session_id, s.session_id[:8]), s))
-    log_to_run(run_summary(run_id, run.sessions, len(plan.skipped), errors))
-    return run
+    return RunResult(run_id=run_id, sessions=[SessionOutcome.of(r) for r in results], errors=errors,
+                     ingest=plan.ingest, skipped=plan.skipped, projects=projects, flow_run_id=_flow_run_id(),
+                     stop=None if stopped is None else (StopReason.STORAGE if isinstance(stopped, StorageError)
+                                                        else StopReason.CIRCUIT),
+                     stopped=None if stopped is None else str(stopped))
 
 
 def _flow_run_id() -> str | None:
@@ -299,10 +237,7 @@ def _plan_here(ws: Workspace, targets: list[str], model: ModelConfig, drain: boo
     targets_ = check_targets(ws, targets, strict=False)
     plan = plan_run(ws, targets_, ingest_targets(ws, targets_, command=command, exclude=exclude),
                     model=model.name, drain=drain)
-    try:
-        logger = get_run_logger()
-    except Exception:  # outside a Prefect run context (tests call the flow's function)
-        return plan
+    logger = run_logger()
     for line in plan.warnings:
         logger.warning(line)
     for line in plan.notes:
@@ -321,29 +256,20 @@ def _run(ws: Workspace, command: str, plan: RunPlan | None, targets: list[str], 
             stack.enter_context(ws.one_writer(command))
         except DatabaseBusy as exc:
             message = str(exc)
-            try:
-                get_run_logger().warning(("skipped: " if command == "maintain" else "") + message)
-            except Exception:
-                pass
+            run_logger().warning(("skipped: " if command == "maintain" else "") + message)
             return RunResult(errors=[] if command == "maintain" else [message], stop=StopReason.BUSY,
                              stopped=message)
         run_id = run_id or dbmod.new_run_id()
         try:
             _start(ws, run_id, command, targets, drain, model)
         except Exception as exc:  # a full disk ends the run with one line
-            stored = storage_error(exc, ws.path)
-            if stored is None:
-                raise
-            return _stopped_by_storage(ws, run_id, str(stored), list(plan.errors) if plan else [],
+            return _stopped_by_storage(ws, run_id, str(full_disk(exc, ws)), list(plan.errors) if plan else [],
                                        plan.ingest if plan else {"files": [], "missing": []})
         if plan is None:
             try:
                 plan = _plan_here(ws, targets, model, drain, f"{command} {run_id}", exclude)
             except Exception as exc:
-                stored = storage_error(exc, ws.path)
-                if stored is None:
-                    raise
-                return _stopped_by_storage(ws, run_id, str(stored), [], {"files": [], "missing": []})
+                return _stopped_by_storage(ws, run_id, str(full_disk(exc, ws)), [], {"files": [], "missing": []})
         return _process(ws, plan, model, guards or run_guards(model, ws.settings), drain, run_id, window)
 
 
@@ -402,4 +328,5 @@ def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: ModelCo
     return result
 
 
-__all__ = ["process_sessions", "maintain_sessions", "stage_task", "replay_session_task", "MODEL_CALL_LIMIT"]
+__all__ = ["COMMIT_LOCK", "MODEL_CALL_LIMIT", "process_sessions", "maintain_sessions", "stage_task",
+           "replay_session_task"]

@@ -73,3 +73,20 @@ def announce_tick(result: RunResult, every_seconds: int | None) -> str:
     print(line, flush=True)
     log_to_run(line)
     return line
+
+
+_SILENT = logging.getLogger("om.outside-a-run")
+_SILENT.addHandler(logging.NullHandler())
+_SILENT.propagate = False
+
+
+def run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The current flow (or task) run's logger; outside a run context (a test calling a flow's or a
+    task's function) one that says nothing, so no caller needs to ask where it runs."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return _SILENT
