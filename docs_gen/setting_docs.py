@@ -60,6 +60,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
                 "`om logs --full`)"),
     "requestTimeoutSeconds": SettingDoc(meaning="a model request's timeout"),
     "modelConcurrency": SettingDoc(meaning="model calls in flight at once across a run"),
+    "modelSlotLeaseSeconds": SettingDoc(
+        meaning="with `--model-limit prefect`: the lease of each slot of Prefect's global limit `om-model-calls`, "
+                "renewed while its model call runs; a slot held by a process that died (a lost Dask worker) comes "
+                "back to the limit after at most this long plus the server's 15 s lease check (docs/operating.md, "
+                "\"A lost worker\")"),
     "breakerFailures": SettingDoc(
         meaning="the run's breaker: after this many model calls in a row failed with a transient error (500s, "
                 "429s, timeouts; across stages, each retry counted, no success in between) no stage starts and "

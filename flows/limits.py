@@ -44,11 +44,19 @@ def ensure_model_call_limit(slots: int, name: str = MODEL_CALL_LIMIT) -> None:
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots, active=True))
 
 
-def _prefect_gate() -> AbstractContextManager:
-    from prefect.concurrency.sync import concurrency
+class PrefectGate:
+    """One slot of Prefect's global limit per model call, leased for ``lease_seconds`` and renewed while
+    the call runs: the slots of a process that dies (a lost Dask worker) come back when their lease
+    runs out (``modelSlotLeaseSeconds``), not never."""
 
-    # strict: a limit missing on the server is an error, never an unlimited run
-    return concurrency(MODEL_CALL_LIMIT, occupy=1, strict=True)
+    def __init__(self, lease_seconds: float) -> None:
+        self.lease_seconds = lease_seconds
+
+    def __call__(self) -> AbstractContextManager:
+        from prefect.concurrency.sync import concurrency
+
+        # strict: a limit missing on the server is an error, never an unlimited run
+        return concurrency(MODEL_CALL_LIMIT, occupy=1, strict=True, lease_duration=self.lease_seconds)
 
 
 class ProcessGate:
@@ -68,11 +76,12 @@ def run_guards(config: ModelConfig, settings: Settings) -> RunGuards:
     its --max-cost budget and the model-call gate of ``config.limit``."""
     from om_core.workers.stages import RunGuards
 
-    gate = None if config.offline else model_call_gate(config.limit, settings.modelConcurrency)
+    gate = None if config.offline else model_call_gate(config.limit, settings.modelConcurrency,
+                                                           settings.modelSlotLeaseSeconds)
     return RunGuards.for_run(config, settings, gate)
 
 
-def model_call_gate(mode: LimitMode, slots: int) -> Callable[[], AbstractContextManager]:
+def model_call_gate(mode: LimitMode, slots: int, lease_seconds: float) -> Callable[[], AbstractContextManager]:
     """A factory of context managers, each holding one slot for the duration of one model call (it
     pickles: a run's guards carry it to the replays on other processes)."""
-    return _prefect_gate if mode == "prefect" else ProcessGate(slots)
+    return PrefectGate(lease_seconds) if mode == "prefect" else ProcessGate(slots)

@@ -126,6 +126,9 @@ class Settings(BaseModel):
     storePrompts: bool = True  # keep each model call's request and response text (om logs --full)
     requestTimeoutSeconds: float = Field(120.0, gt=0)
     modelConcurrency: int = Field(8, ge=1)  # model calls in flight at once across a whole run
+    # how long a slot of Prefect's global model-call limit is leased (renewed while its call runs): a
+    # slot held by a process that died comes back after this long (--model-limit prefect)
+    modelSlotLeaseSeconds: float = Field(300.0, ge=60, le=86_400)
     # transient model-call failures in a row (500s, 429s, timeouts; across stages, no success in
     # between) that stop the run (exit 1, one line; a rerun resumes); 0: never
     breakerFailures: int = Field(12, ge=0)

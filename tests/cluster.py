@@ -157,11 +157,22 @@ def start_dask_cluster(root: Path, server: PrefectServer, hidden: list[Path], wo
     return cluster
 
 
+# What the tests of a real server do not use, off: no test here has a schedule, a late or paused run, an
+# automation or a work pool's health checked, or reads a task run back (the task-run recorder's SQLite
+# writes also queue the model-call slots' writes behind them: seconds per stage, docs/operating.md "A
+# lost worker"). The repossessor stays: it gives a lost worker's model-call slots back.
+QUIET_SERVER = {f"PREFECT_SERVER_SERVICES_{service}_ENABLED": "false"
+                for service in ("SCHEDULER", "LATE_RUNS", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "FOREMAN",
+                                "TRIGGERS", "TASK_RUN_RECORDER")}
+
+
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
-    """A real `prefect server start` (API, UI, scheduler) on a free port, with its own PREFECT_HOME."""
+    """A real `prefect server start` (API and UI) on a free port, with its own PREFECT_HOME, without the
+    services no test uses (QUIET_SERVER)."""
     root = tmp_path_factory.mktemp("prefect-server")
-    server: PrefectServer = start_server(HOST, free_port(HOST), home=root / "home", log=root / "server.log")
+    server: PrefectServer = start_server(HOST, free_port(HOST), home=root / "home", log=root / "server.log",
+                                         extra_env=QUIET_SERVER)
     try:
         yield server
     finally:

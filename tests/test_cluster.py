@@ -95,8 +95,10 @@ def module_cluster(tmp_path_factory, prefect_server, hidden_client):
 def run_env(api: PrefectServer | str, server: FakeOpenAI, shared: Path, tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "client-home"
     home.mkdir(parents=True, exist_ok=True)
+    # a lost worker's model-call slots come back after a minute, as docs/operating.md advises a cluster
     return cluster_env(api, HOME=str(home), OM_MODEL="openai/fake-model", OM_API_BASE=server.base_url,
-                       OM_RESULT_STORAGE=str(shared), OPENAI_API_KEY="sk-fake", **SETTINGS_ENV)
+                       OM_RESULT_STORAGE=str(shared), OPENAI_API_KEY="sk-fake", OM_MODEL_SLOT_LEASE_SECONDS="60",
+                       **SETTINGS_ENV)
 
 
 @pytest.fixture(scope="module")

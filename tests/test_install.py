@@ -18,10 +18,12 @@ EXAMPLES = REPO / "examples" / "sessions"
 
 def _installer() -> list[str] | None:
     """The tool installer at hand: pipx (the test extra brings it), else uv."""
+    # --no-compile: pip's byte-compiling of every dependency is most of an install's CPU, and Python
+    # compiles what om imports on first use anyway (uv compiles nothing unless asked)
     if importlib.util.find_spec("pipx") is not None:
-        return [sys.executable, "-m", "pipx", "install"]
+        return [sys.executable, "-m", "pipx", "install", "--pip-args=--no-compile"]
     if shutil.which("pipx"):
-        return [shutil.which("pipx"), "install"]
+        return [shutil.which("pipx"), "install", "--pip-args=--no-compile"]
     if shutil.which("uv"):
         return [shutil.which("uv"), "tool", "install"]
     return None
