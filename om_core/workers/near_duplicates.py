@@ -15,7 +15,8 @@ what it is about and what it says of it decide:
 
 A short note (under ten words, where one changed word already falls under the ratio) is a change of
 state too when its other words are the same, in the same order, and there are at least
-``SAME_SENTENCE_MIN_WORDS`` of them. The rule's false positives and negatives on the real sessions
+``SAME_SENTENCE_MIN_WORDS`` of them ("Assistant modified cli.py (edited 3 times)" after "… 2 times";
+"Tool bash failed: Command aborted" after "… succeeded: …"). The rule's false positives and negatives on the real sessions
 are measured by bench/state_changes.py (docs/concepts.md gives the counts).
 """
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 NEAR_DUPLICATE_RATIO = 0.9
-SAME_SENTENCE_MIN_WORDS = 5
+SAME_SENTENCE_MIN_WORDS = 3
 
 _WORDS = re.compile(r"[\w./:@#+-]+")
 NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "without", "cannot", "can't", "don't", "doesn't",
@@ -51,6 +52,7 @@ COUNT_WORDS = frozenset({"zero", "one", "two", "three", "four", "five", "six", "
 ITEM_LABELS = frozenset({"step", "item", "part", "phase", "stage", "task", "issue", "pr", "chunk", "entry", "line",
                          "round", "row", "column", "section", "chapter", "page", "ticket", "bug", "milestone",
                          "iteration", "example", "case", "question", "option", "attempt", "wp", "seed", "commit"})
+_ARTICLES = frozenset({"the", "a", "an"})
 _FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
 _MEMORY_ID = re.compile(r"^[0-9a-f]{12}$")
 _NAME_WITH_DIGITS = re.compile(r"^[a-z][a-z-]*\d+[a-z]*$")  # wp4, s3, e2e, h264: a name, not a value
@@ -59,7 +61,8 @@ _VERSION = re.compile(r"^v?\d+(\.\d+)+$")
 
 def normalised_words(content: str) -> tuple[str, ...]:
     """A note's words for comparison: lower case, punctuation around words dropped."""
-    return tuple(w.strip(".:-#/") or w for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
+    words = (w.strip(".:-#/+@") for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
+    return tuple(w for w in words if w)
 
 
 def _identifier(word: str) -> bool:
@@ -91,13 +94,16 @@ class Marks:
         for i, word in enumerate(words):
             if is_subject(word, words[i - 1] if i else None):
                 subjects.add(word)
-            elif word in NEGATIONS or word in STATE_WORDS or word in COUNT_WORDS or _identifier(word):
+            elif word in NEGATIONS:  # with the word it negates: "could not find" is no "must not match"
+                negated = next((w for w in words[i + 1:] if w not in _ARTICLES), "")
+                states.add(f"{word} {negated}")
+            elif word in STATE_WORDS or word in COUNT_WORDS or _identifier(word):
                 states.add(word)
         return cls(frozenset(subjects), frozenset(states))
 
-    @property
-    def all(self) -> frozenset[str]:
-        return self.subjects | self.states
+    def rest(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """The words that are neither subjects nor states, in order."""
+        return tuple(w for w in words if w not in self.subjects and w not in self.states and w not in NEGATIONS)
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,8 @@ class NearDuplicates:
 
     def __init__(self, notes: Iterable[tuple[str, str]] = ()) -> None:
         self._notes: list[tuple[str, str, tuple[str, ...], Marks]] = []
-        self._sentences: dict[tuple[str, ...], tuple[str, str, Marks]] = {}  # words but the marks -> note
+        # (the words but the marks, the subjects) -> the first note of them
+        self._sentences: dict[tuple[tuple[str, ...], frozenset[str]], tuple[str, str, Marks]] = {}
         for note_id, content in notes:
             self.add(note_id, content)
 
@@ -122,9 +129,9 @@ class NearDuplicates:
         words = normalised_words(content)
         marks = Marks.of(words)
         self._notes.append((note_id, content, words, marks))
-        rest = tuple(w for w in words if w not in marks.all)
+        rest = marks.rest(words)
         if len(rest) >= SAME_SENTENCE_MIN_WORDS:
-            self._sentences.setdefault(rest, (note_id, content, marks))
+            self._sentences.setdefault((rest, marks.subjects), (note_id, content, marks))
 
     def match(self, content: str) -> NearMatch | None:
         """The earlier note ``content`` nearly repeats (a repeat before a change of state), or None."""
@@ -148,8 +155,8 @@ class NearDuplicates:
                     return NearMatch(note_id, text, False)
                 change = change or NearMatch(note_id, text, True)
         if change is None:
-            same = self._sentences.get(tuple(w for w in words if w not in marks.all))
-            if same is not None and same[2] != marks and same[2].subjects == marks.subjects:
+            same = self._sentences.get((marks.rest(words), marks.subjects))
+            if same is not None and same[2] != marks:
                 change = NearMatch(same[0], same[1], True)
         return change
 
