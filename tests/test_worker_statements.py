@@ -296,3 +296,20 @@ def test_a_state_change_may_name_a_note_recorded_earlier_in_the_same_answer(serv
     assert receipts(server, 1)[0].splitlines()[2].startswith(f"2. rejected: nearly the same as [{mid(fails['content'])}]")
     assert (outcome.items, outcome.rejected, outcome.turns) == (2, 1, 2)
     assert [o.content for o in active(db_path)][-2:] == [fails["content"], fixed["content"]]
+
+
+def test_the_offline_baseline_names_the_note_whose_state_it_changes(monkeypatch):
+    from types import SimpleNamespace
+
+    from om_core.ledger.records import Observation
+    from om_core.workers import offline
+    from om_core.workers.checks import ObservationCheck
+
+    earlier = Observation.model_validate(obs("Assistant modified src/upload.py (edited 2 times)", [E[1]]))
+    later = item("Assistant modified src/upload.py (edited 5 times)", [E[2]], ts="2026-01-15 14:02", rel="medium")
+    monkeypatch.setattr(offline, "observe_entries", lambda chunk: [later])
+    check = ObservationCheck(chunk_times={E[2]: "2026-01-15 14:02"}, known_ids={earlier.id}, active=[earlier],
+                             memory_ids={earlier.id}, user_ids=frozenset())
+    loop = offline.OfflineBrain(redact_secrets=False).observe(SimpleNamespace(chunk=[]), check)
+    assert loop.receipts[0].splitlines()[1].startswith(f"1. rejected: nearly the same as [{earlier.id}]")
+    assert [o.content for o in check.accepted] == [f"{later['content']} (supersedes [{earlier.id}])"]

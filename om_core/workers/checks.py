@@ -207,6 +207,9 @@ class ObservationCheck(_ItemCheck):
     memory_ids: set[str] = field(default_factory=set)
     user_ids: frozenset[str] | None = None  # None: roles unknown, attribution unchecked
     repaired: int = 0  # times outside the cited entries', replaced (EVENT_TIME_TOLERANCE)
+    # items refused as a change of state, each with the id of the note it changes (the offline
+    # baseline, which has no second turn, names that note itself)
+    changed_states: list[tuple[dict, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._similar = NearDuplicates((o.id, o.content) for o in self.active)
@@ -244,6 +247,7 @@ class ObservationCheck(_ItemCheck):
                             "the user's: cite the user's own message, or write what the agent proposed or claimed "
                             "as \"Agent proposed …\" / \"Agent claimed …\"")
         if near is not None and near.note_id not in named:
+            self.changed_states.append((item, near.note_id))
             raise _Rejected(f"nearly the same as [{near.note_id}] \"{_quoted(near.content)}\" but with a changed "
                             f"state: if it replaces that note, name it with (supersedes [{near.note_id}]); if it "
                             "is another fact, reword it to say so")
