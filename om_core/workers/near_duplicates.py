@@ -4,7 +4,8 @@ A note nearly repeats an earlier one when their normalised words are at least ``
 similar (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). Then
 what it is about and what it says of it decide:
 
-- its *subjects* (paths, file names, memory ids, names like ``WP4``, and a number that labels an item:
+- its *subjects* (paths, file names, hex ids of memory, entries or commits, names like ``WP4``, and a
+  number that labels an item:
   ``Step 2``, ``issue #42``, ``attempt 3``) must be the same: a near copy on another subject is
   another fact, recorded as it is;
 - its *states* (negations, ``STATE_WORDS``, numbers, versions, count words, other identifiers such as
@@ -54,7 +55,9 @@ ITEM_LABELS = frozenset({"step", "item", "part", "phase", "stage", "task", "issu
                          "iteration", "example", "case", "question", "option", "attempt", "wp", "seed", "commit"})
 _ARTICLES = frozenset({"the", "a", "an"})
 _FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
-_MEMORY_ID = re.compile(r"^[0-9a-f]{12}$")
+# memory ids, entry ids, commit hashes: hex names of things (with a digit and a letter, so neither a
+# number nor a word)
+_HEX_NAME = re.compile(r"^(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}$")
 _NAME_WITH_DIGITS = re.compile(r"^[a-z][a-z-]*\d+[a-z]*$")  # wp4, s3, e2e, h264: a name, not a value
 _VERSION = re.compile(r"^v?\d+(\.\d+)+$")
 
@@ -76,7 +79,7 @@ def is_subject(word: str, before: str | None) -> bool:
         return True
     if _VERSION.match(word):
         return False
-    return ("/" in word or _FILE_NAME.match(word) is not None or _MEMORY_ID.match(word) is not None
+    return ("/" in word or _FILE_NAME.match(word) is not None or _HEX_NAME.match(word) is not None
             or _NAME_WITH_DIGITS.match(word) is not None)
 
 
