@@ -10,7 +10,9 @@ A cost cut must leave what om writes unchanged. Each profile runs `om run` on a 
   in a process of its own) answering over HTTP: prompts, tool calls and checks included;
 * ``generated-scripted``: ``--sessions`` generated sessions (tests/builders.py), the scripted model.
 
-The digest covers the records, their items, the compactions and their items, the stage runs and the
+Refusals (receipt lines "N. rejected: …") are listed too: with ``--against``, those only this tree's
+checks gave are printed, so a ledger that differs where a new check refuses an answer can be told
+from one that differs for no reason. The digest covers the records, their items, the compactions and their items, the stage runs and the
 model calls' requests and responses, without what differs between any two runs (run ids, times,
 latencies, random row ids, the fake model's random tool call ids); the order of records and
 compactions within a session is kept (their append order), the order between sessions (which replay
@@ -27,7 +29,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
+from collections import Counter
 import sys
 import tempfile
 from pathlib import Path
@@ -66,6 +70,9 @@ DIGESTS = {
 }
 
 
+REFUSAL = re.compile(r"^\d+\. rejected: ")
+
+
 def digest(db: Path) -> dict[str, dict[str, Any]]:
     import duckdb
 
@@ -78,6 +85,12 @@ def digest(db: Path) -> dict[str, dict[str, Any]]:
             for row in rows:
                 h.update(repr(row).encode())
             out[name] = {"rows": len(rows), "sha256": h.hexdigest()[:16]}
+        # every refusal a check gave (a receipt line "N. rejected: …"), to tell a ledger that differs
+        # because a check refuses an answer from one that differs for no reason
+        receipts = con.execute("SELECT session_id, stage, receipts FROM om_internal.stages WHERE receipts IS NOT NULL "
+                               "ORDER BY ALL").fetchall()
+        out["refusals"] = sorted(f"{stage}: {line.split('. ', 1)[1]}" for _, stage, text in receipts
+                                 for line in text.splitlines() if REFUSAL.match(line))
         return out
     finally:
         con.close()
@@ -130,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
                 there = run_profile(profile, str(Path(args.against).resolve()), work, args.sessions)
                 out[profile]["against"] = there
                 out[profile]["differ"] = [t for t in DIGESTS if here[t] != there[t]]
+                out[profile]["new_refusals"] = sorted((Counter(here["refusals"]) - Counter(there["refusals"])).elements())
                 differ = differ or bool(out[profile]["differ"])
             if not args.json:
                 rows = ", ".join(f"{t} {here[t]['rows']}" for t in DIGESTS)
                 verdict = "" if not args.against else (
                     "  identical" if not out[profile]["differ"] else f"  DIFFER: {', '.join(out[profile]['differ'])}")
                 print(f"{profile}: {rows}{verdict}", flush=True)
+                for line in out[profile].get("new_refusals", [])[:5]:
+                    print(f"    refused here only: {line[:200]}")
+                if out[profile].get("new_refusals"):
+                    print(f"    ({len(out[profile]['new_refusals'])} refusals here only)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:

@@ -24,7 +24,8 @@ from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.catalog import resolve_tip
 from om_core.store.workspace import Workspace
-from om_core.workers.checks import NearDuplicates, attributes_to_user
+from om_core.workers.checks import attributes_to_user
+from om_core.workers.near_duplicates import NearDuplicates
 from om_core.workers.stages import ModelConfig
 
 SID = "0b5e1111-0000-4000-8000-000000000042"
@@ -111,7 +112,17 @@ def test_the_fixed_grammar_of_a_note_attributed_to_the_user(content, user):
     ("The issue about the flaky upload test of the billing service is open.",
      "The issue about the flaky upload test of the billing service is closed.", "changed"),     # open/closed
     ("User asked for 3 retries on the upload step of the main branch.",
-     "User asked for 5 retries on the upload step of the main branch.", None),                  # a number: another fact
+     "User asked for 5 retries on the upload step of the main branch.", "changed"),             # a number
+    ("The orders service runs on PostgreSQL 15 in production and staging.",
+     "The orders service runs on PostgreSQL 16 in production and staging.", "changed"),         # a version
+    ("Two tests of the upload module fail on the main branch after the merge.",
+     "Three tests of the upload module fail on the main branch after the merge.", "changed"),   # a count word
+    ("The config sets max_retries for the upload client of the billing service.",
+     "The config sets min_retries for the upload client of the billing service.", "changed"),   # an identifier
+    ("Step 1 of the migration plan copies the orders table into the archive.",
+     "Step 2 of the migration plan copies the orders table into the archive.", None),           # another step
+    ("The deploy script lives in scripts/deploy.sh and needs the staging profile.",
+     "The deploy script lives in scripts/release.sh and needs the staging profile.", None),     # another file
     ("User said the migration must run before the release of the new billing service.",
      "User said the migration must not run before the release of the new billing service.", "changed"),  # negation
     ("User asked to run the unit tests before every commit to main.",
@@ -285,3 +296,20 @@ def test_a_state_change_may_name_a_note_recorded_earlier_in_the_same_answer(serv
     assert receipts(server, 1)[0].splitlines()[2].startswith(f"2. rejected: nearly the same as [{mid(fails['content'])}]")
     assert (outcome.items, outcome.rejected, outcome.turns) == (2, 1, 2)
     assert [o.content for o in active(db_path)][-2:] == [fails["content"], fixed["content"]]
+
+
+def test_the_offline_baseline_names_the_note_whose_state_it_changes(monkeypatch):
+    from types import SimpleNamespace
+
+    from om_core.ledger.records import Observation
+    from om_core.workers import offline
+    from om_core.workers.checks import ObservationCheck
+
+    earlier = Observation.model_validate(obs("Assistant modified src/upload.py (edited 2 times)", [E[1]]))
+    later = item("Assistant modified src/upload.py (edited 5 times)", [E[2]], ts="2026-01-15 14:02", rel="medium")
+    monkeypatch.setattr(offline, "observe_entries", lambda chunk: [later])
+    check = ObservationCheck(chunk_times={E[2]: "2026-01-15 14:02"}, known_ids={earlier.id}, active=[earlier],
+                             memory_ids={earlier.id}, user_ids=frozenset())
+    loop = offline.OfflineBrain(redact_secrets=False).observe(SimpleNamespace(chunk=[]), check)
+    assert loop.receipts[0].splitlines()[1].startswith(f"1. rejected: nearly the same as [{earlier.id}]")
+    assert [o.content for o in check.accepted] == [f"{later['content']} (supersedes [{earlier.id}])"]

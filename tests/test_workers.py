@@ -1050,15 +1050,20 @@ def test_a_near_duplicate_of_an_active_observation_is_skipped_as_a_duplicate(ser
     other_number = item("User asked for 3 retries on the upload step of the main branch.", [E[3]])
     same_but_number = item("User asked for 5 retries on the upload step of the main branch.", [E[3]])  # the user's
     server.add(tool_call("record_observations", {"observations": [one_word, other_number, same_but_number]}))
+    server.add(text("It was another fact; leaving it out."))
     outcome = observe_now(Workspace.open(db_path, settings=Settings()), SID, None, config(server))
-    assert len(server.requests) == 1  # a duplicate is no mistake to correct: the receipt is clean
     lines = outcome.receipts[0].splitlines()
     assert lines[1] == f"1. duplicate [{mid(one_word['content'])}]: nearly the same as [{earlier['id']}], skipped"
     assert lines[2] == f"2. recorded [{mid(other_number['content'])}]"
-    assert lines[3] == f"3. recorded [{mid(same_but_number['content'])}]"  # another number: another fact
-    assert (outcome.items, outcome.duplicates, outcome.rejected) == (2, 1, 0)
-    assert [o.content for o in memory(db_path).observations] == [
-        earlier["content"], other_number["content"], same_but_number["content"]]
+    # another number in a near copy is a change of state: refused until it names the note it replaces
+    # (the earlier line quoted), so the model gets another turn; a plain duplicate alone gets none
+    other = mid(other_number["content"])
+    assert lines[3] == (f"3. rejected: nearly the same as [{other}] \"{other_number['content']}\" but with a changed "
+                        f"state: if it replaces that note, name it with (supersedes [{other}]); if it is another "
+                        "fact, reword it to say so")
+    assert len(server.requests) == 2
+    assert (outcome.items, outcome.duplicates, outcome.rejected) == (1, 1, 1)
+    assert [o.content for o in memory(db_path).observations] == [earlier["content"], other_number["content"]]
 
 
 def test_a_superseding_note_names_the_earlier_one_by_id_and_recall_shows_both(server, tmp_path, db_path):
@@ -1121,7 +1126,7 @@ def test_the_only_critical_constraint_no_reflection_cites_is_never_dropped(serve
     ("User wants the orders service.", "User wants the billing service.", False),               # a short note
 ])
 def test_near_duplicates_by_normalised_words_numbers_and_names(earlier, later, duplicate):
-    from om_core.workers.checks import NearDuplicates
+    from om_core.workers.near_duplicates import NearDuplicates
 
     assert (NearDuplicates([("a" * 12, earlier)]).of(later) == "a" * 12) is duplicate
 

@@ -63,6 +63,8 @@ def memory_references(content: str) -> list[str]:
 # (om export writes the wire fields only).
 TS_REPAIRED_FROM = "tsRepairedFrom"  # an observation: the time the model gave, when the checks replaced it
 DROP_REASON = "reason"  # a drop record: the reason the dropper gave
+RETIRES = "retires"  # a reflections record: {new reflection id: [the current ones its "(supersedes [id])" retires]}
+SUPERSEDED = "superseded"  # the ``kind`` of a reflection drop record a superseding reflection wrote
 
 
 def om_note(item: BaseModel, key: str) -> Any:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from om_core.ledger.records import memory_id, memory_references
 from om_core.memory.project_memory import ProjectReflection, Retirement
-from om_core.workers.checks import MAX_CONTENT_CHARS, NearDuplicates, normalised_words, pi_token_counter
+from om_core.workers.checks import MAX_CONTENT_CHARS, pi_token_counter
+from om_core.workers.near_duplicates import NearDuplicates, normalised_words
 
 if TYPE_CHECKING:
     from om_core.project.stage import ProjectInput

@@ -41,7 +41,7 @@ from om_core.store.db import named_rows, scalar
 from om_core.project.distil import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, ProjectCheck, distil_offline
 from om_core.memory.project_memory import ProjectReflection, Retirement, append_project_records, current_reflections
 from om_core.store.sqlfiles import query
-from om_core.workers.checks import normalised_words
+from om_core.workers.near_duplicates import normalised_words
 
 if TYPE_CHECKING:
     from om_core.settings import Settings

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from difflib import SequenceMatcher
 from typing import Any, ClassVar
 
-from om_core.ledger.records import (DROP_REASON, RELEVANCE_ORDER, TS_REPAIRED_FROM, Observation, Reflection, memory_id,
-                            memory_references)
+from om_core.ledger.records import (DROP_REASON, RELEVANCE_ORDER, RETIRES, TS_REPAIRED_FROM, Observation, Reflection,
+                                   memory_id, memory_references)
+from om_core.workers.near_duplicates import NearDuplicates
 from om_core.workers.prompts import TRUNCATION_MARKER
 from om_core.ledger.lines import observation_line
 from om_core.pi.js_length import js_len
@@ -30,21 +30,6 @@ COVERAGE_ORDER = {"strong": 0, "partial": 1, "none": 2}
 # shown to the minute; a model that rounds up, or stamps the question a cited answer replies to, is
 # no wrong clock). A time further out is replaced by the first cited entry's time.
 EVENT_TIME_TOLERANCE = timedelta(minutes=5)
-# A note nearly repeats an active one when their normalised words are at least this similar
-# (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). Its numbers
-# and identifiers (paths, versions, names with digits, memory ids) must be the same: ``PostgreSQL 15``
-# and ``16``, ``Step 1`` and ``Step 2``, ``a.py`` and ``b.py`` are other facts, recorded (a number alone
-# cannot tell a changed value from another step or item: counted as changes, the generated test
-# sessions' "Step 0 …" and "Step 1 …" notes were refused). Then a near copy that names the same states (negations and
-# ``STATE_WORDS``) is a duplicate, skipped; one that changes a state (``must`` to ``must not``,
-# ``passes`` to ``fails``, ``chat`` to ``pending``) is refused until it names the note it replaces,
-# "(supersedes [id])", or is reworded as a fact of its own.
-NEAR_DUPLICATE_RATIO = 0.9
-# A short note (under ten words, where one changed word already falls under the ratio) is a near
-# copy that changes a state, too, when its other words are the same, in the same order, and there
-# are at least this many of them.
-SAME_SENTENCE_MIN_WORDS = 5
-
 TokenCounter = Callable[[str], int]
 
 
@@ -90,100 +75,6 @@ def event_time(proposed: str, cited_times: list[str]) -> str:
     if min(times) - EVENT_TIME_TOLERANCE <= when <= max(times) + EVENT_TIME_TOLERANCE:
         return proposed
     return next(c for c in cited_times if _minute(c) is not None)
-
-
-# ------------------------------------------------------------------ near-duplicates
-
-_WORDS = re.compile(r"[\w./:@#+-]+")
-_NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "without", "cannot", "can't", "don't", "doesn't",
-                        "didn't", "isn't", "aren't", "wasn't", "won't", "shouldn't", "mustn't", "neither", "nor"})
-# Words that name a state: a near copy of a note that swaps one of them for another (or drops it)
-# records a change, not a repeat.
-STATE_WORDS = frozenset({
-    "pass", "passes", "passed", "passing", "fail", "fails", "failed", "failing", "failure", "failures",
-    "open", "opened", "closed", "fixed", "unfixed", "broken", "works", "working", "done", "pending", "finished",
-    "unfinished", "started", "stopped", "running", "enabled", "disabled", "added", "removed", "deleted", "kept",
-    "accepted", "rejected", "approved", "declined", "merged", "reverted", "committed", "uncommitted", "pushed",
-    "true", "false", "succeeded", "successful", "blocked", "unblocked", "resolved", "unresolved", "valid",
-    "invalid", "present", "missing", "installed", "uninstalled", "allowed", "forbidden", "required", "optional",
-    "green", "red", "active", "inactive", "available", "unavailable",
-})
-
-
-def normalised_words(content: str) -> tuple[str, ...]:
-    """A note's words for comparison: lower case, punctuation around words dropped."""
-    return tuple(w.strip(".:-#/") or w for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
-
-
-def _marks(words: tuple[str, ...]) -> frozenset[str]:
-    """What must be equal for two notes to be duplicates: numbers, identifiers, negations, states."""
-    return frozenset(w for w in words
-                     if w in _NEGATIONS or w in STATE_WORDS or any(c.isdigit() or c in "./:@#_+" for c in w))
-
-
-def _values(marks: frozenset[str]) -> frozenset[str]:
-    """The numbers and identifiers among a note's marks: a near copy that changes one is another fact."""
-    return frozenset(w for w in marks if w not in _NEGATIONS and w not in STATE_WORDS)
-
-
-@dataclass(frozen=True)
-class NearMatch:
-    """An earlier note a new one nearly repeats: ``changed`` when the new one changes a state of it."""
-
-    note_id: str
-    content: str
-    changed: bool
-
-
-class NearDuplicates:
-    """Finds an earlier note a new one nearly repeats (``NEAR_DUPLICATE_RATIO``)."""
-
-    def __init__(self, notes: Iterable[tuple[str, str]] = ()) -> None:
-        self._notes: list[tuple[str, str, tuple[str, ...], frozenset[str]]] = []
-        self._sentences: dict[tuple[str, ...], tuple[str, str, frozenset[str]]] = {}  # words but the marks -> note
-        for note_id, content in notes:
-            self.add(note_id, content)
-
-    def add(self, note_id: str, content: str) -> None:
-        words = normalised_words(content)
-        marks = _marks(words)
-        self._notes.append((note_id, content, words, marks))
-        rest = tuple(w for w in words if w not in marks)
-        if len(rest) >= SAME_SENTENCE_MIN_WORDS:
-            self._sentences.setdefault(rest, (note_id, content, marks))
-
-    def match(self, content: str) -> NearMatch | None:
-        """The earlier note ``content`` nearly repeats (a repeat before a change of state), or None."""
-        words = normalised_words(content)
-        if not words:
-            return None
-        marks = _marks(words)
-        values = _values(marks)
-        matcher = SequenceMatcher(autojunk=False)
-        matcher.set_seq2(words)
-        change = None
-        for note_id, text, other, other_marks in self._notes:
-            size = len(other) + len(words)
-            if 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
-                continue  # too different in length to reach the ratio
-            if other_marks != marks and _values(other_marks) != values:
-                continue  # other numbers or identifiers: another fact
-            matcher.set_seq1(other)
-            if matcher.real_quick_ratio() >= NEAR_DUPLICATE_RATIO and matcher.quick_ratio() >= NEAR_DUPLICATE_RATIO \
-                    and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
-                if other_marks == marks:
-                    return NearMatch(note_id, text, False)
-                change = change or NearMatch(note_id, text, True)
-        if change is None:
-            same = self._sentences.get(tuple(w for w in words if w not in marks))
-            if same is not None and same[2] != marks and _values(same[2]) == values:
-                change = NearMatch(same[0], same[1], True)
-        return change
-
-    def of(self, content: str) -> str | None:
-        """The id of the note ``content`` nearly repeats (no change of state), or None."""
-        found = self.match(content)
-        return found.note_id if found is not None and not found.changed else None
 
 
 def _id_list(value: Any) -> list[str] | None:
@@ -316,6 +207,9 @@ class ObservationCheck(_ItemCheck):
     memory_ids: set[str] = field(default_factory=set)
     user_ids: frozenset[str] | None = None  # None: roles unknown, attribution unchecked
     repaired: int = 0  # times outside the cited entries', replaced (EVENT_TIME_TOLERANCE)
+    # items refused as a change of state, each with the id of the note it changes (the offline
+    # baseline, which has no second turn, names that note itself)
+    changed_states: list[tuple[dict, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._similar = NearDuplicates((o.id, o.content) for o in self.active)
@@ -353,6 +247,7 @@ class ObservationCheck(_ItemCheck):
                             "the user's: cite the user's own message, or write what the agent proposed or claimed "
                             "as \"Agent proposed …\" / \"Agent claimed …\"")
         if near is not None and near.note_id not in named:
+            self.changed_states.append((item, near.note_id))
             raise _Rejected(f"nearly the same as [{near.note_id}] \"{_quoted(near.content)}\" but with a changed "
                             f"state: if it replaces that note, name it with (supersedes [{near.note_id}]); if it "
                             "is another fact, reword it to say so")
@@ -372,22 +267,54 @@ class ObservationCheck(_ItemCheck):
         return f"recorded [{obs_id}]"
 
 
+# The clause by which a note names what it replaces: "(supersedes [id])", or several ids in one clause
+# ("(supersedes [id], [id])"). Other bracketed ids in a note are references, not replacements.
+_SUPERSEDES = re.compile(r"\(supersedes\s+((?:\[[0-9a-f]{12}\](?:\s*(?:,|and)\s*)?)+)\)", re.IGNORECASE)
+
+
+def superseded_ids(content: str) -> list[str]:
+    """The memory ids a note names as the ones it replaces, in order, once each."""
+    return list(dict.fromkeys(i for clause in _SUPERSEDES.findall(content) for i in memory_references(clause)))
+
+
 @dataclass
 class ReflectionCheck(_ItemCheck):
+    """The reflector's items. ``existing``: the current reflections (their near-duplicates are
+    skipped, their changes of state must name them); ``existing_ids``: every reflection recorded on the
+    branch (current and dropped); ``dropped_ids``: those dropped already. A reflection that names a
+    current one as "(supersedes [id])" retires it in the same stage (``retired``, kept on the record
+    as om's ``RETIRES`` note; the stage appends an ``om.reflections.dropped`` record for it); one that
+    names a dropped one is accepted and retires nothing; one that names no reflection is refused."""
+
     tool: ClassVar[str] = "record_reflections"
     key: ClassVar[str] = "reflections"
     active_ids: set[str]
     existing_ids: set[str]
-    existing: list[Reflection] = field(default_factory=list)  # current reflections, whose near-duplicates are skipped
+    existing: list[Reflection] = field(default_factory=list)
+    dropped_ids: set[str] = field(default_factory=set)
+    retired: dict[str, list[str]] = field(default_factory=dict)  # new reflection id -> the ids it retires
 
     def __post_init__(self) -> None:
         self._similar = NearDuplicates((r.id, r.content) for r in self.existing)
+
+    @property
+    def notes(self) -> dict[str, dict[str, list[str]]]:
+        """om's note on the record: which current reflections each new one retires."""
+        return {RETIRES: dict(self.retired)} if self.retired else {}
 
     def _one(self, item: Any) -> str:
         content = _content(item, single_line=True)
         support = _cited_ids(item, "supportingObservationIds", "observation ids", self.active_ids,
                              "{} are not active observations")
-        named = _references(content, self.existing_ids | self.active_ids | {a.id for a in self.accepted})
+        accepted = {a.id for a in self.accepted}
+        named = _references(content, self.existing_ids | self.active_ids | accepted)
+        current = ({r.id for r in self.existing} | accepted) - {i for ids in self.retired.values() for i in ids}
+        replaced = superseded_ids(content)
+        not_reflections = [i for i in replaced if i not in current and i not in self.existing_ids]
+        if not_reflections:
+            raise _Rejected(f"(supersedes [{'], ['.join(not_reflections)}]) names no reflection: a reflection "
+                            "replaces only a reflection; name the one it replaces by the id its memory line starts "
+                            "with, or leave the clause out")
         refl_id = memory_id(content)
         if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
@@ -402,7 +329,12 @@ class ReflectionCheck(_ItemCheck):
         self.accepted.append(Reflection(id=refl_id, content=content, supportingObservationIds=support,
                                         tokenCount=self.count_tokens(content)))
         self._similar.add(refl_id, content)
-        return f"recorded [{refl_id}]"
+        retiring = [i for i in replaced if i in current]
+        if retiring:
+            self.retired[refl_id] = retiring
+        gone = [i for i in replaced if i not in current]
+        return (f"recorded [{refl_id}]" + (f", retiring [{'], ['.join(retiring)}]" if retiring else "")
+                + (f"; [{'], ['.join(gone)}] already dropped, nothing to retire" if gone else ""))
 
 
 MAX_REASON_CHARS = 1_000

@@ -5,7 +5,8 @@ submit it through the same checks as a model's tool calls.
 
 * observer: user assertions, requirements and corrections (critical/high), user questions
   (medium), other user requests (high), errors (high), finished work the assistant reports
-  (medium), files the assistant touched (medium), failed requests (medium);
+  (medium), files the assistant touched (medium), failed requests (medium); a note the checks
+  refuse as a changed state of an earlier one is submitted again naming it, "(supersedes [id])";
 * reflector: user constraints that recur across observations, and files worked on again and again;
 * dropper: proposes the safest candidates in SPEC §8's order and never an uncovered observation
   of high or critical relevance.
@@ -266,7 +267,12 @@ class OfflineBrain:
         chunk = inp.chunk
         if self.redact_secrets:
             chunk = [dataclasses.replace(e, obj=redact_strings(e.obj)) for e in chunk]
-        return LoopResult(turns=0, finished=True, receipts=[check.submit({"observations": observe_entries(chunk)})])
+        receipts = [check.submit({"observations": observe_entries(chunk)})]
+        if check.changed_states:  # a changed state of an earlier note: say which note it replaces
+            receipts.append(check.submit({"observations": [
+                {**item, "content": f"{item['content']} (supersedes [{note_id}])"}
+                for item, note_id in check.changed_states]}))
+        return LoopResult(turns=0, finished=True, receipts=receipts)
 
     def reflect(self, inp: ReflectorInput, check: ReflectionCheck) -> LoopResult:
         if self.redact_secrets:

@@ -77,7 +77,8 @@ standing preferences and constraints, architecture decisions, lasting facts abou
 They are few; most observations stay observations, and low ones never become reflections. Each is \
 one line and cites in supportingObservationIds all and only the active observations whose meaning \
 it keeps in full: overstated support lets the dropper lose detail. Do not reword an existing \
-reflection; when one is outdated, write its replacement and name it: "(supersedes [id])". The task \
+reflection; when one is outdated, write its replacement and name it: "(supersedes [id])", which \
+retires the one it names (name only a reflection). The task \
 gives each active observation's coverage: none, partial (one reflection cites it) or strong (two or \
 more). Coverage shows what is not yet kept; it is no quota. "New since the last \
 reflections" lists the observations recorded after the last reflections were.

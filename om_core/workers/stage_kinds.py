@@ -25,10 +25,13 @@ from om_core.ledger.records import (
     OBSERVATIONS_RECORDED,
     REFLECTIONS_DROPPED,
     REFLECTIONS_RECORDED,
+    RETIRES,
+    SUPERSEDED,
     ObservationsDropped,
     ObservationsRecorded,
     ReflectionsDropped,
     ReflectionsRecorded,
+    om_note,
 )
 from om_core.model.client import CallRecord, ModelError
 from om_core.settings import Settings
@@ -124,6 +127,8 @@ class Stage:
     # a follow-up that is rarely due leaves no outcome when it was not (the reflection dropper: the
     # reflections are within their target on almost every pass)
     silent_when_not_due: bool = False
+    # the records its payload implies, appended after it in the same transaction, each (kind, payload)
+    companions: Callable[[Any], list[tuple[str, BaseModel]]] = lambda payload: []
 
     def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
         """Run the worker on its input through the check; the payload holds what the check accepted
@@ -186,18 +191,30 @@ OBSERVER = Stage(
     backs_off=lambda settings: True,
 )
 
+def retirements(payload: ReflectionsRecorded) -> list[tuple[str, BaseModel]]:
+    """The reflector's companions: for each new reflection that supersedes current ones (om's
+    ``RETIRES`` note, ``ReflectionCheck.retired``), an ``om.reflections.dropped`` record retiring them,
+    ``replacedBy`` the new one, of kind "superseded"."""
+    retires = om_note(payload, RETIRES) or {}
+    return [(REFLECTIONS_DROPPED, ReflectionsDropped(reflectionIds=list(old), coversUpToId=payload.coversUpToId,
+                                                     replacedBy=new, kind=SUPERSEDED))
+            for new, old in retires.items() if old]
+
+
 REFLECTOR = Stage(
     kind="reflector", record_kind=REFLECTIONS_RECORDED, payload=ReflectionsRecorded, items_field="reflections",
     read_input=lambda con, req, settings: reflector_input(con, req.session_id, req.tip, settings),
     not_due=lambda req: "no observation watermark yet: run the observer first",
     check=lambda inp, settings: ReflectionCheck(active_ids=inp.active_ids,  # a tombstoned id is a duplicate too
                                                 existing_ids={r.id for r in inp.reflections} | inp.dropped_reflection_ids,
-                                                existing=inp.reflections, count_tokens=token_counter(settings)),
+                                                existing=inp.reflections, dropped_ids=inp.dropped_reflection_ids,
+                                                count_tokens=token_counter(settings)),
     ask=lambda brain, inp, check: brain.reflect(inp, check),
     watermark=lambda inp: inp.observation_watermark,
     threshold=lambda settings: settings.reflectAfterTokens,
     needs="observer",
     backs_off=lambda settings: settings.reflectorBackoff,  # the extension has none (SPEC §9): off by default
+    companions=retirements,
 )
 
 DROPPER = Stage(

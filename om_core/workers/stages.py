@@ -352,6 +352,9 @@ def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payloa
                 outcome.ledger_id = append_record(con, outcome.session_id, STAGES[outcome.stage].record_kind, payload,
                                                   anchor_entry_id=outcome.tip, run_id=run_id, stage=outcome.stage,
                                                   stage_key=outcome.stage_key)
+                for kind, companion in STAGES[outcome.stage].companions(payload):
+                    append_record(con, outcome.session_id, kind, companion, anchor_entry_id=outcome.tip, run_id=run_id,
+                                  stage=outcome.stage, stage_key=outcome.stage_key)
         stage_run_id = uuid.uuid4().hex[:16]
         con.execute(query("insert_stage_run"), {
             "stage_run_id": stage_run_id, "run_id": run_id, "session_id": outcome.session_id,

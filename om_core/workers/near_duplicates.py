@@ -1,0 +1,169 @@
+"""Near-duplicates and changes of state: is a new note a repeat of an earlier one, or news about it?
+
+A note nearly repeats an earlier one when their normalised words are at least ``NEAR_DUPLICATE_RATIO``
+similar (difflib's ratio over the word lists: one word changed in a note of ten words is 0.9). Then
+what it is about and what it says of it decide:
+
+- its *subjects* (paths, file names, hex ids of memory, entries or commits, names like ``WP4``, and a
+  number that labels an item:
+  ``Step 2``, ``issue #42``, ``attempt 3``) must be the same: a near copy on another subject is
+  another fact, recorded as it is;
+- its *states* (negations, ``STATE_WORDS``, numbers, versions, count words, other identifiers such as
+  ``max_retries`` or ``user@host``) then decide: the same states, a duplicate (skipped); a state
+  changed (``passes`` to ``fails``, ``open`` to ``closed``, ``must`` to ``must not``, ``3 retries`` to
+  ``5``, ``PostgreSQL 15`` to ``16``, ``two`` to ``three``), a change of state, which the checks
+  refuse until the new note names the one it replaces or is reworded as a fact of its own.
+
+A short note (under ten words, where one changed word already falls under the ratio) is a change of
+state too when its other words are the same, in the same order, and there are at least
+``SAME_SENTENCE_MIN_WORDS`` of them ("Assistant modified cli.py (edited 3 times)" after "… 2 times";
+"Tool bash failed: Command aborted" after "… succeeded: …"). The rule's false positives and negatives on the real sessions
+are measured by bench/state_changes.py (docs/concepts.md gives the counts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+NEAR_DUPLICATE_RATIO = 0.9
+SAME_SENTENCE_MIN_WORDS = 3
+
+_WORDS = re.compile(r"[\w./:@#+-]+")
+NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "without", "cannot", "can't", "don't", "doesn't",
+                       "didn't", "isn't", "aren't", "wasn't", "won't", "shouldn't", "mustn't", "neither", "nor"})
+# Words that name a state: a near copy of a note that swaps one of them for another (or drops it)
+# records a change, not a repeat.
+STATE_WORDS = frozenset({
+    "pass", "passes", "passed", "passing", "fail", "fails", "failed", "failing", "failure", "failures",
+    "open", "opened", "closed", "fixed", "unfixed", "broken", "works", "working", "done", "pending", "finished",
+    "unfinished", "started", "stopped", "running", "enabled", "disabled", "added", "removed", "deleted", "kept",
+    "accepted", "rejected", "approved", "declined", "merged", "reverted", "committed", "uncommitted", "pushed",
+    "true", "false", "succeeded", "successful", "blocked", "unblocked", "resolved", "unresolved", "valid",
+    "invalid", "present", "missing", "installed", "uninstalled", "allowed", "forbidden", "required", "optional",
+    "green", "red", "active", "inactive", "available", "unavailable",
+})
+# Count words: "two tests fail" and "three tests fail" differ as "2" and "3" do.
+COUNT_WORDS = frozenset({"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                         "eleven", "twelve", "twenty", "hundred", "thousand", "once", "twice"})
+# A number right after one of these labels an item ("Step 2", "issue #42"): it says which one, as a
+# path does, not a value of it.
+ITEM_LABELS = frozenset({"step", "item", "part", "phase", "stage", "task", "issue", "pr", "chunk", "entry", "line",
+                         "round", "row", "column", "section", "chapter", "page", "ticket", "bug", "milestone",
+                         "iteration", "example", "case", "question", "option", "attempt", "wp", "seed", "commit"})
+_ARTICLES = frozenset({"the", "a", "an"})
+_FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
+# memory ids, entry ids, commit hashes: hex names of things (with a digit and a letter, so neither a
+# number nor a word)
+_HEX_NAME = re.compile(r"^(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}$")
+_NAME_WITH_DIGITS = re.compile(r"^[a-z][a-z-]*\d+[a-z]*$")  # wp4, s3, e2e, h264: a name, not a value
+_VERSION = re.compile(r"^v?\d+(\.\d+)+$")
+
+
+def normalised_words(content: str) -> tuple[str, ...]:
+    """A note's words for comparison: lower case, punctuation around words dropped."""
+    words = (w.strip(".:-#/+@") for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
+    return tuple(w for w in words if w)
+
+
+def _identifier(word: str) -> bool:
+    return any(c.isdigit() or c in "./:@#_+" for c in word)
+
+
+def is_subject(word: str, before: str | None) -> bool:
+    """A path, a file name, a memory id, a name with digits, or an item's number after its label:
+    what a note is about, not a state of it."""
+    if before in ITEM_LABELS and _identifier(word) and not _VERSION.match(word.lstrip("#")):
+        return True
+    if _VERSION.match(word):
+        return False
+    return ("/" in word or _FILE_NAME.match(word) is not None or _HEX_NAME.match(word) is not None
+            or _NAME_WITH_DIGITS.match(word) is not None)
+
+
+@dataclass(frozen=True)
+class Marks:
+    """What a near copy must keep to be a duplicate: ``subjects`` (what it is about; another one is
+    another fact) and ``states`` (what it says of them; another one is a change of state)."""
+
+    subjects: frozenset[str]
+    states: frozenset[str]
+
+    @classmethod
+    def of(cls, words: tuple[str, ...]) -> Marks:
+        subjects, states = set(), set()
+        for i, word in enumerate(words):
+            if is_subject(word, words[i - 1] if i else None):
+                subjects.add(word)
+            elif word in NEGATIONS:  # with the word it negates: "could not find" is no "must not match"
+                negated = next((w for w in words[i + 1:] if w not in _ARTICLES), "")
+                states.add(f"{word} {negated}")
+            elif word in STATE_WORDS or word in COUNT_WORDS or _identifier(word):
+                states.add(word)
+        return cls(frozenset(subjects), frozenset(states))
+
+    def rest(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """The words that are neither subjects nor states, in order."""
+        return tuple(w for w in words if w not in self.subjects and w not in self.states and w not in NEGATIONS)
+
+
+@dataclass(frozen=True)
+class NearMatch:
+    """An earlier note a new one nearly repeats: ``changed`` when the new one changes a state of it."""
+
+    note_id: str
+    content: str
+    changed: bool
+
+
+class NearDuplicates:
+    """Finds an earlier note a new one nearly repeats (``NEAR_DUPLICATE_RATIO``)."""
+
+    def __init__(self, notes: Iterable[tuple[str, str]] = ()) -> None:
+        self._notes: list[tuple[str, str, tuple[str, ...], Marks]] = []
+        # (the words but the marks, the subjects) -> the first note of them
+        self._sentences: dict[tuple[tuple[str, ...], frozenset[str]], tuple[str, str, Marks]] = {}
+        for note_id, content in notes:
+            self.add(note_id, content)
+
+    def add(self, note_id: str, content: str) -> None:
+        words = normalised_words(content)
+        marks = Marks.of(words)
+        self._notes.append((note_id, content, words, marks))
+        rest = marks.rest(words)
+        if len(rest) >= SAME_SENTENCE_MIN_WORDS:
+            self._sentences.setdefault((rest, marks.subjects), (note_id, content, marks))
+
+    def match(self, content: str) -> NearMatch | None:
+        """The earlier note ``content`` nearly repeats (a repeat before a change of state), or None."""
+        words = normalised_words(content)
+        if not words:
+            return None
+        marks = Marks.of(words)
+        matcher = SequenceMatcher(autojunk=False)
+        matcher.set_seq2(words)
+        change = None
+        for note_id, text, other, other_marks in self._notes:
+            size = len(other) + len(words)
+            if 2 * min(len(other), len(words)) < NEAR_DUPLICATE_RATIO * size:
+                continue  # too different in length to reach the ratio
+            if other_marks.subjects != marks.subjects:
+                continue  # about another subject: another fact
+            matcher.set_seq1(other)
+            if matcher.real_quick_ratio() >= NEAR_DUPLICATE_RATIO and matcher.quick_ratio() >= NEAR_DUPLICATE_RATIO \
+                    and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
+                if other_marks == marks:
+                    return NearMatch(note_id, text, False)
+                change = change or NearMatch(note_id, text, True)
+        if change is None:
+            same = self._sentences.get((marks.rest(words), marks.subjects))
+            if same is not None and same[2] != marks:
+                change = NearMatch(same[0], same[1], True)
+        return change
+
+    def of(self, content: str) -> str | None:
+        """The id of the note ``content`` nearly repeats (no change of state), or None."""
+        found = self.match(content)
+        return found.note_id if found is not None and not found.changed else None
