@@ -109,9 +109,13 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         meaning="the reflection dropper's target for the active reflections, measured on their rendered lines "
                 "`[id] content` (SPEC §13)"),
     "workerMemoryMaxTokens": SettingDoc(
-        default="`contextWindow` / 4, else 16000",
+        default="memory window / 4 (litellm's model card for the memory model, else `contextWindow`), else 16000",
         meaning="the memory one observer, reflector or dropper request carries: observations at least half, "
                 "newest first for the observer and reflector, oldest first for the droppers (SPEC §13)"),
+    "agentMaxTokens": SettingDoc(
+        default="32000, clamped to the model's own output limit (litellm's model card)",
+        meaning="the output reserved per worker request: sent as `max_tokens` with every observer, reflector "
+                "and dropper request (SPEC §13)"),
     "compactionSummaryMaxTokens": SettingDoc(
         default="`contextWindow` / 8, else 8000",
         meaning="the rendered memory summary at most: newest records first, observations at least half (SPEC §13)"),

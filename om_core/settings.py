@@ -113,6 +113,7 @@ class Settings(BaseModel):
     compactionSummaryMaxTokens: int | None = Field(None, gt=0)  # the rendered memory summary, at most
     reflectionsPoolTargetTokens: int = Field(8_000, gt=0)  # active reflections' rendered lines, the target
     workerMemoryMaxTokens: int | None = Field(None, gt=0)  # the memory one worker request carries, at most
+    agentMaxTokens: int = Field(32_000, gt=0)  # output reserved per worker request (clamped to the model's limit)
 
     # --- this project's additions
     tokenCounter: Literal["pi", "tiktoken"] = "pi"  # which count drives clocks and budgets (SPEC §12)
@@ -285,8 +286,10 @@ class Settings(BaseModel):
         found: dict[str, tuple[Any, str]] = {}
         if self.workerMemoryMaxTokens is None:
             found["workerMemoryMaxTokens"] = (
-                self.worker_memory_max_tokens, f"contextWindow {self.contextWindow} / 4" if self.contextWindow
-                else f"{DEFAULT_WORKER_MEMORY_TOKENS}, as no contextWindow is set")
+                self.worker_memory_max_tokens, "a quarter of the memory model's window on a run (litellm's model "
+                f"card), else contextWindow {self.contextWindow} / 4" if self.contextWindow
+                else "a quarter of the memory model's window on a run (litellm's model card), else "
+                f"{DEFAULT_WORKER_MEMORY_TOKENS}, as no contextWindow is set")
         if self.compactionSummaryMaxTokens is None:
             found["compactionSummaryMaxTokens"] = (
                 self.summary_max_tokens, f"contextWindow {self.contextWindow} / 8" if self.contextWindow

@@ -239,8 +239,9 @@ class LiteLLMModel:
                  thinking: str = "off", timeout: float = 120.0, stream: bool = False,
                  retry: RetryPolicy | None = None, record: Callable[[CallRecord], None] | None = None,
                  gate: Callable[[], Any] | None = None, breaker: Any = None, keep_texts: bool = False,
-                 budget: Any = None) -> None:
+                 budget: Any = None, max_tokens: int | None = None) -> None:
         self.name = litellm_model_name(model, api_base)
+        self.max_tokens = max_tokens  # the output reserved per request (agentMaxTokens, SPEC §13)
         self.api_base = api_base
         self.api_key = api_key
         self.thinking = thinking
@@ -261,6 +262,8 @@ class LiteLLMModel:
         kwargs: dict[str, Any] = {"model": self.name, "messages": prepare_messages(messages, self._explicit_cache),
                                   "timeout": self.timeout,
                                   "num_retries": 0, "max_retries": 0, "drop_params": True}
+        if self.max_tokens is not None:
+            kwargs["max_tokens"] = self.max_tokens
         if tools:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto"

@@ -30,7 +30,16 @@ from om_core.memory.fold import USAGE_CLOCKS, clocks as sql_clocks
 from om_core.memory.usage_clock import ContextUsage
 from om_core.settings import Settings
 from om_core.store.sqlfiles import query
-from om_core.workers.stage_kinds import CLOCKED_STAGES, STAGES, Stage, StageOutcome, StageRequest, run_in_order
+from om_core.workers.stage_kinds import (
+    CLOCKED_STAGES,
+    OWN_CLOCK_STAGES,
+    STAGES,
+    Stage,
+    StageOutcome,
+    StageRequest,
+    run_in_order,
+    silent,
+)
 from om_core.replay.stage_runner import StageRunner
 from om_core.workers.stages import prepare_stage
 
@@ -131,6 +140,8 @@ class BranchReplayer:
         self._marks: dict[str, int | None] = {}
         self._version = 0  # counts this replay's own changes to the ledger and the compactions
         self._unchanged: dict[str, tuple[int, int, StageOutcome]] = {}  # stage -> (position, version, outcome)
+        self._asked_at: dict[str, int] = {}  # stage -> the position it was last asked at
+        self._idle_at: dict[str, tuple[int, int]] = {}  # own-clock stage -> (position, version) it found nothing at
 
     # ---------------------------------------------------------------- branch facts
 
@@ -141,6 +152,9 @@ class BranchReplayer:
             changes = {r["position"] for r in rows_as_dicts(con.execute(query("ledger_anchor_positions"), params))}
             compactions = rows_as_dicts(con.execute(query("compaction_anchor_positions"), params))
             empty = rows_as_dicts(con.execute(query("empty_runs"), params))
+            # the stages on their own clock: where their records sit (the clock starts after the latest)
+            self.own_records = {stage.kind: [r["position"] for r in rows_as_dicts(con.execute(
+                query("record_anchor_positions"), {**params, "kind": stage.record_kind}))] for stage in OWN_CLOCK_STAGES}
             self.cut_branch = branch_for_cut_point(con, self.session_id, self.leaf)  # Pi's view of each entry
         self.usage = ContextUsage(self.cut_branch) if self.settings.clockBasis == "usage" else None
         self.changes = sorted(changes | {c["position"] for c in compactions})
@@ -222,6 +236,13 @@ class BranchReplayer:
     def due(self, stage: Stage, t: int) -> bool:
         return self.not_due(stage, t) is None
 
+    def own_clock(self, stage: Stage, t: int) -> int:
+        """Source tokens at t since the stage's own latest record on the branch (all of them before its
+        first): the reflection dropper's clock (SPEC §13)."""
+        records = self.own_records[stage.kind]
+        k = bisect.bisect_right(records, t)
+        return self.tokens_between(records[k - 1] + 1 if k else 0, t)
+
     def proactive_cut(self, t: int) -> CutPoint | str:
         """Where a proactive compaction at settled point t cuts, or why there is none there: the
         compaction clock is below its threshold, or Pi would not compact (pi-sessions.md §7.4)."""
@@ -244,21 +265,24 @@ class BranchReplayer:
         if last is None or req.reflection_watermark is not None or req.chunk_until is not None:
             return None
         position, version, outcome = last
-        k = bisect.bisect_right(self.changes, position)
-        if version != self._version or position > t or (k < len(self.changes) and self.changes[k] <= t):
+        if not self._unchanged_since(position, version, t):
             return None
         self.runner.check()  # the run's breaker and budget stop a repeated stage as they stop any other
         return replace(outcome, tip=req.tip, receipts=[], calls=[])
 
     def _stage(self, report: BranchReport, t: int, req: StageRequest) -> StageOutcome:
         outcome = self._repeat(t, req)
+        self._asked_at[req.stage] = t
         if outcome is None:
             outcome = self.runner(req)
             if req.stage in LEDGER_INPUT and outcome.outcome in ("skipped", "empty") and not outcome.ledger_id:
                 self._unchanged[req.stage] = (t, self._version, outcome)
-        report.count(outcome)
+        if not silent(outcome, req):
+            report.count(outcome)
         if outcome.ledger_id:
             self._changed(t)
+            if req.stage in self.own_records:
+                bisect.insort(self.own_records[req.stage], t)
         if outcome.outcome == "empty" and req.stage in self.empty_runs:
             bisect.insort(self.empty_runs[req.stage], t)
         self.progress({"session_id": self.session_id, "leaf": self.leaf, "position": t, "of": len(self.branch),
@@ -275,11 +299,37 @@ class BranchReplayer:
             return []
         return run_in_order(lambda req: self._stage(report, t, req), self._request(t, stage))
 
+    def _unchanged_since(self, position: int, version: int, t: int) -> bool:
+        """Nothing changed the ledger on the branch after ``position`` up to t (this replay's records
+        and earlier runs' alike)."""
+        k = bisect.bisect_right(self.changes, position)
+        return version == self._version and position <= t and not (k < len(self.changes) and self.changes[k] <= t)
+
     def _turn_end(self, report: BranchReport, t: int) -> None:
-        """Each stage with a clock, in order, when due (SPEC §9)."""
+        """Each stage with a clock, in order, when due (SPEC §9), then the stages on their own clock."""
         for stage in CLOCKED_STAGES:
             if self.due(stage, t) and any(o.outcome == "failed" for o in self._run(report, t, stage)):
                 return  # a failure skips the later stages of this turn
+        self._own_clocks(report, t)
+
+    def _own_clocks(self, report: BranchReport, t: int) -> None:
+        """The stages on their own clock (the reflection dropper, SPEC §13) due at t: one that just ran
+        here as a follow-up is not asked again; nor is one that found nothing to do while the ledger
+        stayed as it was (its input is the ledger alone). Each runs with the watermark of the stage it
+        follows (the reflector's), as its follow-up would."""
+        for stage in OWN_CLOCK_STAGES:
+            idle = self._idle_at.get(stage.kind)
+            if (self._asked_at.get(stage.kind) == t or (idle is not None and self._unchanged_since(*idle, t))
+                    or self.own_clock(stage, t) < stage.own_clock(self.settings)):
+                continue
+            self.clocks(t)  # the watermarks at t
+            mark = self._marks.get(stage.after)
+            if mark is None:
+                continue
+            req = StageRequest(self.session_id, self.branch[t].entry_id, stage.kind,
+                               reflection_watermark=self.branch[mark].entry_id)
+            if not self._stage(report, t, req).ledger_id:
+                self._idle_at[stage.kind] = (t, self._version)
 
     def _compact(self, report: BranchReport, t: int, tip: int, first_kept: str, trigger: str) -> None:
         result = self.compactor(self.db, self.session_id, tip=self.branch[tip].entry_id,
@@ -356,8 +406,9 @@ class BranchReplayer:
                     break  # nothing left uncovered (up to the bound), or a deliberate empty chunk
             if outcome.outcome == "empty":
                 break  # a deliberate empty chunk: its span stays uncovered, the drain goes no further
-        if self.clocks(end)[reflector.kind] > 0:
-            self._run(report, end, reflector)
+        ran = self._run(report, end, reflector) if self.clocks(end)[reflector.kind] > 0 else []
+        if not any(o.outcome == "failed" for o in ran):
+            self._own_clocks(report, end)
         report.drained = True
         report.drain_first_kept = self.branch[first_kept].entry_id if first_kept else None
 

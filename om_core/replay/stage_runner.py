@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from om_core.store.catalog import resolve_session, resolve_tip
 from om_core.store.db import scalar
 from om_core.errors import storage_error
+from om_core.model.window import memory_window, sized_for
+from om_core.settings import Settings
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
 from om_core.workers.stages import (BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards,
@@ -110,6 +112,15 @@ class StageRunner:
         self.guards = guards if guards is not None else RunGuards()
         self.compute = compute or (lambda prepared: compute_stage(prepared, brain, ws.settings))
         self.kept: list[str] = []
+        self._sized: dict[str, Settings] = {}
+
+    def settings_for(self, stage: str) -> Settings:
+        """The settings a stage's input is read with: ``workerMemoryMaxTokens`` from the window of the
+        model that answers it (SPEC §13), asked once per model (litellm's card only for a real model)."""
+        model = stage_model(self.brain, stage)
+        if model not in self._sized:
+            self._sized[model] = sized_for(self.ws.settings, memory_window(model, self.ws.settings))
+        return self._sized[model]
 
     def check(self) -> None:
         """The run's breaker and budget: the one place a stage is refused before it starts."""
@@ -119,7 +130,7 @@ class StageRunner:
         self.check()
         started = datetime.now(timezone.utc)
         with self.ws.read() as con:
-            prepared, outcome = prepare_stage(con, req, self.ws.settings, stage_model(self.brain, req.stage))
+            prepared, outcome = prepare_stage(con, req, self.settings_for(req.stage), stage_model(self.brain, req.stage))
         if prepared is None:
             return outcome  # nothing to do: no input, already appended, or a deliberate empty result before
         computed = self.results.get(prepared)

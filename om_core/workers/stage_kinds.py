@@ -129,6 +129,10 @@ class Stage:
     silent_when_not_due: bool = False
     # the records its payload implies, appended after it in the same transaction, each (kind, payload)
     companions: Callable[[Any], list[tuple[str, BaseModel]]] = lambda payload: []
+    # its own clock (SPEC §13, the reflection dropper): besides running after ``after``, it is due at a
+    # turn end once this many source tokens passed since its own latest record (its input then says
+    # whether there is anything to do)
+    own_clock: Callable[[Settings], int] | None = None
 
     def run(self, inp: Any, brain: Brain, settings: Settings, outcome: StageOutcome) -> tuple[StageOutcome, Any]:
         """Run the worker on its input through the check; the payload holds what the check accepted
@@ -243,10 +247,12 @@ REFLECTION_DROPPER = Stage(
     watermark=lambda inp: inp.watermark,
     after="reflector",
     silent_when_not_due=True,
+    own_clock=lambda settings: settings.reflectAfterTokens,
 )
 
 STAGES: dict[str, Stage] = {stage.kind: stage for stage in (OBSERVER, REFLECTOR, DROPPER, REFLECTION_DROPPER)}
 CLOCKED_STAGES = tuple(stage for stage in STAGES.values() if stage.threshold is not None)  # turn-end order
+OWN_CLOCK_STAGES = tuple(stage for stage in STAGES.values() if stage.own_clock is not None)  # after them
 
 
 def follow_ups(done: StageOutcome) -> list[StageRequest]:
@@ -259,13 +265,19 @@ def follow_ups(done: StageOutcome) -> list[StageRequest]:
             for stage in STAGES.values() if stage.after == done.stage]
 
 
+def silent(done: StageOutcome, req: StageRequest) -> bool:
+    """A rarely due stage that was not due: it leaves no outcome (``Stage.silent_when_not_due``)."""
+    stage = STAGES[done.stage]
+    return (done.outcome == "skipped" and not done.budget_stop and stage.silent_when_not_due
+            and done.reason == stage.not_due(req))
+
+
 def run_in_order(run: Callable[[StageRequest], StageOutcome], req: StageRequest) -> list[StageOutcome]:
     """Run ``req``, then its follow-ups (``follow_ups``), each with ``run``."""
     outcomes = [run(req)]
     for nxt in follow_ups(outcomes[0]):
         done = run(nxt)
-        if not (done.outcome == "skipped" and not done.budget_stop and STAGES[done.stage].silent_when_not_due
-                and done.reason == STAGES[done.stage].not_due(nxt)):
+        if not silent(done, nxt):
             outcomes.append(done)
         if done.outcome == "failed":  # a failure ends the pass (it may have stopped the run); the next retries
             break

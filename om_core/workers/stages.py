@@ -29,6 +29,7 @@ from om_core.ledger.records import append_record
 from om_core.model.cost import CostBudget
 from om_core.model.client import OFFLINE, CallRecord, LiteLLMModel, RetryPolicy
 from om_core.model.routing import SessionModel, routed_model
+from om_core.model.window import memory_window
 from om_core.settings import ModelSetting, Settings
 from om_core.store.sqlfiles import query
 from om_core.workers.llm import ModelBrain
@@ -178,7 +179,8 @@ def _model_brain(config: ModelConfig, settings: Settings, guards: RunGuards, cal
     chat = LiteLLMModel(model, api_base=api_base, api_key=config.key, thinking=thinking, timeout=config.timeout,
                         stream=config.stream, retry=config.retry, record=record, gate=guards.gate,
                         breaker=guards.breaker if breaker is None else breaker, keep_texts=settings.storePrompts,
-                        budget=guards.budget)
+                        budget=guards.budget,
+                        max_tokens=memory_window(model, settings).agent_max_tokens(settings))
     return ModelBrain(chat, max_turns=settings.agentMaxTurns, redact_secrets=settings.redactSecrets,
                       closing_turn=settings.agentClosingTurn, calls=calls)
 

@@ -90,6 +90,11 @@ FROM branch_compactions($session_id, $tip) GROUP BY anchor_pos ORDER BY 1;
 -- name: ledger_anchor_positions
 SELECT DISTINCT anchor_pos AS position FROM branch_records($session_id, $tip) ORDER BY 1;
 
+-- name: record_anchor_positions
+-- Where the records of one kind sit on the branch: a stage on its own clock (the reflection
+-- dropper, SPEC §13) counts source tokens from its latest record.
+SELECT DISTINCT anchor_pos AS position FROM branch_records($session_id, $tip) WHERE kind = $kind ORDER BY 1;
+
 -- name: replay_branch
 -- extension_folded: a compaction entry that carries the extension's own valid om.folded details.
 SELECT b.position, b.entry_id, b.entry_type, b.role, coalesce(b.tokens_pi, 0) AS tokens_pi,
