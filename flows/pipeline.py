@@ -264,6 +264,7 @@ def _process(ws: Workspace, plan: RunPlan, model: ModelConfig, guards: RunGuards
         done = next(as_completed(pending))
         pending.remove(done)
         collect(done)
+    PrefectStageResults(storage).tidy()  # every replay is committed or failed: nothing more is kept
     order = {sid: i for i, sid in enumerate(session_ids)}
     results.sort(key=lambda r: order[r.session_id])
     projects = [] if guards.breaker.tripped else _project_stages(ws, model, guards, run_id)
