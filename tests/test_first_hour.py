@@ -42,8 +42,21 @@ def demo(tmp_path_factory, prefect_api):
     shutil.copytree(EXAMPLES, folder)
     env = env_for(root / "home", PREFECT_API_URL=prefect_api, **DEMO_ENV)
     db = root / "om.duckdb"
-    done = om("run", str(folder), "--db", str(db), cwd=root, env=env, timeout=600)  # --db after the command
+    if not OM.exists():
+        pytest.skip(f"{OM} is not installed (pip install -e . puts it there)")
+    # piped, as a log or a pipe would take it: stderr read as it comes (--db after the command)
+    proc = subprocess.Popen([str(OM), "run", str(folder), "--db", str(db)], cwd=root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines, ended_first = [], None
+    for line in proc.stderr:
+        lines.append(line)
+        if ended_first is None and " done: " in line:
+            ended_first = proc.poll() is None  # a session's end said while the run still runs
+    stdout = proc.stdout.read()
+    proc.wait(600)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "".join(lines))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done.ended_first_while_running = ended_first
     return db, env, done, folder
 
 
@@ -52,6 +65,40 @@ def test_the_run_summary_names_the_database_and_says_the_memory_is_offline(demo)
     db, _, done, _ = demo
     assert f"memory in {db}" in done.stdout
     assert "memory by the offline baseline" in done.stdout
+
+
+@pytest.mark.prefect
+def test_om_run_piped_says_its_progress_as_it_goes_and_names_each_session_by_its_file(demo):
+    _, _, done, _ = demo
+    for name in ("5b0e7c1a tidewatch-units", "8e3f1d26 harbor-sync-long", "c2a9e4d7 budgetbox-duckdb"):
+        assert f"replaying {name}" in done.stderr, done.stderr[-2000:]
+        assert re.search(rf"^{name} done: \d+ stages? recorded memory, 0 model calls, \d+ compactions? "
+                         r"\(\d of 3 sessions, \d+:\d\d elapsed\)$", done.stderr, re.MULTILINE), done.stderr[-2000:]
+    assert done.ended_first_while_running  # as it goes, not all at the end
+    header = next(line for line in done.stdout.splitlines() if "observations" in line)
+    assert re.search(r"session\s+\S\s+file\s+\S\s+observations", header), header
+    row = next(line for line in done.stdout.splitlines() if "5b0e7c1a" in line)
+    assert "tidewatch-units" in row
+
+
+@pytest.mark.prefect
+def test_om_run_json_names_each_session_by_its_file(tmp_path, prefect_api):
+    (tmp_path / "s").mkdir()
+    shutil.copy(EXAMPLES / "tidewatch-units.jsonl", tmp_path / "s" / "tidewatch-units.jsonl")
+    env = env_for(tmp_path / "home", PREFECT_API_URL=prefect_api)
+    done = om("run", "s", "--json", "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)["sessions"]
+    assert row["file"] == str(tmp_path / "s" / "tidewatch-units.jsonl")
+    assert done.stderr.count("\n") <= 2, done.stderr  # --json: no progress lines, only the model's
+
+
+@pytest.mark.prefect
+def test_a_run_leaves_no_lock_file_nor_an_empty_stage_results_folder(demo):
+    db, _, _, _ = demo
+    assert db.is_file()
+    assert not db.with_name(db.name + ".lock").exists()
+    assert not db.with_name(db.name + ".stage-results").exists()
 
 
 @pytest.mark.prefect
