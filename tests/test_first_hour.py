@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -248,3 +249,51 @@ def test_om_search_kind_keeps_to_the_kinds_asked_and_ranks_them_anew(demo):
     assert [h["memory_id"] for h in only] == expected[:len(only)]
     bad = om("search", "watermark", "--kind", "bogus", "--db", str(db), cwd=folder, env=env)
     assert bad.returncode == 2 and "'bogus' is not one of" in bad.stderr
+
+
+# In the page once it is laid out: the cards' values, the lines that say why some are missing, and how
+# many lines each file name takes in the overview.
+_LOOKED_AT = """<script>window.addEventListener('load', () => {
+  const overview = document.querySelector('#overview');
+  const said = sel => [...overview.querySelectorAll(sel)].map(p => p.textContent.trim());
+  const p = document.createElement('pre'); p.id = 'looked-at';
+  p.textContent = JSON.stringify({
+    cards: [...document.querySelectorAll('.card .value')].map(v => v.textContent.trim()),
+    calls: said('.no-model-calls'), everywhere: said('.everywhere'),
+    files: [...overview.querySelectorAll('td .file')].map(f =>
+      Math.round(f.getBoundingClientRect().height / parseFloat(getComputedStyle(f).lineHeight)))});
+  document.body.appendChild(p); });</script>"""
+
+
+@pytest.mark.prefect
+def test_the_report_looked_at_in_chromium_shows_no_empty_card_and_says_why(demo, tmp_path):
+    """`om report` on the offline demo, in a real headless Chromium: no card of 0 or n/a, a line saying
+    the offline baseline made no model call, the difference from `om run`'s counts said up front, file
+    names on one line, and a screenshot of the window's size."""
+    browser = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    if browser is None:
+        pytest.skip("no headless Chromium on this machine (apt-get install chromium)")
+    db, env, _, folder = demo
+    done = om("report", "--out", str(tmp_path / "report"), "--db", str(db), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    index = tmp_path / "report" / "index.html"
+    page = index.with_name("looked-at.html")
+    page.write_text(index.read_text(encoding="utf-8").replace("</body>", _LOOKED_AT + "</body>"), encoding="utf-8")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1600",
+             "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert '<pre id="looked-at">' in dom.stdout, (dom.stdout + dom.stderr)[-2000:]
+    seen = json.loads(dom.stdout.split('<pre id="looked-at">', 1)[1].split("</pre>", 1)[0])
+    assert seen["cards"] and not {"0", "n/a", "0 / 0"} & set(seen["cards"]), seen["cards"]
+    assert seen["calls"] == ["No model calls: the offline baseline (extractive rules, no model) wrote the memory: no "
+                             "tokens, no cost."]
+    [everywhere] = seen["everywhere"]  # budgetbox-duckdb has two branches: its other one's records
+    assert everywhere.startswith("Why these counts are not om run's: it counts every record it appends, on every "
+                                 "branch"), everywhere
+    assert len(seen["files"]) == 3 and set(seen["files"]) == {1}, seen["files"]
+    png = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={png}", index.resolve().as_uri()], capture_output=True, timeout=120)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert struct.unpack(">II", data[16:24]) == (1280, 1600)  # the IHDR chunk: the window's size
