@@ -108,7 +108,21 @@ def serve_locally(db_path: str, archive: Path | None, live: Path | None, model: 
     if live is not None:
         served.append(_maintenance(live, db_path, model, settings, every_seconds, exclude))
     pin({flow.name: all_parameters(flow.fn, options["parameters"]) for flow, options in served})
+    if live is not None:
+        _first_tick_now(*served[-1])
     # one flow run at a time: every run writes the one database file; a schedule shorter than
     # Prefect's default poll (10 s) is polled as often as it fires
     serve(*(flow.to_deployment(**options) for flow, options in served), limit=1, print_starting_message=False,
           query_seconds=min(10.0, max(1.0, every_seconds)))
+
+
+def _first_tick_now(flow: Any, options: dict[str, Any]) -> None:
+    """The maintenance's first tick at once: Prefect's interval schedule starts its first run one whole
+    interval after the deployment is made (an hour with --every 3600). The deployment is made here,
+    and a run of it created for now (serve's own apply keeps it: it replaces only the runs the
+    schedule made); the served runner starts it with its first poll."""
+    from prefect import get_client
+
+    deployment_id = flow.to_deployment(**options).apply()
+    with get_client(sync_client=True) as client:
+        client.create_flow_run_from_deployment(deployment_id)

@@ -80,6 +80,7 @@ class ReplayWindow:
             done = self.wait(self.pending)
             self.pending.remove(done)
             self.collect(done.result())
+        PrefectStageResults(self.storage).tidy()  # every replay is committed or failed: nothing more is kept
         order = {sid: i for i, sid in enumerate(self.plan.due)}
         return sorted(self.results, key=lambda r: order[r.session_id])
 

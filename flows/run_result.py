@@ -109,6 +109,7 @@ class SessionRow(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     session_id: str
+    file: str | None = None  # the session's file, as ingested
     observations: int = 0
     reflections: int = 0
     drops: int = 0

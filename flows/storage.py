@@ -158,4 +158,11 @@ class PrefectStageResults:
                 pass
         return gone
 
-
+    def tidy(self) -> None:
+        """Remove a local folder the run's commits left empty (the next stage to keep a result makes it
+        again): no empty ``<db>.stage-results`` beside the database after a run."""
+        if isinstance(self.storage, Path):
+            try:
+                self.storage.rmdir()
+            except OSError:  # not empty (an interrupted run's results wait for its rerun), or gone
+                pass

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,21 @@ def demo(tmp_path_factory, prefect_api):
     shutil.copytree(EXAMPLES, folder)
     env = env_for(root / "home", PREFECT_API_URL=prefect_api, **DEMO_ENV)
     db = root / "om.duckdb"
-    done = om("run", str(folder), "--db", str(db), cwd=root, env=env, timeout=600)  # --db after the command
+    if not OM.exists():
+        pytest.skip(f"{OM} is not installed (pip install -e . puts it there)")
+    # piped, as a log or a pipe would take it: stderr read as it comes (--db after the command)
+    proc = subprocess.Popen([str(OM), "run", str(folder), "--db", str(db)], cwd=root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines, ended_first = [], None
+    for line in proc.stderr:
+        lines.append(line)
+        if ended_first is None and " done: " in line:
+            ended_first = proc.poll() is None  # a session's end said while the run still runs
+    stdout = proc.stdout.read()
+    proc.wait(600)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "".join(lines))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done.ended_first_while_running = ended_first
     return db, env, done, folder
 
 
@@ -52,6 +66,40 @@ def test_the_run_summary_names_the_database_and_says_the_memory_is_offline(demo)
     db, _, done, _ = demo
     assert f"memory in {db}" in done.stdout
     assert "memory by the offline baseline" in done.stdout
+
+
+@pytest.mark.prefect
+def test_om_run_piped_says_its_progress_as_it_goes_and_names_each_session_by_its_file(demo):
+    _, _, done, _ = demo
+    for name in ("5b0e7c1a tidewatch-units", "8e3f1d26 harbor-sync-long", "c2a9e4d7 budgetbox-duckdb"):
+        assert f"replaying {name}" in done.stderr, done.stderr[-2000:]
+        assert re.search(rf"^{name} done: \d+ stages? recorded memory, 0 model calls, \d+ compactions? "
+                         r"\(\d of 3 sessions, \d+:\d\d elapsed\)$", done.stderr, re.MULTILINE), done.stderr[-2000:]
+    assert done.ended_first_while_running  # as it goes, not all at the end
+    header = next(line for line in done.stdout.splitlines() if "observations" in line)
+    assert re.search(r"session\s+\S\s+file\s+\S\s+observations", header), header
+    row = next(line for line in done.stdout.splitlines() if "5b0e7c1a" in line)
+    assert "tidewatch-units" in row
+
+
+@pytest.mark.prefect
+def test_om_run_json_names_each_session_by_its_file(tmp_path, prefect_api):
+    (tmp_path / "s").mkdir()
+    shutil.copy(EXAMPLES / "tidewatch-units.jsonl", tmp_path / "s" / "tidewatch-units.jsonl")
+    env = env_for(tmp_path / "home", PREFECT_API_URL=prefect_api)
+    done = om("run", "s", "--json", "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)["sessions"]
+    assert row["file"] == str(tmp_path / "s" / "tidewatch-units.jsonl")
+    assert done.stderr.count("\n") <= 2, done.stderr  # --json: no progress lines, only the model's
+
+
+@pytest.mark.prefect
+def test_a_run_leaves_no_lock_file_nor_an_empty_stage_results_folder(demo):
+    db, _, _, _ = demo
+    assert db.is_file()
+    assert not db.with_name(db.name + ".lock").exists()
+    assert not db.with_name(db.name + ".stage-results").exists()
 
 
 @pytest.mark.prefect
@@ -201,3 +249,51 @@ def test_om_search_kind_keeps_to_the_kinds_asked_and_ranks_them_anew(demo):
     assert [h["memory_id"] for h in only] == expected[:len(only)]
     bad = om("search", "watermark", "--kind", "bogus", "--db", str(db), cwd=folder, env=env)
     assert bad.returncode == 2 and "'bogus' is not one of" in bad.stderr
+
+
+# In the page once it is laid out: the cards' values, the lines that say why some are missing, and how
+# many lines each file name takes in the overview.
+_LOOKED_AT = """<script>window.addEventListener('load', () => {
+  const overview = document.querySelector('#overview');
+  const said = sel => [...overview.querySelectorAll(sel)].map(p => p.textContent.trim());
+  const p = document.createElement('pre'); p.id = 'looked-at';
+  p.textContent = JSON.stringify({
+    cards: [...document.querySelectorAll('.card .value')].map(v => v.textContent.trim()),
+    calls: said('.no-model-calls'), everywhere: said('.everywhere'),
+    files: [...overview.querySelectorAll('td .file')].map(f =>
+      Math.round(f.getBoundingClientRect().height / parseFloat(getComputedStyle(f).lineHeight)))});
+  document.body.appendChild(p); });</script>"""
+
+
+@pytest.mark.prefect
+def test_the_report_looked_at_in_chromium_shows_no_empty_card_and_says_why(demo, tmp_path):
+    """`om report` on the offline demo, in a real headless Chromium: no card of 0 or n/a, a line saying
+    the offline baseline made no model call, the difference from `om run`'s counts said up front, file
+    names on one line, and a screenshot of the window's size."""
+    browser = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    if browser is None:
+        pytest.skip("no headless Chromium on this machine (apt-get install chromium)")
+    db, env, _, folder = demo
+    done = om("report", "--out", str(tmp_path / "report"), "--db", str(db), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    index = tmp_path / "report" / "index.html"
+    page = index.with_name("looked-at.html")
+    page.write_text(index.read_text(encoding="utf-8").replace("</body>", _LOOKED_AT + "</body>"), encoding="utf-8")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1600",
+             "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert '<pre id="looked-at">' in dom.stdout, (dom.stdout + dom.stderr)[-2000:]
+    seen = json.loads(dom.stdout.split('<pre id="looked-at">', 1)[1].split("</pre>", 1)[0])
+    assert seen["cards"] and not {"0", "n/a", "0 / 0"} & set(seen["cards"]), seen["cards"]
+    assert seen["calls"] == ["No model calls: the offline baseline (extractive rules, no model) wrote the memory: no "
+                             "tokens, no cost."]
+    [everywhere] = seen["everywhere"]  # budgetbox-duckdb has two branches: its other one's records
+    assert everywhere.startswith("Why these counts are not om run's: it counts every record it appends, on every "
+                                 "branch"), everywhere
+    assert len(seen["files"]) == 3 and set(seen["files"]) == {1}, seen["files"]
+    png = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={png}", index.resolve().as_uri()], capture_output=True, timeout=120)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert struct.unpack(">II", data[16:24]) == (1280, 1600)  # the IHDR chunk: the window's size

@@ -147,7 +147,9 @@ def test_worked_session_has_memory_charts_compaction_markers_and_totals(built):
     # visible, while the replay's simulated compactions are counted apart as the replayed view
     cards = {c.find("div[@class='label']").text: c.find("div[@class='value']").text
              for c in section.iter("div") if c.get("class") == "card"}
-    assert cards["visible observations"] == "0"
+    assert "visible observations" not in cards  # 0: no card; the line under them says it
+    assert "Visible memory is what the session file shows the agent (its latest om.folded compaction): 0 " \
+        "observations" in text_of(section)
     assert (cards["compactions in the file"], int(cards["replayed compactions"])) == ("1", len(rows) - 1)
     assert "the replayed view" in text_of(section)
     classes = {span.text for span in section.iter("span") if "badge" in (span.get("class") or "")}
@@ -172,7 +174,9 @@ def test_quiet_session_says_no_memory_yet(built):
     assert "No compactions" in empty["empty no-compactions"]
     assert "No model calls" in empty["empty no-calls"]
     cards = text_of(section.find(".//div[@class='cards']"))
-    assert "n/a cost" in cards
+    assert "cost" not in cards and "n/a" not in cards  # no card of nothing: the line below says why
+    no_calls = next(p for p in section.iter("p") if "no-model-calls" in (p.get("class") or ""))
+    assert text_of(no_calls) == "No model calls: none recorded."
     # the branch's source tokens are still charted
     assert list(section.iter(f"{SVG}polyline"))
 

@@ -348,8 +348,8 @@ def test_ctrl_c_of_om_serve_during_a_tick_marks_its_run_interrupted_and_prints_n
 
 def test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress(tmp_path, prefect_server):
     """The exit line said "a maintenance run in progress was ended" even with none
-    in progress. An om serve whose first tick is an hour away (on the test session's Prefect server)
-    stopped at once: exit 130, one line, no run ended."""
+    in progress. An om serve with an hour between ticks (on the test session's Prefect server) makes its
+    first tick at once, not an hour later; stopped after it: exit 130, one line, no run ended."""
     work, live, home = tmp_path / "work", tmp_path / "live", tmp_path / "home"
     for d in (work, live, home):
         d.mkdir()
@@ -363,7 +363,11 @@ def test_ctrl_c_of_an_idle_om_serve_says_no_run_was_in_progress(tmp_path, prefec
                              start_new_session=True)
     try:
         _wait_for("the serving line", lambda: "; Ctrl-C stops" in log.read_text(), 120, serve, log)
-        time.sleep(2)  # the runner is serving
+        tick = _wait_for("the first tick's line", lambda: re.search(
+            r"tick (\d\d:\d\d:\d\d): 0 sessions seen, 0 lines ingested, 0 stages recorded memory, 0 errors; "
+            r"next tick (\d\d:\d\d:\d\d)", log.read_text()), 120, serve, log)
+        assert tick.group(1) != tick.group(2)  # the next one an hour on
+        time.sleep(3)  # the tick's flow-run process ends after its line (its run row is finished before it)
         serve.send_signal(signal.SIGINT)
         serve.wait(60)
         out = log.read_text()

@@ -113,3 +113,63 @@ def test_kill_9_of_the_holder_frees_the_lock_at_once(holder, tmp_path):
         assert con.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
     finally:
         con.close()
+
+
+def test_a_clean_release_leaves_no_lock_file_and_a_waiting_writer_locks_the_path_anew(holder, tmp_path):
+    """No stray ``<db>.lock`` beside the database after a writer is done: the holder removes it as it
+    lets go. A writer that was waiting then holds the file now at the path (one it opens anew), so a
+    third writer is refused, not let in beside it."""
+    db = tmp_path / "mine.duckdb"
+    with one_writer(db, "ingest", 0):
+        assert lock_path(db).is_file()
+    assert not lock_path(db).exists()
+    # the holder fixture's process holds om.duckdb; this process waits for it, on the file it opened
+    db, proc = holder
+    taken: list[str] = []
+
+    def second_writer() -> None:
+        with one_writer(db, "run", 30):
+            taken.append("in")
+            time.sleep(3)
+
+    worker = threading.Thread(target=second_writer)
+    worker.start()
+    time.sleep(0.5)
+    proc.kill()  # the holder ends (its lock file stays: a kill -9 removes nothing)
+    deadline = time.monotonic() + 20
+    while not taken and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert taken == ["in"]
+    third = subprocess.run([sys.executable, "-c", "import sys\nfrom om_core.store.writer_lock import one_writer\n"
+                            "with one_writer(sys.argv[1], 'ingest', 0.2): print('in')", str(db)],
+                           capture_output=True, text=True, env=env(), timeout=60)
+    assert "another om process is writing" in third.stderr and "in" not in third.stdout.split()
+    worker.join(10)
+    assert not lock_path(db).exists()
+
+
+def test_a_release_that_unlinked_the_file_sends_a_waiter_to_the_path_anew(tmp_path):
+    """The race a removed lock file opens: a waiter locked the old file just as its holder unlinked it.
+    It sees the path now names another file (or none) and locks that one instead."""
+    from om_core.store import writer_lock
+
+    db = tmp_path / "om.duckdb"
+    path = lock_path(db)
+    stale = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # opened before the holder let go
+    os.unlink(path)
+    assert not writer_lock._is_the_path(stale, path)
+    os.close(stale)
+    fresh = writer_lock._open(path)
+    try:
+        assert writer_lock._is_the_path(fresh, path)
+    finally:
+        os.close(fresh)
+
+
+def test_a_lock_file_with_a_run_end_for_the_next_writer_stays(tmp_path):
+    from om_core.store import writer_lock
+
+    db = tmp_path / "om.duckdb"
+    with one_writer(db, "run", 0):
+        writer_lock.note_unwritten_outcome(db, "run-1", "failed", {"errors": ["disk full"]})
+    assert "run-1" in lock_path(db).read_text()  # the next writer records it (unwritten_outcomes)

@@ -20,6 +20,7 @@ from rich.table import Table
 from flows import progress
 from flows.cli.common import (ApiBaseOpt, ExcludeOpt, ModelOpt, announce_model, app, counted, err, examples,
                               model_config, out, print_json, print_rows, workspace)
+from flows.cli.run_lines import ProgressLines
 from flows.interrupt import RunInterrupted, run_interruptibly, say_and_exit
 from flows.limits import run_guards
 from flows.preflight import check_cluster_run, check_credential
@@ -91,7 +92,7 @@ def run(
     # the run's one ModelConfig, built here from the settings and carried to the flow as that value
     # (checked now, announced once the targets are: a missing path is the one line `om run /missing` prints)
     config = model_config(settings, model, api_base, as_json, announce=False, limit=limit, max_cost=max_cost)
-    say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
+    say = (lambda text: None) if as_json else (lambda text: err.print(text, highlight=False))
     if _no_session_files(targets, exclude):  # nothing to read: no database, no lock file, no replay claimed
         if as_json:
             print_json(RunReport(run_id=None, sessions=[], errors=[], failures=[], skipped=[], database=str(ws.path),
@@ -315,7 +316,7 @@ def _run_with_display(ws: Workspace, plan: RunPlan, config: ModelConfig, guards:
                       drain: bool, runner: str, dask_address: str | None, quiet: bool, verbose: bool) -> RunResult:
     from flows.kept_server import api_for_run
 
-    say = (lambda text: None) if quiet or not err.is_terminal else (lambda text: err.print(escape(text), highlight=False))
+    say = (lambda text: None) if quiet else (lambda text: err.print(escape(text), highlight=False))
     # the Prefect server an earlier run left (or one started now for the next runs), leased while this one runs
     with api_for_run(ws.settings.prefectServerIdleSeconds, say):
         return _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose)
@@ -334,8 +335,10 @@ def _run_on_api(ws: Workspace, plan: RunPlan, config: ModelConfig, guards: RunGu
                             run_id=run_id)
 
     try:
-        if quiet or not err.is_terminal:
+        if quiet:
             return run_interruptibly(ws, run_id, guards, work)
+        if not err.is_terminal:  # piped: a line as each session starts and ends, not a board to redraw
+            return run_interruptibly(ws, run_id, guards, work, on_tick=ProgressLines(err).tick)
         board = LiveBoard(err)
         try:
             return run_interruptibly(ws, run_id, guards, work, on_tick=board.tick)
@@ -378,6 +381,7 @@ def _run_rows(ws: Workspace, summary: RunResult) -> list[SessionRow]:
 def _print_run_table(report: RunReport) -> None:
     """The closing table: a row per session of ``report`` (what ``--json`` prints), then the total."""
     from flows.cli.costs import cost_cell
+    from om_core.pi.session import file_label
 
     counts = ("observations", "reflections", "drops", "compactions", "model_calls", "tokens")
     totals = {k: 0 for k in (*counts, "errors", "unpriced_calls")}
@@ -387,15 +391,16 @@ def _print_run_table(report: RunReport) -> None:
         for k in totals:
             totals[k] += getattr(r, k) or 0
         cost += r.cost or 0
-        body.append([r.session_id, *(str(getattr(r, k)) for k in counts),
+        body.append([r.session_id, file_label(Path(r.file or "").name, r.session_id) or "",
+                     *(str(getattr(r, k)) for k in counts),
                      cost_cell(r.model_calls or 0, r.cost, r.unpriced_calls or 0),
                      str(r.errors) + (" + session error" if r.error else "")])
     priced = any(r.cost is not None for r in report.sessions)
-    body.append(["total", *(str(totals[k]) for k in counts),
+    body.append(["total", "", *(str(totals[k]) for k in counts),
                  cost_cell(totals["model_calls"], cost if priced else None, totals["unpriced_calls"]),
                  str(totals["errors"])])
-    print_rows(["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
-                "errors"], body, title=f"run {report.run_id}", short={"session"},
+    print_rows(["session", "file", "observations", "reflections", "drops", "compactions", "model calls", "tokens",
+                "cost", "errors"], body, title=f"run {report.run_id}", short={"session"},
                drop=["tokens", "model calls", "cost", "drops"], bold_last=True)
     if report.skipped:
         out.print(f"{len(report.skipped)} more session(s) unchanged since their last replay: skipped", highlight=False)

@@ -96,6 +96,9 @@ class SessionReport:
     replayed: tuple[int, int] = (0, 0)  # the same with the replay's simulated compactions counted
     calls_by_stage: list[CallStats] = field(default_factory=list)
     offline: bool = False  # the offline baseline (extractive rules, no model) wrote some of its memory
+    # (observations, reflections) recorded in the session on every branch, repeats included: what `om run`
+    # counts as it appends them, where the cards count the current branch's
+    everywhere: tuple[int, int] = (0, 0)
 
     @property
     def sid(self) -> str:
@@ -195,6 +198,8 @@ def collect(ws: Workspace, sessions: list[str] | None) -> list[SessionReport]:
         for report in reports:
             _current_branch(con, report)
             report.offline = bool(scalar(con, "offline_memory", {"session_id": report.sid}))
+            everywhere = named_row(con, "report_recorded_everywhere", {"session_id": report.sid})
+            report.everywhere = (everywhere["observations"], everywhere["reflections"])
             _model_calls(con, report)
             if report.tip is None:
                 continue

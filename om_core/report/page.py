@@ -101,10 +101,34 @@ def anchor_id(index: int, session_id: str) -> str:
 # ------------------------------------------------------------------ page parts
 
 
+_SAYS_NOTHING = ("0", "n/a", "0 / 0")
+
+
 def _cards(items: Sequence[tuple[str, str]]) -> str:
+    """The cards that say something: a 0 or n/a card is left out (the lines beside them say what is
+    missing, e.g. that the offline baseline made no model call)."""
     return '<div class="cards">' + "".join(
         f'<div class="card"><div class="value">{esc(v)}</div><div class="label">{esc(k)}</div></div>'
-        for k, v in items) + "</div>"
+        for k, v in items if v not in _SAYS_NOTHING) + "</div>"
+
+
+def _no_calls_line(offline: bool, what: str) -> str:
+    """Where the model-call cards would be: why there are none."""
+    why = (f"the offline baseline (extractive rules, no model) wrote {what}: no tokens, no cost"
+           if offline else "none recorded")
+    return f'<p class="meta no-model-calls">No model calls: {why}.</p>'
+
+
+def _everywhere_line(observations: int, reflections: int, on_branch: tuple[int, int], whose: str) -> str:
+    """How the counts of `om run`'s summary (every branch, repeats included) relate to the current
+    branch's shown here; empty when they agree."""
+    if (observations, reflections) == on_branch:
+        return ""
+    return (f'<p class="meta everywhere">Why these counts are not <code>om run</code>\'s: it counts every '
+            f'record it appends, on every branch ({whose} {fmt_int(observations)} observations and '
+            f'{fmt_int(reflections)} reflections in all); the counts here are those at the tip of the current '
+            f'branch ({fmt_int(on_branch[0])} and {fmt_int(on_branch[1])}). The rest lie on other branches, or '
+            'repeat an id recorded before.</p>')
 
 
 def _badge(cls: str) -> str:
@@ -247,7 +271,8 @@ def _source_chart(report: SessionReport) -> str:
 def _calls_html(report: SessionReport) -> str:
     stats = report.calls_by_stage
     if not stats:
-        return '<h3>Model calls</h3><p class="empty no-calls">No model calls recorded for this session.</p>'
+        return ('<h3>Model calls</h3><p class="empty no-calls">No model calls recorded for this session'
+                + (" (the offline baseline makes none)" if report.offline else "") + ".</p>")
     total = report.calls
     rows = [[s.stage, s.models, fmt_int(s.calls), fmt_int(s.errors), fmt_int(s.input_tokens), fmt_int(s.cached_tokens),
              fmt_int(s.output_tokens), fmt_cost(s.cost, s.unpriced)] for s in stats]
@@ -298,6 +323,8 @@ def _session_html(index: int, report: SessionReport, settings: Settings) -> str:
                  f'{esc(fmt_ts(report.first_ts))} to {esc(fmt_ts(report.last_ts))}'
                  + (f" ({esc(span)})" if span else "") + "</p>")
     compaction_text = ", ".join(f"{n} {cls}" for cls, n in classes.items() if n) or "none"
+    parts.append(_everywhere_line(*report.everywhere, (final.recorded, final.reflections) if final else (0, 0),
+                                  "this session holds"))
     parts.append(_cards([
         ("source tokens (session)", fmt_int(info.tokens_pi)),
         ("source tokens (branch)", fmt_int(report.branch_source_tokens)),
@@ -313,6 +340,8 @@ def _session_html(index: int, report: SessionReport, settings: Settings) -> str:
         (_cost_label(calls), fmt_cost(calls.cost)),
         ("cost per 1M source tokens", fmt_cost_per_million(calls.cost, info.tokens_pi)),
     ]))
+    if not calls.calls:
+        parts.append(_no_calls_line(report.offline, "this session's memory"))
     parts.append(f'<p class="meta">Observations shown as active / recorded. Visible memory is what the session '
                  f'file shows the agent (its latest om.folded compaction): {report.visible[0]} observations, '
                  f'{report.visible[1]} reflections; the replayed view (with the replay\'s simulated compactions) '
@@ -353,8 +382,11 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
             dropped += r.final.dropped
     compactions = sum(classes.values())
     replayed = sum(r.replayed_compactions for r in reports)
+    on_branch = (observations, reflections)
+    everywhere = tuple(sum(r.everywhere[i] for r in reports) for i in (0, 1))
     parts = ['<section class="overview" id="overview"><h2>Overview</h2>',
-             '<p class="meta">Counts are those at the tip of each session\'s current branch.</p>',
+             _everywhere_line(*everywhere, on_branch, "the sessions hold")
+             or '<p class="meta">Counts are those at the tip of each session\'s current branch.</p>',
              _cards([("sessions", fmt_int(len(reports))), ("observations", fmt_int(observations)),
                      ("reflections", fmt_int(reflections)), ("dropped", fmt_int(dropped)),
                      ("compactions in the files", fmt_int(compactions - replayed)),
@@ -364,6 +396,8 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
                      (_cost_label(calls), fmt_cost(calls.cost)),
                      ("cost per 1M source tokens",
                       fmt_cost_per_million(calls.cost, sum(r.info.tokens_pi or 0 for r in reports)))])]
+    if not calls.calls:
+        parts.append(_no_calls_line(any(r.offline for r in reports), "the memory"))
     class_rows = [[_badge(c), fmt_int(n), CLASS_NOTES[c]] for c, n in classes.items()]
     parts.append('<h3>Compactions by gap class</h3>')
     parts.append(_table(["class", "compactions", "meaning"], class_rows, numeric={1}, raw={0}))
@@ -388,17 +422,20 @@ def _overview_html(reports: list[SessionReport], settings: Settings) -> str:
         session = (f'<a href="#{anchor_id(i, r.sid)}" title="{esc(r.sid)}"><code>{esc(r.sid[:8])}</code></a>'
                    f'<div class="file" title="{esc(r.info.file_path)}">{esc(file_label(name, r.sid) or name)}</div>')
         final = r.final
-        rows.append([session, fmt_int((r.tip_position or -1) + 1), fmt_int(r.info.tokens_pi),
-                     fmt_int(final.recorded if final else 0), fmt_int(final.reflections if final else 0),
-                     fmt_int(final.dropped if final else 0), fmt_int(final.pool_tokens if final else 0),
-                     fmt_int(r.file_compactions), fmt_int(r.replayed_compactions), fmt_int(r.calls.calls),
-                     fmt_int(r.calls.input_tokens + r.calls.output_tokens), fmt_cost(r.calls.cost, r.calls.unpriced),
-                     fmt_cost_per_million(r.calls.cost, r.info.tokens_pi)])
+        row = [session, fmt_int((r.tip_position or -1) + 1), fmt_int(r.info.tokens_pi),
+               fmt_int(final.recorded if final else 0), fmt_int(final.reflections if final else 0),
+               fmt_int(final.dropped if final else 0), fmt_int(final.pool_tokens if final else 0),
+               fmt_int(r.file_compactions), fmt_int(r.replayed_compactions)]
+        if calls.calls:  # no model call anywhere: four columns of 0 and n/a say nothing (the line above says why)
+            row += [fmt_int(r.calls.calls), fmt_int(r.calls.input_tokens + r.calls.output_tokens),
+                    fmt_cost(r.calls.cost, r.calls.unpriced), fmt_cost_per_million(r.calls.cost, r.info.tokens_pi)]
+        rows.append(row)
+    headers = ["session · file", "branch entries", "source tokens", "observations", "reflections", "dropped",
+               "pool tokens", "compactions in the file", "replayed compactions"]
+    if calls.calls:
+        headers += ["model calls", "model tokens", "cost", "cost / 1M source tokens"]
     parts.append('<h3>Sessions</h3>')
-    parts.append(_table(["session · file", "branch entries", "source tokens", "observations", "reflections",
-                         "dropped", "pool tokens", "compactions in the file", "replayed compactions", "model calls",
-                         "model tokens", "cost", "cost / 1M source tokens"],
-                        rows, numeric=set(range(1, 13)), raw={0}, paths={0}))
+    parts.append(_table(headers, rows, numeric=set(range(1, len(headers))), raw={0}, paths={0}))
     parts.append(f'<p class="meta">Pool budget {fmt_int(settings.observationsPoolMaxTokens)} tokens, target '
                  f'{fmt_int(settings.pool_target_tokens)} (observationsPoolMaxTokens, observationsPoolTargetTokens).'
                  '</p></section>')

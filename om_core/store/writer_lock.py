@@ -10,14 +10,17 @@ needs (the next tick comes anyway; waiting would pile runs up).
 The lock is ``flock`` on a descriptor that no child process inherits: the kernel releases it when
 the holder ends, a kill -9 included, so a lock never outlives its process. Within one process it is
 re-entrant: ``om run`` holds it around its plan and the flow it starts, which takes it too.
-The file itself stays (removing a lock file races with the next writer opening it); it holds the
-holder's pid, host, command and start, for the second writer's message, and the helper processes
-the holder started (``record_helpers``): the next writer to take the lock ends those of a holder
-that is gone (a kill -9), so no Prefect server outlives om (om_core.store.helpers).
+The file holds the holder's pid, host, command and start, for the second writer's message, and the
+helper processes the holder started (``record_helpers``): the next writer to take the lock ends those
+of a holder that is gone (a kill -9), so no Prefect server outlives om (om_core.store.helpers). A
+clean release removes the file, unless it keeps something for the next writer (a run's end the
+database could not take, a helper still running); it is unlinked while still locked, and a writer
+that locked a file since unlinked opens the path again, so two writers never hold two files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -59,6 +62,9 @@ def one_writer(db_path: str | os.PathLike, command: str, wait_seconds: float) ->
             entry[2] -= 1
             if entry[2] == 0:
                 del _held[path]
+                if not _keeps_something(entry[1]):  # unlinked while locked: no stray file beside the database
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
                 os.close(entry[0])  # releases the lock
 
 
@@ -102,6 +108,13 @@ def _write_holder(fd: int, holder: dict) -> None:
         pass  # a full disk: the lock holds all the same, only its holder goes unnamed
 
 
+def _keeps_something(holder: dict) -> bool:
+    """Whether the lock file must stay after a clean release: a run's end the database could not take,
+    or a helper process still running (the next writer ends it once this holder is gone)."""
+    return bool(holder.get("unwritten")) or any(
+        helper_procs.same_process(int(h["pid"]), h.get("started")) for h in holder.get("helpers") or [])
+
+
 def _take_over(fd: int, path: Path) -> None:
     """Keep what the previous holder left (run ends it could not write); a kill -9 left its helpers
     running (its Prefect server): end them now."""
@@ -118,17 +131,33 @@ def _take_over(fd: int, path: Path) -> None:
         helper_procs.end_helpers(previous["helpers"])
 
 
-def _acquire(path: Path, command: str, wait_seconds: float) -> tuple[int, dict]:
+def _open(path: Path) -> int:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by child processes (PEP 446)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by child processes (PEP 446)
     except OSError as exc:
         raise storage_error(exc, path) or OmError(f"cannot open {path}: {exc.strerror or exc}") from None
+
+
+def _is_the_path(fd: int, path: Path) -> bool:
+    """The locked descriptor is still the file at ``path`` (not one a holder unlinked as it let go)."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _acquire(path: Path, command: str, wait_seconds: float) -> tuple[int, dict]:
+    fd = _open(path)
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            if _is_the_path(fd, path):
+                break
+            os.close(fd)  # the holder removed this file as it let go: lock the path's file anew
+            fd = _open(path)
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 holder = _holder(fd)

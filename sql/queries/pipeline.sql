@@ -1,7 +1,9 @@
 -- name: run_summary
--- What one run did, per session: records appended, compactions, model calls, tokens, cost, errors.
+-- What one run did, per session (named by its file too): records appended, compactions, model calls,
+-- tokens, cost, errors.
 WITH s AS (SELECT unnest($session_ids::VARCHAR[]) AS session_id)
 SELECT s.session_id,
+       (SELECT f.file_path FROM om_internal.sessions f WHERE f.session_id = s.session_id) AS file,
        (SELECT count(*) FROM om_internal.observations o JOIN om_internal.ledger r USING (session_id, ledger_id)
         WHERE r.session_id = s.session_id AND r.run_id = $run_id) AS observations,
        (SELECT count(*) FROM om_internal.reflections x JOIN om_internal.ledger r USING (session_id, ledger_id)

@@ -41,3 +41,10 @@ SELECT (SELECT count(*) FILTER (WHERE item_kind = 'observation') FROM visible_pr
            AS replayed_observations,
        (SELECT count(*) FILTER (WHERE item_kind = 'reflection') FROM replayed_projection($session_id, $tip))
            AS replayed_reflections;
+
+-- name: report_recorded_everywhere
+-- Every observation and reflection recorded in a session, on every branch, repeats included: what
+-- `om run`'s summary adds up as its runs append them. The report's other counts are the current
+-- branch's (first occurrence of an id wins), so the page says how far the two differ.
+SELECT (SELECT count(*) FROM om_internal.observations WHERE session_id = $session_id) AS observations,
+       (SELECT count(*) FROM om_internal.reflections WHERE session_id = $session_id) AS reflections;

@@ -64,10 +64,14 @@ WHERE session_id = $session_id
   AND stage_key IN (SELECT stage_key FROM om_internal.ledger WHERE session_id = $session_id AND stage_key IS NOT NULL);
 
 -- name: committed_stage_keys
--- Of these stage keys of a session, those whose records are in the ledger now: the results a flow kept
--- for them in its result storage are no longer needed (flows.storage.PrefectStageResults.forget).
+-- Of these stage keys of a session, those whose records are in the ledger now, or whose deliberate
+-- empty result its stages row keeps (stage_state's was_empty): the results a flow kept for them in its
+-- result storage are no longer needed (flows.storage.PrefectStageResults.forget).
 SELECT DISTINCT stage_key FROM om_internal.ledger
-WHERE session_id = $session_id AND list_contains($stage_keys, stage_key);
+WHERE session_id = $session_id AND list_contains($stage_keys, stage_key)
+UNION
+SELECT DISTINCT stage_key FROM om_internal.stages
+WHERE session_id = $session_id AND outcome = 'empty' AND list_contains($stage_keys, stage_key);
 
 -- name: put_stage_result
 INSERT OR REPLACE INTO om_internal.stage_results (session_id, stage_key, stage, result)
