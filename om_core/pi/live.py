@@ -106,14 +106,15 @@ def warm() -> None:
 
 
 @contextmanager
-def _with_file(ws: Workspace, session_file: str, command: str) -> Iterator[tuple[Workspace, str, int]]:
+def _with_file(ws: Workspace, session_file: str, command: str,
+               index: bool = True) -> Iterator[tuple[Workspace, str, int]]:
     """The workspace on one write connection, after ingesting ``session_file``: (it, session id,
-    entries added)."""
+    entries added). ``index`` False: the search index is left to the caller."""
     path = Path(session_file).expanduser().resolve()
     if not path.is_file():
         raise OmError(f"no session file at {path}")
     with ws.held() as here:
-        report = ingest(here, [path], command=command)
+        report = ingest(here, [path], command=command, index=index)
         if not report.files:
             raise OmError(f"{path} was not ingested")
         done = report.files[0]
@@ -169,15 +170,16 @@ def _catch_up(here: Workspace, facts: BranchFacts, deadline: float) -> CatchUp |
     return report
 
 
-def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
+def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True) -> LiveCompaction:
     """Ingest the file's new lines, then the gap-free compaction at Pi's cut point on the branch ending at
     ``req.leaf`` (SPEC §13): a catch-up when the observer is behind Pi's F, then F moved back to the
     first unobserved entry, or declined (then Pi's own summary runs). What `om compact --gap-safe
-    --first-kept F --leaf LEAF` gives on the same file and ledger."""
+    --first-kept F --leaf LEAF` gives on the same file and ledger. ``index`` False: the search index
+    of the new lines is left to the caller (the endpoint updates it after its reply)."""
     from om_core.memory.gap_free_compaction import branch_facts, gap_free_compaction
 
     started = time.monotonic()
-    with _with_file(ws, req.session_file, "live compact") as (here, session_id, added):
+    with _with_file(ws, req.session_file, "live compact", index) as (here, session_id, added):
         # the branch and the fold at Pi's F, read once (the leaf must be in the file: a clear error if not)
         facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
                              instructions=req.custom_instructions)
