@@ -71,6 +71,19 @@ def refresh_search_index(con: duckdb.DuckDBPyConnection, session_ids: Iterable[s
     con.execute(query("search_drop_gone_terms"))
 
 
+def refresh_session_index(ws: Workspace, session_ids: Iterable[str]) -> None:
+    """The index (and the vectors, when recall by meaning is on) brought up to date for these sessions
+    in one write: what an ingest told not to index (``ingest(..., index=False)``) left for later."""
+    from om_core.store.db import transaction
+
+    with ws.write() as con, transaction(con):
+        refresh_search_index(con, session_ids)
+        if ws.settings.recallEmbeddings:
+            from om_core.recall.vectors import embedder, refresh_vectors
+
+            refresh_vectors(con, embedder())
+
+
 def index_everything(con: duckdb.DuckDBPyConnection) -> None:
     """Index every session and project (a database written before the index existed)."""
     sessions = [r["session_id"] for r in named_rows(con, "all_session_ids", {})]
