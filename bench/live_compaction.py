@@ -156,7 +156,7 @@ def observed(db: Path, path: Path) -> None:
     ws = Workspace.open(db, settings=Settings(observerChunkMaxTokens=100_000))
     ingest(ws, [path])
     while observe_now(ws, str(path), None, ModelConfig(model="offline")).outcome == "recorded":
-        pass
+        pass  # until nothing is left uncovered
 
 
 def pi_compactions(work: Path, db: Path, files: list[Path], repeat: int) -> dict:
@@ -179,7 +179,10 @@ def pi_compactions(work: Path, db: Path, files: list[Path], repeat: int) -> dict
                         pi.wait_for(lambda r: r.get("method") == "notify", timeout=120)  # om's line at start
                         times = []
                         for n in range(repeat):
-                            pi.prompt(f"Next step {n}: keep going with the refactor of the selectors. " * 100)
+                            # each sentence its own (the offline observer records nothing for a repeated input)
+                            tag = f"{via.split()[-1]}{files.index(path)}n{n}"
+                            pi.prompt("".join(f"Step {tag}.{i}: the selectors of region {tag}x{i} move to table "
+                                              f"sel_{tag}_{i}. " for i in range(100)))
                             observed(db, path)  # as `om serve` would: the turn is memory before Pi compacts
                             since = pi.mark()
                             response = pi.call({"type": "compact"}, timeout=300)
