@@ -10,7 +10,8 @@ What it does:
    memory already ingested as `om serve` would have: --repeat times a new turn (about 3,000 tokens)
    then a compaction, first with `om live endpoint` running, then without it (the om command
    answers). Pi's keepRecentTokens is 2,000 here so that each turn can be compacted again (Pi 1.6
-   looks for its cut only after the latest compaction). (--no-pi leaves this out.)
+   looks for its cut only after the latest compaction); before each compaction the offline observer
+   covers the new turn (as `om serve` would), so om moves F back to nothing and answers. (--no-pi leaves this out.)
 3. A warm endpoint's answers, each after one new line of the file (as in Pi: the turn, or the tool
    call, was just written): compactions at Pi's cut for the last --repeat message entries, and recalls
    of --recalls memory ids; the time the client waits, the endpoint's own time (its log) and its CPU.
@@ -146,6 +147,18 @@ class Endpoint:
         self.process.wait(30)
 
 
+def observed(db: Path, path: Path) -> None:
+    """The offline observer over what the file holds, as `om serve` keeps it: without it the new turn is
+    unobserved, F moves back to its start and om declines (keeping it would free nothing)."""
+    from om_core.replay.stage_runner import observe_now
+    from om_core.workers.stages import ModelConfig
+
+    ws = Workspace.open(db, settings=Settings(observerChunkMaxTokens=100_000))
+    ingest(ws, [path])
+    while observe_now(ws, str(path), None, ModelConfig(model="offline")).outcome == "recorded":
+        pass  # until nothing is left uncovered
+
+
 def pi_compactions(work: Path, db: Path, files: list[Path], repeat: int) -> dict:
     """Each file in its own Pi: ``repeat`` times a turn and a compaction, with the endpoint, then without."""
     server = FakeOpenAI(default=Reply(text="Noted; continuing with the refactor of the selectors. " * 100))
@@ -166,7 +179,11 @@ def pi_compactions(work: Path, db: Path, files: list[Path], repeat: int) -> dict
                         pi.wait_for(lambda r: r.get("method") == "notify", timeout=120)  # om's line at start
                         times = []
                         for n in range(repeat):
-                            pi.prompt(f"Next step {n}: keep going with the refactor of the selectors. " * 100)
+                            # each sentence its own (the offline observer records nothing for a repeated input)
+                            tag = f"{via.split()[-1]}{files.index(path)}n{n}"
+                            pi.prompt("".join(f"Step {tag}.{i}: the selectors of region {tag}x{i} move to table "
+                                              f"sel_{tag}_{i}. " for i in range(100)))
+                            observed(db, path)  # as `om serve` would: the turn is memory before Pi compacts
                             since = pi.mark()
                             response = pi.call({"type": "compact"}, timeout=300)
                             lines = pi.notes(since)

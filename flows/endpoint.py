@@ -21,8 +21,9 @@ of it reaches the database (not even its quarantine).
 Requests for different session files are answered side by side: they share one open of the database
 (``SharedFileDatabase``: a cursor each, so DuckDB reads for them in parallel), and only the requests
 for one file wait for each other (its new lines are ingested by one request at a time). The file is
-opened when a request arrives and let go once the last answer in progress is sent, so an analyst's
-``om sql`` and ``om serve``'s runs get the file between bursts. A request that cannot get the file
+opened when a request arrives and let go ``HOLD_SECONDS`` after the last answer in progress is sent (a
+burst shares one open), so an analyst's ``om sql`` and ``om serve``'s runs get the file between bursts.
+A compaction's answer is sent before the search index of the lines it ingested is updated. A request that cannot get the file
 within ``wait_seconds`` (another process is writing it) is answered "busy": the extension then
 declines, and Pi's own summarizer runs. The extension bounds its own wait, so a long queue makes it
 decline too, never block Pi.
@@ -61,6 +62,10 @@ QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extensio
 MAX_BODY_BYTES = 1 << 20  # a compact or recall request is a few hundred bytes
 SOCKET_SECONDS = 10.0  # a connection idle (or trickling) this long is closed
 BACKLOG = 512  # connections waiting to be accepted: a burst of recalls from many sessions (5 reset most of 200)
+# The file stays open this long after the last answer: a burst (sessions compacting together, a turn's
+# recalls) arrives within it and shares one open instead of paying an open and a checkpointing close
+# (tens of ms) each; another process wanting the file (`om sql`, a run) waits at most this much longer.
+HOLD_SECONDS = 1.0
 
 
 def default_session_folders() -> list[Path]:
@@ -214,7 +219,7 @@ class LiveEndpoint:
         self.sessions = [Path(p).expanduser().resolve() for p in (sessions or default_session_folders())]
         # one open of the file for the requests in progress; opening it waits at most wait_seconds for
         # another writer: then the answer is "busy"
-        self.db = SharedFileDatabase(self.db_path, wait_seconds)
+        self.db = SharedFileDatabase(self.db_path, wait_seconds, hold_seconds=HOLD_SECONDS)
         self.ws = Workspace(self.db, ws.settings)
         # a request naming its session's folder (cwd) gets that project's settings, as an om command
         # run there would (project False: the folder is not trusted, its own files do not count)
@@ -263,6 +268,7 @@ class LiveEndpoint:
         self._server.shutdown()
         self._server.server_close()
         self._server = None
+        self.db.close()  # not HOLD_SECONDS later: the file is free once the endpoint has stopped
         path = endpoint_file(self.db_path)
         try:
             if json.loads(path.read_text()).get("token") == self.token:  # ours, not a later endpoint's
@@ -322,6 +328,18 @@ class LiveEndpoint:
             raise OmError(f"the session's folder must be an existing absolute path, not {cwd!r}")
         return Workspace(self.db, self.settings_for(folder, request.project_settings))
 
+    def _index_after_reply(self, ws: Workspace, path: Path, session_id: str) -> None:
+        """The search index of what a compaction ingested, once its answer is sent (one writer of the
+        session at a time, as for its requests). A failure leaves the index behind (a later ingest of the
+        session catches up); it is logged, never raised."""
+        from om_core.recall.search import refresh_session_index
+
+        with self._file_lock(path):
+            try:
+                refresh_session_index(ws, [session_id])
+            except Exception as exc:  # noqa: BLE001 - the answer is sent; the index is derived
+                self.on_answer(f"index of {session_id} left behind: {type(exc).__name__}: {' '.join(str(exc).split())}")
+
     def answer(self, op: str, body: dict[str, Any], after_reply: ExitStack | None = None) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON answer) for one request. ``after_reply``: the caller closes it once the
         answer is sent, so the database is let go (and checkpointed) after the reply, not before."""
@@ -353,7 +371,12 @@ class LiveEndpoint:
         try:
             if after_reply is not None:
                 after_reply.enter_context(self.db.holding())
-            result = handler(ws, request)
+            if op == "compact":  # its answer needs no search index: the index of the new lines after the reply
+                result = compact_live(ws, request, index=after_reply is None)
+                if after_reply is not None:
+                    after_reply.callback(self._index_after_reply, ws, path, result.session_id)
+            else:
+                result = handler(ws, request)
         except DatabaseBusy as exc:
             return 503, {"error": str(exc)}
         except OmError as exc:

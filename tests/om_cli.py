@@ -1,4 +1,4 @@
-"""`om ARGS` in the test's own process, through the console entry point (flows.cli.main.main): the
+"""`om ARGS` in the test's own process, through the console entry point (flows.cli.launch.main): the
 same error handler, exit code, stdout and stderr a user gets, without a new interpreter's start
 (a second or more per call on a loaded machine). Tests whose point is the process boundary (a
 signal, kill -9, what a fresh process imports, a terminal's width) start a real process instead."""
@@ -34,7 +34,7 @@ def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
            stdin: str = "") -> subprocess.CompletedProcess:
     """Run `om ARGS` in cwd with exactly the environment ``env`` (default: this process's), as
     ``subprocess.run([... 'om', *args], env=env, capture_output=True, text=True)`` would."""
-    from flows.cli.main import main
+    from flows.cli.launch import main
 
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
     saved_umask = os.umask(0o022)  # main() makes the process's files private: this process gets its own back

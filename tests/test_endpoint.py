@@ -163,7 +163,13 @@ def test_requests_share_one_open_and_wait_only_for_their_own_file(tmp_path):
             assert sorted(answers) == [0, 1, 2, 3] and len({a["session_id"] for a in answers.values()}) == 4
         assert endpoint.db.opens == 1  # all on one open
         ask(announcement, "compact", compact_payload(files[1]))
-        assert endpoint.db.opens == 2  # let go after the last answer: a later request opens it again
+        assert endpoint.db.opens == 1  # a request right after the burst finds the file still open (HOLD_SECONDS)
+        deadline = time.monotonic() + 30
+        while endpoint.db.is_open:  # let go once the hold has passed with no request
+            assert time.monotonic() < deadline, "the endpoint kept the file open"
+            time.sleep(0.1)
+        ask(announcement, "compact", compact_payload(files[1]))
+        assert endpoint.db.opens == 2  # a later request opens it again
 
 
 def test_a_request_naming_its_folder_gets_that_projects_settings(tmp_path):

@@ -215,7 +215,7 @@ def test_db_is_taken_before_or_after_the_command_and_named(tmp_path):
     data = json.loads(om("config", "--json", cwd=tmp_path, env={**env, "OM_DB": "other.duckdb"}, timeout=120).stdout)
     assert data["database"] == {"path": "other.duckdb", "exists": False, "source": "OM_DB"}
     # a value after `--` is an argument, never the option
-    from flows.cli.main import global_options_first
+    from flows.cli.launch import global_options_first
 
     assert global_options_first(["sql", "--", "--db"]) == ["sql", "--", "--db"]
     assert global_options_first(["--db", "a", "view", "S", "--config", "c.toml"]) == [

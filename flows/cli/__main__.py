@@ -1,3 +1,3 @@
-from flows.cli.main import main
+from flows.cli.launch import main
 
 main()

@@ -68,6 +68,12 @@ class _State:
 state = _State()
 
 
+def mount(group: Typer, name: str) -> None:
+    """``group`` as `om NAME`, once (the entry point mounts `om live` alone, then maybe the whole app)."""
+    if not any(info.name == name for info in app.registered_groups):
+        app.add_typer(group, name=name)
+
+
 @app.callback()
 def _global(
     db: Optional[str] = typer.Option(

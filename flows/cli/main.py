@@ -1,6 +1,7 @@
 """`om`: the command line, assembled. Each command lives in the module of its group and is one thin
 function: parse, build the workspace, call the library, print (flows/cli/common.py holds what they
-share). ``main`` is the console entry point, with the one error handler of every command.
+share). The console entry point with the one error handler of every command is flows.cli.launch,
+which imports this module for every command but `om live`'s.
 
 Read commands (view, compact, recall, status, sql, sessions, cutpoint) import neither litellm nor
 Prefect; the commands that need them import them inside the command.
@@ -8,98 +9,14 @@ Prefect; the commands that need them import them inside the command.
 
 from __future__ import annotations
 
-import sys
-
-import typer
-from rich.markup import escape
-
 # the command groups, in the order `om --help` lists them (each module registers its commands on app)
 from flows.cli import catalog, memory, projects, reports, workers, run, serve  # noqa: F401
-from flows.cli.common import app, err, warn_if_created
+from flows.cli.common import app, mount
 from flows.cli.eval import eval_app  # typer and rich only; the evaluation loads inside its command
 from flows.cli.live import live_app  # what a live Pi's extension asks; no litellm, no Prefect
 from flows.cli.server import server_app  # the Prefect server om run keeps; no Prefect import
-from om_core.errors import OmError
-from om_core.store.private_files import use_private_umask
 
-app.add_typer(eval_app, name="eval")
-app.add_typer(live_app, name="live")
-app.add_typer(server_app, name="server")
+mount(eval_app, "eval")
+mount(live_app, "live")
+mount(server_app, "server")
 
-
-def main() -> None:
-    """Console entry point: one error handler for every command. Everything om creates from here on is
-    this user's only (0600 files, 0700 folders: om_core.store.private_files)."""
-    use_private_umask()
-    try:
-        code = _run()
-    except typer.TyperException as exc:  # a usage error: unknown option, missing argument, bad value
-        _print_usage_error(exc)
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("error: aborted")
-        sys.exit(1)
-    except OmError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
-# The options of `om` itself, which a user may also write after the command (`om sessions --db X`):
-# option -> whether it takes a value
-GLOBAL_OPTIONS = {"--db": True, "--config": True, "--project-settings": False, "--no-project-settings": False}
-
-
-def global_options_first(args: list[str]) -> list[str]:
-    """``args`` with the global options found after the command moved before it, where click reads
-    them; nothing after a ``--`` moves."""
-    first, rest, moved = [], list(args), []
-    while rest and rest[0].startswith("-") and rest[0] != "--":  # the options before the command
-        token = rest.pop(0)
-        first.append(token)
-        if GLOBAL_OPTIONS.get(token) and rest:
-            first.append(rest.pop(0))
-    kept, i = [], 0
-    while i < len(rest):
-        token = rest[i]
-        if token == "--":
-            kept += rest[i:]
-            break
-        name = token.split("=", 1)[0]
-        if name in GLOBAL_OPTIONS and i > 0:
-            takes_value = GLOBAL_OPTIONS[name] and "=" not in token
-            moved += rest[i:i + 2] if takes_value else [token]
-            i += 2 if takes_value else 1
-            continue
-        kept.append(token)
-        i += 1
-    return first + moved + kept
-
-
-def _run() -> int | None:
-    try:
-        return app(args=global_options_first(sys.argv[1:]), prog_name="om", standalone_mode=False)
-    finally:
-        warn_if_created()
-
-
-def _print_usage_error(exc: typer.TyperException) -> None:
-    """Typer's boxed usage message on a terminal; one line (``error: …``) when stderr is not one."""
-    if type(exc).__name__ == "NoArgsIsHelpError":  # `om` or `om eval` alone: the help is already printed
-        return
-    if err.is_terminal:
-        from typer import rich_utils
-
-        rich_utils.rich_format_error(exc)
-        return
-    ctx = getattr(exc, "ctx", None)
-    hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-    message = " ".join(exc.format_message().split())
-    err.print(f"error: {escape(message)}{hint}", highlight=False, soft_wrap=True)
-
-
-if __name__ == "__main__":
-    main()

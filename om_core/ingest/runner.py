@@ -44,9 +44,11 @@ def ingest(
     threads: int = 2,
     command: str = "ingest",
     exclude: Iterable[str] = (),
+    index: bool = True,
 ) -> IngestReport:
     """Ingest files and directories into the workspace's database; ``exclude``: globs that leave out
-    files a directory walk finds (``discover``).
+    files a directory walk finds (``discover``). ``index`` False leaves the search index to the caller
+    (``om_core.recall.search.refresh_session_index``: the live endpoint updates it after its reply).
 
     On the user's file the ingest holds a write connection of its own, with a memory limit, and lets
     it go between files every few seconds so a waiting reader can take the file; on a workspace
@@ -55,19 +57,19 @@ def ingest(
     """
     projects = ws.settings.projects
     model = None
-    if ws.settings.recallEmbeddings:  # the writers embed what they index (recall by meaning)
+    if index and ws.settings.recallEmbeddings:  # the writers embed what they index (recall by meaning)
         from om_core.recall.vectors import embedder
 
         model = embedder()
     if ws.has_file:
-        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude, projects, model)
+        return _ingest(ws.path, paths, progress, encoding, threads, command, exclude, projects, model, index)
     with ws.write() as con:
-        return _ingest(con, paths, progress, encoding, threads, command, exclude, projects, model)
+        return _ingest(con, paths, progress, encoding, threads, command, exclude, projects, model, index)
 
 
 def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathLike], progress: ProgressFn | None,
             encoding: str, threads: int, command: str, exclude: Iterable[str],
-            projects: Mapping[str, str], model: Embedder | None = None) -> IngestReport:
+            projects: Mapping[str, str], model: Embedder | None = None, index: bool = True) -> IngestReport:
     started = time.monotonic()
     paths = list(paths)
     files, missing = discover(paths, exclude)
@@ -77,7 +79,7 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
     where = None if isinstance(db, duckdb.DuckDBPyConnection) else db
     try:
         return _ingest_files(db, files, named, report, started, progress, encoding, threads, command, projects,
-                             model)
+                             model, index)
     except Exception as exc:
         # A write error of the storage ends the ingest: every later file would fail the same way.
         stored = storage_error(exc, where)
@@ -89,7 +91,7 @@ def _ingest(db: Path | duckdb.DuckDBPyConnection, paths: Iterable[str | os.PathL
 
 def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport, started: float,
                   progress: ProgressFn | None, encoding: str, threads: int, command: str,
-                  projects: Mapping[str, str], model: Embedder | None) -> IngestReport:
+                  projects: Mapping[str, str], model: Embedder | None, index: bool = True) -> IngestReport:
     run_id = report.run_id
     holder = WriteConnection(db)
     ahead: ReadAhead | None = None
@@ -125,10 +127,11 @@ def _ingest_files(db, files: list[Path], named: set[Path], report: IngestReport,
         with dbmod.transaction(con):  # only this ingest's sessions: a concurrent one (the endpoint's) has its own
             record_session_projects(con, projects, touched)
         try:
-            with dbmod.transaction(con):
-                refresh_search_index(con, touched)
-                if model is not None:
-                    refresh_vectors(con, model)
+            if index:
+                with dbmod.transaction(con):
+                    refresh_search_index(con, touched)
+                    if model is not None:
+                        refresh_vectors(con, model)
         except duckdb.Error as exc:  # the index is derived: what the ingest stored stays, a search catches up
             if storage_error(exc) is not None:
                 raise

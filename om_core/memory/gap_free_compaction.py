@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 from pydantic import BaseModel
 
-from om_core.memory.compaction import compact
+from om_core.memory.compaction import World, compact, compact_at
 from om_core.memory.fold import CompactionResult, DeclineReason
 from om_core.memory.gap_free import (
     DECLINED_WHY,
@@ -63,18 +63,25 @@ class GapFreeCompaction(BaseModel):
                 "retained_tokens": self.decision.retained_tokens, "freed_tokens": self.decision.freed_tokens}
 
 
-def _call_position(branch: list[dict[str, Any]], index: int) -> int | None:
-    """The assistant message that made a tool result's call (searching back); the nearest assistant
-    message when none names it."""
-    call_id = json.loads(branch[index]["raw"]).get("message", {}).get("toolCallId")
-    nearest = None
-    for row in reversed(branch[:index]):
-        if row["entry_type"] == "message" and row["role"] == "assistant":
-            nearest = row["position"] if nearest is None else nearest
-            content = json.loads(row["raw"]).get("message", {}).get("content") or []
-            if any(isinstance(b, dict) and b.get("type") == "toolCall" and b.get("id") == call_id for b in content):
-                return row["position"]
-    return nearest
+def _call_positions(rows: list[dict[str, Any]]) -> dict[int, int | None]:
+    """For each tool result (by its index in ``rows``), the assistant message that made its call: the
+    latest one before it naming its toolCallId, else the nearest assistant message before it. One pass
+    over the branch, each entry's JSON parsed once."""
+    named: dict[Any, int] = {}  # toolCall id -> the latest assistant message naming it so far
+    nearest: int | None = None
+    found: dict[int, int | None] = {}
+    for i, row in enumerate(rows):
+        if row["entry_type"] != "message":
+            continue
+        if row["role"] == "toolResult":
+            call_id = json.loads(row["raw"]).get("message", {}).get("toolCallId")
+            found[i] = named.get(call_id, nearest)
+        elif row["role"] == "assistant":
+            nearest = row["position"]
+            for block in json.loads(row["raw"]).get("message", {}).get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "toolCall":
+                    named[block.get("id")] = row["position"]
+    return found
 
 
 def read_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> tuple[Branch, dict[str, int]]:
@@ -83,34 +90,37 @@ def read_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> tu
     rows = dbmod.rows_as_dicts(con.execute(query("gap_window"), {"session_id": session_id, "leaf": tip,
                                                                  "from_pos": 0, "to_pos": tip_pos}))
     positions = {r["entry_id"]: r["position"] for r in rows}
+    calls = _call_positions(rows)
     entries, context_start = [], 0
     for i, r in enumerate(rows):
         tool_result = r["entry_type"] == "message" and r["role"] == "toolResult"
         entries.append(SpanEntry(position=r["position"], entry_id=r["entry_id"], is_source=bool(r["is_source"]),
                                  tokens=int(r["tokens"] or 0) if r["is_source"] else 0, tool_result=tool_result,
-                                 call_position=_call_position(rows, i) if tool_result else None))
+                                 call_position=calls.get(i) if tool_result else None))
         if r["entry_type"] == "compaction":  # the context starts at the latest compaction's F
             kept = json.loads(r["raw"]).get("firstKeptEntryId")
             context_start = positions.get(kept, r["position"] + 1)
     return Branch(entries=entries, context_start=context_start), positions
 
 
-def observer_behind(ws: Workspace, session_id: str, tip: str, first_kept: str, max_chunks: int) -> bool:
-    """Whether a catch-up observer may close a gap before Pi's F (some coverage, something uncovered)."""
-    with ws.read() as con:
-        branch, positions = read_branch(con, session_id, tip)
-    projection = compact(ws, session_id, first_kept, tip)
-    if first_kept not in positions:
-        return False
-    return needs_catch_up(branch, projection.observationWatermarkPosition, positions[first_kept], max_chunks)
+class BranchFacts(BaseModel):
+    """What a gap-free compaction reads once: the branch ending at ``tip``, each entry's position,
+    where Pi's F stands on it, and the memory folded at Pi's F. The live hook reads them once for
+    both of its questions (is the observer behind F? what is the compaction?)."""
+
+    session_id: str
+    tip: str
+    first_kept: str  # Pi's F
+    branch: Branch
+    positions: dict[str, int]
+    proposed: int | None  # Pi's F on the branch (None: one of om's records, which stands after its anchor)
+    record_at: int | None
+    projection: CompactionResult  # the fold at Pi's F
 
 
-def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str | None = None, *,
-                        overflow: bool = False, replayed: bool = False,
-                        instructions: str | None = None) -> GapFreeCompaction:
-    """The compaction Pi proposed at ``first_kept``, gap-free: F moved back to the first source entry no
-    observation in the projection covers, the memory folded there (``om compact`` at that F), then kept
-    or declined by ``decide`` (the summary's tokens count toward compactionMaxRetainedTokens)."""
+def branch_facts(ws: Workspace, session: str, first_kept: str, leaf: str | None = None, *, replayed: bool = False,
+                 instructions: str | None = None) -> BranchFacts:
+    """The branch and the fold at Pi's F, read on one connection."""
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
@@ -120,7 +130,30 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
         if proposed is None:  # one of om's records (an entry of the exported file): it stands after its anchor
             anchor = dbmod.scalar(con, "kept_entry", {"session_id": sid, "tip": tip, "entry_id": first_kept})
             record_at = positions[anchor] + 1 if anchor in positions else None
-    result = compact(ws, sid, first_kept, tip, replayed=replayed, instructions=instructions)
+        projection = compact_at(con, sid, tip, first_kept, ws.settings,
+                                world=World.REPLAYED if replayed else World.FILE, instructions=instructions)
+    return BranchFacts(session_id=sid, tip=tip, first_kept=first_kept, branch=branch, positions=positions,
+                       proposed=proposed, record_at=record_at, projection=projection)
+
+
+def observer_behind(facts: BranchFacts, max_chunks: int) -> bool:
+    """Whether a catch-up observer may close a gap before Pi's F (some coverage, something uncovered)."""
+    if facts.proposed is None:
+        return False
+    return needs_catch_up(facts.branch, facts.projection.observationWatermarkPosition, facts.proposed, max_chunks)
+
+
+def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str | None = None, *,
+                        overflow: bool = False, replayed: bool = False, instructions: str | None = None,
+                        facts: BranchFacts | None = None) -> GapFreeCompaction:
+    """The compaction Pi proposed at ``first_kept``, gap-free: F moved back to the first source entry no
+    observation in the projection covers, the memory folded there (``om compact`` at that F), then kept
+    or declined by ``decide`` (the summary's tokens count toward compactionMaxRetainedTokens).
+    ``facts``: the branch and the fold at Pi's F when the caller read them already (the same ledger)."""
+    if facts is None:
+        facts = branch_facts(ws, session, first_kept, leaf, replayed=replayed, instructions=instructions)
+    sid, tip, branch, positions, proposed = facts.session_id, facts.tip, facts.branch, facts.positions, facts.proposed
+    result = facts.projection
     kept = first_kept
     if proposed is not None:  # (F may be one of om's records in an exported file: no move there)
         at = proposed
@@ -133,7 +166,7 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
     summary = result.summary
     tokens = math.ceil(js_len(summary) / 4) if summary is not None else None  # Pi's estimate
     settings = ws.settings
-    at = proposed if proposed is not None else (record_at if record_at is not None else 0)
+    at = proposed if proposed is not None else (facts.record_at if facts.record_at is not None else 0)
     decision = decide(branch, at, positions.get(kept, at), tokens, max_retained_tokens=settings.retained_max_tokens,
                       overflow=overflow)
     if result.declined is not None:  # the compaction service's own decline (no record, or none fits)

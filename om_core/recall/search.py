@@ -17,6 +17,7 @@ write.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
@@ -29,6 +30,20 @@ from om_core.store.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace
+
+
+def refresh_session_index(ws: Workspace, session_ids: Iterable[str]) -> None:
+    """The index (and the vectors, when recall by meaning is on) brought up to date for these sessions
+    in one write: what an ingest told not to index (``ingest(..., index=False)``) left for later."""
+    from om_core.store.db import transaction
+    from om_core.store.search_index import refresh_search_index
+
+    with ws.write() as con, transaction(con):
+        refresh_search_index(con, session_ids)
+        if ws.settings.recallEmbeddings:
+            from om_core.recall.vectors import embedder, refresh_vectors
+
+            refresh_vectors(con, embedder())
 
 
 class SearchHit(BaseModel):

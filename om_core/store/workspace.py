@@ -60,18 +60,25 @@ class SharedFileDatabase:
     between bursts the file is free for other processes, as with ``FileDatabase``.
 
     ``holding()`` keeps the file open across several uses (a request and its reply: the close, which
-    checkpoints, comes after the answer is sent)."""
+    checkpoints, comes after the answer is sent). ``hold_seconds``: the file stays open that long after
+    the last use, so the next use of a burst finds it open; ``close()`` lets it go at once."""
 
-    def __init__(self, path: str | os.PathLike, busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS) -> None:
+    def __init__(self, path: str | os.PathLike, busy_seconds: float = dbmod.DEFAULT_BUSY_SECONDS,
+                 hold_seconds: float = 0.0) -> None:
         self.path = Path(path)
         self.busy_seconds = busy_seconds
+        self.hold_seconds = hold_seconds
         self._lock = threading.Lock()  # the open happens under it: the others wait for that one open
         self._con: duckdb.DuckDBPyConnection | None = None
         self._users = 0
+        self._idle_timer: threading.Timer | None = None
         self.opens = 0  # how many times the file was opened (the tests and the bench read it)
 
     def _acquire(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
             if self._con is None:
                 self._con = dbmod.connect(self.path, busy_seconds=self.busy_seconds)
                 self.opens += 1
@@ -81,9 +88,38 @@ class SharedFileDatabase:
     def _release(self) -> None:
         with self._lock:
             self._users -= 1
-            if self._users == 0 and self._con is not None:
+            if self._users or self._con is None:
+                return
+            if self.hold_seconds <= 0:
                 con, self._con = self._con, None
-                con.close()
+            else:
+                self._idle_timer = threading.Timer(self.hold_seconds, self._close_if_idle)
+                self._idle_timer.daemon = True
+                self._idle_timer.start()
+                return
+        con.close()
+
+    def _close_if_idle(self) -> None:
+        with self._lock:
+            if self._users or self._con is None or self._idle_timer is not threading.current_thread():
+                return  # a use came in meanwhile (and maybe a later timer): the file stays
+            con, self._con, self._idle_timer = self._con, None, None
+        con.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self._con is not None
+
+    def close(self) -> None:
+        """Let the file go now (when no use is in progress), not after ``hold_seconds``."""
+        with self._lock:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            if self._users or self._con is None:
+                return
+            con, self._con = self._con, None
+        con.close()
 
     @contextmanager
     def holding(self) -> Iterator[None]:

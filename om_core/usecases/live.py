@@ -28,6 +28,7 @@ from om_core.redaction.redact import redact
 from om_core.pi.tokens import count_tokens
 
 if TYPE_CHECKING:
+    from om_core.memory.gap_free_compaction import BranchFacts
     from om_core.store.workspace import Workspace
 
 
@@ -105,14 +106,15 @@ def warm() -> None:
 
 
 @contextmanager
-def _with_file(ws: Workspace, session_file: str, command: str) -> Iterator[tuple[Workspace, str, int]]:
+def _with_file(ws: Workspace, session_file: str, command: str,
+               index: bool = True) -> Iterator[tuple[Workspace, str, int]]:
     """The workspace on one write connection, after ingesting ``session_file``: (it, session id,
-    entries added)."""
+    entries added). ``index`` False: the search index is left to the caller."""
     path = Path(session_file).expanduser().resolve()
     if not path.is_file():
         raise OmError(f"no session file at {path}")
     with ws.held() as here:
-        report = ingest(here, [path], command=command)
+        report = ingest(here, [path], command=command, index=index)
         if not report.files:
             raise OmError(f"{path} was not ingested")
         done = report.files[0]
@@ -121,14 +123,15 @@ def _with_file(ws: Workspace, session_file: str, command: str) -> Iterator[tuple
         yield here, done.session_id, done.entries_added
 
 
-def _catch_up(here: Workspace, session_id: str, leaf: str, first_kept: str, deadline: float) -> CatchUp | None:
+def _catch_up(here: Workspace, facts: BranchFacts, deadline: float) -> CatchUp | None:
     """Observer chunks from the watermark up to Pi's F, at most compactionCatchUpMaxChunks, each appended
     like any stage, before ``deadline`` (time.monotonic()); None when the observer is not behind F (no
     model is asked then). A chunk that records nothing, fails or runs out of time ends it."""
-    from om_core.memory.gap_free_compaction import observer_behind
+    from om_core.memory.gap_free_compaction import branch_facts, observer_behind
 
     settings = here.settings
-    if not observer_behind(here, session_id, leaf, first_kept, settings.compactionCatchUpMaxChunks):
+    session_id, leaf, first_kept = facts.session_id, facts.tip, facts.first_kept
+    if not observer_behind(facts, settings.compactionCatchUpMaxChunks):
         return None
     # the workers' modules only when a catch-up runs: the model-free answer imports none of them
     from om_core.model.client import RetryPolicy
@@ -161,30 +164,36 @@ def _catch_up(here: Workspace, session_id: str, leaf: str, first_kept: str, dead
             report.ended = "empty" if outcome.outcome == "empty" else "caught_up"
             return report
         report.chunks += 1
-        if not observer_behind(here, session_id, leaf, first_kept, 1):
+        if not observer_behind(branch_facts(here, session_id, first_kept, leaf), 1):
             return report
     report.ended = "chunk_limit"
     return report
 
 
-def compact_live(ws: Workspace, req: CompactRequest) -> LiveCompaction:
+def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True) -> LiveCompaction:
     """Ingest the file's new lines, then the gap-free compaction at Pi's cut point on the branch ending at
     ``req.leaf`` (SPEC §13): a catch-up when the observer is behind Pi's F, then F moved back to the
     first unobserved entry, or declined (then Pi's own summary runs). What `om compact --gap-safe
-    --first-kept F --leaf LEAF` gives on the same file and ledger."""
-    from om_core.memory.gap_free_compaction import gap_free_compaction
+    --first-kept F --leaf LEAF` gives on the same file and ledger. ``index`` False: the search index
+    of the new lines is left to the caller (the endpoint updates it after its reply)."""
+    from om_core.memory.gap_free_compaction import branch_facts, gap_free_compaction
 
     started = time.monotonic()
-    with _with_file(ws, req.session_file, "live compact") as (here, session_id, added):
-        with here.read() as con:
-            resolve_tip(con, session_id, req.leaf)  # the leaf must be in the file: a clear error if not
+    with _with_file(ws, req.session_file, "live compact", index) as (here, session_id, added):
+        # the branch and the fold at Pi's F, read once (the leaf must be in the file: a clear error if not)
+        facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
+                             instructions=req.custom_instructions)
         settings = here.settings
         limit = settings.compactionCatchUpSeconds
         if req.deadline_seconds is not None:  # leave the hook time to answer after the catch-up
             limit = min(limit, req.deadline_seconds * 0.5)
-        catch_up = _catch_up(here, session_id, req.leaf, req.first_kept_entry_id, started + limit)
+        catch_up = _catch_up(here, facts, started + limit)
+        if catch_up is not None and catch_up.chunks:  # the ledger grew: read it again
+            facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
+                                 instructions=req.custom_instructions)
         done = gap_free_compaction(here, session_id, req.first_kept_entry_id, req.leaf,
-                                   overflow=req.reason == "overflow", instructions=req.custom_instructions)
+                                   overflow=req.reason == "overflow", instructions=req.custom_instructions,
+                                   facts=facts)
     answer = LiveCompaction(session_id=session_id, leaf=req.leaf, entries_added=added, catch_up=catch_up)
     if done.result is not None:
         answer.observations, answer.reflections = len(done.result.observationIds), len(done.result.reflectionIds)
