@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import re
+import sys
 
 import pytest
 
@@ -488,3 +489,22 @@ def test_om_run_sends_every_identifier_verbatim_and_om_compact_keeps_them(prefec
     assert not missing, f"{len(missing)} identifier lines not in the om compact summary: {missing[:5]}"
     assert "Imported: " + _texts(0)[0].split("\n")[0][:10] in summary  # the secrets' lines are there, redacted
     assert_no_secret(summary, "the om compact summary")
+
+
+
+def test_a_payload_is_redacted_once_and_the_same_as_redact(monkeypatch):
+    """redact_payload gives redact's text, keeps it for the next stage, and keeps nothing over its bound."""
+    from om_core.redaction.redact import redact_payload
+
+    module = sys.modules[redact_payload.__module__]  # the module whose globals it reads
+    memory = "- [high] The deploy key is sk-live-" + "4f9c2a7b1e8d3c6f5a0b9e2d7c4f1a3b" + " for staging.\n" * 40
+    plain = "Nothing secret here, only the selectors of region r1 moving to table sel_1.\n" * 40
+    monkeypatch.setattr(module, "_memo", {})
+    monkeypatch.setattr(module, "_memo_chars", 0)
+    for _ in range(3):
+        assert module.redact_payload(memory) == redact(memory) != memory
+        assert module.redact_payload(plain) == plain
+    assert set(module._memo) == {memory, plain}  # kept once each, for the next stage
+    monkeypatch.setattr(module, "PAYLOAD_MEMO_CHARS", 100)
+    assert module.redact_payload(memory + "x") == redact(memory + "x")  # too large for the memo: not kept
+    assert memory + "x" not in module._memo

@@ -9,6 +9,7 @@ span-collecting pass and writes the markers.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from functools import lru_cache
 
@@ -119,3 +120,31 @@ def redact(text: str) -> str:
 def redact_line(line: str) -> str:
     """``redact`` for short texts that recur (memory lines in every compaction summary): cached."""
     return redact(line)
+
+
+# What redact_payload keeps: about this many characters of texts and their redactions, then it starts over.
+PAYLOAD_MEMO_CHARS = 16_000_000
+_memo: dict[str, str] = {}
+_memo_chars = 0
+_memo_lock = threading.Lock()
+
+
+def redact_payload(text: str) -> str:
+    """``redact``, once per text in this process: a part of a model's prompt that recurs from stage to
+    stage (the memory block, an entry read again as context, the same input after a retry) is looked
+    up, not scanned again. Exact, since redaction depends on the text alone; bounded by
+    ``PAYLOAD_MEMO_CHARS`` (when full, it starts over)."""
+    global _memo_chars
+    found = _memo.get(text)
+    if found is not None:
+        return found
+    found = redact(text)
+    size = len(text) + (0 if found is text else len(found))
+    with _memo_lock:
+        if _memo_chars + size > PAYLOAD_MEMO_CHARS:
+            _memo.clear()
+            _memo_chars = 0
+        if size <= PAYLOAD_MEMO_CHARS:
+            _memo[text] = found
+            _memo_chars += size
+    return found

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from om_core.workers import prompts
 from om_core.model.client import CACHE_BREAKPOINT, ChatModel, parse_arguments, tool_schema
-from om_core.redaction.redact import redact
+from om_core.redaction.redact import redact_payload
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput
 from om_core.workers.reflection_dropper import ReflectionDropCheck, ReflectionDropperInput
@@ -97,7 +97,7 @@ class ModelBrain:
         self.closing_turn = closing_turn  # the extension's extra plain-text turn after a clean receipt
 
     def _clean(self, text: str) -> str:
-        return redact(text) if self.redact_secrets else text
+        return redact_payload(text) if self.redact_secrets else text  # once per text: prompts repeat
 
     # Every worker's request: the shared system prompt and all three tools, the memory (a cache
     # breakpoint after it), then the stage's task with what is new (om_core.workers.prompts).

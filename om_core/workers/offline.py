@@ -19,7 +19,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from om_core.redaction.redact import redact, redact_line
+from om_core.redaction.redact import redact_line, redact_payload
 
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput, SourceEntry
@@ -217,9 +217,9 @@ def drop_candidates(inp: DropperInput, check: DropCheck) -> list[str]:
 
 def _redact_value(text: str) -> str:
     """Most strings of an entry are short and recur (roles, types, names, paths: three in four calls
-    on the real sessions), so they go through the cached ``redact_line``; long texts do not, to keep
-    the cache small."""
-    return redact_line(text) if len(text) <= _CACHED_LENGTH else redact(text)
+    on the real sessions), so they go through the cached ``redact_line``; long texts (an entry seen
+    again as the next stage's context) through ``redact_payload``, bounded by the characters it keeps."""
+    return redact_line(text) if len(text) <= _CACHED_LENGTH else redact_payload(text)
 
 
 _CACHED_LENGTH = 256
