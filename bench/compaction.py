@@ -31,7 +31,7 @@ from om_core.store import db as dbmod
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
 from om_core.ingest import ingest
-from om_core.memory.fold import compaction_projection
+from om_core.memory.views import compaction_projection
 
 SESSION = "bench-main-0000-0000-000000000000"
 WORDS = ("duckdb fold projection ledger observer reflector dropper watermark compaction branch session "

@@ -48,7 +48,7 @@ from om_core.pi.branch_entry import message_tokens  # noqa: E402
 from om_core.store.catalog import branch_for_cut_point  # noqa: E402
 from om_core.pi.cutpoint import NothingToCompact, compaction_cut_point  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.memory.fold import clocks  # noqa: E402
+from om_core.memory.views import clocks  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 

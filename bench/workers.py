@@ -38,7 +38,7 @@ Reported per session and run:
   first turn whole) is shown as well.
 * source tokens per active-memory token at the branch tip: source tokens (Pi's estimate,
   ``entries.tokens_pi``) over the tokenCounts of the active observations plus current reflections
-  (``om_core.memory.fold.active_memory``; tokenCount uses the same Pi estimate by default). With the fake
+  (``om_core.memory.views.active_memory``; tokenCount uses the same Pi estimate by default). With the fake
   server the memory is the scripted model's (one generic observation per chunk), so that figure
   says how many chunks were observed, not how good the notes are.
 
@@ -73,7 +73,7 @@ import duckdb  # noqa: E402
 
 from om_core.store import db as dbmod  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
-from om_core.memory.fold import active_memory, ledger_rows  # noqa: E402
+from om_core.memory.views import active_memory, ledger_rows  # noqa: E402
 from om_core.model.client import ChatReply  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402

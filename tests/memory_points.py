@@ -10,7 +10,7 @@ from typing import Any
 
 import duckdb
 
-from om_core.memory.fold import clocks
+from om_core.memory.views import clocks
 from om_core.recall.evidence import recall_in_session
 from om_core.settings import Settings
 

@@ -17,7 +17,7 @@ from conftest import workspace
 from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI
 from om_core.ingest import ingest
-from om_core.memory import fold as memory
+from om_core.memory import views as memory
 from om_core.memory.compaction import compact, summary_tokens
 from om_core.ledger.lines import reflection_line
 from om_core.model.client import RetryPolicy

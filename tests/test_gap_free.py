@@ -16,7 +16,7 @@ from fake_brains import ScriptedWorkers
 from fake_openai import FakeOpenAI, Reply
 from flows.cli.main import app
 from om_core.ingest import ingest
-from om_core.memory.fold import DeclineReason
+from om_core.memory.views import DeclineReason
 from om_core.memory.gap_free import Branch, SpanEntry, decide, needs_catch_up, retained_first_kept
 from om_core.memory.gaps import compaction_gaps
 from om_core.usecases.live import CompactRequest, compact_live

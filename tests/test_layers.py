@@ -277,12 +277,12 @@ def test_the_room_check_fails_on_an_upward_or_circular_import(tmp_path):
     write("om_core/errors.py")
     write("om_core/store/__init__.py")
     write("om_core/memory/__init__.py")
-    write("om_core/memory/fold.py", "from om_core.store import db\n")
+    write("om_core/memory/views.py", "from om_core.store import db\n")
     write("om_core/store/db.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                 "    from om_core.memory.fold import x\n")
+                                 "    from om_core.memory.views import x\n")
     assert room_violations(graph(tmp_path)) == []  # memory -> store runs down; TYPE_CHECKING never runs
 
-    write("om_core/store/db.py", "import om_core.errors\ndef f():\n    from om_core.memory.fold import x\n")
+    write("om_core/store/db.py", "import om_core.errors\ndef f():\n    from om_core.memory.views import x\n")
     bad = room_violations(graph(tmp_path))
     assert any(v.startswith("store imports memory, above it: om_core.store.db -> om_core.memory") for v in bad), bad
     assert any(v.startswith("rooms in a cycle: ") and "memory" in v and "store" in v for v in bad), bad

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from conftest import workspace
 from om_core.store import db as dbmod
-from om_core.memory import fold as memory
+from om_core.memory import views as memory
 from om_core.settings import Settings
 from om_core.ingest import ingest
 from om_core.ledger.records import (

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from builders import SessionBuilder
 from conftest import workspace
 from om_core.store import db as dbmod
-from om_core.memory import fold as memory
+from om_core.memory import views as memory
 from om_core.settings import Settings
 from flows.cli.main import app
 from om_core.ingest import ingest

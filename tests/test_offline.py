@@ -18,7 +18,7 @@ from om_core.store import db as dbmod
 from om_core.store.catalog import resolve_tip
 from flows.cli.main import app
 from om_core.ingest import ingest
-from om_core.memory.fold import active_memory, clocks, coverage, ledger_rows
+from om_core.memory.views import active_memory, clocks, coverage, ledger_rows
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now

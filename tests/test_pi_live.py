@@ -44,7 +44,7 @@ from pi_rpc import EXTENSION, NODE, PI_CLI, REPO, RpcPi, agent_dir, missing, os_
 from flows.endpoint import endpoint_file, running_endpoint
 from om_core.usecases.export import export_session
 from om_core.usecases.live import RecallRequest, recall_live
-from om_core.memory.fold import CompactionResult
+from om_core.memory.views import CompactionResult
 from om_core.memory.compaction import compact
 from om_core.store.private_files import private_dir, write_private
 from om_core.memory.render import with_instructions

@@ -287,7 +287,7 @@ def test_search_has_an_analyst_macro(two_repos):
 
 
 def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
-    from om_core.memory import fold as memory
+    from om_core.memory import views as memory
     from om_core.usecases.forget import forget
     from om_core.recall.search import search
 
@@ -320,7 +320,7 @@ def test_a_forgotten_id_leaves_every_fold_and_compaction(two_repos):
 
 
 def test_forget_honours_the_stored_compactions_and_om_export_compact(two_repos, tmp_path):
-    from om_core.memory import fold as memory
+    from om_core.memory import views as memory
     from om_core.usecases.export import export_session
     from om_core.usecases.forget import forget
     from om_core.ledger.records import FoldedDetails, store_simulated_compaction

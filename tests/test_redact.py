@@ -222,7 +222,7 @@ def assert_no_secret(text: str, where: str) -> None:
 def all_summaries(db_path, tmp_path) -> list[str]:
     """Every compaction summary om can produce for the session: simulated ones stored by a replay,
     `om compact` at each entry, and the visible memory's."""
-    from om_core.memory.fold import view
+    from om_core.memory.views import view
     from om_core.memory.compaction import compact
 
     summaries = []

@@ -13,7 +13,7 @@ from conftest import workspace
 from om_core.ingest import ingest
 from om_core.usecases.forget import forget
 from om_core.ledger.records import REFLECTIONS_DROPPED, ReflectionsDropped, append_record, parse_record
-from om_core.memory import fold as memory
+from om_core.memory import views as memory
 from om_core.usecases.export import export_session
 from om_core.recall.evidence import recall
 from om_core.settings import Settings

@@ -15,7 +15,7 @@ from builders import SessionBuilder
 from conftest import workspace
 from fake_openai import tool_call
 from om_core.ingest import ingest
-from om_core.memory.fold import active_memory, ledger_rows
+from om_core.memory.views import active_memory, ledger_rows
 from om_core.usecases.export import export_session
 from om_core.replay.stage_runner import reflect_now
 from om_core.settings import Settings

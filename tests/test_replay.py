@@ -10,7 +10,7 @@ import pytest
 from builders import SessionBuilder
 from conftest import workspace
 from om_core.store import db as dbmod
-from om_core.memory import fold as memory
+from om_core.memory import views as memory
 from om_core.pi.cutpoint import BranchEntry, NothingToCompact, PreviousCompaction, compaction_cut_point
 from om_core.ingest import ingest
 from om_core.replay.branch import Event, ReplayEntry, replay_events

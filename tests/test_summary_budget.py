@@ -16,7 +16,7 @@ from conftest import workspace
 from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.memory.compaction import DeclineReason, World, compact, compact_at, select_newest_first, summary_tokens
-from om_core.memory.fold import compaction_projection
+from om_core.memory.views import compaction_projection
 from om_core.usecases.export import export_session
 from om_core.usecases.live import CompactRequest, compact_live
 from om_core.replay.compaction import simulate_compaction

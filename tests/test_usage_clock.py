@@ -22,7 +22,7 @@ from flows.cli.main import app
 from conftest import workspace
 from om_core.ingest import ingest
 from om_core.pi.cutpoint import usable_usage
-from om_core.memory.fold import clocks
+from om_core.memory.views import clocks
 from om_core.memory.usage_clock import ContextUsage
 
 

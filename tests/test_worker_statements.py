@@ -17,7 +17,7 @@ from conftest import workspace
 from fake_openai import FakeOpenAI, text, tool_call
 from om_core.ingest import ingest
 from om_core.ledger.records import RECORD_MODELS, append_record
-from om_core.memory.fold import active_memory, ledger_rows
+from om_core.memory.views import active_memory, ledger_rows
 from om_core.model.client import RetryPolicy
 from om_core.replay.stage_runner import observe_now, reflect_now
 from om_core.settings import Settings

@@ -22,7 +22,7 @@ from om_core.store.catalog import resolve_tip
 from flows.cli.main import app
 from om_core.ingest import ingest
 from om_core.ledger.records import RECORD_MODELS, append_record
-from om_core.memory.fold import active_memory, clocks, ledger_rows
+from om_core.memory.views import active_memory, clocks, ledger_rows
 from om_core.model.client import RetryPolicy
 from om_core.workers.prompts import TRUNCATION_MARKER, WORKER_SYSTEM
 from om_core.recall.evidence import recall

@@ -34,7 +34,7 @@ def view(
     When the session file holds no visible memory (Pi with the extension never compacted it), the
     text form shows the replayed view, else full memory, and says which on stderr; --json keeps to
     the view asked for."""
-    from om_core.memory.fold import view as memory_view
+    from om_core.memory.views import view as memory_view
 
     ws = workspace()
     result = memory_view(ws, session, leaf, full, replayed)
@@ -105,7 +105,7 @@ def compact(
     from om_core.pi.cutpoint import DEFAULT_RULES
     from om_core.memory.gap_free_compaction import gap_free_compaction
     from om_core.memory.compaction import DeclineReason, compact as run_compact
-    from om_core.memory.fold import session_offline
+    from om_core.memory.views import session_offline
 
     ws = workspace()
     settings = ws.settings
@@ -386,7 +386,7 @@ def status(
 
 def _all_sessions_status(model: Optional[str], as_json: bool) -> None:
     """`om status` without a session: each session's status on one line (the same status, one path)."""
-    from om_core.memory.fold import offline_memory
+    from om_core.memory.views import offline_memory
     from om_core.usecases.status import status as branch_status
     from om_core.pi.session import file_label
     from om_core.store.catalog import sessions as list_sessions

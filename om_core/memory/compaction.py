@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from om_core.memory.fold import CompactionResult, DeclineReason, compaction_projection, projection_lines
+from om_core.memory.views import CompactionResult, DeclineReason, compaction_projection, projection_lines
 from om_core.memory.render import left_out_line, render_summary
 from om_core.pi.js_length import js_len
 from om_core.redaction.redact import redact_line

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from om_core.memory.fold import DeclineReason
+from om_core.memory.views import DeclineReason
 
 
 class SpanEntry(BaseModel):

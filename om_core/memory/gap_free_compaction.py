@@ -14,7 +14,7 @@ import duckdb
 from pydantic import BaseModel
 
 from om_core.memory.compaction import World, compact, compact_at
-from om_core.memory.fold import CompactionResult, DeclineReason
+from om_core.memory.views import CompactionResult, DeclineReason
 from om_core.memory.gap_free import (
     DECLINED_WHY,
     Branch,

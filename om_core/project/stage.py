@@ -126,7 +126,7 @@ def _label(file_path: str | None, started_at: Any) -> str:
 
 def read_project_input(con: duckdb.DuckDBPyConnection, project_id: str, settings: Settings) -> ProjectInput | None:
     """The project stage's input, or None when its sessions recorded nothing since it last read."""
-    from om_core.memory.fold import ledger_rows
+    from om_core.memory.views import ledger_rows
 
     (growth,) = named_rows(con, "project_growth_of", {"project_id": project_id}) or [None]
     if growth is None:

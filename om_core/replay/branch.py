@@ -26,7 +26,7 @@ from om_core.replay.compaction import SimulatedCompaction, simulate_compaction, 
 from om_core.store.catalog import branch_for_cut_point
 from om_core.store.db import rows_as_dicts
 from om_core.pi.cutpoint import CutPoint, NothingToCompact, PreviousCompaction, compaction_cut_point
-from om_core.memory.fold import USAGE_CLOCKS, clocks as sql_clocks
+from om_core.memory.views import USAGE_CLOCKS, clocks as sql_clocks
 from om_core.memory.usage_clock import ContextUsage
 from om_core.settings import Settings
 from om_core.store.sqlfiles import query

@@ -23,7 +23,7 @@ import duckdb
 
 from om_core.errors import StopReason
 from om_core.store import db as dbmod
-from om_core.memory.fold import clocks as read_clocks
+from om_core.memory.views import clocks as read_clocks
 from om_core.replay.branch import BranchReport, Progress, replay_branches
 from om_core.replay.payload import (ReplayedRows, SessionPayload, commit_replayed_rows, payload_workspace,
                                     read_session_payload, replayed_rows)

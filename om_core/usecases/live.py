@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from om_core.memory.fold import DeclineReason
+from om_core.memory.views import DeclineReason
 from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest

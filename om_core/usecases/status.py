@@ -1,4 +1,4 @@
-"""`om status`: a branch's memory status (``om_core.memory.fold``) with what the next `om run` would do
+"""`om status`: a branch's memory status (``om_core.memory.views``) with what the next `om run` would do
 there, in words. Two rules decide it, and both are called here, never restated: the planner's
 (``run_plan.replay_decision``: is the session replayed at all?) and the replay's own
 (``BranchReplayer.outlook``: would each stage run at the branch's last turn end?)."""
@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from om_core.store.catalog import resolve_session, resolve_tip
 from om_core.store.db import named_row
-from om_core.memory.fold import MemoryStatus, memory_status
+from om_core.memory.views import MemoryStatus, memory_status
 from om_core.replay.branch import branch_outlook, session_leaves
 from om_core.replay.plan import replay_decision
 

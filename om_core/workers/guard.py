@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import duckdb
 
-from om_core.memory.fold import CoveredObservation
+from om_core.memory.views import CoveredObservation
 from om_core.store.sqlfiles import query
 from om_core.workers.checks import USER_ROLES
 

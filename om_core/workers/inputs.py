@@ -17,7 +17,7 @@ import duckdb
 
 from om_core.ledger.records import Observation, Reflection
 from om_core.store import db as dbmod
-from om_core.memory.fold import (CoveredObservation, active_memory, ledger_rows, observation_from_row,
+from om_core.memory.views import (CoveredObservation, active_memory, ledger_rows, observation_from_row,
                                  reflection_from_row)
 from om_core.workers.checks import USER_ROLES
 from om_core.workers.guard import guarded_critical

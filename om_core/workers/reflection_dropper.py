@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import duckdb
 
 from om_core.ledger.records import DROP_REASON, Reflection
-from om_core.memory.fold import reflection_from_row
+from om_core.memory.views import reflection_from_row
 from om_core.ledger.lines import reflection_line
 from om_core.settings import Settings
 from om_core.store import db as dbmod

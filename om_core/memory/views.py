@@ -1,4 +1,4 @@
-"""Memory as the SQL computes it: fold, projections, compaction, drift, clocks, coverage, status.
+"""Memory as the SQL views compute it: fold, projections, compaction, drift, clocks, coverage, status.
 
 Every function here runs one of the macros in ``sql/views`` and shapes the rows into pydantic
 models; none of them folds or projects in Python.
