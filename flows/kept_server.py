@@ -264,7 +264,9 @@ def watch(home: Path, api_url: str, idle_seconds: float, server, started: float)
     step = min(5.0, max(0.2, idle_seconds / 4))
     while not server.should_exit:
         time.sleep(step)
-        if stop_if_idle(home, api_url, idle_seconds, started):
+        if not home.is_dir():  # its home was removed: no run can find it again, and nothing would stop it
+            server.should_exit = True
+        elif stop_if_idle(home, api_url, idle_seconds, started):
             server.should_exit = True
 
 

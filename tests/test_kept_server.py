@@ -150,3 +150,22 @@ def test_a_server_om_did_not_start_is_never_used_by_om_run(tmp_path, monkeypatch
     finally:
         seen = _stop(theirs)
     assert started == [home, home] and "Basic" not in seen
+
+
+def test_a_kept_server_whose_home_is_removed_stops_itself(tmp_path, monkeypatch):
+    """A server left by a run in a temporary home (a benchmark's, a test's) whose folder was removed: no
+    run can find it again, so it stops instead of waiting for an idle time it could no longer check."""
+    import shutil
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    home = tmp_path / "prefect-home"
+    with run_lease(server_module.private_dir(home)):
+        server, started = kept_server(home, idle_seconds=3600)
+        pid = int((home / KEEPER_PID).read_text())
+    assert started and api_healthy(server.api_url)
+    shutil.rmtree(home)
+    try:
+        assert _pid_gone(pid, 60), "the server outlived its home"
+    finally:
+        if not _pid_gone(pid, 0.1):
+            os.kill(pid, 9)

@@ -163,7 +163,7 @@ CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_po
 -- as for the decision.
 -- Cost (bench/compaction.py, 10,000-entry branch): deciding first and then folding is about 2x the
 -- former single flat pass (warm, in process: some tens of ms more); `om compact` itself is ~1 s of
--- process start, so the plain form is kept. om_core.memory.fold reads the decision once and passes
+-- process start, so the plain form is kept. om_core.memory.views reads the decision once and passes
 -- others_through to fold, so a compaction decides once, not twice.
 CREATE OR REPLACE MACRO compaction_projection(p_session, p_tip, p_first_kept, p_pool_max, p_replayed) AS TABLE
     WITH d AS MATERIALIZED (SELECT * FROM compaction_decision(p_session, p_tip, p_first_kept, p_pool_max, p_replayed))
