@@ -60,9 +60,9 @@ class ProcessGate:
 
 
 def run_guards(config, settings):  # noqa: ANN001, ANN201 - ModelConfig, Settings -> RunGuards
-    """A run's guards, once per run (om_core.workers.stages.RunGuards): its breaker (``breakerFailures``),
+    """A run's guards, once per run (om_core.workers.run_config.RunGuards): its breaker (``breakerFailures``),
     its --max-cost budget and the model-call gate of ``config.limit``."""
-    from om_core.workers.stages import RunGuards
+    from om_core.workers.run_config import RunGuards
 
     gate = None if config.offline else model_call_gate(config.limit, settings.modelConcurrency)
     return RunGuards.for_run(config, settings, gate)

@@ -82,7 +82,7 @@ def _reflect(ws, path: str | None, model: str | None, api_base: str | None, as_j
     from flows.cli.common import model_config
     from om_core.project.stage import run_project_stages
     from om_core.project.repository import resolve_project
-    from om_core.workers.stages import make_brain
+    from om_core.workers.run_config import make_brain
 
     config = model_config(ws.settings, model, api_base, as_json)
     with ws.read() as con:
