@@ -76,7 +76,7 @@ def exported(work: Path, name: str) -> Path:
     if out.exists():
         return out
     from om_core.replay.engine import replay_session
-    from om_core.workers.stages import ModelConfig, make_brain
+    from om_core.workers.run_config import ModelConfig, make_brain
 
     out.parent.mkdir(parents=True, exist_ok=True)
     ws = Workspace.open(work / "memory.duckdb", settings=Settings())

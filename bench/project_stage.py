@@ -92,7 +92,7 @@ def run(sessions: list[Path]) -> dict[str, Any]:
     from om_core.store.repository import list_projects
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
-    from om_core.workers.stages import ModelConfig, make_brain
+    from om_core.workers.run_config import ModelConfig, make_brain
     from om_core.store.workspace import Workspace
 
     cache = PrefixCache()

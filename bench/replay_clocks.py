@@ -28,7 +28,8 @@ from om_core.ingest import ingest  # noqa: E402
 from om_core.replay.branch import replay_branches  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workers.stages import ModelConfig, StageOutcome, make_brain  # noqa: E402
+from om_core.workers.stages import StageOutcome
+from om_core.workers.run_config import ModelConfig, make_brain  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 
 DEFAULT_SESSIONS = sorted((Path(__file__).resolve().parent.parent.parent / "shared" / "sessions").glob("*.jsonl"))

@@ -28,7 +28,7 @@ from om_core.replay.stage_runner import StageRunner  # noqa: E402
 from om_core.usecases.export import export_session  # noqa: E402
 from om_core.ingest import ingest  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
+from om_core.workers.run_config import ModelConfig, make_brain  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 
 

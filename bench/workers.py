@@ -81,7 +81,7 @@ from om_core.settings import Settings  # noqa: E402
 from om_core.pi.tokens import count_tokens  # noqa: E402
 from om_core.workers.llm import ModelBrain  # noqa: E402
 from om_core.workers.offline import OfflineBrain  # noqa: E402
-from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
+from om_core.workers.run_config import ModelConfig, make_brain  # noqa: E402
 
 SHARED = (REPO.parent / "shared" / "sessions").resolve()
 SAMPLES = [SHARED / "before-compaction.jsonl", SHARED / "large-session.jsonl"]

@@ -39,7 +39,7 @@ from om_core.ingest import ingest  # noqa: E402
 from om_core.memory.compaction import compact  # noqa: E402
 from om_core.replay.engine import replay_session  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
-from om_core.workers.stages import ModelConfig, make_brain  # noqa: E402
+from om_core.workers.run_config import ModelConfig, make_brain  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 
 DEFAULT_SESSIONS = sorted((ROOT.parent / "shared" / "sessions").glob("*.jsonl"))

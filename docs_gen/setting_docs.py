@@ -107,7 +107,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "projectMemoryMaxTokens": SettingDoc(meaning="the project reflections such a compaction adds, at most"),
     "reflectionsPoolTargetTokens": SettingDoc(
         meaning="the reflection dropper's target for the active reflections, measured on their rendered lines "
-                "`[id] content` (SPEC §13)"),
+                "`[id] content`; over it, the reflection dropper runs after a reflector pass that added to them and "
+                "on its own clock, once `reflectAfterTokens` of source passed since its last record (SPEC §13)"),
     "workerMemoryMaxTokens": SettingDoc(
         default="memory window / 4 (litellm's model card for the memory model, else `contextWindow`), else 16000",
         meaning="the memory one observer, reflector or dropper request carries: observations at least half, "
@@ -117,7 +118,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         meaning="the output reserved per worker request: sent as `max_tokens` with every observer, reflector "
                 "and dropper request (SPEC §13)"),
     "compactionSummaryMaxTokens": SettingDoc(
-        default="`contextWindow` / 8, else 8000",
+        default="session window / 8 (`contextWindow`), else 8000",
         meaning="the rendered memory summary at most: newest records first, observations at least half (SPEC §13)"),
     "prefectServerIdleSeconds": SettingDoc(
         meaning="the local Prefect server an `om run` starts (when `PREFECT_API_URL` is unset) stays for the next "

@@ -32,7 +32,7 @@ def resolved_inputs(settings: Settings, model: str | None = None,
                     api_base: str | None = None) -> tuple[Any, dict[str, Any]]:
     """The flow's ``model`` (a ModelConfig) and ``settings`` (JSON) parameters from the user's resolved
     settings (a workspace's)."""
-    from om_core.workers.stages import ModelConfig  # the workers' modules: only when a deployment is made
+    from om_core.workers.run_config import ModelConfig  # the workers' modules: only when a deployment is made
 
     # deployments run on workers in several processes: the model-call limit is Prefect's global one
     return ModelConfig.from_settings(settings, model, api_base, limit="prefect"), settings.model_dump(mode="json")
@@ -40,7 +40,7 @@ def resolved_inputs(settings: Settings, model: str | None = None,
 
 def _model_json(model: ModelConfig | dict[str, Any]) -> dict[str, Any]:
     """A deployment carries the ModelConfig as JSON (no API key: a worker reads its own credentials)."""
-    from om_core.workers.stages import ModelConfig
+    from om_core.workers.run_config import ModelConfig
 
     return ModelConfig.model_validate(model).model_dump(mode="json")
 

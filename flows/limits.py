@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from om_core.settings import Settings
-    from om_core.workers.stages import ModelConfig, RunGuards
+    from om_core.workers.run_config import ModelConfig, RunGuards
 
 MODEL_CALL_LIMIT = "om-model-calls"
 LimitMode = Literal["prefect", "process"]
@@ -72,9 +72,9 @@ class ProcessGate:
 
 
 def run_guards(config: ModelConfig, settings: Settings) -> RunGuards:
-    """A run's guards, once per run (om_core.workers.stages.RunGuards): its breaker (``breakerFailures``),
+    """A run's guards, once per run (om_core.workers.run_config.RunGuards): its breaker (``breakerFailures``),
     its --max-cost budget and the model-call gate of ``config.limit``."""
-    from om_core.workers.stages import RunGuards
+    from om_core.workers.run_config import RunGuards
 
     gate = None if config.offline else model_call_gate(config.limit, settings.modelConcurrency,
                                                            settings.modelSlotLeaseSeconds)

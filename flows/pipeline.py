@@ -57,7 +57,8 @@ from om_core.replay.plan import RunPlan, check_targets, ingest_targets, plan_run
 from om_core.project.stage import ProjectInput, ProjectOutcome, compute_project_stage, run_due_projects
 from om_core.store.runs import finish_run, start_run
 from om_core.settings import Settings
-from om_core.workers.stages import ComputedStage, ModelConfig, PreparedStage, RunGuards, compute_stage, make_brain
+from om_core.workers.stages import ComputedStage, PreparedStage, compute_stage
+from om_core.workers.run_config import ModelConfig, RunGuards, make_brain
 from om_core.store.workspace import Workspace, WorkspaceSpec
 
 

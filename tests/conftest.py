@@ -112,7 +112,7 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
     from om_core.ingest import ingest
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
-    from om_core.workers.stages import ModelConfig, make_brain
+    from om_core.workers.run_config import ModelConfig, make_brain
     from om_core.store.workspace import Workspace
 
     db = tmp_path_factory.mktemp("before-compaction-offline") / "om.duckdb"

@@ -27,7 +27,7 @@ from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 SID = "0b0dded0-0000-4000-8000-000000000013"
 # the summary's own preamble is about 320 tokens: the budget leaves room for a few records only

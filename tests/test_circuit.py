@@ -188,7 +188,7 @@ def test_a_run_s_guards_travel_to_another_process_as_they_stand():
     breaker as it stands (a run stopped already stops that replay at its first stage)."""
     import pickle
 
-    from om_core.workers.stages import RunGuards, RunStopped
+    from om_core.workers.run_config import RunGuards, RunStopped
 
     guards = RunGuards(CircuitBreaker(failure_limit=7))
     fresh = pickle.loads(pickle.dumps(guards.for_replay(None)))

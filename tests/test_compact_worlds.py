@@ -26,7 +26,7 @@ from om_core.ingest import ingest
 from om_core.memory.compaction import compact
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 from om_core.store.workspace import Workspace
 
 SETTINGS = Settings(observeAfterTokens=80, reflectAfterTokens=160, compactAfterTokens=300, keepRecentTokens=200,

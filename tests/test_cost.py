@@ -30,7 +30,7 @@ from om_core.replay.plan import estimate_for_targets
 from om_core.model.client import RetryPolicy
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, RunGuards, make_brain
+from om_core.workers.run_config import ModelConfig, RunGuards, make_brain
 from om_core.store.workspace import Workspace
 
 SID = "0c057000-0000-4000-8000-000000000001"
@@ -252,7 +252,7 @@ def test_a_budget_lent_to_replays_elsewhere_never_passes_its_limit():
     parts never add up to more than what is left, so the run never passes --max-cost."""
     import pickle
 
-    from om_core.workers.stages import RunGuards
+    from om_core.workers.run_config import RunGuards
 
     guards = RunGuards(budget=CostBudget(max_usd=1.0, price=PRICE))
     parts = [guards.budget.lend(4) for _ in range(6)]  # six replays in flight, a window of four

@@ -28,7 +28,7 @@ from om_core.replay.engine import replay_session
 from om_core.replay.plan import record_replay
 from om_core.settings import Settings
 from om_core.store.sqlfiles import migrations, schema_snapshot, view_scripts
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 from om_core.store.workspace import MemoryDatabase, Workspace
 
 pytestmark = pytest.mark.usefixtures("isolated_home")

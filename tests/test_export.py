@@ -22,7 +22,7 @@ from om_core.pi.session import parse_lines
 from om_core.settings import Settings
 from om_core.pi.tree import build_forest
 from om_core.store.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,
                     observationsPoolMaxTokens=400, observationsPoolTargetTokens=200)

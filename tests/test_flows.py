@@ -513,7 +513,7 @@ def test_om_run_builds_one_model_config_and_the_flow_carries_it_to_every_replay(
     dict) and handed to each session's replay task, whose brain is made from it (no rebuilding)."""
     import flows.pipeline
     from om_cli import run_om
-    from om_core.workers.stages import ModelConfig
+    from om_core.workers.run_config import ModelConfig
 
     make_sessions(tmp_path / "sessions", count=3)
     built: list[ModelConfig] = []
@@ -562,7 +562,7 @@ def test_a_model_config_travels_as_json_without_its_key_and_a_bad_one_is_one_lin
     from flows.pipeline import _model
     from om_core.errors import InvalidArgument
     from om_core.model.client import RetryPolicy
-    from om_core.workers.stages import ModelConfig
+    from om_core.workers.run_config import ModelConfig
 
     config = ModelConfig(model="openai/fake-model", api_base="http://127.0.0.1:9/v1", api_key="sk-secret-value",
                          retry=RetryPolicy(attempts=2, base_seconds=0.5), limit="prefect", max_cost=1.5)

@@ -22,7 +22,7 @@ from om_core.memory.gaps import compaction_gaps
 from om_core.usecases.live import CompactRequest, compact_live
 from om_core.replay.stage_runner import observe_now
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 SID = "9a9f0000-0000-4000-8000-000000000041"

@@ -1265,7 +1265,7 @@ def test_a_deeply_nested_entry_goes_through_the_workers_and_the_replay(tmp_path,
     from om_core.replay.engine import replay_session
     from om_core.settings import Settings
     from om_core.replay.stage_runner import observe_now
-    from om_core.workers.stages import ModelConfig, make_brain
+    from om_core.workers.run_config import ModelConfig, make_brain
     from om_core.store.workspace import Workspace
 
     depth = 10_000

@@ -28,7 +28,7 @@ from om_core.memory.compaction import compact
 from om_core.replay.engine import replay_session
 from om_core.replay.plan import due_sessions, fingerprints, record_replay
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 from om_core.store.workspace import Workspace
 
 SID = "5ea5e000-aaaa-4bbb-8ccc-000000000001"

@@ -17,7 +17,7 @@ from om_core.model.routing import SessionModel, routed_model
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings, SettingsError, load_settings
 from om_core.store import db as dbmod
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 SID = "5e551011-0000-4000-8000-000000000041"

@@ -22,7 +22,7 @@ from om_core.memory.views import active_memory, clocks, coverage, ledger_rows
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 SID = "0ff11e00-0000-4000-8000-000000000001"
 BEFORE_ID = "ffae836b-9420-4060-ac13-7745215f90ff"

@@ -29,7 +29,7 @@ from om_core.ingest import ingest
 from om_core.memory.gaps import gaps
 from om_core.replay.stage_runner import observe_now
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 

@@ -30,7 +30,7 @@ from om_core.ledger.records import (
     memory_id,
 )
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 SETTINGS = Settings(projectReflectAfterTokens=1)
 A1, A2, B1 = ("aaaa0001-0000-4000-8000-000000000001", "aaaa0002-0000-4000-8000-000000000002",

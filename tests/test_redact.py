@@ -30,7 +30,7 @@ from secret_corpus import B64, NEAR_MISSES, SECRETS, fill, rnd, score, secret_pa
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 SID = "5ec7e700-0000-4000-8000-000000000001"
 
@@ -286,7 +286,7 @@ def test_no_secret_reaches_the_model_or_a_summary_and_recall_shows_the_original(
 def test_offline_baseline_summaries_hold_no_secret(tmp_path, db_path):
     """The extractive observer quotes the session; a replay folds its excerpts into compactions."""
     from om_core.replay.engine import replay_session
-    from om_core.workers.stages import make_brain
+    from om_core.workers.run_config import make_brain
 
     b, _ = leaky_session()
     ingest(workspace(db_path), [b.write(tmp_path / "leaky.jsonl")])

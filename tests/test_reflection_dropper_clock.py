@@ -18,7 +18,7 @@ from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 from test_bounded_memory import SID, weeks_long_session
 
 BASE = dict(observeAfterTokens=200, reflectAfterTokens=300, compactAfterTokens=3_000, keepRecentTokens=400,

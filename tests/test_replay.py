@@ -17,7 +17,7 @@ from om_core.replay.branch import Event, ReplayEntry, replay_events
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 SETTINGS = Settings(observeAfterTokens=120, reflectAfterTokens=250, compactAfterTokens=600, keepRecentTokens=150,
                     observationsPoolMaxTokens=400, observationsPoolTargetTokens=200, gapSafeCompaction=False)

@@ -23,7 +23,7 @@ from om_core.replay.engine import commit_replay, replay_payload, replay_session
 from om_core.replay.payload import payload_workspace, read_session_payload
 from om_core.store.runs import mark_abandoned_runs, start_run
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, RunGuards, make_brain
+from om_core.workers.run_config import ModelConfig, RunGuards, make_brain
 from om_core.store.workspace import Workspace
 
 SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,

@@ -24,7 +24,7 @@ from om_core.replay.engine import replay_session
 from om_core.report import GAP_CLASSES, build_report, fmt_cost, fmt_short, nice_max, ticks
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 WORKED = "a0000000-0000-4000-8000-00000000000a"
 QUIET = "b0000000-0000-4000-8000-00000000000b"

@@ -20,7 +20,7 @@ from om_core.ingest import ingest
 from om_core.recall.evidence import recall
 from om_core.replay.engine import replay_session
 from om_core.settings import Settings
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 from om_core.store.workspace import Workspace
 
 SID = "5ea5e000-1111-4222-8333-444444444444"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from flows.cli.main import app
 from om_core.settings import Settings, SettingsError, load_settings
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ from om_core.store.catalog import resolve_tip
 from om_core.store.workspace import Workspace
 from om_core.workers.checks import attributes_to_user
 from om_core.workers.near_duplicates import NearDuplicates
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 SID = "0b5e1111-0000-4000-8000-000000000042"
 OBS, REFL = "om.observations.recorded", "om.reflections.recorded"

@@ -30,7 +30,7 @@ from om_core.settings import Settings
 from om_core.workers.inputs import dropper_input, max_drops
 from om_core.store.workspace import Workspace
 from om_core.replay.stage_runner import observe_now, reflect_now
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 SID = "0b5e1111-0000-4000-8000-000000000001"
 OBS, REFL, DROP = "om.observations.recorded", "om.reflections.recorded", "om.observations.dropped"
@@ -967,24 +967,23 @@ def test_each_stage_kind_is_one_record_appending_its_own_ledger_kind():
 
 
 def test_the_droppers_follow_only_a_reflector_run_that_appended_reflections():
-    from dataclasses import replace
-
     from om_core.workers.stage_kinds import StageOutcome, StageRequest, follow_ups, run_in_order
 
-    reflected = StageOutcome("reflector", "recorded", SID, E[9], "m", ledger_id="rec-1", covers_up_to_id=E[5])
+    reflected = StageOutcome(stage="reflector", outcome="recorded", session_id=SID, tip=E[9], model="m",
+                             ledger_id="rec-1", covers_up_to_id=E[5])
     assert follow_ups(reflected) == [StageRequest(SID, E[9], "dropper", reflection_watermark=E[5]),
                                      StageRequest(SID, E[9], "reflection-dropper", reflection_watermark=E[5])]
-    assert follow_ups(replace(reflected, ledger_id=None)) == []  # already appended by an earlier run
-    assert follow_ups(replace(reflected, outcome="empty", ledger_id=None)) == []
-    assert follow_ups(replace(reflected, outcome="failed", ledger_id=None)) == []
-    assert follow_ups(replace(reflected, stage="observer")) == []
-    assert follow_ups(replace(reflected, stage="dropper")) == []
+    assert follow_ups(reflected.model_copy(update=dict(ledger_id=None))) == []  # already appended by an earlier run
+    assert follow_ups(reflected.model_copy(update=dict(outcome="empty", ledger_id=None))) == []
+    assert follow_ups(reflected.model_copy(update=dict(outcome="failed", ledger_id=None))) == []
+    assert follow_ups(reflected.model_copy(update=dict(stage="observer"))) == []
+    assert follow_ups(reflected.model_copy(update=dict(stage="dropper"))) == []
 
     asked: list[str] = []
 
     def run(req: StageRequest) -> StageOutcome:
         asked.append(req.stage)
-        return replace(reflected, stage=req.stage)
+        return reflected.model_copy(update=dict(stage=req.stage))
 
     assert [o.stage for o in run_in_order(run, StageRequest(SID, E[9], "reflector"))] == [
         "reflector", "dropper", "reflection-dropper"]

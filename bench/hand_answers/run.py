@@ -41,7 +41,7 @@ from om_core.replay.stage_runner import observe_now, reflect_now  # noqa: E402
 from om_core.settings import Settings  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 from om_core.workers.prompts import RECORD_OBSERVATIONS_TOOL, RECORD_REFLECTIONS_TOOL, DROP_OBSERVATIONS_TOOL  # noqa: E402
-from om_core.workers.stages import ModelConfig  # noqa: E402
+from om_core.workers.run_config import ModelConfig  # noqa: E402
 
 SESSION = (REPO.parent / "shared" / "sessions" / "before-compaction.jsonl").resolve()
 TOOLS = {"observer": RECORD_OBSERVATIONS_TOOL[0], "reflector": RECORD_REFLECTIONS_TOOL[0],

@@ -149,7 +149,7 @@ def model_config(settings: Settings, model: str | None, api_base: str | None, as
     """The workers' model from --model/--api-base and the settings (``run``: om run's model-call limit and
     --max-cost), checked before any work (credentials, provider, base URL); says so when it is the offline
     baseline (``announce`` false: the caller does, with ``announce_model``, once its targets are checked)."""
-    from om_core.workers.stages import ModelConfig  # the workers' modules: only for commands that run them
+    from om_core.workers.run_config import ModelConfig  # the workers' modules: only for commands that run them
 
     config = ModelConfig.from_settings(settings, model, api_base, **run)
     config.preflight(settings)

@@ -85,7 +85,7 @@ def _reflect(ws: Workspace, path: str | None, model: str | None, api_base: str |
     from flows.cli.common import model_config
     from om_core.project.stage import run_project_stages
     from om_core.store.repository import resolve_project
-    from om_core.workers.stages import make_brain
+    from om_core.workers.run_config import make_brain
 
     config = model_config(ws.settings, model, api_base, as_json)
     with ws.read() as con:

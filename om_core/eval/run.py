@@ -43,7 +43,8 @@ from om_core.model.client import LiteLLMModel, ModelError, RetryPolicy
 from om_core.settings import Settings
 from om_core.store.workspace import Workspace
 from om_core.replay.engine import replay_session
-from om_core.workers.stages import ModelConfig, RunGuards, compute_stage, make_brain
+from om_core.workers.stages import compute_stage
+from om_core.workers.run_config import ModelConfig, RunGuards, make_brain
 
 DEFAULT_READER_WINDOW = 128_000
 ANSWER_RESERVE_TOKENS = 2_048  # room left in the reader's window for its answer

@@ -10,7 +10,7 @@ any transient failure (500s, 429s, timeouts of a server that hangs) after ``brea
 row across the run's stages: a provider down for good would otherwise be retried stage after stage.
 
 Call points: ``preflight_model`` before anything starts (it needs litellm, imported only for a
-configured model); a run's breaker is part of its guards (om_core.workers.stages.RunGuards), which
+configured model); a run's breaker is part of its guards (om_core.workers.run_config.RunGuards), which
 its stage runner and its model share (``LiteLLMModel(breaker=...)`` consults it before each attempt
 and reports each outcome to it).
 """

@@ -30,22 +30,23 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
 from datetime import datetime, timezone
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
+from pydantic import BaseModel, Field
 
 from om_core.errors import StopReason
 from om_core.store import db as dbmod
 from om_core.store.db import named_rows, scalar
 from om_core.project.distil import PROJECT_SYSTEM, RECORD_PROJECT_REFLECTIONS_TOOL, ProjectCheck, distil_offline
 from om_core.memory.project_memory import ProjectReflection, Retirement, append_project_records, current_reflections
+from om_core.model.client import CallRecord
 from om_core.store.sqlfiles import query
 from om_core.workers.near_duplicates import normalised_words
 
 if TYPE_CHECKING:
     from om_core.settings import Settings
-    from om_core.workers.stages import RunGuards
+    from om_core.workers.run_config import RunGuards
     from om_core.store.workspace import Workspace
 
 STAGE = "project"
@@ -177,23 +178,24 @@ class Settled(StrEnum):
     EMPTY_BEFORE = "this exact input gave a deliberate empty result before; not asked again"
 
 
-@dataclass
-class ProjectOutcome:
+class ProjectOutcome(BaseModel):
+    """What one project stage came to: recorded, empty, failed or skipped (and why), with its model calls."""
+
     project_id: str
     model: str
     outcome: Literal["recorded", "empty", "failed", "skipped"] = "skipped"
     reason: str | None = None
     stage_key: str | None = None
-    reflections: list[ProjectReflection] = field(default_factory=list)
-    retirements: list[Retirement] = field(default_factory=list)
+    reflections: list[ProjectReflection] = Field(default_factory=list)
+    retirements: list[Retirement] = Field(default_factory=list)
     rejected: int = 0
     duplicates: int = 0
     turns: int = 0
-    receipts: list[str] = field(default_factory=list)
-    calls: list[Any] = field(default_factory=list)
+    receipts: list[str] = Field(default_factory=list)
+    calls: list[CallRecord] = Field(default_factory=list)
     error: str | None = None
     error_kind: str | None = None
-    ledger_ids: list[str] = field(default_factory=list)
+    ledger_ids: list[str] = Field(default_factory=list)
     inputs: int = 0
     input_tokens: float = 0
     covers_up_to_seq: int = 0
@@ -201,10 +203,7 @@ class ProjectOutcome:
     stop: StopReason | None = None  # the run's guards stopped it before its model call
 
     def as_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items()
-                if k not in ("calls", "reflections", "retirements", "settled", "stop")}
-        data["reflections"] = [r.model_dump() for r in self.reflections]
-        data["retirements"] = [r.model_dump() for r in self.retirements]
+        data = self.model_dump(exclude={"calls", "settled", "stop"})
         data["model_calls"] = len(self.calls)
         return data
 
@@ -265,7 +264,7 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
     """Append the stage's records, its project_stages row and its model calls in one transaction; the
     search index learns the new reflections."""
     from om_core.store.search_index import refresh_search_index
-    from om_core.workers.stages import _write_calls
+    from om_core.workers.stages import record_calls
 
     with dbmod.transaction(con):
         if outcome.outcome == "recorded":
@@ -285,7 +284,7 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
             "items": len(outcome.reflections) + len(outcome.retirements), "rejected": outcome.rejected,
             "error_kind": outcome.error_kind, "error": outcome.error,
             "receipts": "\n\n".join(outcome.receipts)[:20_000] or None, "started_at": started_at})
-        _write_calls(con, SimpleNamespace(calls=outcome.calls, session_id=None, stage=STAGE), stage_run_id, run_id)
+        record_calls(con, outcome.calls, stage_run_id=stage_run_id, run_id=run_id, stage=STAGE)
         if outcome.ledger_ids:
             refresh_search_index(con, [], [outcome.project_id])
     return outcome
@@ -325,7 +324,7 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
     a stage fails, or ``MAX_STAGES_PER_RUN``. ``guards``: the run's breaker and budget, checked before
     each stage as the session stages' runner checks them (a stopped run ends with a "skipped" outcome
     saying why; nothing is recorded for it)."""
-    from om_core.workers.stages import BudgetReached, RunStopped
+    from om_core.workers.run_config import BudgetReached, RunStopped
 
     outcomes: list[ProjectOutcome] = []
     threshold = 1 if force else ws.settings.projectReflectAfterTokens

@@ -26,7 +26,6 @@ from pydantic import BaseModel, Field
 from om_core.recall.kinds import SearchKind
 from om_core.store.db import named_rows, scalar
 from om_core.store.search_index import index_everything
-from om_core.store.sqlfiles import query
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from om_core.replay.compaction import SimulatedCompaction, simulate_compaction, stored_simulation
@@ -268,7 +268,7 @@ class BranchReplayer:
         if not self._unchanged_since(position, version, t):
             return None
         self.runner.check()  # the run's breaker and budget stop a repeated stage as they stop any other
-        return replace(outcome, tip=req.tip, receipts=[], calls=[])
+        return outcome.model_copy(update={"tip": req.tip, "receipts": [], "calls": []})
 
     def _stage(self, report: BranchReport, t: int, req: StageRequest) -> StageOutcome:
         outcome = self._repeat(t, req)

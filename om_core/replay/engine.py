@@ -28,12 +28,11 @@ from om_core.replay.branch import BranchReport, Progress, replay_branches
 from om_core.replay.payload import (ReplayedRows, SessionPayload, commit_replayed_rows, payload_workspace,
                                     read_session_payload, replayed_rows)
 from om_core.replay.plan import record_replay
-from om_core.replay.stage_runner import (BudgetReached, Compute, RunGuards, RunStopped, StageResults, StageRunner,
-                                         TableStageResults)
+from om_core.replay.stage_runner import Compute, StageResults, StageRunner, TableStageResults
 from om_core.settings import Settings
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import Brain
-from om_core.workers.stages import RoutedBrain, read_session_model
+from om_core.workers.run_config import BudgetReached, RoutedBrain, RunGuards, RunStopped, read_session_model
 from om_core.store.workspace import Workspace
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from om_core.store.catalog import resolve_session, resolve_tip
 from om_core.store.db import scalar
@@ -27,13 +27,20 @@ from om_core.model.window import memory_window, sized_for
 from om_core.settings import Settings
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest, run_in_order
-from om_core.workers.stages import (BudgetReached, ComputedStage, ModelConfig, PreparedStage, RunGuards,
-                                   RunStopped, compute_stage, make_brain, prepare_stage, record_stage, stage_model)
+from om_core.workers.run_config import BudgetReached, ModelConfig, RunGuards, make_brain
+from om_core.workers.stages import (
+    ComputedStage,
+    PreparedStage,
+    compute_stage,
+    prepare_stage,
+    record_stage,
+    stage_model,
+)
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace
 
-__all__ = ["BudgetReached", "RunGuards", "RunStopped", "StageResults", "StageRunner", "TableStageResults",
+__all__ = ["StageResults", "StageRunner", "TableStageResults",
            "observe_now", "reflect_now"]
 
 
@@ -64,8 +71,8 @@ class TableStageResults:
             return None
         stage = STAGES[req.stage]
         payload = stage.payload.model_validate_json(kept)
-        outcome = StageOutcome(req.stage, "recorded", req.session_id, req.tip, prepared.model,
-                               stage_key=prepared.stage_key,
+        outcome = StageOutcome(stage=req.stage, outcome="recorded", session_id=req.session_id, tip=req.tip,
+                               model=prepared.model, stage_key=prepared.stage_key,
                                reason="computed by an earlier run; appended without calling the model again",
                                covers_up_to_id=payload.coversUpToId, items=stage.items(payload))
         return ComputedStage(outcome, payload)
@@ -86,7 +93,8 @@ Compute = Callable[[PreparedStage], ComputedStage]
 def _failed(prepared: PreparedStage, computed: ComputedStage, exc: BaseException) -> ComputedStage:
     """A result that could not be kept (its storage failed): the stage fails; its model calls stay recorded."""
     req = prepared.request
-    outcome = StageOutcome(req.stage, "failed", req.session_id, req.tip, prepared.model, stage_key=prepared.stage_key,
+    outcome = StageOutcome(stage=req.stage, outcome="failed", session_id=req.session_id, tip=req.tip, model=prepared.model,
+                           stage_key=prepared.stage_key,
                            error=f"{type(exc).__name__}: {exc}", error_kind="permanent")
     outcome.calls = computed.outcome.calls
     return ComputedStage(outcome)
@@ -97,7 +105,7 @@ class StageRunner:
 
     ``brain`` answers; ``results`` is the exactly-once store (default: ``ws``'s own ``stage_results``);
     ``guards`` are the run's breaker, budget and call gate (the brain's model was built with the same
-    ones: om_core.workers.stages.make_brain); ``compute`` runs the brain on a prepared input (the flow
+    ones: om_core.workers.run_config.make_brain); ``compute`` runs the brain on a prepared input (the flow
     wraps it as a Prefect task, to see it in the UI). Raises ``RunStopped`` once the run's breaker
     tripped and ``BudgetReached`` once its budget is reached, before anything is recorded for the stage.
     ``kept`` lists the stage keys whose results this runner found or put in ``results``: once the

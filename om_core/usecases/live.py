@@ -137,7 +137,7 @@ def _catch_up(here: Workspace, facts: BranchFacts, deadline: float) -> CatchUp |
     from om_core.model.client import RetryPolicy
     from om_core.replay.stage_runner import StageRunner
     from om_core.workers.stage_kinds import StageRequest
-    from om_core.workers.stages import ModelConfig, RunGuards, make_brain, read_session_model
+    from om_core.workers.run_config import ModelConfig, RunGuards, make_brain, read_session_model
 
     with here.read() as con:
         session_model = read_session_model(con, session_id)

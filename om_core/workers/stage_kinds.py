@@ -13,11 +13,11 @@ is ``follow_ups``, here and nowhere else.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import duckdb
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from om_core.model.cost import BudgetExceeded
 from om_core.ledger.records import (
@@ -70,8 +70,9 @@ class StageRequest:
     chunk_until: int | None = None  # observer: the chunk ends at or before this branch position (the drain)
 
 
-@dataclass
-class StageOutcome:
+class StageOutcome(BaseModel):
+    """What one stage run came to: recorded, empty, failed or skipped (and why), with its model calls."""
+
     stage: str
     outcome: Outcome
     session_id: str
@@ -87,14 +88,14 @@ class StageOutcome:
     turn_cap_reached: bool = False
     error: str | None = None
     error_kind: str | None = None
-    receipts: list[str] = field(default_factory=list)
-    calls: list[CallRecord] = field(default_factory=list)
+    receipts: list[str] = Field(default_factory=list)
+    calls: list[CallRecord] = Field(default_factory=list)
     stage_key: str | None = None
     chunk: tuple[str, str] | None = None
     budget_stop: bool = False  # the run's --max-cost stopped this stage before it could pass it
 
     def as_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "calls"}
+        data = self.model_dump(exclude={"calls"})
         data["model_calls"] = len(self.calls)
         return data
 
