@@ -151,7 +151,7 @@ def observed(db: Path, path: Path) -> None:
     """The offline observer over what the file holds, as `om serve` keeps it: without it the new turn is
     unobserved, F moves back to its start and om declines (keeping it would free nothing)."""
     from om_core.replay.stage_runner import observe_now
-    from om_core.workers.stages import ModelConfig
+    from om_core.workers.run_config import ModelConfig
 
     ws = Workspace.open(db, settings=Settings(observerChunkMaxTokens=100_000))
     ingest(ws, [path])

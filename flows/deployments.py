@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from om_core.settings import Settings
 
 if TYPE_CHECKING:
-    from om_core.workers.stages import ModelConfig
+    from om_core.workers.run_config import ModelConfig
 
 # a live folder's runs must not overlap: a tick still running when the next is due skips that one
 _ONE_AT_A_TIME = {"limit": 1, "collision_strategy": "CANCEL_NEW"}

@@ -29,7 +29,7 @@ from om_core.errors import StopReason
 if TYPE_CHECKING:
     from flows.run_result import RunResult
     from om_core.store.workspace import Workspace
-    from om_core.workers.stages import RunGuards
+    from om_core.workers.run_config import RunGuards
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 

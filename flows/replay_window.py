@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from om_core.replay.plan import RunPlan
     from om_core.store.workspace import Workspace
-    from om_core.workers.stages import RunGuards
+    from om_core.workers.run_config import RunGuards
 
 # Commits are serialised, and an interrupted run takes this lock for good before it exits, so the
 # database never sees half a commit (flows.interrupt).

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from flows.run_result import RunResult
     from om_core.replay.plan import RunPlan
     from om_core.store.workspace import WorkspaceSpec
-    from om_core.workers.stages import ModelConfig, RunGuards
+    from om_core.workers.run_config import ModelConfig, RunGuards
 
 
 # What om's Prefect API keeps of a run: the flow run, its task runs (named and tagged: what the UI

@@ -10,7 +10,7 @@ import pytest
 
 from flows.limits import MODEL_CALL_LIMIT, PrefectGate, ProcessGate, ensure_model_call_limit, run_guards
 from om_core.settings import Settings, SettingsError, load_settings
-from om_core.workers.stages import ModelConfig
+from om_core.workers.run_config import ModelConfig
 
 
 def _settings(tmp_path, **env: str) -> Settings:

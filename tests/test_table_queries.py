@@ -21,7 +21,7 @@ from om_core.replay.payload import (PAYLOAD_TABLES, REPLAYED_TABLES, ReplayTable
 from om_core.settings import Settings
 from om_core.store.sqlfiles import query, table_query
 from om_core.store.workspace import Workspace
-from om_core.workers.stages import ModelConfig, make_brain
+from om_core.workers.run_config import ModelConfig, make_brain
 
 BEFORE = Path(__file__).parent / "sql" / "replay_payload_before.sql"
 SETTINGS = Settings(observeAfterTokens=150, reflectAfterTokens=300, compactAfterTokens=700, keepRecentTokens=200,

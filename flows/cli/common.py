@@ -28,7 +28,7 @@ from om_core.settings import Settings
 from om_core.store.workspace import Workspace
 
 if TYPE_CHECKING:
-    from om_core.workers.stages import ModelConfig
+    from om_core.workers.run_config import ModelConfig
 
 # The options several commands take, declared once.
 SessionArg = Annotated[str, typer.Argument(help="Session id, unique id prefix, or ingested file path.")]

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from om_core.model.cost import CostBudget, RunEstimate
     from om_core.replay.plan import RunPlan
     from om_core.store.workspace import Workspace
-    from om_core.workers.stages import ModelConfig, RunGuards
+    from om_core.workers.run_config import ModelConfig, RunGuards
 
 
 @app.command(epilog=examples(
