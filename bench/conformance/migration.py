@@ -23,7 +23,6 @@ Needs Pi and node in .ci/pi/node_modules (`cd .ci/pi && npm install --no-audit -
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -81,10 +80,10 @@ def scalar(db: Path, sql: str, params: list | None = None):
         return con.execute(sql, params or []).fetchone()[0]
 
 
-def run(name: str, profile: str, settings: Settings, root: Path) -> dict:
+def run(name: str, profile: str, settings: Settings, root: Path, sessions: Path = SESSIONS) -> dict:
     folder = root / f"{Path(name).stem}-{profile.replace(' ', '-')}"
     folder.mkdir(parents=True)
-    path = copy_with_cwd(SESSIONS / name, folder)
+    path = copy_with_cwd(sessions / name, folder)
     db = folder / "om.duckdb"
     ingest(Workspace.open(db, settings=settings), [path])
     con = dbmod.connect(db)
@@ -144,7 +143,8 @@ def run(name: str, profile: str, settings: Settings, root: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = harness.parser(__doc__.split("\n", 1)[0], json_flag=False,
+                            smoke="the smallest example session at the defaults only")
     parser.add_argument("--out", type=Path, default=None, help="Folder for the copies and databases (default: a temp one).")
     args = parser.parse_args()
     why = missing()
@@ -152,8 +152,11 @@ def main() -> int:
         print(f"skipped: {why}")
         return 0
     root = args.out or Path(tempfile.mkdtemp(prefix="om-migration-"))
-    rows = [run(name, profile, settings, root) for name in ("before-compaction.jsonl", "large-session.jsonl")
-            for profile, settings in PROFILES.items()]
+    if args.smoke:
+        rows = [run("tidewatch-units.jsonl", "defaults", PROFILES["defaults"], root, harness.EXAMPLES)]
+    else:
+        rows = [run(name, profile, settings, root) for name in ("before-compaction.jsonl", "large-session.jsonl")
+                for profile, settings in PROFILES.items()]
     header = ("session", "profile", "records", "simulated_compactions", "orphaned_not_following", "records_reanchored",
               "compactions_reanchored", "orphaned_now", "points_equal", "points", "recall_equal", "recall_ids",
               "replays_again")

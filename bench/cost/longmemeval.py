@@ -99,8 +99,9 @@ def main() -> None:
               f"{med * 500 / 60:.0f} min of wall time at concurrency 1 (divide by --concurrency)")
         if condition == "om":
             stages = report[condition]
-            print(f"{'':10} context sent to the reader: {stages['context_tokens_mean']:,} tokens; "
-                  f"summary {stages['summary_chars_median']:,} chars")
+            tokens, chars = stages["context_tokens_mean"], stages["summary_chars_median"]  # None: no answer had one
+            print(f"{'':10} context sent to the reader: {'–' if tokens is None else f'{tokens:,}'} tokens; "
+                  f"summary {'–' if chars is None else f'{chars:,}'} chars")
 
 
 if __name__ == "__main__":

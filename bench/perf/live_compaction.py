@@ -33,7 +33,6 @@ Usage (from the repository root):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -65,7 +64,7 @@ KEEP_RECENT = 2000
 MS = re.compile(r"in (\d+) ms, from (the endpoint|the om command)")
 
 
-def exported(work: Path, name: str) -> Path:
+def exported(work: Path, name: str, samples: Path = SAMPLES) -> Path:
     """The sample with its memory in the file (cached in ``work``)."""
     out = work / "exported" / name
     if out.exists():
@@ -75,7 +74,7 @@ def exported(work: Path, name: str) -> Path:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     ws = Workspace.open(work / "memory.duckdb", settings=Settings())
-    report = ingest(ws, [SAMPLES / name])
+    report = ingest(ws, [samples / name])
     sid = report.files[0].session_id
     print(f"replaying {name} with the offline baseline (once; minutes)...", file=sys.stderr)
     replay_session(ws, sid, make_brain(ModelConfig(model="offline"), ws.settings), drain=True)
@@ -336,7 +335,7 @@ def _children_cpu_ms() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, smoke="the smallest example session, one compaction and one recall, one session at once")
     parser.add_argument("--work", type=Path, default=harness.BENCH / "out" / "live")
     parser.add_argument("--repeat", type=int, default=3, help="compactions per sample and path")
     parser.add_argument("--recalls", type=int, default=10, help="recalls per sample (step 3)")
@@ -344,17 +343,22 @@ def main() -> None:
     parser.add_argument("--extension", type=Path, help="a checkout of pi-observational-memory: its own times")
     parser.add_argument("--no-pi", action="store_true", help="leave out step 2 (the real Pi's compactions)")
     parser.add_argument("--no-warm", action="store_true", help="leave out step 3 (a warm endpoint's answers)")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    samples = SAMPLES
+    if args.smoke:
+        samples = args.work / "samples"
+        samples.mkdir(parents=True, exist_ok=True)
+        shutil.copy(harness.EXAMPLES / "tidewatch-units.jsonl", samples)
+        args.repeat, args.recalls, args.sessions = 1, 1, "1"
     why = missing()
     if why:
         raise SystemExit(why)
-    if not SAMPLES.is_dir():
-        raise SystemExit(f"the sample sessions are not in {SAMPLES}")
+    if not samples.is_dir():
+        raise SystemExit(f"the sample sessions are not in {samples}")
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("XDG_STATE_HOME", str(args.work / "state"))  # the endpoints' announcements: the bench's own
-    names = sorted(p.name for p in SAMPLES.glob("*.jsonl"))
-    sources = [exported(args.work, name) for name in names]
+    names = sorted(p.name for p in samples.glob("*.jsonl"))
+    sources = [exported(args.work, name, samples) for name in names]
     report: dict = {}
     if not args.no_pi:
         live_db = args.work / "live.duckdb"
