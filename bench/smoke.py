@@ -61,7 +61,7 @@ SMOKES: tuple[Smoke, ...] = (
     # performance
     Smoke("perf/compaction.py", ("--runs", "2", "--cli-runs", "1", "--other-entries", "0")),
     Smoke("perf/fresh_db.py", ("--runs", "2", "--parts")),
-    Smoke("perf/ingest.py", ("--size-mb", "1", "--mem-mb", "0.5", "--vs-duckdb", "1", "--breakdown")),
+    Smoke("perf/ingest.py", ("--size-mb", "0.3", "--mem-mb", "0.2", "--vs-duckdb", "1", "--breakdown")),
     Smoke("perf/pipeline.py", ("--smoke",)),
     Smoke("perf/readers.py", ("--sessions", "2", "--reads", "3", "--commands", "1", "--delay", "0")),
     Smoke("perf/recall_query.py", ("--items", "200", "--rounds", "1", "--sessions", "{small_dir}")),

@@ -335,7 +335,7 @@ def _children_cpu_ms() -> float:
 
 
 def main() -> None:
-    parser = harness.parser(__doc__, smoke="the smallest example session, one compaction and one recall, one session at once")
+    parser = harness.parser(__doc__, smoke="one example session, one compaction and one recall, one session at once")
     parser.add_argument("--work", type=Path, default=harness.BENCH / "out" / "live")
     parser.add_argument("--repeat", type=int, default=3, help="compactions per sample and path")
     parser.add_argument("--recalls", type=int, default=10, help="recalls per sample (step 3)")
@@ -348,7 +348,7 @@ def main() -> None:
     if args.smoke:
         samples = args.work / "samples"
         samples.mkdir(parents=True, exist_ok=True)
-        shutil.copy(harness.EXAMPLES / "tidewatch-units.jsonl", samples)
+        shutil.copy(harness.EXAMPLES / "budgetbox-duckdb.jsonl", samples)  # long enough for a cut
         args.repeat, args.recalls, args.sessions = 1, 1, "1"
     why = missing()
     if why:

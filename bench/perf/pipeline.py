@@ -300,7 +300,7 @@ def print_report(out: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = harness.parser(__doc__, smoke="2 sessions, one run, the baselines and the cluster at that size, no scaling")
+    parser = harness.parser(__doc__, smoke="2 sessions, one run, the baselines, a one-worker cluster, no scaling")
     parser.add_argument("--sessions", type=int, default=56)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--model-concurrency", type=int, default=16)
@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 out["share_of_ceiling"] = median["efficiency"] / out["prefect_with_litellm"]["efficiency"]
             if args.cluster:
                 log("the flow's CPU with replays on a local multi-process Dask cluster…")
-                out["cluster"] = cluster_run(paths, work / "cluster.duckdb", args.model_concurrency)
+                out["cluster"] = cluster_run(paths, work / "cluster.duckdb", args.model_concurrency,
+                                             workers=1 if args.smoke else 2)
         if args.scaling:  # outside the ephemeral API: the workers are other processes, on a real server
             out["scaling"] = scaling.measure([1, 2, 4], log=log)
     finally:

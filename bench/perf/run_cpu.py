@@ -111,7 +111,7 @@ def workload(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         target = harness.generated_sessions(work / "generated", args.sessions)
         model, env_extra, per = ["--model", "openai/fake-model", "--api-base", base_url], dict(THRESHOLDS), "model_calls"
     if server is not None:
-        env_extra = {**env_extra, "PREFECT_API_URL": server.api_url}
+        env_extra = {**env_extra, **server.client_env}  # its API and its credential
     runs = []
     try:
         for i in range(args.runs):

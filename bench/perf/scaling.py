@@ -111,7 +111,7 @@ def measure(worker_counts: list[int], sessions: int = 16, nthreads: int = 2, lat
     rows: list[dict[str, Any]] = []
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_"))}
-        env.update({"PYTHONPATH": str(harness.REPO), "PREFECT_API_URL": server.api_url, "PREFECT_LOGGING_LEVEL": "WARNING",
+        env.update({"PYTHONPATH": str(harness.REPO), **server.client_env, "PREFECT_LOGGING_LEVEL": "WARNING",
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                     "OPENAI_API_KEY": "sk-fake", "OM_MODEL_CONCURRENCY": str(4 * max(worker_counts) * nthreads),
                     **THRESHOLDS})
