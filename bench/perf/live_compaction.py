@@ -348,7 +348,7 @@ def main() -> None:
     if args.smoke:
         samples = args.work / "samples"
         samples.mkdir(parents=True, exist_ok=True)
-        shutil.copy(harness.EXAMPLES / "budgetbox-duckdb.jsonl", samples)  # long enough for a cut
+        shutil.copy(harness.EXAMPLES / "harbor-sync-long.jsonl", samples)  # enough past its compaction for a cut
         args.repeat, args.recalls, args.sessions = 1, 1, "1"
     why = missing()
     if why:
