@@ -70,8 +70,7 @@ SMOKES: tuple[Smoke, ...] = (
     Smoke("perf/run_cpu.py", ("--workload", "instant", "--sessions", "2", "--runs", "1")),
     Smoke("perf/scaling.py", ("--workers", "1", "--sessions", "2", "--threads", "1", "--latency", "0.05")),
     Smoke("perf/tokenizer_runs.py", ("--mb", "0.2", "--runs", "1", "--tokenizer", "--exact-mb", "0.05")),
-    # the warm step needs a cut after the export's last compaction, which no example session has
-    Smoke("perf/live_compaction.py", ("--smoke", "--no-warm", "--work", "{tmp}"), Needs.PI),
+    Smoke("perf/live_compaction.py", ("--smoke", "--work", "{tmp}"), Needs.PI),
     # prompt cost
     Smoke("cost/prompts.py", ("--sessions", "{small}")),
     Smoke("cost/workers.py", ("--sessions", "{small}")),
