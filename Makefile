@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DB ?= demo.duckdb
 
-.PHONY: demo demo-memory test venv clean bench docs docs-gen docs-serve
+.PHONY: demo demo-memory test venv clean bench-smoke docs docs-gen docs-serve
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ demo-memory:
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# Every benchmark script once at a tiny size (bench/smoke.py lists them), against the fake model only,
+# two at a time: it shows that each still runs, not what it measures (bench/README.md).
+BENCH_JOBS ?= 2
+bench-smoke: $(STAMP)
+	$(BIN)/python bench/smoke.py --jobs $(BENCH_JOBS)
 
 # The documentation site (docs/, mkdocs.yml) in site/. Its reference pages (commands, settings, the
 # analyst schema) are generated from the code: docs-gen rewrites them, and the suite fails when they

@@ -86,7 +86,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         meaning="the observer reads a tool call's arguments, a tool result or a command's output longer than "
                 "this (Pi's estimate, 4 characters a token) as its head (60%) and tail, the cut marked with its "
                 "size; `0` shows them whole. Its view only: the stored entries, `om recall`, summaries and the "
-                "ledger keep everything (the default is measured: `bench/prompts.py`)"),
+                "ledger keep everything (the default is measured: `bench/cost/prompts.py`)"),
     "reflectorBackoff": SettingDoc(
         meaning="after a deliberate empty reflector result, wait for another `reflectAfterTokens` of source "
                 "before asking it again, as the observer always does (SPEC §9); off, the extension's behaviour: "

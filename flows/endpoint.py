@@ -1,6 +1,6 @@
 """The live endpoint: what a live Pi's extension asks om (compaction, recall), answered on 127.0.0.1 by
 a process that keeps om loaded, so an answer costs the work (tens of milliseconds) and not a Python
-start (a second or more: measured in bench/live_compaction.py).
+start (a second or more: measured in bench/perf/live_compaction.py).
 
 One endpoint per database. It announces itself in this user's state folder
 (``$XDG_STATE_HOME/om/endpoints``, else ``~/.local/state/om/endpoints``; the folder 0700, the file

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # What om's Prefect API keeps of a run: the flow run, its task runs (named and tagged: what the UI
 # shows of what a run did) and its logs; not Prefect's event feed, which per model call
-# is ~3 events and ~10 event-resource rows (~17 KB, bench/run_cpu.py; ~40 GB per 100k sessions in the
+# is ~3 events and ~10 event-resource rows (~17 KB, bench/perf/run_cpu.py; ~40 GB per 100k sessions in the
 # user's Prefect home, kept 7 days) that nothing om runs reads. A user's own setting wins (docs/operating.md,
 # "What Prefect keeps").
 LEAN_SERVER = {"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false"}

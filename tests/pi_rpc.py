@@ -1,5 +1,5 @@
 """The real Pi 1.6.0 in RPC mode, for the extension's tests and benchmark (tests/test_pi_live.py,
-bench/live_compaction.py).
+bench/perf/live_compaction.py).
 
 Pi and the node it needs come from .ci/pi/node_modules (`.ci/run` installs them there with npm);
 ``missing()`` says why they cannot run here. Pi's provider is a fake OpenAI-compatible server

@@ -315,7 +315,7 @@ EXTENSION_CHECKOUT = os.environ.get("PI_OM_EXTENSION")  # a checkout of elpapi42
                     "which npm does not serve here) is not set: its own recall is not run")
 @pytest.mark.skipif(missing() is not None, reason=missing() or "")
 def test_recall_equals_the_real_extensions_answer(tmp_path):
-    """The extension's own recall tool (run from its source by bench/extension_answers.mjs, on the file
+    """The extension's own recall tool (run from its source by bench/conformance/extension_answers.mjs, on the file
     as Pi 1.6.0 reads it) and om's give the same text and source details for every id."""
     cited, observation, reflection = _cited_session(tmp_path)
     sessions = {cited: [observation, reflection],

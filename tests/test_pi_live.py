@@ -389,7 +389,7 @@ def test_the_readme_om_serve_example_reaches_the_agent(live):
 def test_eight_sessions_compacting_at_once_are_all_answered_from_memory(live):
     """Eight Pi processes, each on a copy of the conversation with its memory (om export), compact at the
     same moment through om serve's endpoint: each gets om's memory, none falls back to Pi's summarizer."""
-    live.set_om()  # a generous deadline: the measure of the wait is bench/live_compaction.py's
+    live.set_om()  # a generous deadline: the measure of the wait is bench/perf/live_compaction.py's
     ws = live.workspace()
     with ws.read() as con:
         [sid] = [r[0] for r in con.execute("SELECT session_id FROM sessions WHERE file_path = ?",

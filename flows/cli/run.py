@@ -68,7 +68,7 @@ def run(
     prefectServerIdleSeconds without a run (`om server status|stop`; 0: a temporary API per run).
 
     With a model litellm has a price for, the estimated cost is printed before the run (source
-    tokens still to observe × the prompt ratio bench/workers.py measured) and the real cost (from
+    tokens still to observe × the prompt ratio bench/cost/workers.py measured) and the real cost (from
     the provider's usage) after it.
 
     Sessions unchanged since their last complete replay (same settings and model) are skipped, so a

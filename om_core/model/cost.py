@@ -14,12 +14,12 @@ from typing import Any
 
 from om_core.model.client import ModelError
 
-# Prompt tokens per source token (Pi's estimate), as bench/workers.py measured them on the two
+# Prompt tokens per source token (Pi's estimate), as bench/cost/workers.py measured them on the two
 # sample sessions with one call per stage, rounded up from the larger figure (prompt 1.05 and 1.39;
 # uncached, what an automatic prefix cache would not serve, 0.60 and 0.95: the current prompts, the
 # observer's tool parts shortened at observerToolMaxTokens 1,000). They were measured with the
 # scripted fake model, whose memory stays small: a real model's memory (up to
-# observationsPoolMaxTokens) adds prompt tokens, most of them cached (bench/prompts.py's careful
+# observationsPoolMaxTokens) adds prompt tokens, most of them cached (bench/cost/prompts.py's careful
 # model: 3.0 and 2.4 prompt, 0.68 and 1.03 uncached). The output ratio is an allowance, not a
 # measurement (the fake model's answers are short).
 PROMPT_PER_SOURCE = 1.40
@@ -134,7 +134,7 @@ class RunEstimate:
     output_tokens: int
     usd: float | None  # None: litellm has no price for the model
     usd_without_cache: float | None = None
-    basis: str = "measured ratios (bench/workers.py)"
+    basis: str = "measured ratios (bench/cost/workers.py)"
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -18,7 +18,7 @@ The prompt has a system prompt and a tool of its own rather than the session wor
 a provider's prompt cache serves a request's prefix only when it starts with the same tools, so
 sharing would put this stage's tool in every session worker's request (about 150 tokens each, on
 hundreds of calls per project stage) to save the head's ~1,500 tokens on one call
-(``bench/project_stage.py`` measures both).
+(``bench/cost/project_stage.py`` measures both).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ The keyword and entropy rules guess; ``om_core.redaction.values`` holds their ch
 A check may name the kind (``password`` for ``DB_PASS=…``); a shape's kind wins over a guess's.
 
 ``detect-secrets``' own scanner is not used: it reports lines, not spans, and runs at ~0.05 MB/s;
-the plugins' patterns run in ``om_core.redaction.redact``'s one span-collecting pass (see ``bench/redact.py``).
+the plugins' patterns run in ``om_core.redaction.redact``'s one span-collecting pass (see ``bench/perf/redact.py``).
 """
 
 from __future__ import annotations

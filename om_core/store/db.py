@@ -175,7 +175,7 @@ def template_path() -> Path:
 def memory_database(config: dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
     """A new in-memory database with om's schema, views and macros: the template's catalog copied in
     as it is (a few ms), where parsing and binding the snapshot, views and macros again would cost
-    some 100 ms more (bench/fresh_db.py --parts)."""
+    some 100 ms more (bench/perf/fresh_db.py --parts)."""
     con = duckdb.connect(":memory:", config=config or {})
     try:
         con.execute(query("attach_template"), {"path": str(template_path())})

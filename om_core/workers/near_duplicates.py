@@ -18,7 +18,7 @@ A short note (under ten words, where one changed word already falls under the ra
 state too when its other words are the same, in the same order, and there are at least
 ``SAME_SENTENCE_MIN_WORDS`` of them ("Assistant modified cli.py (edited 3 times)" after "… 2 times";
 "Tool bash failed: Command aborted" after "… succeeded: …"). The rule's false positives and negatives on the real sessions
-are measured by bench/state_changes.py (docs/concepts.md gives the counts).
+are measured by bench/conformance/state_changes.py (docs/concepts.md gives the counts).
 """
 
 from __future__ import annotations

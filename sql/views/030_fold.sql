@@ -161,7 +161,7 @@ CREATE OR REPLACE MACRO compaction_decision(p_session, p_tip, p_first_kept, p_po
 -- Compaction projection at F (SPEC §4): the fold the decision picks, observations covered through F
 -- and reflections and drops through the decision's boundary (M, or F for a full fold); p_replayed
 -- as for the decision.
--- Cost (bench/compaction.py, 10,000-entry branch): deciding first and then folding is about 2x the
+-- Cost (bench/perf/compaction.py, 10,000-entry branch): deciding first and then folding is about 2x the
 -- former single flat pass (warm, in process: some tens of ms more); `om compact` itself is ~1 s of
 -- process start, so the plain form is kept. om_core.memory.views reads the decision once and passes
 -- others_through to fold, so a compaction decides once, not twice.
