@@ -87,6 +87,26 @@ def test_resolve_session_by_id_prefix_and_path(catalog_db, tmp_path, monkeypatch
         assert catalog.resolve_session(con, "../sessions/b.jsonl") == SID_B
 
 
+def test_sql_macros_take_the_session_references_the_commands_take(catalog_db):
+    """session_id resolves what resolve_session does (an id, a unique prefix, an ingested file's path)
+    once, at the analyst's entry point; the macros then take the id; session_leaf gives its leaf."""
+    db = catalog_db["db"]
+    for ref in (SID_A, "abc1", "abc11111-0000", str(catalog_db["a"].resolve())):
+        with dbmod.reading(db) as con:
+            assert catalog.resolve_session(con, ref) == SID_A
+        assert q(db, "SELECT session_id(?)", [ref]) == [(SID_A,)], ref
+    [(leaf,)] = q(db, "SELECT leaf_id FROM sessions WHERE session_id = ?", [SID_C])
+    assert q(db, "SELECT session_leaf('f0')") == [(leaf,)]
+    by_ref = q(db, "SELECT item_kind, id FROM ledger_at(session_id('f0'), session_leaf('f0')) ORDER BY ALL")
+    assert by_ref == q(db, "SELECT item_kind, id FROM ledger_at(?, ?) ORDER BY ALL", [SID_C, leaf])
+    branch = q(db, "SELECT position, entry_id FROM branch_detail(session_id('f0f0'), session_leaf('f0f0'))")
+    assert branch and branch == q(db, "SELECT position, entry_id FROM branch_detail(?, ?)", [SID_C, leaf])
+    for ref, said in (("abc", "abc matches several sessions"), ("0123", "no ingested session matches 0123"),
+                      ("", "empty session reference")):
+        with pytest.raises(duckdb.Error, match=said):
+            q(db, "SELECT session_id(?)", [ref])
+
+
 def test_resolve_session_errors(catalog_db, tmp_path):
     with dbmod.reading(catalog_db["db"]) as con:
         with pytest.raises(AmbiguousSession) as exc:

@@ -92,7 +92,8 @@ def run(
     # the run's one ModelConfig, built here from the settings and carried to the flow as that value
     # (checked now, announced once the targets are: a missing path is the one line `om run /missing` prints)
     config = model_config(settings, model, api_base, as_json, announce=False, limit=limit, max_cost=max_cost)
-    say = (lambda text: None) if as_json else (lambda text: err.print(text, highlight=False))
+    # piped, a missing target stays the one line it prints: the run's progress lines start with the replay
+    say = (lambda text: None) if as_json or not err.is_terminal else (lambda text: err.print(text, highlight=False))
     if _no_session_files(targets, exclude):  # nothing to read: no database, no lock file, no replay claimed
         if as_json:
             print_json(RunReport(run_id=None, sessions=[], errors=[], failures=[], skipped=[], database=str(ws.path),

@@ -51,6 +51,8 @@ SCHEMA_DOCS: dict[str, ObjectDoc] = {
     'search_documents': ObjectDoc(what="the search index's documents", columns={'doc_kind': 'observation, reflection, entry, project_reflection', 'scope_id': 'its session, or project', 'doc_id': 'memory id or entry id', 'length': 'terms'}),
     'search_terms': ObjectDoc(what='their terms (`text_terms`)'),
     'search_vectors': ObjectDoc(what='their embeddings for recall by meaning (`recallEmbeddings`)', columns={'vec': 'unit length'}),
+    'session_id': ObjectDoc(what="a session reference as `om` commands take it (the id, a unique prefix, or the ingested file's path) as the session id the other macros take; an error names a reference that matches none or several"),
+    'session_leaf': ObjectDoc(what="the current leaf of a session reference (as `session_id` takes it): `ledger_at(session_id('5b0e7c1a'), session_leaf('5b0e7c1a'))`"),
     'branch': ObjectDoc(what='the branch ending at tip, root first'),
     'branch_detail': ObjectDoc(what='the same with the columns most questions need'),
     'branch_records': ObjectDoc(what="every valid ledger record on the branch in branch order, with its watermark's position (NULL: dangling)"),
