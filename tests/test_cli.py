@@ -687,8 +687,8 @@ def test_the_closing_table_of_om_run_fits_80_columns_with_numbers_right_aligned(
                  tokens=123_456, cost=0.0123, errors=0, error=None) for n, sid in enumerate(sids, 1)]
     run_cli._print_run_table(RunReport(run_id="6722ee52b6f04ca2", sessions=rows))
     text = buffer.getvalue()
-    headers = ["session", "observations", "reflections", "drops", "compactions", "model calls", "tokens", "cost",
-               "errors"]
+    headers = ["session", "file", "observations", "reflections", "drops", "compactions", "model calls", "tokens",
+               "cost", "errors"]  # the session's file too: a user knows their sessions by file, not by UUID
     assert_fits(text, 80, headers)
     assert "5b0e7c1a " in text and "8e3f1d26 " in text and "8e3f1d2f " in text  # unique prefixes, 8 at least
     assert "not shown at this width" in text and "--json has everything" in text
