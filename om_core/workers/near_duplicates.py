@@ -56,8 +56,9 @@ ITEM_LABELS = frozenset({"step", "item", "part", "phase", "stage", "task", "issu
 _ARTICLES = frozenset({"the", "a", "an"})
 _FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
 # memory ids, entry ids, commit hashes: hex names of things (with a digit and a letter, so neither a
-# number nor a word)
-_HEX_NAME = re.compile(r"^(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}$")
+# number nor a word); at the exact lengths of Pi's entry ids (8) and om's memory ids (12) digits alone
+# too: about one id in forty has no letter, and citing another entry is another fact, not a new count
+_HEX_NAME = re.compile(r"^(?:(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}|[0-9a-f]{8}|[0-9a-f]{12})$")
 _NAME_WITH_DIGITS = re.compile(r"^[a-z][a-z-]*\d+[a-z]*$")  # wp4, s3, e2e, h264: a name, not a value
 _VERSION = re.compile(r"^v?\d+(\.\d+)+$")
 
