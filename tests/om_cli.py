@@ -5,6 +5,8 @@ signal, kill -9, what a fresh process imports, a terminal's width) start a real 
 
 from __future__ import annotations
 
+import re
+
 import io
 import logging
 import os
@@ -68,3 +70,12 @@ def run_om(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
         sys.argv, sys.stdin = saved_argv, saved_stdin
     returncode = code if isinstance(code, int) else (0 if code is None else 1)
     return subprocess.CompletedProcess(["om", *args], returncode, out.getvalue(), err.getvalue())
+
+
+PROGRESS_LINE = re.compile(r"^replaying \S+|\(\d+ of \d+ sessions?, [\d:]+ elapsed\)$|^Prefect API: ")
+
+
+def progress_line(line: str) -> bool:
+    """A line of `om run`'s piped progress (the Prefect API it uses, a session started or ended): progress,
+    not an error line."""
+    return PROGRESS_LINE.search(line.strip()) is not None

@@ -283,7 +283,9 @@ def session_db(tmp_path: Path, turns: int = 2) -> Path:
 
 
 def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.strip()]
+    from om_cli import progress_line
+
+    return [line for line in stderr.splitlines() if line.strip() and not progress_line(line)]
 
 
 @pytest.mark.parametrize("command", ["observe", "reflect"])

@@ -197,7 +197,10 @@ def test_a_provider_down_for_good_trips_the_breaker_and_a_rerun_resumes(tmp_path
                               text=True, timeout=400)
         calls = len(server.requests)
     assert done.returncode == 1, done.stderr[-2000:]
-    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("cost:")]
+    from om_cli import progress_line
+
+    lines = [line for line in done.stderr.splitlines()
+             if line.strip() and not line.startswith("cost:") and not progress_line(line)]
     assert len(lines) == 1, done.stderr[-3000:]
     assert lines[0].startswith("error: model calls stopped: the provider kept failing: 6 model calls in a row"), lines
     assert "Traceback" not in done.stderr
@@ -257,7 +260,10 @@ def test_a_full_disk_stops_the_model_calls_at_once(tmp_path, small_disk):
     assert calls.get("filled"), "the disk never filled: the run made fewer than 3 model calls"
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("cost:")]
+    from om_cli import progress_line
+
+    lines = [line for line in done.stderr.splitlines()
+             if line.strip() and not line.startswith("cost:") and not progress_line(line)]
     assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr[-3000:]
     # no stage starts after the first write failure: only the calls already in flight (modelConcurrency 8)
     assert calls["after"] <= 8, calls

@@ -130,6 +130,8 @@ def test_the_fixed_grammar_of_a_note_attributed_to_the_user(content, user):
     ("User wants the orders service.", "User wants the billing service.", None),                # too different
     ("Work happened between entries 00000004 and 0000000a of the session.",
      "Work happened between entries 0000000b and 00000011 of the session.", None),  # other entries: ids of digits alone
+    ("User said: I asked for a pasta recipe with mushrooms. (note q00.1)",
+     "User said: I asked for a pasta recipe with mushrooms. (note q00.2)", None),  # another labelled note
 ])
 def test_a_near_copy_that_changes_a_state_is_no_duplicate(earlier, later, verdict):
     found = NearDuplicates([("a" * 12, earlier)]).match(later)

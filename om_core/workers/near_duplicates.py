@@ -52,7 +52,8 @@ COUNT_WORDS = frozenset({"zero", "one", "two", "three", "four", "five", "six", "
 # path does, not a value of it.
 ITEM_LABELS = frozenset({"step", "item", "part", "phase", "stage", "task", "issue", "pr", "chunk", "entry", "line",
                          "round", "row", "column", "section", "chapter", "page", "ticket", "bug", "milestone",
-                         "iteration", "example", "case", "question", "option", "attempt", "wp", "seed", "commit"})
+                         "iteration", "example", "case", "question", "option", "attempt", "wp", "seed", "commit",
+                         "note", "message", "turn"})
 _ARTICLES = frozenset({"the", "a", "an"})
 _FILE_NAME = re.compile(r"^[\w-]+(\.[a-z][a-z0-9]{0,4})+$")
 # memory ids, entry ids, commit hashes: hex names of things (with a digit and a letter, so neither a
