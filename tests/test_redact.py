@@ -424,7 +424,10 @@ def identifier_session() -> tuple[SessionBuilder, list[str]]:
     lines = []
     for i, (_, value) in enumerate(IDENTIFIERS):
         word = SECRET_WORDS[i % len(SECRET_WORDS)]
-        lines.append(f"{word} {value}" if i % 2 else PROSE[2 + i % (len(PROSE) - 2)].format(v=value, w=word))
+        # each prose line names a file of its own: the same sentence with another value would be a changed
+        # state the observer's check refuses (om_core.workers.near_duplicates), not what this test is about
+        lines.append(f"{word} {value}" if i % 2 else
+                     f"{PROSE[2 + i % (len(PROSE) - 2)].format(v=value, w=word)} (s{i}.md)")
     b = SessionBuilder(SID)
     first = b.user("Let's tidy up the secret handling of the harbor service.")
     imported_lines = [f"Imported: {line}" for line in lines] + [f"Imported: {t}" for t in _texts(0) + _texts(1)]

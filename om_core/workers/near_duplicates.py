@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 NEAR_DUPLICATE_RATIO = 0.9
-SAME_SENTENCE_MIN_WORDS = 3
+SAME_SENTENCE_MIN_WORDS = 4  # "User wrote: token X" after "… token Y": too little left to call it one note
 
 _WORDS = re.compile(r"[\w./:@#+-]+")
 NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "without", "cannot", "can't", "don't", "doesn't",
