@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 26's fault table, from faults injected for real into real `om` processes.
+"""The fault table, from faults injected for real into real `om` processes.
 
 Each fault runs on sessions generated with tests/builders.SessionBuilder (tests/test_run_command.sessions)
 in a folder of its own, against the fake provider of tests/fake_openai.py (answered by

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Memory through Pi's migration, on the two real sessions (issue 33 item 1).
+"""Memory through Pi's migration, on the two real sessions.
 
 For each real session (v1) and each settings profile (the defaults, and lower thresholds that make
 the offline baseline record much more): a copy of the session (its header's cwd moved to a folder
@@ -11,7 +11,7 @@ in RPC mode, which migrates it in place; om ingests it again. Figures per run:
 
 * records / simulated compactions om had appended;
 * orphaned without following the migration (the same ingest with follow_migration switched off, on a
-  copy of the database: what om did before issue 33);
+  copy of the database: what om did before it followed Pi's migration);
 * re-anchored and orphaned now;
 * points of the branch where memory equals the memory before (through the id map), of all points;
 * recall equal for how many ids; whether `om run` would replay the session again.
@@ -103,7 +103,7 @@ def run(name: str, profile: str, settings: Settings, root: Path, sessions: Path 
     pi_opens(path, folder / "home")
     migrated = json.loads(path.read_text().split("\n", 1)[0]).get("version")
 
-    # what om did before issue 33: the same ingest, the migration not followed (a copy of the database)
+    # what om did before it followed Pi's migration: the same ingest, the migration not followed (a copy of the database)
     unfollowed = folder / "unfollowed.duckdb"
     shutil.copy(db, unfollowed)
     real = file_ingest.follow_migration

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does `om compact` answer in the session file's world (issue 22)? A check on real sessions.
+"""Does `om compact` answer in the session file's world? A check on real sessions.
 
 The sessions are replayed with the offline baseline and a small pool (observationsPoolMaxTokens
 3000 by default, so the replay simulates full folds), exported with `om export`, and the export is

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the project stage sends, per 1,000 tokens of the session memory it reads (issue 35).
+"""What the project stage sends, per 1,000 tokens of the session memory it reads.
 
 The sample sessions (../shared/sessions/{before-compaction,large-session}.jsonl; both worked in one
 folder, so they are one project) are ingested one after the other into a fresh DuckDB and replayed
@@ -16,7 +16,7 @@ the fake server's tokens (characters / 4); ``cached`` is the prefix the request 
 request of the run. ``read`` is the session memory the stage read (its ``input_tokens``: the token
 counts of the reflections and critical observations shown). The totals line: prompt tokens, uncached
 tokens and calls per 1,000 tokens read. ``sharing`` shows what the session workers' shared request
-head would cost instead (issue 32's layout): the project tool's schema added to every session worker's
+head would cost instead (the shared-prefix layout): the project tool's schema added to every session worker's
 request, against the head it would let this stage's one request share.
 
 Usage (from the repository root):

@@ -100,7 +100,7 @@ class _RecordingModel:
             from om_core.model.client import prepare_messages
 
             messages = prepare_messages(messages, False)
-        except ImportError:  # the code before issue 14 sent plain strings already
+        except ImportError:  # older code sent plain strings already
             pass
         self.sink.append({"messages": [dict(m) for m in messages], "tools": tools})
         return ChatReply(text="", tool_calls=[])
@@ -232,7 +232,7 @@ def measure(db_path: Path, sid: str, leaf: str, mode: str, requests: list[dict[s
         if fake and price is not None and src_pi:
             auto = price.call(server_input, server_output, server_cached)
             explicit = price.call(server_input, server_output, server_cached, written)
-            if model.startswith("anthropic/"):  # caches only at explicit breakpoints: none before issue 14
+            if model.startswith("anthropic/"):  # caches only at explicit breakpoints: none in older code
                 auto = explicit if MARKS_BREAKPOINTS else price.call(server_input, server_output)
             costs[model] = 1_000_000 * auto / src_pi
     return {

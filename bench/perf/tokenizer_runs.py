@@ -3,7 +3,7 @@
 
 Builds two Pi sessions, each holding one tool result of ``--mb`` MB (default 20): one of a single
 repeated character, one of words, and ingests each into a fresh database (alternating, ``--runs``
-times each). Prints the median wall times and their ratio: the target is at most 3x (issue 15).
+times each). Prints the median wall times and their ratio: the target is at most 3x.
 Without the bounded run count (``om_core.pi.tokens.LONG_RUN_CHARS``) the repeated character took
 4.1x as long at 20 MB and grew faster than linearly.
 
