@@ -145,6 +145,7 @@ def run_once(paths: list[Path], db_path: Path, concurrency: int, model_concurren
         wall = time.perf_counter() - t0
         cpu1 = cpu_seconds()
         requests = len(server.requests)
+    summary = summary.model_dump()  # the flow's RunResult, read here as its fields
     run_id = summary["run_id"]
     con = duckdb.connect(str(db_path), read_only=True)
     try:
@@ -227,6 +228,7 @@ def cluster_run(paths: list[Path], db_path: Path, model_concurrency: int, worker
         own = cpu_seconds()[0] - cpu0[0]
     finally:
         harness.stop_process(proc)
+    summary = summary.model_dump()  # the flow's RunResult, read here as its fields
     con = duckdb.connect(str(db_path), read_only=True)
     try:
         calls = con.execute("SELECT count(*) FROM llm_calls WHERE run_id = ?", [summary["run_id"]]).fetchone()[0]
