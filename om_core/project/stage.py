@@ -29,7 +29,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
@@ -43,6 +43,7 @@ from om_core.memory.project_memory import ProjectReflection, Retirement, append_
 from om_core.model.client import CallRecord
 from om_core.store.sqlfiles import query
 from om_core.workers.near_duplicates import normalised_words
+from om_core.workers.stages import record_calls, run_stage
 
 if TYPE_CHECKING:
     from om_core.settings import Settings
@@ -264,7 +265,6 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
     """Append the stage's records, its project_stages row and its model calls in one transaction; the
     search index learns the new reflections."""
     from om_core.store.search_index import refresh_search_index
-    from om_core.workers.stages import record_calls
 
     with dbmod.transaction(con):
         if outcome.outcome == "recorded":
@@ -290,26 +290,53 @@ def record_project_stage(con: duckdb.DuckDBPyConnection, outcome: ProjectOutcome
     return outcome
 
 
-def project_stage(ws: Workspace, project_id: str, brain: Any, *, run_id: str | None = None,
-                  compute: Any = None) -> ProjectOutcome | None:
-    """One project stage: read its input, run it, record it. None when nothing is new. ``compute``
-    runs the model part (``compute_project_stage``'s arguments; the flow passes its Prefect task), which
-    touches no database: only this process reads and writes it."""
-    settings = ws.settings
-    with ws.read() as con:
-        inp = read_project_input(con, project_id, settings)
+class ProjectSteps:
+    """The project stage's steps for the one runner (``om_core.workers.stages.run_stage``): its input
+    read from the project's sessions, its work done before known by its stage key (a deliberate empty
+    result at prepare, an append at record), its records appended to the project's ledger. It keeps no
+    computed result between compute and record: its watermark moves only with the append."""
+
+    def __init__(self, project_id: str, brain: Any, settings: Settings, compute: Any = None) -> None:
+        self.project_id = project_id
+        self.brain = brain
+        self.settings = settings
+        self.run = compute or compute_project_stage
+
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> tuple[ProjectInput | None, ProjectOutcome | None]:
+        inp = read_project_input(con, self.project_id, self.settings)
         if inp is None:
-            return None
-        key = inp.stage_key(brain.name)
-        if scalar(con, "project_stage_was_empty", {"project_id": project_id, "stage_key": key}):
-            return ProjectOutcome(project_id=project_id, model=brain.name, outcome="empty", stage_key=key,
-                                  settled=Settled.EMPTY_BEFORE, reason=str(Settled.EMPTY_BEFORE))
-    started = datetime.now(timezone.utc)
-    outcome = (compute or compute_project_stage)(inp, brain, settings)
-    if outcome.outcome == "skipped":  # the run's cost budget stopped it before its model call: nothing is recorded
-        return outcome
-    with ws.write() as con:
-        return record_project_stage(con, outcome, run_id, started)
+            return None, None
+        key = inp.stage_key(self.brain.name)
+        if scalar(con, "project_stage_was_empty", {"project_id": self.project_id, "stage_key": key}):
+            return None, ProjectOutcome(project_id=self.project_id, model=self.brain.name, outcome="empty",
+                                        stage_key=key, settled=Settled.EMPTY_BEFORE, reason=str(Settled.EMPTY_BEFORE))
+        return inp, None
+
+    def kept(self, prepared: ProjectInput) -> ProjectOutcome | None:
+        return None
+
+    def compute(self, prepared: ProjectInput) -> ProjectOutcome:
+        return self.run(prepared, self.brain, self.settings)
+
+    def unrecorded(self, computed: ProjectOutcome) -> ProjectOutcome | None:
+        # the run's cost budget stopped it before its model call: nothing is recorded
+        return computed if computed.outcome == "skipped" else None
+
+    def keep(self, prepared: ProjectInput, computed: ProjectOutcome) -> ProjectOutcome:
+        return computed
+
+    def record(self, con: duckdb.DuckDBPyConnection, computed: ProjectOutcome, run_id: str | None,
+               started_at: datetime) -> ProjectOutcome:
+        return record_project_stage(con, computed, run_id, started_at)
+
+
+def project_stage(ws: Workspace, project_id: str, brain: Any, *, run_id: str | None = None,
+                  compute: Any = None, guards: RunGuards | None = None) -> ProjectOutcome | None:
+    """One project stage through the one runner: read its input, run it, record it. None when nothing
+    is new. ``compute`` runs the model part (``compute_project_stage``'s arguments; the flow passes its
+    Prefect task), which touches no database: only this process reads and writes it. ``guards``: the
+    run's breaker and budget, checked first (``RunStopped``, ``BudgetReached``)."""
+    return run_stage(ws, ProjectSteps(project_id, brain, ws.settings, compute), run_id=run_id, guards=guards)
 
 
 def due_projects(con: duckdb.DuckDBPyConnection, settings: Settings) -> list[str]:
@@ -335,13 +362,11 @@ def run_project_stages(ws: Workspace, project_id: str, brain: Any, *, run_id: st
                           and not (force and int(growth[0]["latest_seq"] or 0) > int(growth[0]["watermark_seq"] or 0))):
             break
         try:
-            if guards is not None:
-                guards.check()
+            outcome = project_stage(ws, project_id, brain, run_id=run_id, compute=compute, guards=guards)
         except (RunStopped, BudgetReached) as exc:
             outcomes.append(ProjectOutcome(project_id=project_id, model=brain.name, reason=f"stopped: {exc}",
                                            stop=exc.reason))
             break
-        outcome = project_stage(ws, project_id, brain, run_id=run_id, compute=compute)
         if outcome is None:
             break
         outcomes.append(outcome)
@@ -365,5 +390,5 @@ def run_due_projects(ws: Workspace, brain: Any, *, run_id: str | None = None, co
 
 
 __all__ = ["PROJECT_SYSTEM", "RECORD_PROJECT_REFLECTIONS_TOOL", "ProjectInput", "ProjectCheck", "ProjectOutcome",
-           "read_project_input", "compute_project_stage", "record_project_stage", "project_stage",
+           "read_project_input", "compute_project_stage", "record_project_stage", "project_stage", "ProjectSteps",
            "run_project_stages", "run_due_projects", "due_projects", "distil_offline", "normalised_words"]

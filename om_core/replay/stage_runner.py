@@ -1,10 +1,12 @@
-"""The one stage runner: prepare -> exactly-once lookup -> compute with the brain -> record.
+"""The session stages' runner: prepare -> exactly-once lookup -> compute with the brain -> record.
 
-Every stage om runs goes through ``StageRunner``: `om observe`/`om reflect` on the user's database,
+Every session stage om runs goes through ``StageRunner``, which gives its steps (``SessionSteps``)
+to the one runner every stage kind shares (``om_core.workers.stages.run_stage``; the project stage
+gives its own): `om observe`/`om reflect` on the user's database,
 and every replay (the flow's tasks, `om eval`, tests and benchmarks) on a replay's in-memory copy of
 a session (``om_core.replay.engine``). The run's guards (``RunGuards``: circuit breaker, cost budget,
-call gate) are one value the runner is given; the breaker and the budget are checked here, before a
-stage is prepared, and nowhere else (the model consults the same guards before each of its calls,
+call gate) are one value the runner is given; the breaker and the budget are checked by ``run_stage``,
+before a stage is prepared, and nowhere else (the model consults the same guards before each of its calls,
 mid-stage). A result that cannot be kept for a storage error
 (a full disk) trips the breaker here too: no stage of the run starts after the first write failure.
 
@@ -17,8 +19,10 @@ result storage (flows/storage.py), which every worker of a cluster reaches.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
+
+import duckdb
 
 from om_core.store.catalog import resolve_session, resolve_tip
 from om_core.store.db import scalar
@@ -34,13 +38,14 @@ from om_core.workers.stages import (
     compute_stage,
     prepare_stage,
     record_stage,
+    run_stage,
     stage_model,
 )
 
 if TYPE_CHECKING:
     from om_core.store.workspace import Workspace
 
-__all__ = ["StageResults", "StageRunner", "TableStageResults",
+__all__ = ["SessionSteps", "StageResults", "StageRunner", "TableStageResults",
            "observe_now", "reflect_now"]
 
 
@@ -135,33 +140,56 @@ class StageRunner:
         self.guards.check()
 
     def __call__(self, req: StageRequest) -> StageOutcome:
-        self.check()
-        started = datetime.now(timezone.utc)
-        with self.ws.read() as con:
-            prepared, outcome = prepare_stage(con, req, self.settings_for(req.stage), stage_model(self.brain, req.stage))
-        if prepared is None:
-            return outcome  # nothing to do: no input, already appended, or a deliberate empty result before
-        computed = self.results.get(prepared)
+        return run_stage(self.ws, SessionSteps(self, req), run_id=self.run_id, guards=self.guards)
+
+
+class SessionSteps:
+    """A session stage's steps for the one runner (``om_core.workers.stages.run_stage``): its input
+    read from the session's ledger, its result kept in the runner's ``results``, its record appended
+    to the session's ledger."""
+
+    def __init__(self, runner: StageRunner, req: StageRequest) -> None:
+        self.runner = runner
+        self.req = req
+
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> tuple[PreparedStage | None, StageOutcome]:
+        runner, req = self.runner, self.req
+        return prepare_stage(con, req, runner.settings_for(req.stage), stage_model(runner.brain, req.stage))
+
+    def kept(self, prepared: PreparedStage) -> ComputedStage | None:
+        computed = self.runner.results.get(prepared)
         if computed is not None:
-            self.kept.append(prepared.stage_key)
-        else:
-            computed = self.compute(prepared)
-            for call in computed.outcome.calls:  # kept with the result: a resuming run records them as this run's
-                call.run_id = self.run_id
-            if computed.outcome.budget_stop and not computed.outcome.calls:
-                # stopped before its first call: nothing to record, a rerun starts here
-                raise BudgetReached(computed.outcome.reason or "the run's cost budget (--max-cost) is reached")
-            if computed.outcome.outcome != "failed":
-                try:
-                    self.results.put(prepared, computed)
-                    self.kept.append(prepared.stage_key)
-                except Exception as exc:  # e.g. result storage unreachable: fail the stage, keep its calls
-                    stored = storage_error(exc)
-                    if stored is not None:  # a full disk: the run's breaker stops every later stage (check)
-                        self.guards.breaker.trip(stored)
-                    computed = _failed(prepared, computed, exc)
-        with self.ws.write() as con:
-            return record_stage(con, computed, self.run_id, started)
+            self.runner.kept.append(prepared.stage_key)
+        return computed
+
+    def compute(self, prepared: PreparedStage) -> ComputedStage:
+        computed = self.runner.compute(prepared)
+        for call in computed.outcome.calls:  # kept with the result: a resuming run records them as this run's
+            call.run_id = self.runner.run_id
+        return computed
+
+    def unrecorded(self, computed: ComputedStage) -> StageOutcome | None:
+        if computed.outcome.budget_stop and not computed.outcome.calls:
+            # stopped before its first call: nothing to record, a rerun starts here
+            raise BudgetReached(computed.outcome.reason or "the run's cost budget (--max-cost) is reached")
+        return None
+
+    def keep(self, prepared: PreparedStage, computed: ComputedStage) -> ComputedStage:
+        if computed.outcome.outcome == "failed":
+            return computed
+        try:
+            self.runner.results.put(prepared, computed)
+            self.runner.kept.append(prepared.stage_key)
+        except Exception as exc:  # e.g. result storage unreachable: fail the stage, keep its calls
+            stored = storage_error(exc)
+            if stored is not None:  # a full disk: the run's breaker stops every later stage (check)
+                self.runner.guards.breaker.trip(stored)
+            computed = _failed(prepared, computed, exc)
+        return computed
+
+    def record(self, con: duckdb.DuckDBPyConnection, computed: ComputedStage, run_id: str | None,
+               started_at: datetime) -> StageOutcome:
+        return record_stage(con, computed, run_id, started_at)
 
 
 # ------------------------------------------------------------------ manual stages (om observe / om reflect)

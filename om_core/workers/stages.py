@@ -5,16 +5,18 @@ with the file released, so an analyst's `om sql` works during long runs. A model
 an error, never "nothing to record": nothing is appended, no watermark moves, and the failure is
 kept in ``om_internal.stages`` (shown by `om status`).
 
-These are the stage runner's parts (prepare, compute, record); the runner that puts them together,
-with exactly-once and the run's breaker and budget, is ``om_core.replay.stage_runner``.
+``run_stage`` is the one runner every stage kind goes through (prepare -> exactly-once lookup ->
+compute -> keep -> record), each kind giving its steps as a ``StageSteps``: the session stages
+(observer, reflector, dropper, reflection dropper) through ``om_core.replay.stage_runner``, whose
+parts are here (prepare, compute, record); the project stage through ``om_core.project.stage``.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -25,6 +27,10 @@ from om_core.settings import Settings
 from om_core.store import db as dbmod
 from om_core.store.sqlfiles import query
 from om_core.workers.stage_kinds import STAGES, Brain, StageOutcome, StageRequest
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
+    from om_core.workers.run_config import RunGuards
 
 
 def stage_model(brain: Brain, stage: str) -> str:
@@ -165,3 +171,60 @@ def record_stage(con: duckdb.DuckDBPyConnection, computed: ComputedStage, run_id
                  started_at: datetime) -> StageOutcome:
     record_outcome(con, computed.outcome, computed.payload, run_id, started_at)
     return computed.outcome
+
+
+# ------------------------------------------------------------------ the one runner
+
+Prepared = TypeVar("Prepared")
+Computed = TypeVar("Computed")
+Done = TypeVar("Done")
+
+
+class StageSteps(Protocol[Prepared, Computed, Done]):
+    """One stage's steps for ``run_stage``: what differs between a session stage and the project stage
+    (where the input is read from, where a computed result waits, which rows record it)."""
+
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> tuple[Prepared | None, Done]:
+        """The stage's input, or (None, what it came to) when there is nothing to do: no input, or its
+        work was done before (exactly-once by its stage key)."""
+
+    def kept(self, prepared: Prepared) -> Computed | None:
+        """The result an earlier run computed for this stage key and did not append yet, or None."""
+
+    def compute(self, prepared: Prepared) -> Computed:
+        """Run the worker on the input; touches no database."""
+
+    def unrecorded(self, computed: Computed) -> Done | None:
+        """What the stage came to when nothing is to be recorded for it (the run's budget stopped it
+        before its model call), else None. May raise instead: the run stops here."""
+
+    def keep(self, prepared: Prepared, computed: Computed) -> Computed:
+        """Keep a fresh result by its stage key before it is recorded (a crash in between does not pay
+        twice); what is recorded (a failed stage when it could not be kept)."""
+
+    def record(self, con: duckdb.DuckDBPyConnection, computed: Computed, run_id: str | None,
+               started_at: datetime) -> Done:
+        """Append its records, its stage row and its model calls (``record_calls``) in one transaction."""
+
+
+def run_stage(ws: Workspace, steps: StageSteps[Prepared, Computed, Done], *, run_id: str | None = None,
+              guards: RunGuards | None = None) -> Done:
+    """One stage, any kind: the run's breaker and budget (``guards``: raises ``RunStopped`` or
+    ``BudgetReached`` before anything is read), prepare with the database open to read, compute with it
+    released, record with it open to write. The only place a stage is run."""
+    if guards is not None:
+        guards.check()
+    started = datetime.now(timezone.utc)
+    with ws.read() as con:
+        prepared, done = steps.prepare(con)
+    if prepared is None:
+        return done
+    computed = steps.kept(prepared)
+    if computed is None:
+        computed = steps.compute(prepared)
+        settled = steps.unrecorded(computed)
+        if settled is not None:
+            return settled
+        computed = steps.keep(prepared, computed)
+    with ws.write() as con:
+        return steps.record(con, computed, run_id, started)
