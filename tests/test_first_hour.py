@@ -305,6 +305,36 @@ def test_om_search_prints_one_block_per_hit_within_the_width(demo, columns):
     assert sum("watermark" in block.lower() for block in blocks) >= len(hits) // 2
 
 
+@pytest.mark.prefect
+@pytest.mark.real_sessions
+def test_the_offline_memory_of_the_five_sample_files_reads_as_whole_sentences(tmp_path, prefect_api):
+    from conftest import shared_session
+
+    folder = tmp_path / "sessions"
+    shutil.copytree(EXAMPLES, folder)
+    for name in ("before-compaction.jsonl", "large-session.jsonl"):
+        shutil.copy(shared_session(name), folder / name)
+    env = env_for(tmp_path / "home", PREFECT_API_URL=prefect_api, **DEMO_ENV)
+    done = om("run", str(folder), "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    notes = []
+    for session in sorted(folder.glob("*.jsonl")):
+        view = om("view", str(session), "--full", "--db", "om.duckdb", cwd=tmp_path, env=env)
+        assert view.returncode == 0, view.stderr
+        notes += re.findall(r"^\[[0-9a-f]{12}\] (.*)$", view.stdout, re.MULTILINE)
+    assert len(notes) > 300
+    for note in notes:
+        assert not re.search(r"\s[.,;:]$", note), note  # a sentence cut at a dotted token (".env")
+        assert not re.search(r"\b(and|or|but|the|to|of|with) …$", note), note  # a cut after a connective
+    constraints = [n.split(": ", 1)[1] for n in notes if n.startswith("Standing user constraint: ")]
+    assert constraints
+    for said in constraints:
+        assert not re.match(r"(and|but|or|so)\b", said, re.IGNORECASE), said  # a fragment without its antecedent
+        # a report of what happened ("... never showed up") is no constraint
+        assert not re.search(r"\bnever (\w+ed|showed|came|ran|got|went|did|was|were)\b", said, re.IGNORECASE), said
+    assert any(".env files" in said for said in constraints)
+
+
 # In the page once it is laid out: the cards' values, the lines that say why some are missing, and how
 # many lines each file name takes in the overview.
 _LOOKED_AT = """<script>window.addEventListener('load', () => {

@@ -11,7 +11,8 @@ Rules on structure, never on particular texts:
 * a directive opens a clause with an imperative (never, always, don't, make sure, …), or holds a
   modal of obligation (must, have to, should, not allowed, …), or has the speaker or the agent as the
   subject of one (I never want, you always, we only …). An adverb of a reported event ("the job never
-  showed up") is none of these.
+  showed up") is none of these. A standing one is absolute (never, always, must) in a clause not
+  bounded in time ("yet", "for now").
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ _ABSOLUTE_OPENING = re.compile(rf"(?i)^{_LEAD}(never|always|don'?t|do not|only)\
 _ABSOLUTE = re.compile(r"(?i)\b(must( not)?|mustn'?t|not allowed|under no circumstances|"
                        r"(i|you|we)\s+(never|always|only want|don'?t ever))\b")
 _CLAUSES = re.compile(r"[,;:]\s+|\s[-–—]\s|\(")
+# a directive bounded in time holds for the moment, not from now on
+_FOR_NOW = re.compile(r"(?i)\b(yet|for now|right now|for the moment|at the moment|until|today|this time)\b")
 
 
 def sentences(text: str) -> list[str]:
@@ -67,8 +70,10 @@ def is_directive(sentence: str) -> bool:
 
 
 def is_absolute(sentence: str) -> bool:
-    """A directive that holds from now on whatever comes next: never, always, must, not allowed."""
-    return bool(_ABSOLUTE.search(sentence) or any(_ABSOLUTE_OPENING.match(c) for c in _clauses(sentence)))
+    """A directive that holds from now on whatever comes next (never, always, must, not allowed), in a
+    clause not bounded in time ("don't change anything yet" holds for the moment)."""
+    return any((_ABSOLUTE.search(c) or _ABSOLUTE_OPENING.match(c)) and not _FOR_NOW.search(c)
+               for c in _clauses(sentence))
 
 
 def _without_dangling(text: str) -> str:
