@@ -264,7 +264,7 @@ def test_om_status_without_a_session_shows_every_session(demo):
     assert "offline baseline" in done.stdout and "nothing to do" in done.stdout and f"database {db}" in done.stdout
     rows = json.loads(om("status", "--json", "--db", str(db), cwd=folder, env=env).stdout)
     assert len(rows) == 3 and all(r["offline"] and not r["next_run_replays"] for r in rows)
-    assert sum(r["observations"] for r in rows) > 100
+    assert sum(r["observations"] for r in rows) > 90  # the active memory of three sessions, not an empty one
 
 
 @pytest.mark.prefect
