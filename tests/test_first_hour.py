@@ -166,9 +166,15 @@ def test_the_offline_baseline_ends_its_excerpts_where_a_phrase_ends(demo):
 def test_a_sentence_is_never_cut_inside_a_phrase():
     from om_core.workers.offline import _constraint_sentences, one_line
 
+    # a dotted token (".env") ends no sentence; a sentence opening with a conjunction continues the one before
     said = "Never commit secrets, and that includes .env files. And placeholders must not match the pattern."
-    assert _constraint_sentences(said) == ["Never commit secrets, and that includes .env files.",
-                                           "And placeholders must not match the pattern."]
+    assert _constraint_sentences(said) == [said]
+    said = ("Replace it with a placeholder. No allow-list mechanism: an ignore marker is exactly what someone will "
+            "paste next to a real token one day. And placeholders must not match the pattern.")
+    [kept] = _constraint_sentences(said)
+    assert kept.startswith("No allow-list mechanism") and kept.endswith("And placeholders must not match the pattern.")
+    # a fragment with no sentence before it to join has lost its antecedent: it is left out
+    assert _constraint_sentences("And placeholders must not match the pattern.") == []
     long = ("Read through it and tell me how a sync run works, what the watermark does, and what looks fragile. "
             "Don't change anything yet. ") * 4
     cut = one_line(long, 200)
@@ -176,6 +182,32 @@ def test_a_sentence_is_never_cut_inside_a_phrase():
     run_on = "first the ledger, then the fold, then the projection, " * 10
     cut = one_line(run_on, 120)
     assert cut.endswith("projection …") or cut.endswith("fold …") or cut.endswith("ledger …"), cut
+    # a cut between words never ends on a connective
+    words = "the ledger and the fold and the projection and the summary and the " * 10
+    cut = one_line(words.replace(",", ""), 100)
+    assert not re.search(r"\b(and|the) …$", cut), cut
+
+
+def test_a_report_of_what_happened_is_no_constraint_and_an_instruction_is():
+    from om_core.workers.offline import _constraint_sentences, observe_entries
+    from om_core.workers.inputs import SourceEntry
+    from om_core.workers.sentences import is_absolute, is_directive
+
+    report = ("Last night's runs each synced exactly 100 bookings, but the partner dashboard shows 340 bookings "
+              "changed yesterday evening, and the office says bk_04127 (a change of berth for the \"Seeschwalbe\") "
+              "never showed up.")
+    assert not is_directive(report) and not is_absolute(report) and _constraint_sentences(report) == []
+    for said in ("Never commit secrets, and that includes .env files.",
+                 "Unstage .env right now, add it to .gitignore, and don't put the live token into any file.",
+                 "Placeholders must not match the pattern.", "I never want a force push on main."):
+        assert is_directive(said) and is_absolute(said), said
+    assert is_directive("Make sure the tests pass first.") and not is_absolute("Make sure the tests pass first.")
+    assert not is_directive("The deploy always failed on Fridays.")
+    told = {"type": "message", "message": {"role": "user", "content": "Funny you say that. " + report}}
+    entry = SourceEntry(entry_id="a1", position=1, timestamp="2026-02-03 09:00", entry_type="message", role="user",
+                        tokens=90, obj=told)
+    [seen] = observe_entries([entry])
+    assert not seen["content"].startswith("User required:"), seen
 
 
 def test_an_empty_folder_claims_no_replay_and_creates_no_database(tmp_path):
@@ -232,7 +264,7 @@ def test_om_status_without_a_session_shows_every_session(demo):
     assert "offline baseline" in done.stdout and "nothing to do" in done.stdout and f"database {db}" in done.stdout
     rows = json.loads(om("status", "--json", "--db", str(db), cwd=folder, env=env).stdout)
     assert len(rows) == 3 and all(r["offline"] and not r["next_run_replays"] for r in rows)
-    assert sum(r["observations"] for r in rows) > 100
+    assert sum(r["observations"] for r in rows) > 90  # the active memory of three sessions, not an empty one
 
 
 @pytest.mark.prefect
@@ -249,6 +281,58 @@ def test_om_search_kind_keeps_to_the_kinds_asked_and_ranks_them_anew(demo):
     assert [h["memory_id"] for h in only] == expected[:len(only)]
     bad = om("search", "watermark", "--kind", "bogus", "--db", str(db), cwd=folder, env=env)
     assert bad.returncode == 2 and "'bogus' is not one of" in bad.stderr
+
+
+@pytest.mark.prefect
+@pytest.mark.parametrize("columns", [120, 72])
+def test_om_search_prints_one_block_per_hit_within_the_width(demo, columns):
+    db, env, _, folder = demo
+    env = {**env, "COLUMNS": str(columns)}
+    hits = json.loads(om("search", "watermark", "--json", "--db", str(db), cwd=folder, env=env).stdout)["hits"]
+    assert {h["kind"] for h in hits} >= {"entry", "observation"}
+    done = om("search", "watermark", "--db", str(db), cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns, max(lines, key=len)
+    blocks = [block.replace("\n   ", " ") for block in done.stdout.strip().split("\n\n")]  # one per hit
+    assert len(blocks) == len(hits)
+    for hit, block in zip(hits, blocks):
+        assert block.startswith(f"{hit['rank']}. {hit['kind']} · "), block
+        assert (hit["memory_id"] or hit["entry_id"]) in block, block
+        if hit["session_id"]:
+            assert hit["session_id"][:8] in block and re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", block), block
+    # each hit's text below its header, the match in it
+    assert sum("watermark" in block.lower() for block in blocks) >= len(hits) // 2
+
+
+@pytest.mark.prefect
+@pytest.mark.real_sessions
+def test_the_offline_memory_of_the_five_sample_files_reads_as_whole_sentences(tmp_path, prefect_api):
+    from conftest import shared_session
+
+    folder = tmp_path / "sessions"
+    shutil.copytree(EXAMPLES, folder)
+    for name in ("before-compaction.jsonl", "large-session.jsonl"):
+        shutil.copy(shared_session(name), folder / name)
+    env = env_for(tmp_path / "home", PREFECT_API_URL=prefect_api, **DEMO_ENV)
+    done = om("run", str(folder), "--db", "om.duckdb", cwd=tmp_path, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    notes = []
+    for session in sorted(folder.glob("*.jsonl")):
+        view = om("view", str(session), "--full", "--db", "om.duckdb", cwd=tmp_path, env=env)
+        assert view.returncode == 0, view.stderr
+        notes += re.findall(r"^\[[0-9a-f]{12}\] (.*)$", view.stdout, re.MULTILINE)
+    assert len(notes) > 300
+    for note in notes:
+        assert not re.search(r"\s[.,;:]$", note), note  # a sentence cut at a dotted token (".env")
+        assert not re.search(r"\b(and|or|but|the|to|of|with) …$", note), note  # a cut after a connective
+    constraints = [n.split(": ", 1)[1] for n in notes if n.startswith("Standing user constraint: ")]
+    assert constraints
+    for said in constraints:
+        assert not re.match(r"(and|but|or|so)\b", said, re.IGNORECASE), said  # a fragment without its antecedent
+        # a report of what happened ("... never showed up") is no constraint
+        assert not re.search(r"\bnever (\w+ed|showed|came|ran|got|went|did|was|were)\b", said, re.IGNORECASE), said
+    assert any(".env files" in said for said in constraints)
 
 
 # In the page once it is laid out: the cards' values, the lines that say why some are missing, and how

@@ -100,6 +100,15 @@ def _global(
             console.width = 100_000  # piped: whole values in tables and one-line messages, never folded at 80
 
 
+def text_width() -> int:
+    """The columns output may take: the terminal's, else COLUMNS when set (a pipe to a pager or a
+    log), else 100."""
+    if out.is_terminal:
+        return out.size.width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else 100
+
+
 def _print_version(on: bool) -> None:
     if on:
         from om_core import __version__

@@ -4,16 +4,19 @@ retirement of a memory id. Reading imports neither litellm nor Prefect; `om proj
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 
-from flows.cli.common import ApiBaseOpt, ModelOpt, app, err, examples, out, print_json, print_rows, workspace
+from flows.cli.common import (ApiBaseOpt, ModelOpt, app, err, examples, out, print_json, print_rows, text_width,
+                              workspace)
 from om_core.errors import InvalidArgument
 from om_core.recall.kinds import SearchKind
 
 if TYPE_CHECKING:
+    from om_core.recall.search import HitPlace, SearchHit
     from om_core.store.workspace import Workspace
 
 
@@ -126,8 +129,8 @@ def search(
     with the observations citing it. An exact identifier (ERR_CONN_4417, src/upload.py:42, v1.2.3) is a
     term of its own, so the texts holding it rank above those that only share its words. Forgotten ids
     (om forget) are left out."""
+    from om_core.recall.search import hit_places
     from om_core.recall.search import search as run_search
-    from om_core.recall.search import snippet
 
     if project is not None and session is not None:
         raise InvalidArgument("choose one of --project and --session")
@@ -141,11 +144,26 @@ def search(
     if not result.hits:
         err.print(f"nothing matches {query!r}")
         raise typer.Exit(1)
-    print_rows(["rank", "score", "kind", "session", "memory id", "source entries", "text"],
-               [[str(h.rank), f"{h.score:.2f}", h.kind, (h.session_id or h.project_id or "")[:8] if h.session_id
-                 else h.project_id or "", h.memory_id or (f"cited by {', '.join(h.memory_ids)}" if h.memory_ids else ""),
-                 ", ".join(h.source_entry_ids if h.kind != "project_reflection" else h.memory_ids),
-                 snippet(h.text, query)] for h in result.hits], fold={"text"})
+    for hit, place in zip(result.hits, hit_places(workspace(), result.hits)):
+        for line in hit_block(hit, place, query, text_width()):
+            out.print(escape(line), highlight=False, soft_wrap=True)
+
+
+def hit_block(hit: SearchHit, place: HitPlace, query: str, width: int) -> list[str]:
+    """One hit as a block a terminal of ``width`` columns shows whole: a header line (rank, kind, where
+    it comes from, its id, its time), then the match in context wrapped below it, then a blank line."""
+    from om_core.recall.search import snippet
+
+    what = hit.memory_id or f"entry {hit.entry_id}"
+    if hit.memory_ids and not hit.memory_id:
+        what += f" (cited by {', '.join(hit.memory_ids[:3])}{' …' if len(hit.memory_ids) > 3 else ''})"
+    header = " · ".join(part for part in (f"{hit.rank}. {hit.kind}", place.label, what, place.time) if part)
+    indent = "   "
+    body = textwrap.wrap(snippet(hit.text, query, width=max(40, 3 * (width - len(indent)))),
+                         width=max(20, width - len(indent)), max_lines=3, placeholder=" …",
+                         break_long_words=True, break_on_hyphens=False)
+    return [*textwrap.wrap(header, width=width, subsequent_indent=indent, break_long_words=True),
+            *(indent + line for line in body), ""]
 
 
 @app.command(epilog=examples('om forget 3f9a0c1b2d4e --reason "it names a customer"',

@@ -129,3 +129,37 @@ def snippet(text: str, query: str, width: int = 160) -> str:
     start = max(0, min(at - width // 3, len(flat) - width))
     piece = flat[start:start + width]
     return ("…" if start > 0 else "") + piece + ("…" if start + width < len(flat) else "")
+
+
+class HitPlace(BaseModel):
+    """Where a hit comes from, as a person reads it: its session's file (or short id) and the time of
+    its latest source entry (None: a project reflection, or entries with no time)."""
+    label: str
+    time: str | None = None
+
+
+def hit_places(ws: Workspace, hits: list[SearchHit]) -> list[HitPlace]:
+    """Each hit's place, in the hits' order (the human listing's header line)."""
+    from pathlib import PurePath
+
+    from om_core.pi.session import file_label
+
+    sessions = sorted({h.session_id for h in hits if h.session_id})
+    keys = sorted({f"{h.session_id}/{e}" for h in hits if h.session_id
+                   for e in ([h.entry_id] if h.entry_id else h.source_entry_ids)})
+    with ws.read() as con:
+        files = {r["session_id"]: r["file_path"] for r in named_rows(con, "search_hit_files", {"sessions": sessions})}
+        times = {(r["session_id"], r["entry_id"]): r["ts"]
+                 for r in named_rows(con, "search_hit_times", {"sessions": sessions, "keys": keys})}
+    places = []
+    for h in hits:
+        if not h.session_id:
+            places.append(HitPlace(label=f"project {h.project_id or ''}".strip()))
+            continue
+        file = files.get(h.session_id)
+        name = file_label(PurePath(file).name, h.session_id) if file else ""
+        label = h.session_id[:8] + (f" {name}" if name else "")
+        stamps = [times[(h.session_id, e)] for e in ([h.entry_id] if h.entry_id else h.source_entry_ids)
+                  if times.get((h.session_id, e)) is not None]
+        places.append(HitPlace(label=label, time=max(stamps).strftime("%Y-%m-%d %H:%M") if stamps else None))
+    return places

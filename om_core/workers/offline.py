@@ -23,61 +23,20 @@ from om_core.redaction.redact import redact_line, redact_payload
 
 from om_core.workers.checks import DropCheck, ObservationCheck, ReflectionCheck
 from om_core.workers.inputs import DropperInput, ObserverInput, ReflectorInput, SourceEntry
+from om_core.workers.sentences import (CONJUNCTION, first_sentence, is_absolute, is_directive, one_line,
+                                       sentences)
 from om_core.workers.reflection_dropper import ReflectionDropCheck, ReflectionDropperInput, offline_reflection_drops
 from om_core.workers.llm import LoopResult
 
 OFFLINE_NAME = "offline"
-MAX_CHARS = 320
 
 _CORRECTION = re.compile(r"(?i)^(no[,.!]|nope|wrong|that'?s (not|wrong)|not (what|like) |actually\b|i said\b|"
                          r"stop\b|don'?t\b|do not\b|instead\b|undo\b|revert\b)|\b(that'?s wrong|you (missed|forgot|broke))\b")
-_CONSTRAINT = re.compile(r"(?i)\b(must|never|always|do not|don'?t|make sure|only|prefer|should(n'?t)?|"
-                         r"need(s)? to|has to|have to|required?|not allowed|instead of|rather than)\b")
 _QUESTION = re.compile(r"(?i)^(what|why|how|when|where|which|who|can|could|should|would|is|are|does|do|did|will)\b")
 _DONE = re.compile(r"(?i)\b(done|fixed|implemented|added|created|updated|removed|refactored|finished|completed|"
                    r"all (tests|checks) pass|tests? pass(es|ed)?|now works|works now|resolved)\b")
 _ERROR_TEXT = re.compile(r"(?i)(traceback|\berror\b|exception|failed|cannot|not found|no such file|denied)")
 _WRITE_TOOLS = {"edit": "edited", "write": "wrote", "multi_edit": "edited", "apply_patch": "patched"}
-
-
-# A sentence ends at . ! or ? followed by a space (".env", "v1.2" and "upload.py" end none), but not
-# after a common abbreviation.
-_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)(?<!\bvs\.)\s+")
-_CLAUSE_END = re.compile(r"[,;:]\s|\s[-–—]\s|\)\s")
-
-
-def sentences(text: str) -> list[str]:
-    """A text's sentences, each on one line: a line break ends one too."""
-    return [s for line in text.splitlines() for s in _SENTENCE_END.split(" ".join(line.split())) if s]
-
-
-def one_line(text: str, limit: int = MAX_CHARS) -> str:
-    """The text on one line, whole when it fits; else cut where a phrase ends, never inside one: after
-    the last whole sentence that fits, else the first sentence whole when it is at most twice the
-    limit, else after the last clause (a comma, semicolon, colon, dash or parenthesis) in the second
-    half of the limit, and only as a last resort between words. The cut is marked with " …"."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    ends = [m.start() for m in _SENTENCE_END.finditer(text)]
-    fitting = [end for end in ends if end <= limit]
-    if fitting:
-        return text[:fitting[-1]] + " …"
-    if ends and ends[0] <= 2 * limit:
-        return text[:ends[0]] + " …"
-    if not ends and len(text) <= 2 * limit and text[-1] in ".!?":
-        return text
-    clauses = [m.start() + (1 if text[m.start()] in ",;:)" else 0) for m in _CLAUSE_END.finditer(text[:limit + 1])]
-    clauses = [c for c in clauses if c >= limit // 2]
-    cut = clauses[-1] if clauses else text.rfind(" ", 0, limit + 1)
-    return text[:cut if cut > 0 else limit].rstrip(" ,;:-–—") + " …"
-
-
-def first_sentence(text: str, limit: int = MAX_CHARS) -> str:
-    """The first sentence (when it says something: over 20 characters), else the text, on one line."""
-    found = sentences(text)
-    first = found[0] if found else ""
-    return one_line(first if len(first) > 20 and len(found) > 1 else text, limit)
 
 
 def _texts(content: Any) -> str:
@@ -116,7 +75,7 @@ def observe_entries(chunk: list[SourceEntry]) -> list[dict]:
                 continue
             if _CORRECTION.search(text):
                 out.append(_observation(entry, "User corrected the assistant: " + one_line(text), "critical"))
-            elif _CONSTRAINT.search(text):
+            elif any(is_directive(sentence) for sentence in sentences(text)):
                 out.append(_observation(entry, "User required: " + one_line(text), "critical"))
             elif text.rstrip().endswith("?") or _QUESTION.match(text):
                 out.append(_observation(entry, "User asked: " + one_line(text), "medium"))
@@ -165,12 +124,14 @@ def observe_entries(chunk: list[SourceEntry]) -> list[dict]:
     return out
 
 
-_ABSOLUTE = re.compile(r"(?i)\b(never|always|must( not)?|only want|do not|don'?t ever|not allowed|under no circumstances)\b")
 _IDENTIFIER = re.compile(r"`[^`]{2,60}`|@?[\w.\-]*[/_.][\w./\-]+|\b[a-z]+[A-Z]\w*|\b[A-Z][a-z]+[A-Z]\w*")
 
 
 def _constraint_sentences(text: str) -> list[str]:
-    return [one_line(sentence, 300) for sentence in sentences(text) if _CONSTRAINT.search(sentence)]
+    """The directives among the text's sentences; one still opening with a conjunction had no sentence
+    before it to join, so it is left out (its antecedent is elsewhere)."""
+    return [one_line(sentence, 300) for sentence in sentences(text)
+            if is_directive(sentence) and not CONJUNCTION.match(sentence)]
 
 
 def _identifiers(text: str) -> set[str]:
@@ -187,7 +148,7 @@ def reflect_observations(inp: ReflectorInput) -> list[dict]:
     for obs in users:
         said = obs.content.split(":", 1)[1]
         for sentence in _constraint_sentences(said):
-            if _ABSOLUTE.search(sentence):
+            if is_absolute(sentence):
                 proposals.append({"content": f"Standing user constraint: {sentence}",
                                   "supportingObservationIds": [obs.id]})
             for subject in _identifiers(sentence):

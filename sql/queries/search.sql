@@ -108,3 +108,12 @@ SELECT session_id FROM om_internal.sessions ORDER BY session_id;
 
 -- name: all_project_ids
 SELECT DISTINCT project_id FROM om_internal.project_reflections ORDER BY project_id;
+
+-- name: search_hit_files
+-- The file of each session a hit comes from (the human listing names sessions by it).
+SELECT session_id, file_path FROM om_internal.sessions WHERE list_contains($sessions, session_id);
+
+-- name: search_hit_times
+-- The time of each entry named ($keys: 'session_id/entry_id'), for the human listing.
+SELECT session_id, entry_id, ts FROM om_internal.entries
+WHERE list_contains($sessions, session_id) AND list_contains($keys, session_id || '/' || entry_id);
