@@ -18,6 +18,11 @@ latencies, random row ids, the fake model's random tool call ids); the order of 
 compactions within a session is kept (their append order), the order between sessions (which replay
 committed first) is not.
 
+With ``--against``, each table's rows are compared one by one too (rows compared, identical, only in
+one tree, with examples), and each session's first ledger record that differs is named with its
+stage and the refusals only one tree gave in that stage: a difference that starts where a check
+refuses an answer is explained by it; one that starts where no refusal differs is not.
+
 Usage (from the repository root):
 
     .venv/bin/python bench/conformance/ledger_equal.py --against /tmp/om-base      # this tree against another checkout
@@ -72,18 +77,36 @@ DIGESTS = {
 REFUSAL = re.compile(r"^\d+\. rejected: ")
 
 
-def digest(db: Path) -> dict[str, dict[str, Any]]:
+EXAMPLES = 3  # differing rows shown per table
+EXAMPLE_CHARS = 400
+
+
+def digest(db: Path) -> dict[str, Any]:
+    """Each table's row count and digest; under ``_rows`` the rows themselves (as text) and under
+    ``_stages`` each session's ledger records in order with the stage key that appended each."""
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        out = {}
+        out: dict[str, Any] = {"_rows": {}}
         for name, sql in DIGESTS.items():
             rows = con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL").fetchall()
             h = hashlib.sha256()
             for row in rows:
                 h.update(repr(row).encode())
             out[name] = {"rows": len(rows), "sha256": h.hexdigest()[:16]}
+            out["_rows"][name] = [repr(row) for row in rows]
+        ledger = con.execute(f"SELECT session_id, seq_in_session, ledger_id, kind, stage, stage_key "
+                             f"FROM ({DIGESTS['ledger']}) ORDER BY session_id, seq_in_session").fetchall()
+        out["_ledger"] = {}
+        for sid, _, ledger_id, kind, stage, stage_key in ledger:
+            out["_ledger"].setdefault(sid, []).append((ledger_id, kind, stage, stage_key))
+        receipts_by_key = con.execute("SELECT session_id, stage_key, receipts FROM om_internal.stages "
+                                      "WHERE receipts IS NOT NULL ORDER BY ALL").fetchall()
+        out["_refusals_by_stage"] = {}
+        for sid, key, text in receipts_by_key:
+            out["_refusals_by_stage"].setdefault(f"{sid} {key}", []).extend(
+                line.split(". ", 1)[1] for line in text.splitlines() if REFUSAL.match(line))
         # every refusal a check gave (a receipt line "N. rejected: …"), to tell a ledger that differs
         # because a check refuses an answer from one that differs for no reason
         receipts = con.execute("SELECT session_id, stage, receipts FROM om_internal.stages WHERE receipts IS NOT NULL "
@@ -120,6 +143,36 @@ def run_profile(profile: str, pythonpath: str | None, work: Path, sessions: int)
         db.unlink(missing_ok=True)
 
 
+def compare(here: dict[str, Any], there: dict[str, Any]) -> dict[str, Any]:
+    """Row by row, table by table; and where each session's ledger first differs, with the refusals
+    only one tree gave in the stage that appended it (``explained`` when there are some)."""
+    tables = {}
+    for name in DIGESTS:
+        mine, theirs = Counter(here["_rows"][name]), Counter(there["_rows"][name])
+        only_here, only_there = list((mine - theirs).elements()), list((theirs - mine).elements())
+        tables[name] = {"compared": max(sum(mine.values()), sum(theirs.values())),
+                        "identical": sum((mine & theirs).values()), "only_here": len(only_here),
+                        "only_there": len(only_there),
+                        "examples_here": [r[:EXAMPLE_CHARS] for r in only_here[:EXAMPLES]],
+                        "examples_there": [r[:EXAMPLE_CHARS] for r in only_there[:EXAMPLES]]}
+    starts = []
+    for sid in sorted(set(here["_ledger"]) | set(there["_ledger"])):
+        mine, theirs = here["_ledger"].get(sid, []), there["_ledger"].get(sid, [])
+        at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        if at == len(mine) == len(theirs):
+            continue
+        where = record if at < len(mine) else theirs[at]
+        key = f"{sid} {where[3]}"
+        new = sorted((Counter(here["_refusals_by_stage"].get(key, []))
+                      - Counter(there["_refusals_by_stage"].get(key, []))).elements())
+        gone = sorted((Counter(there["_refusals_by_stage"].get(key, []))
+                       - Counter(here["_refusals_by_stage"].get(key, []))).elements())
+        starts.append({"session": sid, "record": at + 1, "records_here": len(mine), "records_there": len(theirs),
+                       "kind": where[1], "stage": where[2], "stage_key": where[3],
+                       "refused_here_only": new, "refused_there_only": gone, "explained": bool(new or gone)})
+    return {"tables": tables, "first_differences": starts}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = harness.parser(__doc__)
     parser.add_argument("--against", default=None, help="another checkout: its code runs the same profiles")
@@ -134,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for profile in args.profiles:
             here = run_profile(profile, str(harness.REPO), work, args.sessions)
-            out[profile] = {"here": here}
+            out[profile] = {"here": {k: v for k, v in here.items() if not k.startswith("_")}}
             if args.against:
                 there = run_profile(profile, str(Path(args.against).resolve()), work, args.sessions)
-                out[profile]["against"] = there
+                out[profile]["against"] = {k: v for k, v in there.items() if not k.startswith("_")}
+                out[profile].update(compare(here, there))
                 out[profile]["differ"] = [t for t in DIGESTS if here[t] != there[t]]
                 out[profile]["new_refusals"] = sorted((Counter(here["refusals"]) - Counter(there["refusals"])).elements())
                 differ = differ or bool(out[profile]["differ"])
@@ -150,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    refused here only: {line[:200]}")
                 if out[profile].get("new_refusals"):
                     print(f"    ({len(out[profile]['new_refusals'])} refusals here only)")
+                for name, t in out[profile].get("tables", {}).items():
+                    if t["only_here"] or t["only_there"]:
+                        print(f"    {name}: {t['compared']} compared, {t['identical']} identical, "
+                              f"{t['only_here']} here only, {t['only_there']} there only")
+                for start in out[profile].get("first_differences", []):
+                    why = (start["refused_here_only"] or start["refused_there_only"] or ["NO REFUSAL DIFFERS"])[0]
+                    print(f"    {start['session']} differs from record {start['record']} ({start['kind']}, "
+                          f"{start['stage_key']}): {why[:160]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
