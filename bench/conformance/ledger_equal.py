@@ -161,7 +161,7 @@ def compare(here: dict[str, Any], there: dict[str, Any]) -> dict[str, Any]:
         at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
         if at == len(mine) == len(theirs):
             continue
-        where = record if at < len(mine) else theirs[at]
+        where = mine[at] if at < len(mine) else theirs[at]
         key = f"{sid} {where[3]}"
         new = sorted((Counter(here["_refusals_by_stage"].get(key, []))
                       - Counter(there["_refusals_by_stage"].get(key, []))).elements())
