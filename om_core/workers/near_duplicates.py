@@ -86,10 +86,12 @@ def known_ids(ids: Iterable[str] | None) -> frozenset[str] | None:
     return None if ids is None else frozenset(i.lower() for i in ids)
 
 
-def is_subject(word: str, before: str | None, ids: frozenset[str] | None = None) -> bool:
-    """A known id (``ID_SHAPE`` guesses ids only when ``ids`` is None), a path, a file name, a hash, a
-    name with digits, or an item's number after its label: what a note is about, not a state of it."""
-    if ids is not None and word in ids:
+def is_subject(word: str, before: str | None, ids: frozenset[str] | None = None,
+               cited: frozenset[str] = frozenset()) -> bool:
+    """A known id (one of ``ids`` or of the note's ``cited``; ``ID_SHAPE`` guesses ids only when ``ids``
+    is None), a path, a file name, a hash, a name with digits, or an item's number after its label:
+    what a note is about, not a state of it."""
+    if ids is not None and (word in ids or word in cited):
         return True
     if before in ITEM_LABELS and _identifier(word) and not _VERSION.match(word.lstrip("#")):
         return True
@@ -108,10 +110,11 @@ class Marks:
     states: frozenset[str]
 
     @classmethod
-    def of(cls, words: tuple[str, ...], ids: frozenset[str] | None = None) -> Marks:
+    def of(cls, words: tuple[str, ...], ids: frozenset[str] | None = None,
+           cited: frozenset[str] = frozenset()) -> Marks:
         subjects, states = set(), set()
         for i, word in enumerate(words):
-            if is_subject(word, words[i - 1] if i else None, ids):
+            if is_subject(word, words[i - 1] if i else None, ids, cited):
                 subjects.add(word)
             elif word in NEGATIONS:  # with the word it negates: "could not find" is no "must not match"
                 negated = next((w for w in words[i + 1:] if w not in _ARTICLES), "")
@@ -150,8 +153,7 @@ class NearDuplicates:
 
     def _marks(self, words: tuple[str, ...], cited: Collection[str]) -> Marks:
         """The marks of a note's words, its own cited ids known beside the pool's (if any are known)."""
-        ids = self._ids if self._ids is None else self._ids | known_ids(cited)
-        return Marks.of(words, ids)
+        return Marks.of(words, self._ids, frozenset(c.lower() for c in cited))
 
     def add(self, note_id: str, content: str, cited: Collection[str] = ()) -> None:
         words = normalised_words(content)
