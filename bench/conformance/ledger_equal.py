@@ -101,6 +101,15 @@ def digest(db: Path) -> dict[str, Any]:
         out["_ledger"] = {}
         for sid, _, ledger_id, kind, stage, stage_key in ledger:
             out["_ledger"].setdefault(sid, []).append((ledger_id, kind, stage, stage_key))
+        # what the first differing record was made of: its stage's chunk and its items, by tree
+        out["_stage_of"] = {f"{sid} {key}": [first, last, items, rejected] for sid, key, first, last, items, rejected
+                            in con.execute("SELECT session_id, stage_key, chunk_first_id, chunk_last_id, items, "
+                                           "rejected FROM om_internal.stages ORDER BY ALL").fetchall()}
+        out["_items_of"] = {}
+        for ledger_id, content in con.execute("SELECT ledger_id, content FROM om_internal.observations UNION ALL "
+                                              "SELECT ledger_id, content FROM om_internal.reflections "
+                                              "ORDER BY ALL").fetchall():
+            out["_items_of"].setdefault(ledger_id, []).append(content[:EXAMPLE_CHARS])
         receipts_by_key = con.execute("SELECT session_id, stage_key, receipts FROM om_internal.stages "
                                       "WHERE receipts IS NOT NULL ORDER BY ALL").fetchall()
         out["_refusals_by_stage"] = {}
@@ -167,8 +176,13 @@ def compare(here: dict[str, Any], there: dict[str, Any]) -> dict[str, Any]:
                       - Counter(there["_refusals_by_stage"].get(key, []))).elements())
         gone = sorted((Counter(there["_refusals_by_stage"].get(key, []))
                        - Counter(here["_refusals_by_stage"].get(key, []))).elements())
+        theirs_there = theirs[at] if at < len(theirs) else None
         starts.append({"session": sid, "record": at + 1, "records_here": len(mine), "records_there": len(theirs),
                        "kind": where[1], "stage": where[2], "stage_key": where[3],
+                       "chunk_here": here["_stage_of"].get(key),
+                       "chunk_there": theirs_there and there["_stage_of"].get(f"{sid} {theirs_there[3]}"),
+                       "items_here": here["_items_of"].get(where[0], []) if at < len(mine) else [],
+                       "items_there": there["_items_of"].get(theirs_there[0], []) if theirs_there else [],
                        "refused_here_only": new, "refused_there_only": gone, "explained": bool(new or gone)})
     return {"tables": tables, "first_differences": starts}
 
