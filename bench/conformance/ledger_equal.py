@@ -98,9 +98,6 @@ def digest(db: Path) -> dict[str, Any]:
             out["_rows"][name] = [repr(row) for row in rows]
         ledger = con.execute(f"SELECT session_id, seq_in_session, ledger_id, kind, stage, stage_key "
                              f"FROM ({DIGESTS['ledger']}) ORDER BY session_id, seq_in_session").fetchall()
-        out["_ledger"] = {}
-        for sid, _, ledger_id, kind, stage, stage_key in ledger:
-            out["_ledger"].setdefault(sid, []).append((ledger_id, kind, stage, stage_key))
         # what the first differing record was made of: its stage's chunk and its items, by tree
         out["_stage_of"] = {f"{sid} {key}": [first, last, items, rejected] for sid, key, first, last, items, rejected
                             in con.execute("SELECT session_id, stage_key, chunk_first_id, chunk_last_id, items, "
@@ -110,6 +107,11 @@ def digest(db: Path) -> dict[str, Any]:
                                               "SELECT ledger_id, content FROM om_internal.reflections "
                                               "ORDER BY ALL").fetchall():
             out["_items_of"].setdefault(ledger_id, []).append(content[:EXAMPLE_CHARS])
+        # a record's id comes from its stage's input: its items tell whether the output differs too
+        out["_ledger"] = {}
+        for sid, _, ledger_id, kind, stage, stage_key in ledger:
+            out["_ledger"].setdefault(sid, []).append(
+                (ledger_id, kind, stage, stage_key, tuple(out["_items_of"].get(ledger_id, []))))
         receipts_by_key = con.execute("SELECT session_id, stage_key, receipts FROM om_internal.stages "
                                       "WHERE receipts IS NOT NULL ORDER BY ALL").fetchall()
         out["_refusals_by_stage"] = {}
