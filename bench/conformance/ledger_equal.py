@@ -10,6 +10,9 @@ A cost cut must leave what om writes unchanged. Each profile runs `om run` on a 
   in a process of its own) answering over HTTP: prompts, tool calls and checks included;
 * ``generated-scripted``: ``--sessions`` generated sessions (tests/builders.py), the scripted model.
 
+The scripted model of each run is that checkout's tests/fake_brains.py (the same answers; it checks
+each request's system prompt against its own checkout's).
+
 Refusals (receipt lines "N. rejected: …") are listed too: with ``--against``, those only this tree's
 checks gave are printed, so a ledger that differs where a new check refuses an answer can be told
 from one that differs for no reason. The digest covers the records, their items, the compactions and their items, the stage runs and the
@@ -142,7 +145,8 @@ def run_profile(profile: str, pythonpath: str | None, work: Path, sessions: int)
         if not target.exists():
             harness.generated_sessions(target, sessions)
     if profile.endswith("scripted"):
-        proc, base_url = harness.fake_model_process()
+        # each checkout's own scripted model: the same answers, checked against that checkout's prompts
+        proc, base_url = harness.fake_model_process(repo=Path(pythonpath or harness.REPO))
         model = ["--model", "openai/fake-model", "--api-base", base_url]
     db = work / f"{profile}-{abs(hash(pythonpath))}.duckdb"
     try:
