@@ -353,3 +353,25 @@ def test_the_observer_check_knows_the_chunks_entry_ids():
         item("The nightly import loaded 12345679 rows into the orders table today.", ["decade"])]}).splitlines()
     assert receipt[1].startswith("1. recorded [")  # another entry: another fact
     assert receipt[2].startswith(f"2. rejected: nearly the same as [{rows.id}]")  # another count: a change
+
+
+def test_a_change_of_a_state_changed_before_names_the_newest_and_is_kept(monkeypatch):
+    from types import SimpleNamespace
+
+    from om_core.ledger.records import Observation
+    from om_core.workers import offline
+    from om_core.workers.checks import ObservationCheck
+
+    first = Observation.model_validate(obs("Assistant modified src/upload.py (edited 5 times)", [E[1]]))
+    newer = Observation.model_validate(obs(f"Assistant modified src/upload.py (edited 2 times) (supersedes [{first.id}])",
+                                           [E[2]]))
+    later = item("Assistant modified src/upload.py (edited 3 times)", [E[3]], ts="2026-01-15 14:02", rel="medium")
+    monkeypatch.setattr(offline, "observe_entries", lambda chunk: [later])
+    known = {first.id, newer.id}
+    check = ObservationCheck(chunk_times={E[3]: "2026-01-15 14:02"}, known_ids=known, active=[first, newer],
+                             memory_ids=known, user_ids=frozenset())
+    loop = offline.OfflineBrain(redact_secrets=False).observe(SimpleNamespace(chunk=[]), check)
+    # the receipt quotes the newest state, and the note naming it is compared without its clause
+    assert loop.receipts[0].splitlines()[1].startswith(f"1. rejected: nearly the same as [{newer.id}]")
+    assert loop.receipts[1].splitlines()[1].startswith("1. recorded [")
+    assert [o.content for o in check.accepted] == [f"{later['content']} (supersedes [{newer.id}])"]

@@ -146,7 +146,7 @@ class NearDuplicates:
                  ids: Iterable[str] | None = None) -> None:
         self._ids = known_ids(ids)
         self._notes: list[tuple[str, str, tuple[str, ...], Marks]] = []
-        # (the words but the marks, the subjects) -> the first note of them
+        # (the words but the marks, the subjects) -> the newest note of them
         self._sentences: dict[tuple[tuple[str, ...], frozenset[str]], tuple[str, str, Marks]] = {}
         for note_id, content, cited in notes:
             self.add(note_id, content, cited)
@@ -161,11 +161,11 @@ class NearDuplicates:
         self._notes.append((note_id, content, words, marks))
         rest = marks.rest(words)
         if len(rest) >= SAME_SENTENCE_MIN_WORDS:
-            self._sentences.setdefault((rest, marks.subjects), (note_id, content, marks))
+            self._sentences[(rest, marks.subjects)] = (note_id, content, marks)  # the newest of them
 
     def match(self, content: str, cited: Collection[str] = ()) -> NearMatch | None:
         """The earlier note ``content`` (citing ``cited``) nearly repeats (a repeat before a change of
-        state), or None."""
+        state; of several it changes, the newest), or None."""
         words = normalised_words(content)
         if not words:
             return None
@@ -184,7 +184,7 @@ class NearDuplicates:
                     and matcher.ratio() >= NEAR_DUPLICATE_RATIO:
                 if other_marks == marks:
                     return NearMatch(note_id, text, False)
-                change = change or NearMatch(note_id, text, True)
+                change = NearMatch(note_id, text, True)  # the newest: the state the new note changes
         if change is None:
             same = self._sentences.get((marks.rest(words), marks.subjects))
             if same is not None and same[2] != marks:
