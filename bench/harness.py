@@ -132,15 +132,16 @@ def fake_model_config(base_url: str) -> ModelConfig:
     return ModelConfig(model=FAKE_MODEL, api_base=base_url)
 
 
-def fake_model_process(delay: float = 0.0) -> tuple[subprocess.Popen, str]:
+def fake_model_process(delay: float = 0.0, repo: Path = REPO) -> tuple[subprocess.Popen, str]:
     """The scripted fake model (tests/fake_brains.ScriptedWorkers answering after ``delay`` seconds) in
-    a process of its own, so that its CPU is not the measured process's. Stop it with ``stop_process``."""
+    a process of its own, so that its CPU is not the measured process's. Stop it with ``stop_process``.
+    ``repo``: the checkout whose scripted model answers (it knows that checkout's prompts)."""
     code = ("import sys; sys.path[:0] = [sys.argv[2], sys.argv[3]]\n"
             "from fake_brains import ScriptedWorkers; from fake_openai import FakeOpenAI\n"
             "server = FakeOpenAI(responder=ScriptedWorkers(delay=float(sys.argv[1]))); server.start()\n"
             "print(server.base_url, flush=True)\n"
             "sys.stdin.read()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(delay), str(TESTS), str(REPO)],
+    proc = subprocess.Popen([sys.executable, "-c", code, str(delay), str(repo / "tests"), str(repo)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     return proc, proc.stdout.readline().strip()
 

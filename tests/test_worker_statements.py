@@ -134,7 +134,7 @@ def test_the_fixed_grammar_of_a_note_attributed_to_the_user(content, user):
      "User said: I asked for a pasta recipe with mushrooms. (note q00.2)", None),  # another labelled note
 ])
 def test_a_near_copy_that_changes_a_state_is_no_duplicate(earlier, later, verdict):
-    found = NearDuplicates([("a" * 12, earlier)]).match(later)
+    found = NearDuplicates([("a" * 12, earlier, ())]).match(later)
     assert (None if found is None else "changed" if found.changed else "duplicate") == verdict
 
 
@@ -317,3 +317,61 @@ def test_the_offline_baseline_names_the_note_whose_state_it_changes(monkeypatch)
     loop = offline.OfflineBrain(redact_secrets=False).observe(SimpleNamespace(chunk=[]), check)
     assert loop.receipts[0].splitlines()[1].startswith(f"1. rejected: nearly the same as [{earlier.id}]")
     assert [o.content for o in check.accepted] == [f"{later['content']} (supersedes [{earlier.id}])"]
+
+
+def test_ids_are_told_by_the_citations_not_by_their_look():
+    # an entry id that reads as a word: by its look a plain word (a repeat); cited, what the note is about
+    earlier = "Entry facade shows the login flow works and the unit tests pass."
+    later = "Entry decade shows the login flow works and the unit tests pass."
+    by_shape = NearDuplicates([("a" * 12, earlier, ())]).match(later)
+    assert by_shape is not None and not by_shape.changed
+    assert NearDuplicates([("a" * 12, earlier, ["facade"])], ids={"facade", "decade"}).match(later, ["decade"]) is None
+    # a number that looks like an id: by its look another entry; no one cites it, so a changed count
+    earlier = "The nightly import loaded 12345678 rows into the orders table today."
+    later = "The nightly import loaded 12345679 rows into the orders table today."
+    assert NearDuplicates([("a" * 12, earlier, ())]).match(later) is None
+    found = NearDuplicates([("a" * 12, earlier, [E[1]])], ids={E[1], E[2]}).match(later, [E[2]])
+    assert found is not None and found.changed
+    # a cited id of digits alone is still an id
+    earlier, later = (f"Work happened between entries {E[4]} and {E[10]} of the session.",
+                      f"Work happened between entries {E[11]} and {E[17]} of the session.")
+    assert NearDuplicates([("a" * 12, earlier, [E[4], E[10]])], ids=set(E.values())).match(later, [E[11]]) is None
+
+
+def test_the_observer_check_knows_the_chunks_entry_ids():
+    from om_core.ledger.records import Observation
+    from om_core.workers.checks import ObservationCheck
+
+    earlier = Observation.model_validate(obs("Entry facade shows the login flow works and the unit tests pass.",
+                                             ["facade"]))
+    rows = Observation.model_validate(obs("The nightly import loaded 12345678 rows into the orders table today.",
+                                          ["facade"]))
+    check = ObservationCheck(chunk_times={"decade": "2026-01-15 14:02"}, known_ids={earlier.id, rows.id},
+                             active=[earlier, rows], memory_ids={earlier.id, rows.id}, user_ids=frozenset())
+    receipt = check.submit({"observations": [
+        item("Entry decade shows the login flow works and the unit tests pass.", ["decade"]),
+        item("The nightly import loaded 12345679 rows into the orders table today.", ["decade"])]}).splitlines()
+    assert receipt[1].startswith("1. recorded [")  # another entry: another fact
+    assert receipt[2].startswith(f"2. rejected: nearly the same as [{rows.id}]")  # another count: a change
+
+
+def test_a_change_of_a_state_changed_before_names_the_newest_and_is_kept(monkeypatch):
+    from types import SimpleNamespace
+
+    from om_core.ledger.records import Observation
+    from om_core.workers import offline
+    from om_core.workers.checks import ObservationCheck
+
+    first = Observation.model_validate(obs("Assistant modified src/upload.py (edited 5 times)", [E[1]]))
+    newer = Observation.model_validate(obs(f"Assistant modified src/upload.py (edited 2 times) (supersedes [{first.id}])",
+                                           [E[2]]))
+    later = item("Assistant modified src/upload.py (edited 3 times)", [E[3]], ts="2026-01-15 14:02", rel="medium")
+    monkeypatch.setattr(offline, "observe_entries", lambda chunk: [later])
+    known = {first.id, newer.id}
+    check = ObservationCheck(chunk_times={E[3]: "2026-01-15 14:02"}, known_ids=known, active=[first, newer],
+                             memory_ids=known, user_ids=frozenset())
+    loop = offline.OfflineBrain(redact_secrets=False).observe(SimpleNamespace(chunk=[]), check)
+    # the receipt quotes the newest state, and the note naming it is compared without its clause
+    assert loop.receipts[0].splitlines()[1].startswith(f"1. rejected: nearly the same as [{newer.id}]")
+    assert loop.receipts[1].splitlines()[1].startswith("1. recorded [")
+    assert [o.content for o in check.accepted] == [f"{later['content']} (supersedes [{newer.id}])"]

@@ -1127,7 +1127,7 @@ def test_the_only_critical_constraint_no_reflection_cites_is_never_dropped(serve
 def test_near_duplicates_by_normalised_words_numbers_and_names(earlier, later, duplicate):
     from om_core.workers.near_duplicates import NearDuplicates
 
-    assert (NearDuplicates([("a" * 12, earlier)]).of(later) == "a" * 12) is duplicate
+    assert (NearDuplicates([("a" * 12, earlier, ())]).of(later) == "a" * 12) is duplicate
 
 
 def test_a_reworded_reflection_is_a_duplicate_of_the_current_one(server, tmp_path, db_path):

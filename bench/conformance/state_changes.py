@@ -19,6 +19,10 @@ called a repeat or nothing (the change would be skipped as a duplicate, or recor
 it contradicts without naming it). The real notes themselves are matched in session order too: the
 near copies among them are counted and, with ``--show``, listed for reading.
 
+The rule is measured twice: as the checks run it, each note with the entries it cites and the
+session's entry ids and the pool's memory ids known (a case cites what its note cites), and by the
+fallback that guesses ids by their look (``ID_SHAPE``, no ids known).
+
 Usage (from the repository root):
 
     .venv/bin/python bench/conformance/state_changes.py            # every real session
@@ -47,7 +51,7 @@ from om_core.store import db as dbmod  # noqa: E402
 from om_core.store.catalog import resolve_tip  # noqa: E402
 from om_core.store.workspace import Workspace  # noqa: E402
 from om_core.workers.inputs import observer_input  # noqa: E402
-from om_core.workers.near_duplicates import NearDuplicates  # noqa: E402
+from om_core.workers.near_duplicates import ID_SHAPE, NearDuplicates, known_ids, normalised_words  # noqa: E402
 from om_core.workers.offline import observe_entries  # noqa: E402
 
 SESSIONS = sorted((REPO.parent / "shared" / "sessions").glob("*.jsonl")) + sorted(
@@ -70,9 +74,13 @@ _NOT_A_NUMBER = re.compile(r"\b(?:step|item|part|phase|stage|task|issue|pr|chunk
                            r"seed|commit)\s+#?$", re.IGNORECASE)
 
 
-def notes_of(paths: list[Path]) -> dict[str, list[str]]:
-    """The offline observer's proposals on every chunk of each session, in order (by session file)."""
-    out: dict[str, list[str]] = {}
+Note = tuple[str, tuple[str, ...]]  # a note's content and the entry ids it cites
+
+
+def notes_of(paths: list[Path]) -> dict[str, tuple[list[Note], set[str]]]:
+    """The offline observer's proposals on every chunk of each session, in order, with the entry ids
+    of the session's chunks (by session file)."""
+    out: dict[str, tuple[list[Note], set[str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "om.duckdb"
         ws = Workspace.open(db, settings=Settings())
@@ -82,12 +90,14 @@ def notes_of(paths: list[Path]) -> dict[str, list[str]]:
             sessions = con.execute("SELECT session_id, file_path FROM sessions ORDER BY file_path").fetchall()
             for sid, path in sessions:
                 tip = resolve_tip(con, sid, None)
-                notes: list[str] = []
+                notes: list[Note] = []
+                entries: set[str] = set()
                 after = None
                 while (inp := observer_input(con, sid, tip, settings, after_position=after)) is not None:
-                    notes += [n["content"] for n in observe_entries(inp.chunk)]
+                    notes += [(n["content"], tuple(n["sourceEntryIds"])) for n in observe_entries(inp.chunk)]
+                    entries |= {e.entry_id for e in inp.chunk}
                     after = inp.chunk[-1].position
-                out[Path(path).name] = notes
+                out[Path(path).name] = (notes, entries)
     return out
 
 
@@ -137,23 +147,36 @@ def other_subjects(note: str) -> list[tuple[str, str]]:
     return out
 
 
-def verdict(pool: NearDuplicates, text: str) -> str:
-    found = pool.match(text)
+def verdict(pool: NearDuplicates, text: str, cited: tuple[str, ...]) -> str:
+    found = pool.match(text, cited)
     return "none" if found is None else "changed" if found.changed else "duplicate"
 
 
-def measure(notes: dict[str, list[str]], show: bool) -> dict:
+def measure(notes: dict[str, tuple[list[Note], set[str]]], show: bool, by_shape: bool = False) -> dict:
+    """The rule's counts, with the ids known as the checks know them or (``by_shape``) guessed."""
     counts: Counter = Counter()
     misses: list[dict] = []
     natural: list[dict] = []
-    for session, texts in notes.items():
-        pool = NearDuplicates((f"{i:012x}", t) for i, t in enumerate(dict.fromkeys(texts)))
+    for session, (session_notes, entries) in notes.items():
+        firsts: dict[str, tuple[str, ...]] = {}  # each note's content -> its first citations, in order
+        for text, cited in session_notes:
+            firsts.setdefault(text, cited)
+        texts = [t for t, _ in session_notes]
+        memory = {f"{i:012x}" for i in range(len(firsts))}
+        ids = None if by_shape else entries | memory
+        pool = NearDuplicates(((f"{i:012x}", t, c) for i, (t, c) in enumerate(firsts.items())), ids=ids)
+        for text, cited in firsts.items():  # where the two ways to tell an id disagree
+            known = known_ids(entries | memory | set(cited))
+            for word in normalised_words(text):
+                shaped = ID_SHAPE.match(word) is not None
+                if shaped != (word in known):
+                    counts["id-shaped words no one cites" if shaped else "cited ids of another shape"] += 1
         for expected, make in (("changed", changes), ("duplicate", repeats), ("other", other_subjects)):
-            for note in dict.fromkeys(texts):
+            for note, cited in firsts.items():
                 for kind, variant in make(note):
-                    if variant in texts:
+                    if variant in firsts:
                         continue  # the variant is a real note of its own: no case
-                    got = verdict(pool, variant)
+                    got = verdict(pool, variant, cited)
                     counts[f"{expected} cases"] += 1
                     wrong = (got != "changed") if expected == "changed" else (got == "changed")
                     if expected == "duplicate" and got == "none":
@@ -165,19 +188,21 @@ def measure(notes: dict[str, list[str]], show: bool) -> dict:
                         counts["false negatives" if expected == "changed" else "false positives"] += 1
                         misses.append({"session": session, "expected": expected, "kind": kind, "got": got,
                                        "note": note, "variant": variant})
-        seen = NearDuplicates()
-        for i, text in enumerate(texts):
-            found = seen.match(text)
+        seen = NearDuplicates(ids=ids)
+        for i, (text, cited) in enumerate(session_notes):
+            found = seen.match(text, cited)
             if found is not None and found.content == text:
                 counts["natural exact repeats"] += 1
             elif found is not None:
                 counts[f"natural {'changes' if found.changed else 'duplicates'}"] += 1
                 natural.append({"session": session, "changed": found.changed, "earlier": found.content, "note": text})
-            seen.add(f"{i:012x}", text)
-    result = {"sessions": len(notes), "notes": sum(len(t) for t in notes.values()),
+            seen.add(f"{i:012x}", text, cited)
+    result = {"ids": "by shape" if by_shape else "cited", "sessions": len(notes),
+              "notes": sum(len(n) for n, _ in notes.values()),
               "cases": {k: counts[k] for k in ("changed cases", "duplicate cases", "other cases")},
               "false positives": counts["false positives"], "false negatives": counts["false negatives"],
               "repeats not found": counts["repeats not found"],
+              "ids told apart": {k: counts[k] for k in ("id-shaped words no one cites", "cited ids of another shape")},
               "natural near copies": {"exact repeats": counts["natural exact repeats"],
                                       "duplicates": counts["natural duplicates"],
                                       "changes": counts["natural changes"]}}
@@ -186,27 +211,34 @@ def measure(notes: dict[str, list[str]], show: bool) -> dict:
     return result
 
 
+def report(result: dict) -> None:
+    print(f"ids {result['ids']}: {result['notes']} notes of {result['sessions']} sessions; cases: "
+          + ", ".join(f"{v} {k}" for k, v in result["cases"].items()))
+    print(f"  false positives {result['false positives']}, false negatives {result['false negatives']}, "
+          f"repeats not found {result['repeats not found']}")
+    print("  words the two ways tell apart: " + ", ".join(f"{v} {k}" for k, v in result["ids told apart"].items()))
+    print(f"  natural near copies: {result['natural near copies']['exact repeats']} exact repeats, "
+          f"{result['natural near copies']['duplicates']} other duplicates, "
+          f"{result['natural near copies']['changes']} changes of state")
+    for miss in result.get("misses", []):
+        print(f"  MISS {miss['kind']} ({miss['expected']} -> {miss['got']}): {miss['variant']!r}")
+    for near in result.get("natural", []):
+        print(f"  {'CHANGE' if near['changed'] else 'DUP'}: {near['note']!r}\n    earlier: {near['earlier']!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="the smallest example session only")
     parser.add_argument("--show", action="store_true", help="list each miss and each natural near copy")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
-    result = measure(notes_of(SMOKE if args.smoke else SESSIONS), args.show)
+    notes = notes_of(SMOKE if args.smoke else SESSIONS)
+    results = [measure(notes, args.show), measure(notes, args.show, by_shape=True)]
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(results, indent=2))
         return
-    print(f"{result['notes']} notes of {result['sessions']} sessions; cases: "
-          + ", ".join(f"{v} {k}" for k, v in result["cases"].items()))
-    print(f"false positives {result['false positives']}, false negatives {result['false negatives']}, "
-          f"repeats not found {result['repeats not found']}")
-    print(f"natural near copies: {result['natural near copies']['exact repeats']} exact repeats, "
-          f"{result['natural near copies']['duplicates']} other duplicates, "
-          f"{result['natural near copies']['changes']} changes of state")
-    for miss in result.get("misses", []):
-        print(f"MISS {miss['kind']} ({miss['expected']} -> {miss['got']}): {miss['variant']!r}")
-    for near in result.get("natural", []):
-        print(f"{'CHANGE' if near['changed'] else 'DUP'}: {near['note']!r}\n    earlier: {near['earlier']!r}")
+    for result in results:
+        report(result)
 
 
 if __name__ == "__main__":

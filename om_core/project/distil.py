@@ -91,7 +91,8 @@ class ProjectCheck:
 
     def __post_init__(self) -> None:
         self._current = {r.id: r for r in self.memory}
-        self._similar = NearDuplicates((r.id, r.content) for r in self.memory)
+        self._similar = NearDuplicates(((r.id, r.content, r.supportingIds) for r in self.memory),
+                                       ids=self.allowed | set(self.held) | set(self._current))
 
     @property
     def problems(self) -> int:
@@ -143,13 +144,13 @@ class ProjectCheck:
             self.duplicates += 1
             return f"duplicate [{refl_id}]: this project reflection exists, skipped"
         plain = _SUPERSEDES.sub("", content)
-        earlier = self._similar.of(plain)
+        earlier = self._similar.of(plain, support)
         if earlier is not None and earlier not in named:
             self.duplicates += 1
             return f"duplicate [{refl_id}]: nearly the same as project reflection [{earlier}], skipped"
         self.accepted.append(ProjectReflection(id=refl_id, content=content, supportingIds=support,
                                                tokenCount=self.count_tokens(content)))
-        self._similar.add(refl_id, plain)
+        self._similar.add(refl_id, plain, support)
         for old in named:
             self._retire_id(old, f"superseded by [{refl_id}]")
         return f"recorded [{refl_id}]" + (f", retiring {', '.join(named)}" if named else "")

@@ -189,6 +189,22 @@ def _quoted(content: str, limit: int = 200) -> str:
     return content if len(content) <= limit else content[: limit - 1] + "…"
 
 
+# The clause by which a note names what it replaces: "(supersedes [id])", or several ids in one clause
+# ("(supersedes [id], [id])"). Other bracketed ids in a note are references, not replacements.
+_SUPERSEDES = re.compile(r"\(supersedes\s+((?:\[[0-9a-f]{12}\](?:\s*(?:,|and)\s*)?)+)\)", re.IGNORECASE)
+
+
+def superseded_ids(content: str) -> list[str]:
+    """The memory ids a note names as the ones it replaces, in order, once each."""
+    return list(dict.fromkeys(i for clause in _SUPERSEDES.findall(content) for i in memory_references(clause)))
+
+
+def without_supersedes(content: str) -> str:
+    """The note as it compares with earlier ones: the clause naming what it replaces is no part of what
+    it says (a change of an earlier note, named, is compared as the change it records)."""
+    return " ".join(_SUPERSEDES.sub(" ", content).split())
+
+
 @dataclass
 class ObservationCheck(_ItemCheck):
     """The observer's items. ``chunk_times``: the entry ids a note may cite with their times
@@ -212,7 +228,10 @@ class ObservationCheck(_ItemCheck):
     changed_states: list[tuple[dict, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._similar = NearDuplicates((o.id, o.content) for o in self.active)
+        # ids are known, not guessed by their look: the entries a note may cite, the memory ids
+        self._similar = NearDuplicates(((o.id, without_supersedes(o.content), o.sourceEntryIds)
+                                        for o in self.active),
+                                       ids=set(self.chunk_times) | self.memory_ids | self.known_ids)
 
     @property
     def chunk_ids(self) -> set[str]:
@@ -238,7 +257,7 @@ class ObservationCheck(_ItemCheck):
         obs_id = memory_id(content)
         if self._seen(obs_id, self.known_ids):
             return f"duplicate [{obs_id}]: already recorded, skipped"
-        near = self._similar.match(content)
+        near = self._similar.match(without_supersedes(content), sources)
         if near is not None and not near.changed:
             self.duplicates += 1
             return f"duplicate [{obs_id}]: nearly the same as [{near.note_id}], skipped"
@@ -260,21 +279,11 @@ class ObservationCheck(_ItemCheck):
         line = observation_line(obs_id, timestamp, relevance, content)
         self.accepted.append(Observation(id=obs_id, content=content, timestamp=timestamp, relevance=relevance,
                                          sourceEntryIds=sources, tokenCount=self.count_tokens(line), **notes))
-        self._similar.add(obs_id, content)
+        self._similar.add(obs_id, without_supersedes(content), sources)
         if notes:
             return (f"recorded [{obs_id}], at {timestamp}: {proposed} lies outside its cited entries' times, so "
                     "the first cited entry's time was taken")
         return f"recorded [{obs_id}]"
-
-
-# The clause by which a note names what it replaces: "(supersedes [id])", or several ids in one clause
-# ("(supersedes [id], [id])"). Other bracketed ids in a note are references, not replacements.
-_SUPERSEDES = re.compile(r"\(supersedes\s+((?:\[[0-9a-f]{12}\](?:\s*(?:,|and)\s*)?)+)\)", re.IGNORECASE)
-
-
-def superseded_ids(content: str) -> list[str]:
-    """The memory ids a note names as the ones it replaces, in order, once each."""
-    return list(dict.fromkeys(i for clause in _SUPERSEDES.findall(content) for i in memory_references(clause)))
 
 
 @dataclass
@@ -295,7 +304,9 @@ class ReflectionCheck(_ItemCheck):
     retired: dict[str, list[str]] = field(default_factory=dict)  # new reflection id -> the ids it retires
 
     def __post_init__(self) -> None:
-        self._similar = NearDuplicates((r.id, r.content) for r in self.existing)
+        self._similar = NearDuplicates(((r.id, without_supersedes(r.content), r.supportingObservationIds)
+                                        for r in self.existing),
+                                       ids=self.active_ids | self.existing_ids)
 
     @property
     def notes(self) -> dict[str, dict[str, list[str]]]:
@@ -318,7 +329,7 @@ class ReflectionCheck(_ItemCheck):
         refl_id = memory_id(content)
         if self._seen(refl_id, self.existing_ids):
             return f"duplicate [{refl_id}]: this reflection already exists, skipped"
-        near = self._similar.match(content)
+        near = self._similar.match(without_supersedes(content), support)
         if near is not None and not near.changed:
             self.duplicates += 1
             return f"duplicate [{refl_id}]: nearly the same as reflection [{near.note_id}], skipped"
@@ -328,7 +339,7 @@ class ReflectionCheck(_ItemCheck):
                             f"[{near.note_id}]); if it is another conclusion, reword it to say so")
         self.accepted.append(Reflection(id=refl_id, content=content, supportingObservationIds=support,
                                         tokenCount=self.count_tokens(content)))
-        self._similar.add(refl_id, content)
+        self._similar.add(refl_id, without_supersedes(content), support)
         retiring = [i for i in replaced if i in current]
         if retiring:
             self.retired[refl_id] = retiring
