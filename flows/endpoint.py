@@ -46,16 +46,15 @@ from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from om_core.errors import DatabaseBusy, OmError
-from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
-from om_core.pi.session import file_header
 from om_core.store.private_files import private_dir, write_private
-from om_core.settings import Settings
-from om_core.store.workspace import SharedFileDatabase, Workspace
+
+if TYPE_CHECKING:  # the serving side's modules load with LiveEndpoint: finding and asking one is light
+    from om_core.settings import Settings
+    from om_core.store.workspace import Workspace
+    from om_core.usecases.live import CompactRequest, RecallRequest
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
@@ -212,6 +211,8 @@ class LiveEndpoint:
                  sessions: Iterable[str | os.PathLike] | None = None, socket_seconds: float = SOCKET_SECONDS,
                  on_answer: Callable[[str], None] | None = None,
                  settings_for: Callable[[Path, bool], Settings] | None = None) -> None:
+        from om_core.store.workspace import SharedFileDatabase, Workspace
+
         if not ws.has_file:
             raise TypeError("the live endpoint serves a database file")
         self.db_path = ws.path.resolve()
@@ -241,6 +242,8 @@ class LiveEndpoint:
         other = running_endpoint(self.db_path)
         if other is not None and other.get("pid") != os.getpid():
             raise OmError(f"an endpoint for {self.db_path} is already running (pid {other['pid']}, {other['url']})")
+        from om_core.usecases.live import warm
+
         warm()  # before it is announced: its first answer is as fast as the others
         self._server = _Server((HOST, self.port), _handler(self))
         self._announce()
@@ -297,6 +300,8 @@ class LiveEndpoint:
     def session_file(self, name: str) -> Path:
         """The request's session file, resolved (links followed), when it is a Pi session file under a
         folder this endpoint serves; OmError otherwise, before anything of it is ingested."""
+        from om_core.pi.session import file_header
+
         path = Path(name).expanduser()
         if not path.is_absolute():
             raise OmError(f"the session file must be an absolute path, not {name!r}")
@@ -320,6 +325,8 @@ class LiveEndpoint:
 
     def _workspace(self, request: CompactRequest | RecallRequest) -> Workspace:
         """The endpoint's workspace, with the settings of the request's project when it names its folder."""
+        from om_core.store.workspace import Workspace
+
         cwd = getattr(request, "cwd", None)
         if cwd is None or self.settings_for is None:
             return self.ws
@@ -343,6 +350,10 @@ class LiveEndpoint:
     def answer(self, op: str, body: dict[str, Any], after_reply: ExitStack | None = None) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON answer) for one request. ``after_reply``: the caller closes it once the
         answer is sent, so the database is let go (and checkpointed) after the reply, not before."""
+        from pydantic import ValidationError
+
+        from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live
+
         started = time.perf_counter()
         if op == "info":
             return 200, {"result": self.info()}

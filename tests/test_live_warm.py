@@ -145,3 +145,35 @@ def test_om_live_compact_loads_only_what_it_uses(tmp_path):
     listed = subprocess.run([sys.executable, "-c", PROBE, "--help"], capture_output=True, text=True, timeout=120,
                             cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert "live" in listed.stdout and "compact" in listed.stdout and "flows.cli.main" in listed.stderr
+
+
+def test_om_live_compact_hands_the_request_to_the_endpoint_serving_the_session(tmp_path):
+    """With an endpoint serving the session's folder, `om live compact` is its answer (the same JSON as
+    the command's own, which it gives when no endpoint answers: none runs, or --config names settings
+    the endpoint does not have)."""
+    import os
+
+    path = extension_session().write(tmp_path / "live.jsonl")
+    db = tmp_path / "om.duckdb"
+    workspace(db, Settings())
+    run_om(["--db", str(db), "ingest", str(path)], cwd=tmp_path)
+    args = ["--db", str(db), "live", "compact", str(path), "--leaf", E[32], "--first-kept", E[32], "--json"]
+    env = {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}  # where the endpoint below announces itself
+    here = run_om(args, cwd=tmp_path, env={**env, "XDG_STATE_HOME": str(tmp_path / "nowhere")})
+    assert here.returncode == 0, here.stderr
+    lines: list[str] = []
+    with LiveEndpoint(workspace(db, Settings()), wait_seconds=5.0, sessions=[tmp_path],
+                      on_answer=lines.append) as endpoint:
+        handed = run_om(args, cwd=tmp_path, env=env)
+        assert handed.returncode == 0, handed.stderr
+        assert [line for line in lines if line.startswith("compact ")], lines  # the endpoint answered it
+        mine, theirs = json.loads(handed.stdout), json.loads(here.stdout)
+        assert mine["compaction"] == theirs["compaction"] and mine["compaction"] is not None
+        (tmp_path / "om.toml").write_text("")
+        lines.clear()
+        endpoint.db.close()
+        named = run_om(["--config", str(tmp_path / "om.toml"), *args], cwd=tmp_path, env=env)
+        assert named.returncode == 0, named.stderr
+        assert not [line for line in lines if line.startswith("compact ")], lines  # answered by the command
+        assert json.loads(named.stdout)["compaction"] == theirs["compaction"]

@@ -22,8 +22,6 @@ from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
 from om_core.store import db as dbmod
-from om_core.recall.evidence import recall
-from om_core.recall.tool import tool_result
 from om_core.redaction.redact import redact
 from om_core.pi.tokens import count_tokens
 
@@ -213,6 +211,9 @@ def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True) -> L
 def recall_live(ws: Workspace, req: RecallRequest) -> dict[str, Any]:
     """The ``recall`` tool's result (``{content, details}``, the extension's shape) for the id on the
     branch ending at ``req.leaf`` (the file's current leaf when not given or not in the file yet)."""
+    from om_core.recall.evidence import recall
+    from om_core.recall.tool import tool_result
+
     with _with_file(ws, req.session_file, "live recall") as (here, session_id, _):
         leaf = req.leaf
         with here.read() as con:
