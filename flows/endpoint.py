@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from om_core.errors import DatabaseBusy, OmError
 from om_core.store.private_files import private_dir, write_private
+from om_core.usecases.live_sessions import LiveSessions
 
 if TYPE_CHECKING:  # the serving side's modules load with LiveEndpoint: finding and asking one is light
     from om_core.settings import Settings
@@ -230,6 +231,8 @@ class LiveEndpoint:
         self.token = secrets.token_hex(16)
         self._files_lock = threading.Lock()
         self._file_locks: dict[Path, threading.Lock] = {}  # one request at a time per session file
+        # what each session's answers keep between them (its branch, its file as ingested, its answers)
+        self.live = LiveSessions()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -357,10 +360,10 @@ class LiveEndpoint:
         started = time.perf_counter()
         if op == "info":
             return 200, {"result": self.info()}
-        handlers = {"compact": (CompactRequest, compact_live), "recall": (RecallRequest, recall_live)}
-        if op not in handlers:
+        models = {"compact": CompactRequest, "recall": RecallRequest}
+        if op not in models:
             return 404, {"error": f"unknown request {op!r}: compact, recall or info"}
-        model, handler = handlers[op]
+        model = models[op]
         try:
             request = model.model_validate(body)
         except ValidationError as exc:
@@ -379,21 +382,25 @@ class LiveEndpoint:
         if not one_file.acquire(timeout=QUEUE_SECONDS):
             return 503, {"error": f"om answered other requests for {path.name} for {QUEUE_SECONDS:.0f} s "
                                   "without reaching this one"}
+        # the file held for this answer, and given after_reply until it is sent (the close checkpoints)
+        held = after_reply if after_reply is not None else ExitStack()
         try:
-            if after_reply is not None:
-                after_reply.enter_context(self.db.holding())
+            held.enter_context(self.db.holding())  # opened first: a change by another process is seen now
+            kept = self.live.session(path, self.db.changed_by_others)
             if op == "compact":  # its answer needs no search index: the index of the new lines after the reply
-                result = compact_live(ws, request, index=after_reply is None)
-                if after_reply is not None:
+                result = compact_live(ws, request, index=after_reply is None, kept=kept)
+                if after_reply is not None and result.entries_added:
                     after_reply.callback(self._index_after_reply, ws, path, result.session_id)
             else:
-                result = handler(ws, request)
+                result = recall_live(ws, request, kept=kept)
         except DatabaseBusy as exc:
             return 503, {"error": str(exc)}
         except OmError as exc:
             return 422, {"error": str(exc)}
         finally:
             one_file.release()
+            if after_reply is None:
+                held.close()
         ms = (time.perf_counter() - started) * 1000
         if op == "compact":
             what = (f"{result.observations} observation(s), {result.reflections} reflection(s)" if result.compaction

@@ -115,6 +115,34 @@ def test_answers_equal_the_command_after_appends_forget_branch_and_rewrite(warm)
     assert json.loads(edited) == [{"count_star()": 1}], edited  # the endpoint read the rewritten file
 
 
+def test_the_endpoint_keeps_each_session_between_answers(warm):
+    """Between answers the endpoint keeps the session's branch (read again only from its old tip), the
+    file as ingested (not read again while unchanged) and its answers (the same question, nothing
+    changed: the same answer); another process writing the database drops all of it."""
+    sb = extension_session()
+    lines = sb.lines()
+    warm.write(lines[:29])  # up to E28
+    request = {"session_file": str(warm.path), "leaf": E[28], "first_kept_entry_id": E[26], "tokens_before": 1000}
+    first = ask(running_endpoint(warm.db), "compact", request)
+    kept = warm.endpoint.live.session(warm.path.resolve(), warm.endpoint.db.changed_by_others)
+    assert kept.session_id == SID and kept.branch is not None and kept.branch.tip == E[28]
+    read = kept.branch.entries[:]
+    again = ask(running_endpoint(warm.db), "compact", request)
+    assert first["entries_added"] == 28 and again == {**first, "entries_added": 0}
+    assert kept.answers and kept.branch.entries == read
+
+    warm.write(lines)  # appended: up to E32; the branch grows from E28 on
+    mine, theirs, answer = warm.both(E[32], E[32])
+    assert mine == theirs and answer["entries_added"] == 4
+    assert kept.branch.tip == E[32] and kept.branch.entries[:len(read)] == read and len(kept.branch.entries) == 32
+
+    changes = warm.endpoint.db.changed_by_others
+    warm.om("forget", O8["id"], "--session", SID, "--reason", "wrong")  # another process writes the database
+    mine, theirs, answer = warm.both(E[32], E[32])  # the file unchanged, the same question: not the kept answer
+    assert mine == theirs and O8["id"] not in json.dumps(answer["compaction"]["details"])
+    assert warm.endpoint.db.changed_by_others > changes
+
+
 PROBE = """
 import sys
 sys.argv = ["om", *sys.argv[1:]]
