@@ -143,6 +143,20 @@ def test_the_endpoint_keeps_each_session_between_answers(warm):
     assert warm.endpoint.db.changed_by_others > changes
 
 
+def test_the_kept_sessions_are_bounded_and_dropped_when_the_database_changed(tmp_path):
+    from om_core.usecases.live_sessions import KEPT_SESSIONS, LiveSessions
+
+    sessions = LiveSessions()
+    first = sessions.session(tmp_path / "first.jsonl", 0)
+    first.session_id = SID
+    assert sessions.session(tmp_path / "first.jsonl", 0) is first and first.session_id == SID
+    sessions.session(tmp_path / "first.jsonl", 1)  # another process wrote the database meanwhile
+    assert first.session_id is None
+    for n in range(KEPT_SESSIONS):
+        sessions.session(tmp_path / f"s{n}.jsonl", 1)
+    assert sessions.session(tmp_path / "first.jsonl", 1) is not first  # the least recently asked went
+
+
 PROBE = """
 import sys
 sys.argv = ["om", *sys.argv[1:]]

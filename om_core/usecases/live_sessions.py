@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from om_core.usecases.live import LiveCompaction
 
 FileMark = tuple[int, int, int, int]  # device, inode, size, modification time (ns)
+KEPT_SESSIONS = 64  # the sessions whose state is kept (the most recently asked); an older one is read afresh
 
 
 def file_mark(path: Path) -> FileMark | None:
@@ -81,7 +83,7 @@ class LiveSessions:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sessions: dict[Path, LiveSession] = {}
+        self._sessions: OrderedDict[Path, LiveSession] = OrderedDict()
         self._changes: int | None = None
         self.recordings = 0  # catch-ups that recorded memory (an answer begun before one is out of date)
 
@@ -93,7 +95,11 @@ class LiveSessions:
                 for kept in self._sessions.values():
                     kept.forget()
                 self._changes = changed_by_others
-            return self._sessions.setdefault(path, LiveSession(path, owner=self))
+            kept = self._sessions.setdefault(path, LiveSession(path, owner=self))
+            self._sessions.move_to_end(path)
+            while len(self._sessions) > KEPT_SESSIONS:
+                self._sessions.popitem(last=False)
+            return kept
 
     def memory_recorded(self) -> None:
         """A catch-up recorded memory: every kept answer is out of date (a session's summary may show
