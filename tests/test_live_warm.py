@@ -213,9 +213,10 @@ def test_om_live_compact_hands_the_request_to_the_endpoint_serving_the_session(t
         mine, theirs = json.loads(handed.stdout), json.loads(here.stdout)
         assert mine["compaction"] == theirs["compaction"] and mine["compaction"] is not None
         (tmp_path / "om.toml").write_text("")
-        lines.clear()
-        endpoint.db.close()
-        named = run_om(["--config", str(tmp_path / "om.toml"), *args], cwd=tmp_path, env=env)
-        assert named.returncode == 0, named.stderr
-        assert not [line for line in lines if line.startswith("compact ")], lines  # answered by the command
-        assert json.loads(named.stdout)["compaction"] == theirs["compaction"]
+        for asked in (["--config", str(tmp_path / "om.toml"), *args], [*args, "--no-endpoint"]):  # the extension's
+            lines.clear()
+            endpoint.db.close()
+            done = run_om(asked, cwd=tmp_path, env=env)
+            assert done.returncode == 0, done.stderr
+            assert not [line for line in lines if line.startswith("compact ")], lines  # answered by the command
+            assert json.loads(done.stdout)["compaction"] == theirs["compaction"]

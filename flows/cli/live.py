@@ -128,6 +128,9 @@ def compact(
     deadline: Optional[float] = typer.Option(None, "--deadline", min=0.1, metavar="SECONDS", help="How long the hook "
                                              "waits for the answer: a catch-up of the observer stops before it."),
     wait: float = WaitOpt,
+    by_endpoint: bool = typer.Option(True, "--endpoint/--no-endpoint", help="Ask the running endpoint that serves "
+                                     "the session first (the extension, which asked it already, passes "
+                                     "--no-endpoint)."),
     as_json: bool = typer.Option(False, "--json", help='Print {"session_id", "leaf", "compaction": {"summary", '
                                  '"firstKeptEntryId", "tokensBefore", "details"} or null, "declined", …}.'),
 ) -> None:
@@ -139,7 +142,7 @@ def compact(
     asked = {"session_file": str(session_file.expanduser().absolute()), "leaf": leaf,
              "first_kept_entry_id": first_kept, "tokens_before": tokens_before, "custom_instructions": instructions,
              "reason": reason, "deadline_seconds": deadline}
-    answer = _compact_by_endpoint(session_file, asked, wait)
+    answer = _compact_by_endpoint(session_file, asked, wait) if by_endpoint else None
     if answer is None:
         answer = _compact_here(session_file, asked, wait)
     if as_json:
