@@ -46,16 +46,16 @@ from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from om_core.errors import DatabaseBusy, OmError
-from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live, warm
-from om_core.pi.session import file_header
 from om_core.store.private_files import private_dir, write_private
-from om_core.settings import Settings
-from om_core.store.workspace import SharedFileDatabase, Workspace
+from om_core.usecases.live_sessions import LiveSessions
+
+if TYPE_CHECKING:  # the serving side's modules load with LiveEndpoint: finding and asking one is light
+    from om_core.settings import Settings
+    from om_core.store.workspace import Workspace
+    from om_core.usecases.live import CompactRequest, RecallRequest
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
@@ -212,6 +212,8 @@ class LiveEndpoint:
                  sessions: Iterable[str | os.PathLike] | None = None, socket_seconds: float = SOCKET_SECONDS,
                  on_answer: Callable[[str], None] | None = None,
                  settings_for: Callable[[Path, bool], Settings] | None = None) -> None:
+        from om_core.store.workspace import SharedFileDatabase, Workspace
+
         if not ws.has_file:
             raise TypeError("the live endpoint serves a database file")
         self.db_path = ws.path.resolve()
@@ -229,6 +231,8 @@ class LiveEndpoint:
         self.token = secrets.token_hex(16)
         self._files_lock = threading.Lock()
         self._file_locks: dict[Path, threading.Lock] = {}  # one request at a time per session file
+        # what each session's answers keep between them (its branch, its file as ingested, its answers)
+        self.live = LiveSessions()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -241,6 +245,8 @@ class LiveEndpoint:
         other = running_endpoint(self.db_path)
         if other is not None and other.get("pid") != os.getpid():
             raise OmError(f"an endpoint for {self.db_path} is already running (pid {other['pid']}, {other['url']})")
+        from om_core.usecases.live import warm
+
         warm()  # before it is announced: its first answer is as fast as the others
         self._server = _Server((HOST, self.port), _handler(self))
         self._announce()
@@ -297,6 +303,8 @@ class LiveEndpoint:
     def session_file(self, name: str) -> Path:
         """The request's session file, resolved (links followed), when it is a Pi session file under a
         folder this endpoint serves; OmError otherwise, before anything of it is ingested."""
+        from om_core.pi.session import file_header
+
         path = Path(name).expanduser()
         if not path.is_absolute():
             raise OmError(f"the session file must be an absolute path, not {name!r}")
@@ -320,6 +328,8 @@ class LiveEndpoint:
 
     def _workspace(self, request: CompactRequest | RecallRequest) -> Workspace:
         """The endpoint's workspace, with the settings of the request's project when it names its folder."""
+        from om_core.store.workspace import Workspace
+
         cwd = getattr(request, "cwd", None)
         if cwd is None or self.settings_for is None:
             return self.ws
@@ -343,13 +353,17 @@ class LiveEndpoint:
     def answer(self, op: str, body: dict[str, Any], after_reply: ExitStack | None = None) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON answer) for one request. ``after_reply``: the caller closes it once the
         answer is sent, so the database is let go (and checkpointed) after the reply, not before."""
+        from pydantic import ValidationError
+
+        from om_core.usecases.live import CompactRequest, RecallRequest, compact_live, recall_live
+
         started = time.perf_counter()
         if op == "info":
             return 200, {"result": self.info()}
-        handlers = {"compact": (CompactRequest, compact_live), "recall": (RecallRequest, recall_live)}
-        if op not in handlers:
+        models = {"compact": CompactRequest, "recall": RecallRequest}
+        if op not in models:
             return 404, {"error": f"unknown request {op!r}: compact, recall or info"}
-        model, handler = handlers[op]
+        model = models[op]
         try:
             request = model.model_validate(body)
         except ValidationError as exc:
@@ -368,21 +382,25 @@ class LiveEndpoint:
         if not one_file.acquire(timeout=QUEUE_SECONDS):
             return 503, {"error": f"om answered other requests for {path.name} for {QUEUE_SECONDS:.0f} s "
                                   "without reaching this one"}
+        # the file held for this answer, and given after_reply until it is sent (the close checkpoints)
+        held = after_reply if after_reply is not None else ExitStack()
         try:
-            if after_reply is not None:
-                after_reply.enter_context(self.db.holding())
+            held.enter_context(self.db.holding())  # opened first: a change by another process is seen now
+            kept = self.live.session(path, self.db.changed_by_others)
             if op == "compact":  # its answer needs no search index: the index of the new lines after the reply
-                result = compact_live(ws, request, index=after_reply is None)
-                if after_reply is not None:
+                result = compact_live(ws, request, index=after_reply is None, kept=kept)
+                if after_reply is not None and result.entries_added:
                     after_reply.callback(self._index_after_reply, ws, path, result.session_id)
             else:
-                result = handler(ws, request)
+                result = recall_live(ws, request, kept=kept)
         except DatabaseBusy as exc:
             return 503, {"error": str(exc)}
         except OmError as exc:
             return 422, {"error": str(exc)}
         finally:
             one_file.release()
+            if after_reply is None:
+                held.close()
         ms = (time.perf_counter() - started) * 1000
         if op == "compact":
             what = (f"{result.observations} observation(s), {result.reflections} reflection(s)" if result.compaction

@@ -18,8 +18,8 @@ modules and any lower layer's):
                om_core.replay.engine (the replay of such a copy) and om_core.eval.run (the
                evaluation's own database in its --out folder)
     library    every other om_core module, in its room
-    storage    om_core.store (the package), om_core.store.db, .sqlfiles, .migrations (open, migrate
-               with frozen data steps, run named SQL)
+    storage    om_core.store (the package), om_core.store.db, .db_path, .sqlfiles, .migrations (find,
+               open, migrate with frozen data steps, run named SQL)
     leaves     om_core (the package: its version), om_core.errors, om_core.settings, and Pi's own formats
                every layer speaks: om_core.pi (the package), om_core.pi.session (its JSONL lines),
                om_core.pi.tokens (its token estimate), om_core.pi.js_length (JavaScript string
@@ -48,7 +48,8 @@ MAX_LINES = 500
 
 LEAVES = {"om_core", "om_core.errors", "om_core.settings",
           "om_core.pi", "om_core.pi.session", "om_core.pi.tokens", "om_core.pi.js_length"}
-STORAGE = {"om_core.store", "om_core.store.db", "om_core.store.sqlfiles", "om_core.store.migrations"}
+STORAGE = {"om_core.store", "om_core.store.db", "om_core.store.db_path", "om_core.store.sqlfiles",
+           "om_core.store.migrations"}
 WORKSPACE = {"om_core.store.workspace", "om_core.replay.payload", "om_core.replay.engine", "om_core.eval.run"}
 
 # The rooms, bottom up: each imports only itself and the rooms before it (docs/design.md draws this table).

@@ -115,6 +115,48 @@ def test_answers_equal_the_command_after_appends_forget_branch_and_rewrite(warm)
     assert json.loads(edited) == [{"count_star()": 1}], edited  # the endpoint read the rewritten file
 
 
+def test_the_endpoint_keeps_each_session_between_answers(warm):
+    """Between answers the endpoint keeps the session's branch (read again only from its old tip), the
+    file as ingested (not read again while unchanged) and its answers (the same question, nothing
+    changed: the same answer); another process writing the database drops all of it."""
+    sb = extension_session()
+    lines = sb.lines()
+    warm.write(lines[:29])  # up to E28
+    request = {"session_file": str(warm.path), "leaf": E[28], "first_kept_entry_id": E[26], "tokens_before": 1000}
+    first = ask(running_endpoint(warm.db), "compact", request)
+    kept = warm.endpoint.live.session(warm.path.resolve(), warm.endpoint.db.changed_by_others)
+    assert kept.session_id == SID and kept.branch is not None and kept.branch.tip == E[28]
+    read = kept.branch.entries[:]
+    again = ask(running_endpoint(warm.db), "compact", request)
+    assert first["entries_added"] == 28 and again == {**first, "entries_added": 0}
+    assert kept.answers and kept.branch.entries == read
+
+    warm.write(lines)  # appended: up to E32; the branch grows from E28 on
+    mine, theirs, answer = warm.both(E[32], E[32])
+    assert mine == theirs and answer["entries_added"] == 4
+    assert kept.branch.tip == E[32] and kept.branch.entries[:len(read)] == read and len(kept.branch.entries) == 32
+
+    changes = warm.endpoint.db.changed_by_others
+    warm.om("forget", O8["id"], "--session", SID, "--reason", "wrong")  # another process writes the database
+    mine, theirs, answer = warm.both(E[32], E[32])  # the file unchanged, the same question: not the kept answer
+    assert mine == theirs and O8["id"] not in json.dumps(answer["compaction"]["details"])
+    assert warm.endpoint.db.changed_by_others > changes
+
+
+def test_the_kept_sessions_are_bounded_and_dropped_when_the_database_changed(tmp_path):
+    from om_core.usecases.live_sessions import KEPT_SESSIONS, LiveSessions
+
+    sessions = LiveSessions()
+    first = sessions.session(tmp_path / "first.jsonl", 0)
+    first.session_id = SID
+    assert sessions.session(tmp_path / "first.jsonl", 0) is first and first.session_id == SID
+    sessions.session(tmp_path / "first.jsonl", 1)  # another process wrote the database meanwhile
+    assert first.session_id is None
+    for n in range(KEPT_SESSIONS):
+        sessions.session(tmp_path / f"s{n}.jsonl", 1)
+    assert sessions.session(tmp_path / "first.jsonl", 1) is not first  # the least recently asked went
+
+
 PROBE = """
 import sys
 sys.argv = ["om", *sys.argv[1:]]
@@ -145,3 +187,36 @@ def test_om_live_compact_loads_only_what_it_uses(tmp_path):
     listed = subprocess.run([sys.executable, "-c", PROBE, "--help"], capture_output=True, text=True, timeout=120,
                             cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert "live" in listed.stdout and "compact" in listed.stdout and "flows.cli.main" in listed.stderr
+
+
+def test_om_live_compact_hands_the_request_to_the_endpoint_serving_the_session(tmp_path):
+    """With an endpoint serving the session's folder, `om live compact` is its answer (the same JSON as
+    the command's own, which it gives when no endpoint answers: none runs, or --config names settings
+    the endpoint does not have)."""
+    import os
+
+    path = extension_session().write(tmp_path / "live.jsonl")
+    db = tmp_path / "om.duckdb"
+    workspace(db, Settings())
+    run_om(["--db", str(db), "ingest", str(path)], cwd=tmp_path)
+    args = ["--db", str(db), "live", "compact", str(path), "--leaf", E[32], "--first-kept", E[32], "--json"]
+    env = {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}  # where the endpoint below announces itself
+    here = run_om(args, cwd=tmp_path, env={**env, "XDG_STATE_HOME": str(tmp_path / "nowhere")})
+    assert here.returncode == 0, here.stderr
+    lines: list[str] = []
+    with LiveEndpoint(workspace(db, Settings()), wait_seconds=5.0, sessions=[tmp_path],
+                      on_answer=lines.append) as endpoint:
+        handed = run_om(args, cwd=tmp_path, env=env)
+        assert handed.returncode == 0, handed.stderr
+        assert [line for line in lines if line.startswith("compact ")], lines  # the endpoint answered it
+        mine, theirs = json.loads(handed.stdout), json.loads(here.stdout)
+        assert mine["compaction"] == theirs["compaction"] and mine["compaction"] is not None
+        (tmp_path / "om.toml").write_text("")
+        for asked in (["--config", str(tmp_path / "om.toml"), *args], [*args, "--no-endpoint"]):  # the extension's
+            lines.clear()
+            endpoint.db.close()
+            done = run_om(asked, cwd=tmp_path, env=env)
+            assert done.returncode == 0, done.stderr
+            assert not [line for line in lines if line.startswith("compact ")], lines  # answered by the command
+            assert json.loads(done.stdout)["compaction"] == theirs["compaction"]

@@ -511,3 +511,13 @@ def test_a_payload_is_redacted_once_and_the_same_as_redact(monkeypatch):
     monkeypatch.setattr(module, "PAYLOAD_MEMO_CHARS", 100)
     assert module.redact_payload(memory + "x") == redact(memory + "x")  # too large for the memo: not kept
     assert memory + "x" not in module._memo
+
+
+def test_the_copied_provider_shapes_are_the_installed_plugins():
+    """Redaction runs detect-secrets' provider shapes from a copy (no detect-secrets import on a live
+    compaction's path): the copy must be what the installed plugins hold."""
+    from om_core.redaction.provider_shapes import SHAPES, current
+    from om_core.redaction.rules import _PLUGINS
+
+    assert [(module, name) for module, name, _, _ in SHAPES] == [(module, name) for module, name, _ in _PLUGINS]
+    assert SHAPES == current()

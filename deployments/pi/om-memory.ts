@@ -538,7 +538,7 @@ export default function omMemory(pi: ExtensionAPI) {
 		const r = await runOm(o, ctx.cwd, o.db ?? endpoint?.db ?? known?.db,
 			["live", "compact", file, "--leaf", leaf, "--first-kept", firstKeptEntryId, "--tokens-before", String(tokensBefore),
 				...(instructions ? ["--instructions", instructions] : []), ...(reason ? ["--reason", reason] : []),
-				"--deadline", Math.max(0.1, (deadline - Date.now()) / 1000).toFixed(1), "--wait", wait, "--json"],
+				"--deadline", Math.max(0.1, (deadline - Date.now()) / 1000).toFixed(1), "--wait", wait, "--no-endpoint", "--json"],
 			Math.max(1, deadline - Date.now()), { signal: event.signal, boundMs: o.timeoutMs });
 		const then = tried ? ` (before it, ${tried})` : "";
 		if (r.code !== 0 || r.why) return { why: `${failure(r)}${then}` };

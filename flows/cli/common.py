@@ -23,11 +23,11 @@ from rich.cells import cell_len
 from rich.table import Table
 
 from flows.cli.placeholders import Group, Typer
-from om_core.store.db import resolve_db_path
-from om_core.settings import Settings
-from om_core.store.workspace import Workspace
+from om_core.store.db_path import default_db_path, resolve_db_path
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # loaded by the commands that use them: `om live compact` may only ask an endpoint
+    from om_core.settings import Settings
+    from om_core.store.workspace import Workspace
     from om_core.workers.run_config import ModelConfig
 
 # The options several commands take, declared once.
@@ -119,8 +119,6 @@ def _print_version(on: bool) -> None:
 
 def db_source() -> str:
     """Where the database in use was named: --db, OM_DB, or om's default."""
-    from om_core.store.db import default_db_path
-
     if os.environ.get("OM_DB") and Path(os.environ["OM_DB"]) == state.db:
         return "OM_DB"
     return "om's default, in the user's data directory" if state.db == default_db_path() else "--db"
@@ -150,6 +148,8 @@ def workspace(flags: Mapping[str, Any] | None = None) -> Workspace:
     """The command's one workspace: the --db file, and the settings from every source (defaults, Pi's
     settings files, om.toml or --config, OM_* variables, then the command's own ``flags``), resolved
     when the command first uses them."""
+    from om_core.store.workspace import Workspace
+
     return Workspace.open(state.db, config=state.config, flags=flags, project=state.project_settings)
 
 

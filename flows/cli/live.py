@@ -7,18 +7,20 @@ or Prefect.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
 
 from flows.cli.common import db_source, err, examples, out, print_json, state, warn_exposure, workspace
 from flows.cli.placeholders import Typer
-from om_core.errors import InvalidArgument
-from om_core.errors import DatabaseMissing
-from om_core.store.workspace import FileDatabase, Workspace
+from om_core.errors import DatabaseMissing, InvalidArgument, OmError
+
+if TYPE_CHECKING:
+    from om_core.store.workspace import Workspace
 
 PACKAGE = Path(__file__).resolve().parents[2] / "deployments" / "pi"
 EXTENSION = PACKAGE / "om-memory.ts"
@@ -52,6 +54,8 @@ def _database_for(session_file: Path | None) -> tuple[Path, str, dict[str, Any] 
 def _live_workspace(wait: float, session_file: Path) -> Workspace:
     """The workspace for a live question about ``session_file``: its database must exist (a live
     question never creates one: it would hold nothing but this session, and answer nothing)."""
+    from om_core.store.workspace import FileDatabase, Workspace
+
     db, source, _ = _database_for(session_file)
     if not db.exists():
         raise DatabaseMissing(f"no om database at {db} ({source}); nothing was created "
@@ -124,6 +128,9 @@ def compact(
     deadline: Optional[float] = typer.Option(None, "--deadline", min=0.1, metavar="SECONDS", help="How long the hook "
                                              "waits for the answer: a catch-up of the observer stops before it."),
     wait: float = WaitOpt,
+    by_endpoint: bool = typer.Option(True, "--endpoint/--no-endpoint", help="Ask the running endpoint that serves "
+                                     "the session first (the extension, which asked it already, passes "
+                                     "--no-endpoint)."),
     as_json: bool = typer.Option(False, "--json", help='Print {"session_id", "leaf", "compaction": {"summary", '
                                  '"firstKeptEntryId", "tokensBefore", "details"} or null, "declined", …}.'),
 ) -> None:
@@ -132,17 +139,48 @@ def compact(
     memory folded at the first entry no observation covers (Pi's cut when none; what `om compact FILE
     --gap-safe --first-kept F --leaf LEAF` gives on that file), or why there is none (then Pi's own
     summarizer runs)."""
+    asked = {"session_file": str(session_file.expanduser().absolute()), "leaf": leaf,
+             "first_kept_entry_id": first_kept, "tokens_before": tokens_before, "custom_instructions": instructions,
+             "reason": reason, "deadline_seconds": deadline}
+    answer = _compact_by_endpoint(session_file, asked, wait) if by_endpoint else None
+    if answer is None:
+        answer = _compact_here(session_file, asked, wait)
+    if as_json:
+        print_json(answer)
+    elif answer["compaction"] is None:
+        err.print(f"declined: {escape(answer['declined'] or '')}", highlight=False)
+    else:
+        sys.stdout.write(answer["compaction"]["summary"] + "\n")
+
+
+def _compact_by_endpoint(session_file: Path, asked: dict[str, Any], wait: float) -> dict[str, Any] | None:
+    """The compaction from the running endpoint that serves this session's database (the same service,
+    already loaded, its answer the same JSON), with this command's folder and project-settings choice as
+    the session's; None when none serves it, or it does not answer (then ``_compact_here``). Not when
+    --config names settings: the endpoint knows only its own and the session folder's."""
+    from flows.endpoint import ask
+
+    if state.config is not None:
+        return None
+    _, _, found = _database_for(session_file)
+    if found is None:
+        return None
+    # a catch-up stops before the deadline; without one, the wait the command gives plus the endpoint's
+    timeout = (asked["deadline_seconds"] or 30.0) + wait + 5.0
+    try:
+        return ask(found, "compact", {**asked, "cwd": os.getcwd(), "project_settings": state.project_settings},
+                   timeout=timeout)
+    except (OmError, OSError, ValueError):  # busy, refused, gone: the command answers on its own
+        return None
+
+
+def _compact_here(session_file: Path, asked: dict[str, Any], wait: float) -> dict[str, Any]:
+    """The compaction answered by this process: the session file ingested and folded on the database
+    (what the endpoint does, without its warm state)."""
     from om_core.usecases.live import CompactRequest, compact_live
 
-    answer = compact_live(_live_workspace(wait, session_file), CompactRequest(
-        session_file=str(session_file), leaf=leaf, first_kept_entry_id=first_kept, tokens_before=tokens_before,
-        custom_instructions=instructions, reason=reason, deadline_seconds=deadline))
-    if as_json:
-        print_json(answer.model_dump(mode="json"))
-    elif answer.compaction is None:
-        err.print(f"declined: {escape(answer.declined or '')}", highlight=False)
-    else:
-        sys.stdout.write(answer.compaction["summary"] + "\n")
+    answer = compact_live(_live_workspace(wait, session_file), CompactRequest.model_validate(asked))
+    return answer.model_dump(mode="json")
 
 
 @live_app.command("recall", epilog=examples("om live recall 3f9a0c1b2d4e --file S.jsonl --leaf 9f1c2e3a --json",

@@ -63,44 +63,78 @@ class GapFreeCompaction(BaseModel):
                 "retained_tokens": self.decision.retained_tokens, "freed_tokens": self.decision.freed_tokens}
 
 
-def _call_positions(rows: list[dict[str, Any]]) -> dict[int, int | None]:
-    """For each tool result (by its index in ``rows``), the assistant message that made its call: the
-    latest one before it naming its toolCallId, else the nearest assistant message before it. One pass
-    over the branch, each entry's JSON parsed once."""
-    named: dict[Any, int] = {}  # toolCall id -> the latest assistant message naming it so far
-    nearest: int | None = None
-    found: dict[int, int | None] = {}
-    for i, row in enumerate(rows):
-        if row["entry_type"] != "message":
-            continue
-        if row["role"] == "toolResult":
-            call_id = json.loads(row["raw"]).get("message", {}).get("toolCallId")
-            found[i] = named.get(call_id, nearest)
-        elif row["role"] == "assistant":
-            nearest = row["position"]
-            for block in json.loads(row["raw"]).get("message", {}).get("content") or []:
-                if isinstance(block, dict) and block.get("type") == "toolCall":
-                    named[block.get("id")] = row["position"]
-    return found
+class BranchRows:
+    """The branch ending at ``tip`` as the decisions need it, built entry by entry in order, so that a
+    reader who kept it reads only the entries after its tip when the branch grew (a live session's
+    answers: Pi appends to the branch between them). The tool results are tied to the assistant
+    message that made their call (the latest one before naming its toolCallId, else the nearest
+    assistant message before), each entry's JSON parsed once."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty: the next read starts at the root."""
+        self.tip: str | None = None
+        self.tip_position = -1
+        self.entries: list[SpanEntry] = []
+        self.positions: dict[str, int] = {}
+        self._compaction: tuple[Any, int] | None = None  # the latest compaction: its F, its position
+        self._named: dict[Any, int] = {}  # toolCall id -> the latest assistant message naming it so far
+        self._nearest: int | None = None
+
+    def add(self, rows: list[dict[str, Any]], tip: str) -> None:
+        """The branch's next entries (positions right after the current tip, in order) up to ``tip``."""
+        for r in rows:
+            position = r["position"]
+            self.positions[r["entry_id"]] = position
+            tool_result = r["entry_type"] == "message" and r["role"] == "toolResult"
+            call = None
+            if tool_result:
+                call_id = json.loads(r["raw"]).get("message", {}).get("toolCallId")
+                call = self._named.get(call_id, self._nearest)
+            elif r["entry_type"] == "message" and r["role"] == "assistant":
+                self._nearest = position
+                for block in json.loads(r["raw"]).get("message", {}).get("content") or []:
+                    if isinstance(block, dict) and block.get("type") == "toolCall":
+                        self._named[block.get("id")] = position
+            self.entries.append(SpanEntry(position=position, entry_id=r["entry_id"], is_source=bool(r["is_source"]),
+                                          tokens=int(r["tokens"] or 0) if r["is_source"] else 0,
+                                          tool_result=tool_result, call_position=call))
+            if r["entry_type"] == "compaction":  # the context starts at the latest compaction's F
+                self._compaction = (json.loads(r["raw"]).get("firstKeptEntryId"), position)
+        self.tip, self.tip_position = tip, self.tip_position if not rows else rows[-1]["position"]
+
+    def branch(self) -> Branch:
+        start = 0
+        if self._compaction is not None:
+            kept, position = self._compaction
+            start = self.positions.get(kept, position + 1)
+        return Branch(entries=list(self.entries), context_start=start)
 
 
-def read_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str) -> tuple[Branch, dict[str, int]]:
-    """The branch ending at ``tip`` as the decisions need it, and each entry's position."""
+def read_branch(con: duckdb.DuckDBPyConnection, session_id: str, tip: str,
+                known: BranchRows | None = None) -> BranchRows:
+    """The branch ending at ``tip``, into ``known`` when given: the caller's rows of this session, kept
+    between reads on the same entries (its holder empties it, or lets it go, when the file is rewritten
+    or another process writes the database). When its tip is on this branch at the same position, only
+    the entries after it are read and added; otherwise it is read again from the root."""
+    rows = known if known is not None and known.session_id == session_id else BranchRows(session_id)
+    if rows.tip == tip:
+        return rows
     tip_pos = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": tip, "entry_id": tip})
-    rows = dbmod.rows_as_dicts(con.execute(query("gap_window"), {"session_id": session_id, "leaf": tip,
-                                                                 "from_pos": 0, "to_pos": tip_pos}))
-    positions = {r["entry_id"]: r["position"] for r in rows}
-    calls = _call_positions(rows)
-    entries, context_start = [], 0
-    for i, r in enumerate(rows):
-        tool_result = r["entry_type"] == "message" and r["role"] == "toolResult"
-        entries.append(SpanEntry(position=r["position"], entry_id=r["entry_id"], is_source=bool(r["is_source"]),
-                                 tokens=int(r["tokens"] or 0) if r["is_source"] else 0, tool_result=tool_result,
-                                 call_position=calls.get(i) if tool_result else None))
-        if r["entry_type"] == "compaction":  # the context starts at the latest compaction's F
-            kept = json.loads(r["raw"]).get("firstKeptEntryId")
-            context_start = positions.get(kept, r["position"] + 1)
-    return Branch(entries=entries, context_start=context_start), positions
+    start = 0
+    if rows.tip is not None:
+        at = dbmod.scalar(con, "position_on_branch", {"session_id": session_id, "tip": tip, "entry_id": rows.tip})
+        if at is not None and at == rows.tip_position and tip_pos is not None and tip_pos > at:
+            start = at + 1
+        else:
+            rows.reset()  # another branch: read from the root
+    found = dbmod.rows_as_dicts(con.execute(query("gap_window"), {"session_id": session_id, "leaf": tip,
+                                                                  "from_pos": start, "to_pos": tip_pos}))
+    rows.add(found, tip)
+    return rows
 
 
 class BranchFacts(BaseModel):
@@ -119,12 +153,14 @@ class BranchFacts(BaseModel):
 
 
 def branch_facts(ws: Workspace, session: str, first_kept: str, leaf: str | None = None, *, replayed: bool = False,
-                 instructions: str | None = None) -> BranchFacts:
-    """The branch and the fold at Pi's F, read on one connection."""
+                 instructions: str | None = None, known: BranchRows | None = None) -> BranchFacts:
+    """The branch and the fold at Pi's F, read on one connection. ``known``: the session's branch as
+    read before (``read_branch``), extended in place when the branch grew."""
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
-        branch, positions = read_branch(con, sid, tip)
+        read = read_branch(con, sid, tip, known)
+        branch, positions = read.branch(), dict(read.positions)
         proposed = positions.get(first_kept)
         record_at = None
         if proposed is None:  # one of om's records (an entry of the exported file): it stands after its anchor

@@ -339,13 +339,17 @@ def _slug(text: str) -> str:
 
 
 def _plugin_rules() -> list[Rule]:
-    import importlib
+    """The plugins' shapes (their copy in ``provider_shapes``: importing detect-secrets costs more than a
+    live compaction's work), each with the keywords or needles that gate it."""
+    from om_core.redaction.provider_shapes import SHAPES
 
+    gates = {(module, name): keywords for module, name, keywords in _PLUGINS}
     rules = []
-    for module, name, keywords in _PLUGINS:
-        cls = getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), name)
-        kind = _slug(cls.secret_type)
-        for pattern in cls().denylist:
+    for module, name, secret_type, patterns in SHAPES:
+        keywords = gates[(module, name)]
+        kind = _slug(secret_type)
+        for source, flags in patterns:
+            pattern = re.compile(source, flags)
             # a pattern with a group marks the secret with its first group (the rest is context)
             if keywords and isinstance(keywords[0], tuple):
                 needles, window = keywords
@@ -357,8 +361,7 @@ def _plugin_rules() -> list[Rule]:
 
 @lru_cache(maxsize=1)
 def rules() -> tuple[Rule, ...]:
-    """Loaded on first use: importing detect-secrets takes ~0.2 s, which read paths without
-    secrets to redact need not pay."""
+    """Compiled on first use: read paths without secrets to redact need not pay it."""
     return tuple(_own_rules() + _plugin_rules())
 
 

@@ -25,26 +25,10 @@ import duckdb
 
 from om_core.errors import DatabaseBusy, DatabaseMissing, NotADatabase, storage_error
 from om_core.store.migrations import DATA_STEPS
+from om_core.store.db_path import DEFAULT_DB, data_dir, default_db_path, resolve_db_path  # noqa: F401 - re-exported
 from om_core.store.sqlfiles import migrations, query, schema_snapshot, view_scripts, views_fingerprint
 
-DEFAULT_DB = "om.duckdb"
 DEFAULT_BUSY_SECONDS = 5.0
-
-
-def data_dir() -> Path:
-    """om's folder in the user's data directory: ``$XDG_DATA_HOME/om``, else ``~/.local/share/om``."""
-    base = os.environ.get("XDG_DATA_HOME")
-    return (Path(base) if base and Path(base).is_absolute() else Path.home() / ".local" / "share") / "om"
-
-
-def default_db_path() -> Path:
-    """The database when none is named: in the user's data directory, never in a project folder."""
-    return data_dir() / DEFAULT_DB
-
-
-def resolve_db_path(explicit: str | os.PathLike | None = None) -> Path:
-    """``--db`` wins, then ``OM_DB``, then the user's data directory (``default_db_path``)."""
-    return Path(explicit or os.environ.get("OM_DB") or default_db_path())
 
 
 def _is_lock_error(exc: Exception) -> bool:

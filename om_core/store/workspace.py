@@ -73,6 +73,10 @@ class SharedFileDatabase:
         self._users = 0
         self._idle_timer: threading.Timer | None = None
         self.opens = 0  # how many times the file was opened (the tests and the bench read it)
+        # How many times the file was found changed when it was opened again: another process wrote it
+        # while this one had let it go (what a holder of state read from it must drop then).
+        self.changed_by_others = 0
+        self._closed_mark: tuple[tuple[int, int] | None, ...] | None = None
 
     def _acquire(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
@@ -80,6 +84,8 @@ class SharedFileDatabase:
                 self._idle_timer.cancel()
                 self._idle_timer = None
             if self._con is None:
+                if self._closed_mark is None or self._mark() != self._closed_mark:
+                    self.changed_by_others += 1
                 self._con = dbmod.connect(self.path, busy_seconds=self.busy_seconds)
                 self.opens += 1
             self._users += 1
@@ -97,14 +103,31 @@ class SharedFileDatabase:
                 self._idle_timer.daemon = True
                 self._idle_timer.start()
                 return
+        self._let_go(con)
+
+    def _mark(self) -> tuple[tuple[int, int] | None, ...]:
+        """The file and its write-ahead log as they stand (size, modification time)."""
+        marks = []
+        for path in (self.path, Path(f"{self.path}.wal")):
+            try:
+                info = path.stat()
+                marks.append((info.st_size, info.st_mtime_ns))
+            except OSError:
+                marks.append(None)
+        return tuple(marks)
+
+    def _let_go(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Close (DuckDB checkpoints), then note how the file stands: a change found at the next open is
+        another process's."""
         con.close()
+        self._closed_mark = self._mark()
 
     def _close_if_idle(self) -> None:
         with self._lock:
             if self._users or self._con is None or self._idle_timer is not threading.current_thread():
                 return  # a use came in meanwhile (and maybe a later timer): the file stays
             con, self._con, self._idle_timer = self._con, None, None
-        con.close()
+        self._let_go(con)
 
     @property
     def is_open(self) -> bool:
@@ -119,7 +142,7 @@ class SharedFileDatabase:
             if self._users or self._con is None:
                 return
             con, self._con = self._con, None
-        con.close()
+        self._let_go(con)
 
     @contextmanager
     def holding(self) -> Iterator[None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+import json
 from pathlib import Path
 import time
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,13 +23,13 @@ from om_core.store.catalog import resolve_tip
 from om_core.errors import EntryNotFound, OmError
 from om_core.ingest import ingest
 from om_core.store import db as dbmod
-from om_core.recall.evidence import recall
-from om_core.recall.tool import tool_result
 from om_core.redaction.redact import redact
 from om_core.pi.tokens import count_tokens
+from om_core.usecases.live_sessions import LiveSession, file_mark
 
 if TYPE_CHECKING:
-    from om_core.memory.gap_free_compaction import BranchFacts
+    from om_core.memory.gap_free_compaction import BranchFacts, GapFreeCompaction
+    from om_core.settings import Settings
     from om_core.store.workspace import Workspace
 
 
@@ -106,20 +107,29 @@ def warm() -> None:
 
 
 @contextmanager
-def _with_file(ws: Workspace, session_file: str, command: str,
-               index: bool = True) -> Iterator[tuple[Workspace, str, int]]:
+def _with_file(ws: Workspace, session_file: str, command: str, index: bool = True,
+               kept: LiveSession | None = None) -> Iterator[tuple[Workspace, str, int]]:
     """The workspace on one write connection, after ingesting ``session_file``: (it, session id,
-    entries added). ``index`` False: the search index is left to the caller."""
+    entries added). ``index`` False: the search index is left to the caller. ``kept``: the endpoint's
+    state of this file; when the file is as it was last ingested, it is not read again."""
     path = Path(session_file).expanduser().resolve()
     if not path.is_file():
         raise OmError(f"no session file at {path}")
     with ws.held() as here:
+        if kept is not None and kept.unchanged():
+            yield here, kept.session_id, 0
+            return
+        mark = file_mark(path)  # before the read: a line appended meanwhile is read next time
         report = ingest(here, [path], command=command, index=index)
         if not report.files:
             raise OmError(f"{path} was not ingested")
         done = report.files[0]
         if done.error or done.session_id is None:
+            if kept is not None:
+                kept.forget()
             raise OmError(f"cannot ingest {path}: {done.error or done.status}")
+        if kept is not None:
+            kept.ingested_now(mark, done)
         yield here, done.session_id, done.entries_added
 
 
@@ -170,30 +180,52 @@ def _catch_up(here: Workspace, facts: BranchFacts, deadline: float) -> CatchUp |
     return report
 
 
-def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True) -> LiveCompaction:
+def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True,
+                 kept: LiveSession | None = None) -> LiveCompaction:
     """Ingest the file's new lines, then the gap-free compaction at Pi's cut point on the branch ending at
     ``req.leaf`` (SPEC §13): a catch-up when the observer is behind Pi's F, then F moved back to the
     first unobserved entry, or declined (then Pi's own summary runs). What `om compact --gap-safe
     --first-kept F --leaf LEAF` gives on the same file and ledger. ``index`` False: the search index
-    of the new lines is left to the caller (the endpoint updates it after its reply)."""
-    from om_core.memory.gap_free_compaction import branch_facts, gap_free_compaction
+    of the new lines is left to the caller (the endpoint updates it after its reply). ``kept``: the
+    endpoint's state of this file between answers (om_core.usecases.live_sessions): only the new
+    entries of the branch are read, and a question asked again with nothing changed gets the same answer."""
+    from om_core.memory.gap_free_compaction import BranchRows, branch_facts, gap_free_compaction
 
     started = time.monotonic()
-    with _with_file(ws, req.session_file, "live compact", index) as (here, session_id, added):
+    with _with_file(ws, req.session_file, "live compact", index, kept) as (here, session_id, added):
+        settings = here.settings
+        key = json.dumps([req.leaf, req.first_kept_entry_id, req.tokens_before, req.custom_instructions,
+                          req.reason, settings.model_dump_json()])
+        recordings = kept.recordings() if kept is not None else 0
+        if kept is not None and (again := kept.answer(key)) is not None:
+            return again
+        if kept is not None and (kept.branch is None or kept.branch.session_id != session_id):
+            kept.branch = BranchRows(session_id)
+        branch = kept.branch if kept is not None else None
         # the branch and the fold at Pi's F, read once (the leaf must be in the file: a clear error if not)
         facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
-                             instructions=req.custom_instructions)
-        settings = here.settings
+                             instructions=req.custom_instructions, known=branch)
         limit = settings.compactionCatchUpSeconds
         if req.deadline_seconds is not None:  # leave the hook time to answer after the catch-up
             limit = min(limit, req.deadline_seconds * 0.5)
         catch_up = _catch_up(here, facts, started + limit)
         if catch_up is not None and catch_up.chunks:  # the ledger grew: read it again
+            if kept is not None and kept.owner is not None:
+                kept.owner.memory_recorded()
             facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
-                                 instructions=req.custom_instructions)
+                                 instructions=req.custom_instructions, known=branch)
         done = gap_free_compaction(here, session_id, req.first_kept_entry_id, req.leaf,
                                    overflow=req.reason == "overflow", instructions=req.custom_instructions,
                                    facts=facts)
+    answer = _answer(req, session_id, added, catch_up, done, settings)
+    if kept is not None and catch_up is None:  # an answer no model took part in: the same while nothing changes
+        kept.answers[key] = (recordings, answer.model_copy(update={"entries_added": 0}))
+    return answer
+
+
+def _answer(req: CompactRequest, session_id: str, added: int, catch_up: CatchUp | None, done: GapFreeCompaction,
+            settings: Settings) -> LiveCompaction:
+    """The hook's answer from the gap-free compaction."""
     answer = LiveCompaction(session_id=session_id, leaf=req.leaf, entries_added=added, catch_up=catch_up)
     if done.result is not None:
         answer.observations, answer.reflections = len(done.result.observationIds), len(done.result.reflectionIds)
@@ -210,10 +242,14 @@ def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True) -> L
     return answer
 
 
-def recall_live(ws: Workspace, req: RecallRequest) -> dict[str, Any]:
+def recall_live(ws: Workspace, req: RecallRequest, *, kept: LiveSession | None = None) -> dict[str, Any]:
     """The ``recall`` tool's result (``{content, details}``, the extension's shape) for the id on the
-    branch ending at ``req.leaf`` (the file's current leaf when not given or not in the file yet)."""
-    with _with_file(ws, req.session_file, "live recall") as (here, session_id, _):
+    branch ending at ``req.leaf`` (the file's current leaf when not given or not in the file yet).
+    ``kept``: the endpoint's state of this file (its ingest is noted there, as a compaction's is)."""
+    from om_core.recall.evidence import recall
+    from om_core.recall.tool import tool_result
+
+    with _with_file(ws, req.session_file, "live recall", kept=kept) as (here, session_id, _):
         leaf = req.leaf
         with here.read() as con:
             try:
