@@ -89,6 +89,40 @@ class DaskCluster:
     scheduler: subprocess.Popen
     workers: list[Worker] = field(default_factory=list)
     hidden: list[Path] = field(default_factory=list)
+    root: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    credentials: Path | None = None
+    nthreads: int = 2
+
+    def start_worker(self, name: str) -> Worker:
+        """One worker process (no nanny: the pid is the worker) in its own mount namespace with an empty
+        tmpfs over every hidden directory, from its own working directory under the cluster's root. It
+        gets the Prefect server's address and credential as the README tells (``set -a; . om-server.env;
+        set +a`` before ``dask worker``), not from this process."""
+        workdir = self.root / name
+        workdir.mkdir(exist_ok=True)
+        log = self.root / f"{name}.log"
+        mounts = " && ".join(f"mount -t tmpfs om-hidden {h}" for h in self.hidden) or "true"
+        command = (f"{mounts} && set -a && . {shlex.quote(str(self.credentials))} && set +a && cd {workdir} && "
+                   f"exec {sys.executable} -m dask worker {self.address} --name {name} "
+                   f"--nthreads {self.nthreads} --no-nanny --no-dashboard --local-directory {workdir}")
+        process = subprocess.Popen(["unshare", "-m", "sh", "-c", command], cwd=workdir, env=self.env,
+                                   stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        worker = Worker(name, process, workdir, log)
+        self.workers.append(worker)
+        return worker
+
+    def replace_lost_workers(self) -> None:
+        """A worker for every one that died (as a nanny or an autoscaler would start one): a test that
+        kills a worker leaves the module's cluster whole for the next test."""
+        lost = [w for w in self.workers if w.process.poll() is not None]
+        if not lost:
+            return
+        self.workers = [w for w in self.workers if w not in lost]
+        for worker in lost:
+            self.start_worker(f"{worker.name}-again")
+        _wait_for_workers(self, len(self.workers))
 
     def client(self):
         from distributed import Client
@@ -120,12 +154,9 @@ def _wait_for_workers(cluster: DaskCluster, count: int, timeout: float = 90.0) -
 
 def start_dask_cluster(root: Path, server: PrefectServer, hidden: list[Path], workers: int = 2, nthreads: int = 2,
                        env: dict[str, str] | None = None) -> DaskCluster:
-    """A scheduler and ``workers`` worker processes (no nanny: the pid is the worker). Each worker runs
-    in its own mount namespace with an empty tmpfs over every ``hidden`` directory, from its own
-    working directory under ``root``. A worker gets the Prefect server's address and credential as the
-    README tells (``set -a; . om-server.env; set +a`` before ``dask worker``), not from this process."""
+    """A scheduler and ``workers`` worker processes (DaskCluster.start_worker), each in its own mount
+    namespace that hides every ``hidden`` directory."""
     env = env or cluster_env(server.api_url)
-    credentials = server.credentials_file
     port = free_port(HOST)
     address = f"tcp://{HOST}:{port}"
     root.mkdir(parents=True, exist_ok=True)
@@ -135,21 +166,11 @@ def start_dask_cluster(root: Path, server: PrefectServer, hidden: list[Path], wo
         [sys.executable, "-m", "dask", "scheduler", "--host", HOST, "--port", str(port), "--no-dashboard"],
         cwd=scheduler_dir, env=env, stdin=subprocess.DEVNULL, stdout=open(root / "scheduler.log", "ab"),
         stderr=subprocess.STDOUT, start_new_session=True)
-    cluster = DaskCluster(address, scheduler, hidden=[Path(h).resolve() for h in hidden])
+    cluster = DaskCluster(address, scheduler, hidden=[Path(h).resolve() for h in hidden], root=root, env=env,
+                          credentials=server.credentials_file, nthreads=nthreads)
     try:
-        mounts = " && ".join(f"mount -t tmpfs om-hidden {h}" for h in cluster.hidden) or "true"
         for n in range(workers):
-            name = f"worker-{n}"
-            workdir = root / name
-            workdir.mkdir(exist_ok=True)
-            log = root / f"{name}.log"
-            command = (f"{mounts} && set -a && . {shlex.quote(str(credentials))} && set +a && cd {workdir} && "
-                       f"exec {sys.executable} -m dask worker {address} --name {name} "
-                       f"--nthreads {nthreads} --no-nanny --no-dashboard --local-directory {workdir}")
-            process = subprocess.Popen(["unshare", "-m", "sh", "-c", command], cwd=workdir, env=env,
-                                       stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-            cluster.workers.append(Worker(name, process, workdir, log))
+            cluster.start_worker(f"worker-{n}")
         _wait_for_workers(cluster, workers)
     except BaseException:
         cluster.stop()

@@ -373,6 +373,11 @@ def test_a_real_session_om_maintained_then_opened_in_the_real_pi_keeps_every_rec
     """A real v1 session, maintained by om (the offline baseline), opened by the real Pi 1.6.0 (which
     migrates it in place), read again: every record and simulated compaction re-anchored, none orphaned,
     the fold, projections, compactions and clocks equal at every 25th point and at the tip, recall equal."""
+    import pi_rpc
+
+    why = pi_rpc.missing()  # before om's half a minute of work on the session, not after it
+    if why:
+        pytest.skip(why)
     path = real_copy(name, tmp_path)
     db = tmp_path / "om.duckdb"
     ingest(workspace(db), [path])

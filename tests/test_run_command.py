@@ -261,9 +261,11 @@ def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path, prefect_
     from om_core.settings import Settings
     from om_core.store.workspace import Workspace
 
+    from om_core.ingest import ingest
+
     folder = sessions(tmp_path / "sessions", count=1)
-    assert om(tmp_path, "ingest", str(folder)).returncode == 0
     ws = Workspace.open(tmp_path / "om.duckdb", settings=Settings())
+    assert ingest(ws, [folder]).files  # in this process: only the run is the command under test
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # prefect stand-in"])
     try:
         with ws.write() as con:
