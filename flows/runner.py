@@ -13,7 +13,8 @@ import os
 import secrets
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def run_pipeline(targets: list[str], *, model: ModelConfig | dict[str, Any], db_
                  concurrency: int = 4, drain: bool = True, runner: str = "threads", dask_address: str | None = None,
                  window: int | None = None,
                  task_runner_override: Any = None, run_id: str | None = None,
-                 on_tick: Callable[[], None] | None = None) -> RunResult:
+                 on_tick: Callable[[], None] | None = None, heartbeats: bool = True) -> RunResult:
     """Run ``process_sessions``; ``on_tick`` is called about twice a second while it runs.
 
     ``model`` is a ModelConfig (om run's, built once) or its JSON form (a dict, validated once by the flow).
@@ -106,7 +107,8 @@ def run_pipeline(targets: list[str], *, model: ModelConfig | dict[str, Any], db_
     to the flow as values; without them the flow builds the spec from ``db_path`` and ``settings``,
     ingests and plans the run itself, and makes the run's guards.
     ``window``: sessions in flight at once (their payloads are read just before they start;
-    default twice the concurrency)."""
+    default twice the concurrency).
+    ``heartbeats=False``: the flow run sends Prefect no heartbeats (``without_heartbeats``)."""
     from flows.pipeline import process_sessions
     from om_core.store.db import resolve_db_path
 
@@ -122,9 +124,26 @@ def run_pipeline(targets: list[str], *, model: ModelConfig | dict[str, Any], db_
     if thread:
         thread.start()
     try:
-        return flow(targets, db_path=str(resolve_db_path(db_path)), model=model, settings=settings, drain=drain,
-                    spec=spec, plan=plan, guards=guards, window=window or 2 * concurrency, run_id=run_id)
+        with nullcontext() if heartbeats else without_heartbeats():
+            return flow(targets, db_path=str(resolve_db_path(db_path)), model=model, settings=settings, drain=drain,
+                        spec=spec, plan=plan, guards=guards, window=window or 2 * concurrency, run_id=run_id)
     finally:
         done.set()
         if thread:
             thread.join()
+
+
+@contextmanager
+def without_heartbeats() -> Iterator[None]:
+    """Flow runs started in this thread inside the block send no heartbeat. Prefect's heartbeat thread
+    sleeps in one-second steps and the flow run's end waits for it: up to a second (half on average) of
+    every run's wall time, for an event that only an automation on a server would read, and om's kept
+    server has none (nor keeps events). Prefect takes no "off" from the environment (its setting is
+    an integer of at least 30 there), so the run's own settings context carries it."""
+    from prefect.context import SettingsContext
+    from prefect.settings import get_current_settings
+
+    current = get_current_settings()
+    lean = current.model_copy(update={"flows": current.flows.model_copy(update={"heartbeat_frequency": None})})
+    with SettingsContext(profile=SettingsContext.get().profile, settings=lean):
+        yield

@@ -12,9 +12,14 @@ Two workloads (both run by default):
   and a model that answers at once (the scripted fake model, tests/fake_brains.py, in a process of
   its own, so its CPU is not om's). Reported: CPU milliseconds per model call (``llm_calls`` rows).
 
-Also reported per stage or model call: how much Prefect's own database (the local API's SQLite in
-the run's home, its pages in use) grew in the run, what an archive of runs leaves in the user's
-Prefect home; the first run's figure includes the empty database's schema.
+Also reported per stage or model call: how much the database of the Prefect API the run recorded
+into grew in the run (its SQLite's pages in use): the server `om run` keeps between runs
+(flows.kept_server, its PREFECT_HOME in the run's home), or with ``--server`` a real `prefect server
+start` (task runs recorded, as om serve's). The kept server's first run's figure includes the empty
+database's schema. The runs of a workload share one kept server, as a user's successive runs do: the
+first run starts it (its wall time and CPU include the start), later ones find it warm. Its CPU is
+the run's too: the kept server is no child the run waits for, so its process's CPU growth (its
+threads and any children) is read around each run and added (``server_cpu_seconds``).
 
 Each workload runs ``--runs`` times (median and every run printed). The CPU is the
 ``RUSAGE_CHILDREN`` difference around the `om run` subprocess: its own and its waited-for
@@ -50,19 +55,48 @@ THRESHOLDS = {"OM_OBSERVE_AFTER_TOKENS": "150", "OM_REFLECT_AFTER_TOKENS": "300"
               "OM_CLOCK_BASIS": "source"}
 
 
-def om_run(python: str, pythonpath: str | None, db: Path, target: Path, model: list[str], env_extra: dict[str, str],
-           home: Path, prefect_db: Path | None = None) -> dict[str, Any]:
-    """``prefect_db``: the Prefect database the run records into (default: the local API's, in ``home``)."""
-    prefect_db = prefect_db or home / ".prefect" / "prefect.db"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OM_", "PREFECT_API_URL"))}
+def kept_home(home: Path) -> Path:
+    """The PREFECT_HOME of the server `om run` keeps for a run whose HOME is ``home`` (``run_env``
+    leaves out PREFECT_HOME and XDG_DATA_HOME): its database is ``prefect.db`` there."""
+    return home / ".local" / "share" / "om" / "prefect"
+
+
+def run_env(home: Path, pythonpath: str | None, env_extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OM_", "PREFECT_API_URL", "PREFECT_HOME", "XDG_DATA_HOME"))}
     env.update({"HOME": str(home), "OPENAI_API_KEY": "not-needed", **env_extra})
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def kept_server_cpu(home: Path) -> float:
+    """CPU seconds the kept server of ``home`` has used so far (its process, its threads and the children
+    it waited for); 0 when none runs."""
+    import psutil
+
+    try:
+        pid = int((kept_home(home) / "om-server.pid").read_text().strip())
+        times = psutil.Process(pid).cpu_times()
+    except (OSError, ValueError, psutil.Error):
+        return 0.0
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def om_run(python: str, pythonpath: str | None, db: Path, target: Path, model: list[str], env_extra: dict[str, str],
+           home: Path, prefect_db: Path | None = None) -> dict[str, Any]:
+    """``prefect_db``: the Prefect database the run records into (default: the kept server's, in ``home``)."""
+    kept = prefect_db is None
+    prefect_db = prefect_db or kept_home(home) / "prefect.db"
+    env = run_env(home, pythonpath, env_extra)
     prefect_before = prefect_db_bytes(prefect_db)
+    server_before = kept_server_cpu(home) if kept else 0.0
     before, t0 = harness.children_cpu(), time.perf_counter()
     done = subprocess.run([python, "-m", "flows.cli", "--db", str(db), "run", str(target), "--json", *model],
                           env=env, cwd=home, capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - t0, harness.children_cpu() - before
+    wall, own = time.perf_counter() - t0, harness.children_cpu() - before
+    server_cpu = kept_server_cpu(home) - server_before if kept else 0.0
+    cpu = own + server_cpu
     if done.returncode != 0:
         raise SystemExit(f"om run failed ({done.returncode}): {done.stderr[-2000:]}")
     run_id = json.loads(done.stdout)["run_id"]
@@ -75,12 +109,13 @@ def om_run(python: str, pythonpath: str | None, db: Path, target: Path, model: l
         records = con.execute("SELECT count(*) FROM ledger WHERE run_id = ?", [run_id]).fetchone()[0]
     finally:
         con.close()
-    return {"cpu_seconds": cpu, "wall_seconds": wall, "stages": stages, "model_calls": calls, "records": records,
+    return {"cpu_seconds": cpu, "wall_seconds": wall, "server_cpu_seconds": server_cpu, "stages": stages,
+            "model_calls": calls, "records": records, "prefect_db": str(prefect_db),
             "prefect_db_bytes": prefect_db_bytes(prefect_db) - prefect_before}
 
 
 def prefect_db_bytes(path: Path) -> int:
-    """What Prefect's own database in this home (the local API's SQLite) holds now: its pages in use, not
+    """What a Prefect API's database (its SQLite) holds now: its pages in use, not
     the file's size (SQLite grows a file in steps and reuses freed pages without shrinking it)."""
     import sqlite3
 
@@ -120,7 +155,8 @@ def workload(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             r["cpu_ms_per"] = 1000 * r["cpu_seconds"] / r[per] if r[per] else None
             r["prefect_kb_per"] = r["prefect_db_bytes"] / 1024 / r[per] if r[per] else None
             runs.append(r)
-            print(f"  {name} run {i + 1}: {r['cpu_seconds']:.1f} CPU-s, {r[per]} {per}, "
+            print(f"  {name} run {i + 1}: {r['cpu_seconds']:.1f} CPU-s (kept server {r['server_cpu_seconds']:.1f}), "
+                  f"{r[per]} {per}, "
                   f"{r['cpu_ms_per']:.1f} ms per {per[:-1].replace('_', ' ')}, Prefect's database "
                   f"+{r['prefect_db_bytes'] / 1024:.0f} KB ({r['prefect_kb_per']:.1f} KB per {per[:-1].replace('_', ' ')}) "
                   f"(wall {r['wall_seconds']:.1f} s)", file=sys.stderr, flush=True)
@@ -130,8 +166,14 @@ def workload(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             harness.stop_process(proc)
         if server is not None:
             server.stop()
+        else:  # the server the runs kept: it would otherwise stop only after its idle time
+            subprocess.run([args.python, "-m", "flows.cli", "server", "stop"], cwd=home, capture_output=True,
+                           env=run_env(home, args.pythonpath, {}))
+    warm = runs[1:] or runs  # the kept server's first run starts it
     return {"per": per, "runs": runs, "median_cpu_ms_per": statistics.median(r["cpu_ms_per"] for r in runs),
-            "median_prefect_kb_per": statistics.median(r["prefect_kb_per"] for r in runs)}
+            "median_prefect_kb_per": statistics.median(r["prefect_kb_per"] for r in runs),
+            "median_warm_wall_seconds": statistics.median(r["wall_seconds"] for r in warm),
+            "median_warm_cpu_seconds": statistics.median(r["cpu_seconds"] for r in warm)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pythonpath", default=None, help="run the om code of another checkout")
     parser.add_argument("--server", action="store_true",
                         help="record into a real `prefect server start` (task runs recorded, as om serve's) "
-                             "instead of each run's local API")
+                             "instead of the server om run keeps")
     args = parser.parse_args(argv)
     if args.workload in ("offline", "both") and not harness.SHARED_SESSIONS.is_dir():
         parser.error(f"{harness.SHARED_SESSIONS} is absent: the offline workload needs the real sample sessions")
@@ -159,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             unit = "stage" if result["per"] == "stages" else "model call"
             print(f"{name}: median {result['median_cpu_ms_per']:.1f} CPU-ms per {unit} over {len(result['runs'])} "
                   f"run(s) (om run's process and its children, everything included); Prefect's database grew "
-                  f"{result['median_prefect_kb_per']:.1f} KB per {unit}")
+                  f"{result['median_prefect_kb_per']:.1f} KB per {unit}; runs after the first: median wall "
+                  f"{result['median_warm_wall_seconds']:.1f} s, {result['median_warm_cpu_seconds']:.1f} CPU-s")
     return 0
 
 

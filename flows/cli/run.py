@@ -9,6 +9,8 @@ after ``prepare_environment``), for the speed of every other command.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -124,11 +126,13 @@ def run(
             summary = _run_with_display(ws, plan, config, guards, concurrency, not no_drain,
                                         runner, dask_address, as_json, verbose)
     skipped = plan.skipped if not settings.passive else list(plan.session_ids)
-    report = RunReport(run_id=summary.run_id, sessions=_run_rows(ws, summary), errors=summary.errors,
-                       failures=_run_failures(ws, summary), skipped=skipped, passive=settings.passive,
-                       cost=_run_cost(ws, summary, max_cost, estimate, guards.budget if guards is not None else None),
-                       projects=summary.projects, warnings=list(plan.warnings), notes=list(plan.notes),
-                       database=str(ws.path), offline=config.offline)
+    with _one_reader(ws) as view:
+        report = RunReport(run_id=summary.run_id, sessions=_run_rows(view, summary), errors=summary.errors,
+                           failures=_run_failures(view, summary), skipped=skipped, passive=settings.passive,
+                           cost=_run_cost(view, summary, max_cost, estimate,
+                                          guards.budget if guards is not None else None),
+                           projects=summary.projects, warnings=list(plan.warnings), notes=list(plan.notes),
+                           database=str(ws.path), offline=config.offline)
     cost = report.cost
     if as_json:
         print_json(report.as_json())
@@ -160,6 +164,21 @@ def run(
 
 OFFLINE_NOTE = ("memory by the offline baseline (extractive rules, no model): it copies what was said, "
                 "it does not understand; run with --model for a model's memory")
+
+
+@contextmanager
+def _one_reader(ws: Workspace) -> Iterator[Workspace]:
+    """The closing report's reads on one connection: each read of a file workspace opens the file, and
+    an open costs more than the report's three small queries. Without a database (nothing ingested)
+    the workspace itself, whose reads then fail as they did."""
+    from om_core.store.workspace import ConnectionDatabase, Workspace
+
+    with ExitStack() as stack:
+        try:
+            con = stack.enter_context(ws.read())
+        except Exception:
+            con = None
+        yield ws if con is None else Workspace(ConnectionDatabase(con), ws.settings)
 
 
 def _no_session_files(targets: list[str], exclude) -> bool:
@@ -319,12 +338,15 @@ def _run_with_display(ws: Workspace, plan: RunPlan, config: ModelConfig, guards:
 
     say = (lambda text: None) if quiet else (lambda text: err.print(escape(text), highlight=False))
     # the Prefect server an earlier run left (or one started now for the next runs), leased while this one runs
-    with api_for_run(ws.settings.prefectServerIdleSeconds, say):
-        return _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose)
+    with api_for_run(ws.settings.prefectServerIdleSeconds, say) as kept:
+        return _run_on_api(ws, plan, config, guards, concurrency, drain, runner, dask_address, quiet, verbose,
+                           heartbeats=kept is None)
 
 
 def _run_on_api(ws: Workspace, plan: RunPlan, config: ModelConfig, guards: RunGuards, concurrency: int, drain: bool,
-                runner: str, dask_address: str | None, quiet: bool, verbose: bool) -> RunResult:
+                runner: str, dask_address: str | None, quiet: bool, verbose: bool, heartbeats: bool) -> RunResult:
+    """The flow on the API ``api_for_run`` chose; ``heartbeats=False`` on om's kept server (no automation
+    there reads them: flows.runner.without_heartbeats)."""
     prepare_environment(verbose)  # before Prefect is imported
     run_id = new_run_id()
     _describe_sessions(ws, plan.due)
@@ -333,7 +355,7 @@ def _run_on_api(ws: Workspace, plan: RunPlan, config: ModelConfig, guards: RunGu
         # planned once: the flow takes this plan (and the workspace's spec) as values, and plans nothing again
         return run_pipeline(list(plan.due), spec=ws.spec(), plan=plan, model=config, guards=guards,
                             concurrency=concurrency, drain=drain, runner=runner, dask_address=dask_address,
-                            run_id=run_id)
+                            run_id=run_id, heartbeats=heartbeats)
 
     try:
         if quiet:

@@ -11,6 +11,7 @@ to another process since is never touched.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 
@@ -30,17 +31,45 @@ def started(pid: int | None = None) -> float | None:
         return None
 
 
+def _listed_descendants() -> list[int] | None:
+    """This process's descendants as the kernel lists each thread's children (Linux:
+    /proc/PID/task/TID/children), read for them alone; None where the kernel keeps no such list.
+    A run asks every second, and psutil's own walk reads every process's stat file on the machine."""
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/children"):
+        return None
+    found: list[int] = []
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # ended meanwhile
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                    children = [int(c) for c in handle.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
 def helper_processes() -> list[dict[str, Any]]:
     """This process's descendants: pid, start time, command line (for a reader of the lock file)."""
     import psutil
 
     found = []
+    listed = _listed_descendants()
     try:
-        children = _process().children(recursive=True)
+        children = _process().children(recursive=True) if listed is None else sorted(set(listed))
     except psutil.Error:
         return []
     for child in children:
         try:
+            if isinstance(child, int):
+                child = _process(child)
             found.append({"pid": child.pid, "started": child.create_time(), "cmd": " ".join(child.cmdline())[:200]})
         except psutil.Error:  # ended meanwhile
             pass
