@@ -288,9 +288,13 @@ def test_two_runs_started_at_once_on_one_database_one_runs_the_other_exits_3(tmp
     folder = sessions(tmp_path / "sessions", count=2)
     command = [sys.executable, "-m", "flows.cli", "--db", str(tmp_path / "om.duckdb"), "run", str(folder),
                "--model", "offline"]
-    procs = [subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    done = [(p.wait(300), *p.communicate()) for p in procs]
+    # a slow model keeps the winner writing well past the loser's wait: a warm offline run of two
+    # small sessions ends within that wait, and the loser would then get the lock and run
+    with FakeOpenAI(responder=ScriptedWorkers(delay=1.5)) as server:
+        racing = [*command[:-2], "--model", "openai/fake-model", "--api-base", server.base_url]
+        procs = [subprocess.Popen(racing, cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        done = [(p.wait(300), *p.communicate()) for p in procs]
     codes = sorted(code for code, _, _ in done)
     assert codes == [0, 3], [(code, err[-2000:]) for code, _, err in done]
     refused = next(err for code, _, err in done if code == 3)
