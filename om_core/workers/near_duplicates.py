@@ -6,7 +6,7 @@ what it is about and what it says of it decide:
 
 - its *subjects* (the ids it names that are known ids: the entries it cites, the chunk's entries, the
   memory ids of the branch; paths, file names, commit hashes, names like ``WP4``, and a number that
-  labels an item: ``Step 2``, ``issue #42``, ``attempt 3``) must be the same: a near copy on another
+  labels an item: ``Step 2``, ``issue #7``, ``attempt 3``) must be the same: a near copy on another
   subject is another fact, recorded as it is;
 - its *states* (negations, ``STATE_WORDS``, numbers, versions, count words, other identifiers such as
   ``max_retries`` or ``user@host``) then decide: the same states, a duplicate (skipped); a state
@@ -53,7 +53,7 @@ STATE_WORDS = frozenset({
 # Count words: "two tests fail" and "three tests fail" differ as "2" and "3" do.
 COUNT_WORDS = frozenset({"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
                          "eleven", "twelve", "twenty", "hundred", "thousand", "once", "twice"})
-# A number right after one of these labels an item ("Step 2", "issue #42"): it says which one, as a
+# A number right after one of these labels an item ("Step 2", "issue #7"): it says which one, as a
 # path does, not a value of it.
 ITEM_LABELS = frozenset({"step", "item", "part", "phase", "stage", "task", "issue", "pr", "chunk", "entry", "line",
                          "round", "row", "column", "section", "chapter", "page", "ticket", "bug", "milestone",
