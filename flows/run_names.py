@@ -55,13 +55,10 @@ def _count(n: int, word: str) -> str:
 def session_summary(label: str, result: SessionOutcome) -> str:
     """``s0.jsonl (00000000): observer 3, reflector 1 (4 stages run), 2 compactions, 0 errors``."""
     per_stage: dict[str, int] = {}
-    compactions = 0
     for branch in result.branches:
-        compactions += branch.get("compactions", 0)
-        for key, n in branch.get("stages", {}).items():
-            stage, _, outcome = key.partition(":")
-            if outcome != "skipped":
-                per_stage[stage] = per_stage.get(stage, 0) + n
+        for stage, n in branch.stages_run().items():
+            per_stage[stage] = per_stage.get(stage, 0) + n
+    compactions = sum(branch.compactions for branch in result.branches)
     stages = ", ".join(f"{stage} {n}" for stage, n in per_stage.items()) or "no stage"
     errors = result.failures() + (1 if result.error else 0)
     line = (f"{label} ({result.session_id[:8]}): {stages} ({_count(sum(per_stage.values()), 'stage')} run), "

@@ -110,7 +110,7 @@ def run_pipeline(targets: list[str], *, model: ModelConfig | dict[str, Any], db_
     default twice the concurrency).
     ``heartbeats=False``: the flow run sends Prefect no heartbeats (``without_heartbeats``)."""
     from flows.pipeline import process_sessions
-    from om_core.store.db import resolve_db_path
+    from om_core.store.db_path import resolve_db_path
 
     flow = process_sessions.with_options(task_runner=task_runner_override or task_runner(runner, concurrency,
                                                                                          dask_address))

@@ -246,7 +246,7 @@ def server_home() -> Path:
     """The PREFECT_HOME of the server `om serve` starts: the user's PREFECT_HOME when set, else a folder
     of om's own in the user's data directory (``…/om/prefect``), so what the server stores (flow
     runs' parameters and logs) is this user's only."""
-    from om_core.store.db import data_dir
+    from om_core.store.db_path import data_dir
 
     explicit = os.environ.get("PREFECT_HOME")
     return Path(explicit).expanduser() if explicit else data_dir() / "prefect"

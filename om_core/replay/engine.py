@@ -15,9 +15,8 @@ from __future__ import annotations
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 import duckdb
 
@@ -65,10 +64,6 @@ class ReplayResult:
     def complete(self) -> bool:
         """Ran every stage it had to: no error, no budget stop, no failed stage (else the session stays due)."""
         return not self.error and self.stop is None and not any(b.failures for b in self.branches)
-
-    def branch_reports(self) -> list[dict[str, Any]]:
-        """Its branches' reports as plain data (JSON-ready)."""
-        return [asdict(b) for b in self.branches]
 
 
 def _due_source_tokens(ws: Workspace, session_id: str) -> int:

@@ -25,7 +25,6 @@ import duckdb
 
 from om_core.errors import DatabaseBusy, DatabaseMissing, NotADatabase, storage_error
 from om_core.store.migrations import DATA_STEPS
-from om_core.store.db_path import DEFAULT_DB, data_dir, default_db_path, resolve_db_path  # noqa: F401 - re-exported
 from om_core.store.sqlfiles import migrations, query, schema_snapshot, view_scripts, views_fingerprint
 
 DEFAULT_BUSY_SECONDS = 5.0
