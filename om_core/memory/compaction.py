@@ -103,8 +103,8 @@ def compact_at(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_
     if result.declined is not None:
         return result
     project = None
-    if world is World.FILE:  # a session's first compaction may carry its project's memory
-        from om_core.memory.project_memory import compaction_project_section
+    if world is World.FILE and settings.projectMemoryInCompaction:  # a session's first compaction may
+        from om_core.memory.project_memory import compaction_project_section  # carry its project's memory
 
         project = compaction_project_section(con, session_id, tip, settings)
     observations, reflections = result.rows()
