@@ -11,7 +11,7 @@ users from reading sessions through it; an announcement is believed only when th
 one else can read it, it names a loopback URL and a live process of this user.
 
 What it reads is bounded before it reads it: the token is checked before the body, a body over
-``MAX_BODY_BYTES`` is refused (413) unread, a bad length or JSON nested too deep is a 400 (never a
+``MAX_BODY_BYTES`` (flows.endpoint_http) is refused (413) unread, a bad length or JSON nested too deep is a 400 (never a
 traceback), an idle or slow connection is closed after ``SOCKET_SECONDS``, and the listen backlog
 holds the bursts of concurrent recalls a busy Pi sends. A request names a session file: only a Pi
 session file under the folders the endpoint serves (``om serve --live DIR``, ``om live endpoint
@@ -58,9 +58,7 @@ if TYPE_CHECKING:  # the serving side's modules load with LiveEndpoint: finding 
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
-MAX_BODY_BYTES = 1 << 20  # a compact or recall request is a few hundred bytes
 SOCKET_SECONDS = 10.0  # a connection idle (or trickling) this long is closed
-BACKLOG = 512  # connections waiting to be accepted: a burst of recalls from many sessions (5 reset most of 200)
 # The file stays open this long after the last answer: a burst (sessions compacting together, a turn's
 # recalls) arrives within it and shares one open instead of paying an open and a checkpointing close
 # (tens of ms) each; another process wanting the file (`om sql`, a run) waits at most this much longer.

@@ -10,12 +10,20 @@ import json
 import secrets
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from flows.endpoint import BACKLOG, MAX_BODY_BYTES
+MAX_BODY_BYTES = 1 << 20  # a compact or recall request is a few hundred bytes
+BACKLOG = 512  # connections waiting to be accepted: a burst of recalls from many sessions (5 reset most of 200)
 
-if TYPE_CHECKING:
-    from flows.endpoint import LiveEndpoint
+
+class Answering(Protocol):
+    """What the handler asks of the endpoint it serves (flows.endpoint.LiveEndpoint)."""
+
+    token: str
+    socket_seconds: float
+
+    def answer(self, op: str, body: dict[str, Any],
+               after_reply: ExitStack | None = None) -> tuple[int, dict[str, Any]]: ...
 
 
 class Server(ThreadingHTTPServer):
@@ -32,7 +40,7 @@ class _BadRequest(Exception):
         self.status = status
 
 
-def handler(endpoint: LiveEndpoint) -> type[BaseHTTPRequestHandler]:
+def handler(endpoint: Answering) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = endpoint.socket_seconds  # on the socket: an idle or trickling connection is closed
