@@ -11,7 +11,7 @@ users from reading sessions through it; an announcement is believed only when th
 one else can read it, it names a loopback URL and a live process of this user.
 
 What it reads is bounded before it reads it: the token is checked before the body, a body over
-``MAX_BODY_BYTES`` is refused (413) unread, a bad length or JSON nested too deep is a 400 (never a
+``MAX_BODY_BYTES`` (flows.endpoint_http) is refused (413) unread, a bad length or JSON nested too deep is a 400 (never a
 traceback), an idle or slow connection is closed after ``SOCKET_SECONDS``, and the listen backlog
 holds the bursts of concurrent recalls a busy Pi sends. A request names a session file: only a Pi
 session file under the folders the endpoint serves (``om serve --live DIR``, ``om live endpoint
@@ -39,12 +39,9 @@ import secrets
 import stat
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,15 +50,15 @@ from om_core.store.private_files import private_dir, write_private
 from om_core.usecases.live_sessions import LiveSessions
 
 if TYPE_CHECKING:  # the serving side's modules load with LiveEndpoint: finding and asking one is light
+    from http.server import ThreadingHTTPServer
+
     from om_core.settings import Settings
     from om_core.store.workspace import Workspace
     from om_core.usecases.live import CompactRequest, RecallRequest
 
 HOST = "127.0.0.1"
 QUEUE_SECONDS = 30.0  # a request waits its turn this long at most; the extension gives up sooner by itself
-MAX_BODY_BYTES = 1 << 20  # a compact or recall request is a few hundred bytes
 SOCKET_SECONDS = 10.0  # a connection idle (or trickling) this long is closed
-BACKLOG = 512  # connections waiting to be accepted: a burst of recalls from many sessions (5 reset most of 200)
 # The file stays open this long after the last answer: a burst (sessions compacting together, a turn's
 # recalls) arrives within it and shares one open instead of paying an open and a checkpointing close
 # (tens of ms) each; another process wanting the file (`om sql`, a run) waits at most this much longer.
@@ -190,6 +187,9 @@ def endpoint_for_session(session_file: str | os.PathLike) -> dict[str, Any] | No
 def ask(announcement: dict[str, Any], op: str, payload: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
     """One request to a running endpoint (tests, the bench, ``om live info``); raises OmError on an
     error answer."""
+    import urllib.error  # here: the HTTP client (http.client, email, ssl) only when an endpoint is asked
+    import urllib.request
+
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(f"{announcement['url']}/{op}", data=data, method="GET" if data is None else "POST",
                                      headers={"Authorization": f"Bearer {announcement['token']}",
@@ -248,7 +248,9 @@ class LiveEndpoint:
         from om_core.usecases.live import warm
 
         warm()  # before it is announced: its first answer is as fast as the others
-        self._server = _Server((HOST, self.port), _handler(self))
+        from flows.endpoint_http import Server, handler
+
+        self._server = Server((HOST, self.port), handler(self))
         self._announce()
         self._thread = threading.Thread(target=self._server.serve_forever, name="om-live-endpoint", daemon=True)
         self._thread.start()
@@ -410,89 +412,3 @@ class LiveEndpoint:
         what = request.id if request.id is not None else "by query"  # the query's words stay out of the log
         self.on_answer(f"recall {what}: {result['details']['status']} ({ms:.0f} ms)")
         return 200, {"result": result}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = BACKLOG
-
-    def handle_error(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
-        """A connection that broke mid-request (reset, timed out) is closed without a traceback."""
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _handler(endpoint: LiveEndpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = endpoint.socket_seconds  # on the socket: an idle or trickling connection is closed
-
-        def log_message(self, *args: object) -> None:  # one line per answer goes through on_answer
-            pass
-
-        def _reply(self, status: int, payload: dict[str, Any], close: bool = False) -> None:
-            """The answer; ``close``: the request's body was not read, so the connection cannot carry another."""
-            data = json.dumps(payload, ensure_ascii=False, default=str).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if close:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _authorized(self) -> bool:
-            return secrets.compare_digest(self.headers.get("Authorization", "").encode(),
-                                          f"Bearer {endpoint.token}".encode())
-
-        def _body(self) -> dict[str, Any]:
-            """The JSON body, read only up to its declared, bounded length."""
-            if self.headers.get("Transfer-Encoding"):
-                raise _BadRequest(411, "send the body with a Content-Length (no Transfer-Encoding)")
-            declared = (self.headers.get("Content-Length") or "0").strip()
-            if not declared.isdigit():
-                raise _BadRequest(400, f"bad Content-Length {declared[:40]!r}")
-            length = int(declared)
-            if length > MAX_BODY_BYTES:
-                raise _BadRequest(413, f"the request body is {length} bytes; at most {MAX_BODY_BYTES} are read")
-            data = self.rfile.read(length) if length else b""
-            if len(data) < length:
-                raise _BadRequest(400, "the request body ended before its Content-Length")
-            try:
-                body = json.loads(data or b"{}")
-            except RecursionError:
-                raise _BadRequest(400, "the request body is nested too deeply") from None
-            except ValueError:
-                raise _BadRequest(400, "the request body is not JSON") from None
-            return body if isinstance(body, dict) else {}
-
-        def _serve(self, read_body: bool) -> None:
-            if not self._authorized():  # before a byte of the body is read
-                self._reply(401, {"error": "missing or wrong token (read it from the endpoint file)"}, close=True)
-                return
-            try:
-                body = self._body() if read_body else {}
-            except _BadRequest as exc:
-                self._reply(exc.status, {"error": str(exc)}, close=True)
-                return
-            with ExitStack() as after_reply:  # the database is let go once the answer is sent
-                try:
-                    status, payload = endpoint.answer(self.path.strip("/"), body, after_reply)
-                except Exception as exc:  # never a dead endpoint: the extension declines with this line
-                    status, payload = 500, {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
-                self._reply(status, payload)
-
-        def do_GET(self) -> None:  # noqa: N802
-            self._serve(read_body=False)
-            if self.headers.get("Content-Length", "0").strip() not in ("", "0"):
-                self.close_connection = True  # a GET's body is never read
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._serve(read_body=True)
-
-    return Handler

@@ -220,3 +220,35 @@ def test_om_live_compact_hands_the_request_to_the_endpoint_serving_the_session(t
             assert done.returncode == 0, done.stderr
             assert not [line for line in lines if line.startswith("compact ")], lines  # answered by the command
             assert json.loads(done.stdout)["compaction"] == theirs["compaction"]
+
+
+def test_a_record_appended_to_the_file_drops_the_kept_fold(warm):
+    """The folds at a cut are kept between answers while the branch grows by messages (the same rows at
+    the same F), and read again once the file's ledger grew: a record Pi's extension appended. (No
+    command runs between the answers: another process writing the database drops all that is kept.)"""
+    sb = extension_session()
+    sb.entries, sb.leaf = sb.entries[:29], E[29]  # up to E29, before the third compaction
+    warm.write(sb.lines())
+
+    def compact(leaf: str) -> dict:
+        return ask(running_endpoint(warm.db), "compact", {"session_file": str(warm.path), "leaf": leaf,
+                                                          "first_kept_entry_id": E[29], "tokens_before": 1000})
+
+    first = compact(E[29])
+    kept = warm.endpoint.live.session(warm.path.resolve(), warm.endpoint.db.changed_by_others)
+    folds = dict(kept.branch.folds)
+    assert folds and first["compaction"] is not None and O8["id"] not in json.dumps(first["compaction"])
+
+    sb.user("Thanks. Anything else before the invoices?")  # a message: the folds stay
+    warm.write(sb.lines())
+    answer = compact(sb.leaf)
+    assert answer["compaction"] == first["compaction"] and answer["entries_added"] == 1
+    assert all(kept.branch.folds.get(key) is rows for key, rows in folds.items())
+
+    sb.custom("om.observations.recorded", {"observations": [O8], "coversUpToId": E[29]})  # the file's ledger grew
+    sb.user("Start on the invoices schema.")
+    warm.write(sb.lines())
+    answer = compact(sb.leaf)
+    assert O8["id"] in json.dumps(answer["compaction"])
+    mine, theirs, again = warm.both(sb.leaf, E[29])
+    assert mine == theirs and again["compaction"] == answer["compaction"]

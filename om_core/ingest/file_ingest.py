@@ -23,7 +23,7 @@ from om_core.ingest.migration import (NotFollowed, follow_fork, follow_migration
                                       keep_replaced_entries)
 from om_core.ingest.reports import FileReport, FollowedRewrite, no_header_error
 from om_core.ingest.rewrites import Before, before_replacing, what_was_lost
-from om_core.ingest.writer import BatchWriter, store_tree
+from om_core.ingest.writer import BatchWriter, appended_tree, store_appended_tree, store_tree
 from om_core.ledger.records import ImportCounts, forget_imported, import_entries, ledger_candidates
 from om_core.pi.session import ParserState, RejectedLine
 from om_core.store.sqlfiles import query
@@ -49,6 +49,7 @@ class FileIngest:
         self.read_session: str | None = None  # the session whose entries this read writes
         self.replacing: list[Before] = []  # sessions whose rows this ingest replaced (see rewrites)
         self.not_followed: dict[str, str] = {}  # session id -> why its rewrite is not Pi's migration
+        self.appended_after: int | None = None  # an append: the lines the last ingest had read
 
     def run(self) -> FileReport:
         """The whole file, in one transaction (several for a long file: see ``COMMIT_BYTES``)."""
@@ -96,6 +97,7 @@ class FileIngest:
             self._forget(session_id)
         elif plan.action == "appended":
             self.read_session = session_id
+            self.appended_after = plan.line_no
             self._drop_rows_after(session_id, plan.line_no)
             self.con.execute(query("delete_pending_tail"), {"file_path": self.key})
         else:
@@ -250,9 +252,12 @@ class FileIngest:
         # removed when reading began (a rewrite, or a moved file taking over), or never stored (it is
         # only ever written in a file's last transaction, with the file's row).
         fresh = report.status != "appended"
-        rows = self._tree_rows(sid)
+        # lines appended: the stored tree is extended by their entries (what deriving it whole would
+        # give, without reading the whole session again), unless they change what was there
+        grown = None if fresh or self.appended_after is None else appended_tree(self.con, sid, self.appended_after)
         duplicates = 0
-        if len({entry_id for entry_id, _, _ in rows}) != len(rows):
+        rows = self._tree_rows(sid) if grown is None else []
+        if grown is None and len({entry_id for entry_id, _, _ in rows}) != len(rows):
             duplicates = dbmod.scalar(self.con, "quarantine_duplicate_ids", params)
             self.con.execute(query("delete_duplicate_ids"), {"session_id": sid})
             report.lines_quarantined += duplicates
@@ -267,17 +272,24 @@ class FileIngest:
         counts = ImportCounts()
         import_entries(self.con, sid, ledger_candidates(self.con, sid, only_run), self.run_id, counts)
         report.ledger = counts.as_dict()
-        forest = build_forest(rows)
-        if not fresh:
-            self.con.execute(query("delete_session_tree"), {"session_id": sid})
-            self.con.execute(query("delete_session_notes"), {"session_id": sid, "file_path": self.key})
-        lines = forest.order
-        for note in forest.notes:
+        if grown is not None:
+            notes, lines = grown.notes, grown.order
+        else:
+            forest = build_forest(rows)
+            if not fresh:
+                self.con.execute(query("delete_session_tree"), {"session_id": sid})
+                self.con.execute(query("delete_session_notes"), {"session_id": sid, "file_path": self.key})
+            notes, lines = forest.notes, forest.order
+        for note in notes:
             self.con.execute(query("insert_note"), {**params, "line_no": lines.get(note.entry_id),
                                                     "entry_id": note.entry_id, "kind": note.kind,
                                                     "detail": note.detail})
             report.notes.append(f"{note.kind}: {note.entry_id} ({note.detail})")
-        tree = store_tree(self.con, sid, forest)
+        if grown is not None:
+            store_appended_tree(self.con, sid, grown)
+            leaf_count = dbmod.scalar(self.con, "session_leaf_count", {"session_id": sid})
+        else:
+            leaf_count = sum(store_tree(self.con, sid, forest).is_leaf)
         header = state.header
         self.con.execute(query("upsert_session"), {
             **params,
@@ -285,7 +297,7 @@ class FileIngest:
             "cwd": header.cwd,
             "started_at": header.timestamp,
             "parent_session": header.parentSession,
-            "leaf_count": sum(tree.is_leaf),
+            "leaf_count": leaf_count,
             "header": state.header_raw or header.model_dump_json(exclude_none=True),
         })
         self._follow_pi(sid, header.parentSession, report)

@@ -1,6 +1,6 @@
 """The DuckDB writes of an ingest's bulk rows: batches of entries and quarantined lines (through
 Arrow tables, one INSERT for consecutive batches, a COMMIT every ``COMMIT_BYTES``), and a session's
-``entry_tree`` rows."""
+``entry_tree`` rows: derived whole, or extended by the entries of lines appended to the file."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import duckdb
 import pyarrow as pa
 
 from om_core.store import db as dbmod
+from om_core.store.sqlfiles import query
 from om_core.ingest.reader import Batch
 from om_core.pi.session import ParsedEntry, RejectedLine
 from om_core.pi.tokens import TokenCounts
-from om_core.pi.tree import Forest, TreeIntervals
+from om_core.pi.tree import AppendedTree, Forest, TreeIntervals, appended_intervals
 
 INSERT_BYTES = 4 << 20  # consecutive batches go into one INSERT
 COMMIT_BYTES = 16 << 20  # commit a long file in chunks: DuckDB keeps uncommitted rows in memory
@@ -117,10 +118,46 @@ def _quarantine_table(rejected: list[RejectedLine]) -> pa.Table:
 def store_tree(con: duckdb.DuckDBPyConnection, session_id: str, forest: Forest) -> TreeIntervals:
     """Write a session's ``entry_tree`` rows (one per entry; its old rows are already gone)."""
     tree = forest.intervals()
+    _insert_tree(con, session_id, tree)
+    return tree
+
+
+def _insert_tree(con: duckdb.DuckDBPyConnection, session_id: str, tree: TreeIntervals) -> None:
     if not tree.entry_id:
-        return tree
+        return
     table = pa.table({"entry_id": pa.array(tree.entry_id, pa.string()), "depth": pa.array(tree.depth, pa.int32()),
                       "pre": pa.array(tree.pre, pa.int32()), "last": pa.array(tree.last, pa.int32()),
                       "is_leaf": pa.array(tree.is_leaf, pa.bool_())})
     dbmod.insert_arrow(con, "tree_batch", table, "insert_entry_tree", {"session_id": session_id})
-    return tree
+
+
+def appended_tree(con: duckdb.DuckDBPyConnection, session_id: str, line_no: int) -> AppendedTree | None:
+    """What the entries after ``line_no`` (lines appended to the file) add to the session's stored tree,
+    the rows ``store_tree`` would give the whole session; None when the tree must be derived whole: an
+    appended entry shares an id with another, resolves an old entry's dangling parent or names a later
+    entry as its parent, the tree was repaired before (its notes), or the stored tree is not the old
+    entries'."""
+    check = dbmod.named_row(con, "tree_append_check", {"session_id": session_id, "line_no": line_no})
+    if check is None or check["conflicts"] or check["tree_notes"] or check["size"] != check["old_entries"]:
+        return None
+    new = [(r[0], r[1], r[2]) for r in con.execute(query("tree_rows_after"),
+                                                    {"session_id": session_id, "line_no": line_no}).fetchall()]
+    if len({entry_id for entry_id, _, _ in new}) != len(new):
+        return None
+    parents = sorted({p for _, p, _ in new if p is not None})
+    known = {r[0]: (r[1], r[2], r[3]) for r in con.execute(query("tree_nodes"), {
+        "session_id": session_id, "entry_ids": parents}).fetchall()} if parents else {}
+    return appended_intervals(new, known, check["size"])
+
+
+def store_appended_tree(con: duckdb.DuckDBPyConnection, session_id: str, grown: AppendedTree) -> None:
+    """Extend the session's ``entry_tree`` rows by ``grown`` (``appended_tree``): the old entries'
+    intervals shifted, the new entries' rows inserted."""
+    if not grown.blocks:
+        return
+    blocks = pa.table({"entry_id": pa.array([b.entry_id for b in grown.blocks], pa.string()),
+                       "at_pre": pa.array([b.at_pre for b in grown.blocks], pa.int32()),
+                       "at_last": pa.array([b.at_last for b in grown.blocks], pa.int32()),
+                       "size": pa.array([len(b.rows.entry_id) for b in grown.blocks], pa.int32())})
+    dbmod.insert_arrow(con, "tree_blocks", blocks, "shift_entry_tree", {"session_id": session_id})
+    _insert_tree(con, session_id, grown.rows)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from om_core.memory.views import CompactionResult, DeclineReason, compaction_projection, projection_lines
+from om_core.memory.views import (CompactionResult, DeclineReason, KeptFolds, compaction_projection,
+                                  projection_lines)
 from om_core.memory.render import left_out_line, render_summary
 from om_core.pi.js_length import js_len
 from om_core.redaction.redact import redact_line
@@ -88,20 +89,22 @@ def select_newest_first(observation_costs: Sequence[int], reflection_costs: Sequ
 
 def compact_at(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str, settings: Settings, *,
                world: World, instructions: str | None = None,
-               pool_max_tokens: int | None = None) -> CompactionResult:
+               pool_max_tokens: int | None = None, kept: KeptFolds | None = None) -> CompactionResult:
     """The compaction at F = ``first_kept`` on the branch ending at ``tip``: the projection in ``world``
     (pool budget ``observationsPoolMaxTokens`` unless given), the project's memory in the file's world,
     ``instructions`` (Pi's ``customInstructions``) after the memory, all within
     ``compactionSummaryMaxTokens``. ``summary`` None with ``declined`` set: Pi's native summary runs.
-    The om.folded details list the records the summary shows."""
+    The om.folded details list the records the summary shows. ``kept``: the branch's folds read before
+    (``compaction_projection``)."""
     pool = settings.observationsPoolMaxTokens if pool_max_tokens is None else pool_max_tokens
-    result = compaction_projection(con, session_id, tip, first_kept, pool, replayed=world is World.REPLAYED)
+    result = compaction_projection(con, session_id, tip, first_kept, pool, replayed=world is World.REPLAYED,
+                                   kept=kept)
     result.summaryMaxTokens = budget = settings.summary_max_tokens
     if result.declined is not None:
         return result
     project = None
-    if world is World.FILE:  # a session's first compaction may carry its project's memory
-        from om_core.memory.project_memory import compaction_project_section
+    if world is World.FILE and settings.projectMemoryInCompaction:  # a session's first compaction may
+        from om_core.memory.project_memory import compaction_project_section  # carry its project's memory
 
         project = compaction_project_section(con, session_id, tip, settings)
     observations, reflections = result.rows()
@@ -141,12 +144,12 @@ def compact_at(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_
 
 def compact(ws: Workspace, session: str, first_kept: str, leaf: str | None = None,
             pool_max_tokens: int | None = None, *, replayed: bool = False,
-            instructions: str | None = None) -> CompactionResult:
+            instructions: str | None = None, kept: KeptFolds | None = None) -> CompactionResult:
     """``compact_at`` by session reference (id, prefix or file) and leaf (default: the current one) with
-    the workspace's settings: `om compact` and the live hook."""
+    the workspace's settings: `om compact` and the live hook (``kept``: its branch's folds read before)."""
     with ws.read() as con:
         sid = resolve_session(con, session)
         tip = resolve_tip(con, sid, leaf)
         return compact_at(con, sid, tip, first_kept, ws.settings,
                           world=World.REPLAYED if replayed else World.FILE, instructions=instructions,
-                          pool_max_tokens=pool_max_tokens)
+                          pool_max_tokens=pool_max_tokens, kept=kept)

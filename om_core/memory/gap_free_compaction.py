@@ -14,7 +14,7 @@ import duckdb
 from pydantic import BaseModel
 
 from om_core.memory.compaction import World, compact, compact_at
-from om_core.memory.views import CompactionResult, DeclineReason
+from om_core.memory.views import CompactionResult, DeclineReason, KeptFolds
 from om_core.memory.gap_free import (
     DECLINED_WHY,
     Branch,
@@ -68,10 +68,14 @@ class BranchRows:
     reader who kept it reads only the entries after its tip when the branch grew (a live session's
     answers: Pi appends to the branch between them). The tool results are tied to the assistant
     message that made their call (the latest one before naming its toolCallId, else the nearest
-    assistant message before), each entry's JSON parsed once."""
+    assistant message before), each entry's JSON parsed once. ``folds``: the compaction folds read on
+    this branch (om_core.memory.views.compaction_projection), kept while the entries it grows by hold no
+    record and no compaction (a message changes no fold); emptied with it, and by its holder when the
+    ledger changed otherwise (memory recorded, another process's write)."""
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
+        self.folds: KeptFolds = {}
         self.reset()
 
     def reset(self) -> None:
@@ -83,6 +87,7 @@ class BranchRows:
         self._compaction: tuple[Any, int] | None = None  # the latest compaction: its F, its position
         self._named: dict[Any, int] = {}  # toolCall id -> the latest assistant message naming it so far
         self._nearest: int | None = None
+        self.folds.clear()
 
     def add(self, rows: list[dict[str, Any]], tip: str) -> None:
         """The branch's next entries (positions right after the current tip, in order) up to ``tip``."""
@@ -104,6 +109,9 @@ class BranchRows:
                                           tool_result=tool_result, call_position=call))
             if r["entry_type"] == "compaction":  # the context starts at the latest compaction's F
                 self._compaction = (json.loads(r["raw"]).get("firstKeptEntryId"), position)
+                self.folds.clear()
+            elif r["entry_type"] == "custom" and str(json.loads(r["raw"]).get("customType")).startswith("om."):
+                self.folds.clear()  # a record of the file's ledger
         self.tip, self.tip_position = tip, self.tip_position if not rows else rows[-1]["position"]
 
     def branch(self) -> Branch:
@@ -167,7 +175,8 @@ def branch_facts(ws: Workspace, session: str, first_kept: str, leaf: str | None 
             anchor = dbmod.scalar(con, "kept_entry", {"session_id": sid, "tip": tip, "entry_id": first_kept})
             record_at = positions[anchor] + 1 if anchor in positions else None
         projection = compact_at(con, sid, tip, first_kept, ws.settings,
-                                world=World.REPLAYED if replayed else World.FILE, instructions=instructions)
+                                world=World.REPLAYED if replayed else World.FILE, instructions=instructions,
+                                kept=read.folds if known is not None else None)
     return BranchFacts(session_id=sid, tip=tip, first_kept=first_kept, branch=branch, positions=positions,
                        proposed=proposed, record_at=record_at, projection=projection)
 
@@ -181,11 +190,12 @@ def observer_behind(facts: BranchFacts, max_chunks: int) -> bool:
 
 def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str | None = None, *,
                         overflow: bool = False, replayed: bool = False, instructions: str | None = None,
-                        facts: BranchFacts | None = None) -> GapFreeCompaction:
+                        facts: BranchFacts | None = None, known: BranchRows | None = None) -> GapFreeCompaction:
     """The compaction Pi proposed at ``first_kept``, gap-free: F moved back to the first source entry no
     observation in the projection covers, the memory folded there (``om compact`` at that F), then kept
     or declined by ``decide`` (the summary's tokens count toward compactionMaxRetainedTokens).
-    ``facts``: the branch and the fold at Pi's F when the caller read them already (the same ledger)."""
+    ``facts``: the branch and the fold at Pi's F when the caller read them already (the same ledger);
+    ``known``: the branch they were read into (``branch_facts``), whose kept folds serve the moved F."""
     if facts is None:
         facts = branch_facts(ws, session, first_kept, leaf, replayed=replayed, instructions=instructions)
     sid, tip, branch, positions, proposed = facts.session_id, facts.tip, facts.branch, facts.positions, facts.proposed
@@ -198,7 +208,8 @@ def gap_free_compaction(ws: Workspace, session: str, first_kept: str, leaf: str 
             if moved == at:
                 break
             at, kept = moved, branch.entries[moved].entry_id
-            result = compact(ws, sid, kept, tip, replayed=replayed, instructions=instructions)
+            result = compact(ws, sid, kept, tip, replayed=replayed, instructions=instructions,
+                             kept=known.folds if known is not None and known.tip == tip else None)
     summary = result.summary
     tokens = math.ceil(js_len(summary) / 4) if summary is not None else None  # Pi's estimate
     settings = ws.settings

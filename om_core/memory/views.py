@@ -231,19 +231,36 @@ def projection_lines(observations: list[dict[str, Any]],
             [observation_line(o["id"], o["ts"], o["relevance"], o["content"]) for o in observations])
 
 
+# A branch's compaction folds as read before, by (F, pool limit, replayed): a reader that holds the
+# branch keeps them while its records and compactions stay the same (a live session between answers:
+# om_core.memory.gap_free_compaction.BranchRows), each the decision row and the projection's rows.
+KeptFolds = dict[tuple[str, float, bool], tuple[str, dict[str, Any], list[dict[str, Any]]]]
+
+
 def compaction_projection(con: duckdb.DuckDBPyConnection, session_id: str, tip: str, first_kept: str,
-                          pool_max_tokens: float, *, replayed: bool = False) -> CompactionResult:
+                          pool_max_tokens: float, *, replayed: bool = False,
+                          kept: KeptFolds | None = None) -> CompactionResult:
     """Compaction projection at F with its normal/full-fold decision (SPEC §4), rendered (SPEC §5).
 
     By default in the session file's world: M comes from the compactions the file holds, so this is
     what the extension computes on the file om export writes. ``replayed`` adds the compactions a
-    replay simulated (what the extension would have computed had it lived the session)."""
-    entry = kept_entry(con, session_id, tip, first_kept)
-    params = {"session_id": session_id, "tip": tip, "first_kept": entry, "pool_max": pool_max_tokens,
-              "replayed": replayed}
-    decision = named_rows(con, "compaction_decision", params)[0]
-    items = named_rows(con, "compaction_projection", {  # in fold order, observations first
-        "session_id": session_id, "tip": tip, "first_kept": entry, "others_through": decision["others_through"]})
+    replay simulated (what the extension would have computed had it lived the session). ``kept``: the
+    folds of this branch read before, valid while its records and compactions are unchanged (the
+    fold's rows do not depend on entries after them): the rows at this F are taken from there, or
+    read and put there."""
+    key = (first_kept, pool_max_tokens, replayed)
+    found = kept.get(key) if kept is not None else None
+    if found is None:
+        entry = kept_entry(con, session_id, tip, first_kept)
+        params = {"session_id": session_id, "tip": tip, "first_kept": entry, "pool_max": pool_max_tokens,
+                  "replayed": replayed}
+        decision = named_rows(con, "compaction_decision", params)[0]
+        items = named_rows(con, "compaction_projection", {  # in fold order, observations first
+            "session_id": session_id, "tip": tip, "first_kept": entry, "others_through": decision["others_through"]})
+        found = (entry, decision, items)
+        if kept is not None:
+            kept[key] = found
+    _, decision, items = found
     observations = [r for r in items if r["item_kind"] == "observation"]
     reflections = [r for r in items if r["item_kind"] == "reflection"]
     result = CompactionResult(

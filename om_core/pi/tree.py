@@ -125,3 +125,73 @@ def _forward_edge(cycle: list[str], parent: dict[str, str | None], order: dict[s
     """The child in a cycle whose parent comes later in the file (first such child by file order)."""
     candidates = [c for c in cycle if order[parent[c]] >= order[c]]  # type: ignore[index]
     return min(candidates or cycle, key=order.__getitem__)
+
+
+@dataclass(slots=True)
+class TreeBlock:
+    """The new entries hanging from one old entry (``entry_id`` None: the new roots), laid out in
+    preorder right after the old entry's subtree (``at_last``)."""
+    entry_id: str | None
+    at_depth: int
+    at_pre: int
+    at_last: int
+    rows: TreeIntervals  # the block's own intervals, numbered from 0 (depth 0 = a child of the old entry)
+
+
+@dataclass(slots=True)
+class AppendedTree:
+    """What lines appended to a session add to its stored tree: the new entries' intervals, the old
+    entries' shifts (``blocks``), and the notes of the new entries."""
+    rows: TreeIntervals
+    blocks: list[TreeBlock]
+    notes: list[TreeNote]
+    order: dict[str, int]  # file order (line number) of every new entry
+
+
+def appended_intervals(new: list[tuple[str, str | None, int]], known: dict[str, tuple[int, int, int]],
+                       size: int) -> AppendedTree | None:
+    """The intervals ``Forest.intervals`` would give the grown session, for its new entries only.
+
+    new: (entry_id, raw parent_id, line_no) of the appended entries, in file order; known: (depth, pre,
+    last) of the old entries they name as parents; size: the old tree's entry count. Each new entry is
+    the last child of its parent (children go in file order), so the new entries below one old entry
+    form a block right after that entry's subtree, and new roots go last. None when the new entries do
+    not only hang below the old tree (one names a later new entry as its parent: a possible cycle)."""
+    index = {entry_id: i for i, (entry_id, _, _) in enumerate(new)}
+    parent: dict[str, str | None] = {}
+    attached: dict[str | None, list[str]] = {}  # old entry (None: no parent) -> the new entries below it
+    notes: list[TreeNote] = []
+    for i, (entry_id, parent_id, _) in enumerate(new):
+        if parent_id is not None and parent_id in index:
+            if index[parent_id] >= i:
+                return None
+            parent[entry_id] = parent_id
+            continue
+        if parent_id is not None and parent_id not in known:
+            notes.append(TreeNote(entry_id, "dangling_parent", f"parent {parent_id} is not in the file; treated as a root"))
+            parent_id = None
+        parent[entry_id] = None
+        attached.setdefault(parent_id, []).append(entry_id)
+    order = {entry_id: line_no for entry_id, _, line_no in new}
+    blocks = []
+    for at, first in attached.items():
+        below = set(first)
+        for entry_id, _, _ in new:  # in file order: a parent before its children
+            if parent[entry_id] in below:
+                below.add(entry_id)
+        sub = Forest(parent={e: parent[e] for e in below}, order=order, notes=[]).intervals()
+        depth, pre, last = known[at] if at is not None else (-1, -1, size - 1)
+        blocks.append(TreeBlock(at, depth, pre, last, sub))
+    rows = TreeIntervals([], [], [], [], [])
+    for block in blocks:
+        # after the old subtree, after what the blocks before it add, and after the blocks at the same
+        # place that hang deeper (the walk finishes a subtree before it returns to an ancestor)
+        start = block.at_last + 1 + sum(len(b.rows.entry_id) for b in blocks if b.at_last < block.at_last or (
+            b.at_last == block.at_last and b.at_depth > block.at_depth))
+        sub = block.rows
+        rows.entry_id.extend(sub.entry_id)
+        rows.depth.extend(block.at_depth + 1 + d for d in sub.depth)
+        rows.pre.extend(start + p for p in sub.pre)
+        rows.last.extend(start + p for p in sub.last)
+        rows.is_leaf.extend(sub.is_leaf)
+    return AppendedTree(rows=rows, blocks=blocks, notes=notes, order=order)

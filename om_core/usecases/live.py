@@ -189,7 +189,7 @@ def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True,
     of the new lines is left to the caller (the endpoint updates it after its reply). ``kept``: the
     endpoint's state of this file between answers (om_core.usecases.live_sessions): only the new
     entries of the branch are read, and a question asked again with nothing changed gets the same answer."""
-    from om_core.memory.gap_free_compaction import BranchRows, branch_facts, gap_free_compaction
+    from om_core.memory.gap_free_compaction import branch_facts, gap_free_compaction
 
     started = time.monotonic()
     with _with_file(ws, req.session_file, "live compact", index, kept) as (here, session_id, added):
@@ -199,9 +199,7 @@ def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True,
         recordings = kept.recordings() if kept is not None else 0
         if kept is not None and (again := kept.answer(key)) is not None:
             return again
-        if kept is not None and (kept.branch is None or kept.branch.session_id != session_id):
-            kept.branch = BranchRows(session_id)
-        branch = kept.branch if kept is not None else None
+        branch = kept.branch_of(session_id) if kept is not None else None
         # the branch and the fold at Pi's F, read once (the leaf must be in the file: a clear error if not)
         facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
                              instructions=req.custom_instructions, known=branch)
@@ -210,13 +208,15 @@ def compact_live(ws: Workspace, req: CompactRequest, *, index: bool = True,
             limit = min(limit, req.deadline_seconds * 0.5)
         catch_up = _catch_up(here, facts, started + limit)
         if catch_up is not None and catch_up.chunks:  # the ledger grew: read it again
-            if kept is not None and kept.owner is not None:
-                kept.owner.memory_recorded()
+            if kept is not None:
+                if kept.owner is not None:
+                    kept.owner.memory_recorded()
+                kept.folds_dropped()
             facts = branch_facts(here, session_id, req.first_kept_entry_id, req.leaf,
                                  instructions=req.custom_instructions, known=branch)
         done = gap_free_compaction(here, session_id, req.first_kept_entry_id, req.leaf,
                                    overflow=req.reason == "overflow", instructions=req.custom_instructions,
-                                   facts=facts)
+                                   facts=facts, known=branch)
     answer = _answer(req, session_id, added, catch_up, done, settings)
     if kept is not None and catch_up is None:  # an answer no model took part in: the same while nothing changes
         kept.answers[key] = (recordings, answer.model_copy(update={"entries_added": 0}))

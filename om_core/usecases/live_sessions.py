@@ -8,7 +8,9 @@ What is kept is only ever a copy of what the database says: it goes when the fil
 just appended to), when another process wrote the database while the endpoint had let it go
 (``SharedFileDatabase.changed_by_others``: an `om forget`, `om serve`'s runs, an `om ingest` of the
 same file), and the kept answers go when anything is ingested or a catch-up records memory (a
-session's summary may show its project's memory, so every session's answers are out of date then).
+session's summary may show its project's memory, so every session's answers are out of date then). The
+kept folds go with the branch, when its new entries hold a record or a compaction, when the ingest
+imported records of the file's ledger, and when a catch-up records memory.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class LiveSession:
     # count of memory recordings when it began (a recording since: it may be out of date)
     answers: dict[str, tuple[int, LiveCompaction]] = field(default_factory=dict)
     owner: LiveSessions | None = None
+    folded_at: int = 0  # the count of memory recordings when the branch's kept folds were read
 
     def recordings(self) -> int:
         return self.owner.recordings if self.owner is not None else 0
@@ -57,6 +60,23 @@ class LiveSession:
         """The compaction answered for ``key`` when nothing it read has changed since."""
         kept = self.answers.get(key)
         return kept[1] if kept is not None and kept[0] == self.recordings() else None
+
+    def branch_of(self, session_id: str) -> BranchRows:
+        """The session's branch as read so far (a new one for another session), its kept folds dropped
+        when memory was recorded since they were read."""
+        from om_core.memory.gap_free_compaction import BranchRows
+
+        if self.branch is None or self.branch.session_id != session_id:
+            self.branch = BranchRows(session_id)
+        if self.folded_at != self.recordings():
+            self.folds_dropped()
+        return self.branch
+
+    def folds_dropped(self) -> None:
+        """The ledger changed (memory recorded): the branch's folds are read again."""
+        if self.branch is not None:
+            self.branch.folds.clear()
+        self.folded_at = self.recordings()
 
     def unchanged(self) -> bool:
         """The file is as it was last ingested: its lines need not be read again."""
@@ -69,6 +89,8 @@ class LiveSession:
                  and not report.followed and report.session_id == self.session_id)
         if not plain:
             self.branch = None
+        elif self.branch is not None and any(report.ledger.values()):  # the file's ledger grew
+            self.branch.folds.clear()
         if report.entries_added or not plain:
             self.answers.clear()
         self.ingested, self.session_id = mark, report.session_id

@@ -92,6 +92,47 @@ SELECT entry_id, parent_id, line_no FROM om_internal.entries WHERE session_id = 
 INSERT INTO om_internal.entry_tree (session_id, entry_id, depth, pre, last, is_leaf)
 SELECT $session_id, entry_id, depth, pre, last, is_leaf FROM tree_batch;
 
+-- name: tree_append_check
+-- Whether lines appended after line $line_no can extend the stored tree: its size against the old
+-- entries (the tree the last ingest stored), old entries that share an id with a new one or name one
+-- as their parent (a dangling parent that now resolves), and the tree's notes so far (a repaired tree
+-- is derived whole again).
+SELECT (SELECT count(*) FROM om_internal.entry_tree WHERE session_id = $session_id) AS size,
+       (SELECT count(*) FROM om_internal.entries WHERE session_id = $session_id AND line_no <= $line_no) AS old_entries,
+       (SELECT count(*) FROM om_internal.entries o
+        WHERE o.session_id = $session_id AND o.line_no <= $line_no
+          AND (o.entry_id IN (SELECT entry_id FROM om_internal.entries WHERE session_id = $session_id AND line_no > $line_no)
+               OR o.parent_id IN (SELECT entry_id FROM om_internal.entries
+                                  WHERE session_id = $session_id AND line_no > $line_no))) AS conflicts,
+       (SELECT count(*) FROM om_internal.ingest_notes
+        WHERE session_id = $session_id AND kind IN ('dangling_parent', 'parent_cycle')) AS tree_notes;
+
+-- name: tree_rows_after
+SELECT entry_id, parent_id, line_no FROM om_internal.entries
+WHERE session_id = $session_id AND line_no > $line_no ORDER BY line_no;
+
+-- name: tree_nodes
+SELECT entry_id, depth, pre, last FROM om_internal.entry_tree
+WHERE session_id = $session_id AND list_contains($entry_ids::VARCHAR[], entry_id);
+
+-- name: shift_entry_tree
+-- The old entries' intervals once the appended entries are laid out (tree_blocks: the new entries
+-- below one old entry, at_pre/at_last its interval, NULL for the new roots): each interval moves by
+-- the blocks before it, and grows by the blocks inside it; an entry given children is no leaf.
+UPDATE om_internal.entry_tree AS t
+SET pre = t.pre + s.pre_shift, last = t.last + s.last_shift, is_leaf = t.is_leaf AND NOT s.attached
+FROM (SELECT n.entry_id,
+             (SELECT coalesce(sum(b.size), 0) FROM tree_blocks b WHERE b.at_last < n.pre) AS pre_shift,
+             (SELECT coalesce(sum(b.size), 0) FROM tree_blocks b
+              WHERE b.at_last < n.last OR (b.at_last = n.last AND b.at_pre >= n.pre)) AS last_shift,
+             n.entry_id IN (SELECT entry_id FROM tree_blocks WHERE entry_id IS NOT NULL) AS attached
+      FROM om_internal.entry_tree n
+      WHERE n.session_id = $session_id AND n.last >= (SELECT min(at_last) FROM tree_blocks)) AS s
+WHERE t.session_id = $session_id AND t.entry_id = s.entry_id;
+
+-- name: session_leaf_count
+SELECT count(*) FILTER (WHERE is_leaf) FROM om_internal.entry_tree WHERE session_id = $session_id;
+
 -- name: upsert_session
 INSERT OR REPLACE INTO om_internal.sessions
     (session_id, file_path, version, cwd, started_at, parent_session, leaf_id, entry_count,
