@@ -31,7 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from pydantic import ValidationError
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.futures import as_completed
@@ -39,6 +39,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from flows import progress as progress_board
+from flows.om_flow import om_flow
 from flows.limits import MODEL_CALL_LIMIT, ensure_model_call_limit, run_guards
 from flows.served import refused_run, steering
 from flows.storage import PrefectStageResults, stage_result_storage
@@ -293,7 +294,7 @@ def _workspace(spec: WorkspaceSpec | None, db_path: str, settings: dict[str, Any
     return Workspace.from_spec(spec)
 
 
-@flow(name="om-process-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=False,
+@om_flow(name="om-process-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=False,
       validate_parameters=False)
 def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: ModelConfig | dict[str, Any] | None = None,
                      settings: dict[str, Any] | None = None, drain: bool = True, run_id: str | None = None,
@@ -313,7 +314,7 @@ def process_sessions(targets: list[str], db_path: str = "om.duckdb", model: Mode
                 exclude or [])
 
 
-@flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
+@om_flow(name="om-maintain-sessions", task_runner=ThreadPoolTaskRunner(max_workers=4), validate_parameters=False)
 def maintain_sessions(directory: str, db_path: str = "om.duckdb", model: ModelConfig | dict[str, Any] | None = None,
                       settings: dict[str, Any] | None = None, exclude: list[str] | None = None,
                       every_seconds: int | None = None) -> RunResult:

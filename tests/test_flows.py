@@ -555,6 +555,39 @@ def test_om_run_builds_one_model_config_and_the_flow_carries_it_to_every_replay(
     assert len(brains) == 3 and all(b is config for b in brains)  # a replay task per session, each given that value
 
 
+def test_a_flow_run_records_om_run_s_parameters_as_prefect_would_without_fastapi():
+    """What the UI shows of an `om run` flow run's parameters is what Prefect's own encoder gives (the
+    model without its key, the plan and the spec as JSON, the guards by their type), encoded without
+    importing FastAPI into the run; the flow keeps that encoder through ``with_options``."""
+    code = """
+import json, sys
+from prefect.flows import Flow
+from flows.pipeline import process_sessions
+from flows.runner import task_runner
+from om_core.replay.plan import RunPlan
+from om_core.settings import Settings
+from om_core.store.workspace import WorkspaceSpec
+from om_core.workers.run_config import ModelConfig, RunGuards
+
+flow = process_sessions.with_options(task_runner=task_runner("threads", 2))
+params = {"targets": ["s.jsonl"], "db_path": "/tmp/om.duckdb", "settings": None, "drain": True, "window": 8,
+          "model": ModelConfig(model="openai/fake-model", api_key="sk-secret-value"),
+          "plan": RunPlan(session_ids=("a", "b"), due=("a",), notes=("a note",), fingerprints={"a": "f"}),
+          "spec": WorkspaceSpec(db_path="/tmp/om.duckdb", settings=Settings()), "guards": RunGuards()}
+ours = flow.serialize_parameters(params)
+fastapi = "fastapi" in sys.modules
+print(json.dumps({"ours": ours, "prefect": Flow.serialize_parameters(flow, params), "fastapi": fastapi}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    assert got["fastapi"] is False
+    assert got["ours"] == got["prefect"]
+    assert got["ours"]["plan"]["due"] == ["a"] and got["ours"]["guards"] == "<RunGuards>"
+    assert "sk-secret-value" not in done.stdout
+
+
 def test_a_model_config_travels_as_json_without_its_key_and_a_bad_one_is_one_line():
     """What a deployment carries: the ModelConfig's JSON (retry policy included, never the API key),
     which the flow validates back into the same config; a mistyped field is one clear error."""

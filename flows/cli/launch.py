@@ -3,7 +3,8 @@
 A live Pi waits for `om live compact` and `om live recall` when no endpoint runs: for them only the
 global options and the `om live` group are assembled (flows.cli.common and flows.cli.live), not the
 other groups' modules (catalog, memory, runs, serve: their imports cost a Python start more time
-than the answer). Every other command, `om` alone and `om --help` get the whole app
+than the answer). `om run` gets its own command alone: its run imports Prefect and waits on every
+import before it. Every other command, `om` alone and `om --help` get the whole app
 (flows.cli.main). Both run under the one error handler of every command (``main``).
 """
 
@@ -13,6 +14,8 @@ import sys
 
 # groups assembled on their own: their commands run without the other groups' modules
 LIGHT_GROUPS = frozenset({"live"})
+# commands registered on their own (their module registers them on the global options' app)
+LIGHT_COMMANDS = {"run": "flows.cli.run"}
 
 # The options of `om` itself, which a user may also write after the command (`om sessions --db X`):
 # option -> whether it takes a value
@@ -66,6 +69,13 @@ def _app(group: str | None):  # noqa: ANN202 - a typer app; typer is imported he
         from flows.cli.live import live_app
 
         mount(live_app, "live")
+        return app
+    if group in LIGHT_COMMANDS:
+        import importlib
+
+        from flows.cli.common import app
+
+        importlib.import_module(LIGHT_COMMANDS[group])
         return app
     from flows.cli.main import app
 
