@@ -11,14 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
-from om_core.store import db as dbmod
+from om_core.store.sqlfiles import query
 from om_core.eval import prompts as P
 from om_core.eval.conditions import ReaderContext, serialize
 from om_core.eval.data import Instance
 from om_core.eval.haystack import HistoryTurn
 from om_core.model.client import CallRecord, ChatModel, parse_arguments, tool_schema
+from om_core.workers.stages import CALL_COLUMNS, TEXT_COLUMNS, call_columns
 from om_core.recall.evidence import recall_in_session, redacted
 
 RECALL_TEXT_MAX_CHARS = 12_000
@@ -158,34 +157,16 @@ class CallLog:
         if not self.records:
             return
         rows = [r for _, r in self.records]
-        table = pa.table({
-            "call_id": [r.call_id for r in rows],
-            "run_id": pa.array([run_id] * len(rows), pa.string()),
-            "stage_run_id": pa.array([None] * len(rows), pa.string()),
-            "session_id": [session_id] * len(rows),
-            "stage": [stage for stage, _ in self.records],
-            "model": [r.model for r in rows],
-            "turn": pa.array([r.turn for r in rows], pa.int32()),
-            "input_tokens": pa.array([r.input_tokens for r in rows], pa.int32()),
-            "output_tokens": pa.array([r.output_tokens for r in rows], pa.int32()),
-            "cached_tokens": pa.array([r.cached_tokens for r in rows], pa.int32()),
-            "cost": pa.array([r.cost for r in rows], pa.float64()),
-            "latency_ms": pa.array([r.latency_ms for r in rows], pa.float64()),
-            "status": [r.status for r in rows],
-            "error_kind": pa.array([r.error_kind for r in rows], pa.string()),
-            "error": pa.array([r.error for r in rows], pa.string()),
-            "attempt": pa.array([r.attempt for r in rows], pa.int32()),
-            "started_at": pa.array([r.started_at for r in rows], pa.timestamp("us", tz="UTC")),
-            "fallback": pa.array([r.fallback for r in rows], pa.bool_()),
-        })
+        calls = call_columns(rows, CALL_COLUMNS, run_id=run_id, stage_run_id=None, session_id=session_id)
+        calls["run_id"] = [run_id] * len(rows)
+        calls["stage"] = [stage for stage, _ in self.records]
         texts = [r for r in rows if r.request is not None]  # kept when storePrompts is on (om logs --full)
         with db.write() as con:
-            dbmod.insert_arrow(con, "call_batch", table, "insert_model_calls")
+            con.execute(query("insert_model_calls"), calls)
             if texts:
-                dbmod.insert_arrow(con, "text_batch", pa.table({
-                    "call_id": [r.call_id for r in texts], "run_id": pa.array([run_id] * len(texts), pa.string()),
-                    "request": [r.request for r in texts],
-                    "response": pa.array([r.response for r in texts], pa.string())}), "insert_model_call_texts")
+                text_params = call_columns(texts, TEXT_COLUMNS, run_id=run_id)
+                text_params["run_id"] = [run_id] * len(texts)
+                con.execute(query("insert_model_call_texts"), text_params)
         self.records.clear()
 
 

@@ -19,7 +19,6 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import duckdb
-import pyarrow as pa
 
 from om_core.ledger.records import append_record
 from om_core.model.client import CallRecord
@@ -41,24 +40,21 @@ def stage_model(brain: Brain, stage: str) -> str:
 
 # ------------------------------------------------------------------ writing results
 
-# om_internal.llm_calls columns taken from each call record, with their Arrow types (the rest are the stage's)
-_CALL_COLUMNS = {
-    "call_id": pa.string(), "model": pa.string(), "turn": pa.int32(), "input_tokens": pa.int32(),
-    "output_tokens": pa.int32(), "cached_tokens": pa.int32(), "cost": pa.float64(), "latency_ms": pa.float64(),
-    "status": pa.string(), "error_kind": pa.string(), "error": pa.string(), "attempt": pa.int32(),
-    "started_at": pa.timestamp("us", tz="UTC"), "fallback": pa.bool_(),
-}
-_TEXT_COLUMNS = {"call_id": pa.string(), "request": pa.string(), "response": pa.string()}
+# om_internal.llm_calls columns taken from each call record (the rest are the stage's)
+CALL_COLUMNS = ("call_id", "model", "turn", "input_tokens", "output_tokens", "cached_tokens", "cost", "latency_ms",
+                 "status", "error_kind", "error", "attempt", "started_at", "fallback")
+TEXT_COLUMNS = ("call_id", "request", "response")
 
 
-def _calls_table(calls: list[CallRecord], columns: dict[str, pa.DataType], run_id: str | None,
-                 **same: str | None) -> pa.Table:
-    """One row per call: ``columns`` read off each call record, ``same`` repeated on every row, and the
-    run that made the call (``run_id``, the recording run, when the record names none)."""
-    table = {name: pa.array([value] * len(calls), pa.string()) for name, value in same.items()}
-    table["run_id"] = pa.array([getattr(c, "run_id", None) or run_id for c in calls], pa.string())
-    table.update({name: pa.array([getattr(c, name) for c in calls], kind) for name, kind in columns.items()})
-    return pa.table(table)
+def call_columns(calls: list[CallRecord], columns: tuple[str, ...], run_id: str | None,
+                 **same: str | None) -> dict[str, list[Any]]:
+    """The parameters of ``insert_model_calls`` (or of its texts'): one list per column, one element per
+    call: ``columns`` read off each call record, ``same`` repeated, and the run that made the call
+    (``run_id``, the recording run, when the record names none)."""
+    params: dict[str, list[Any]] = {name: [value] * len(calls) for name, value in same.items()}
+    params["run_id"] = [getattr(c, "run_id", None) or run_id for c in calls]
+    params.update({name: [getattr(c, name) for c in calls] for name in columns})
+    return params
 
 
 def record_calls(con: duckdb.DuckDBPyConnection, calls: list[CallRecord], *, stage_run_id: str,
@@ -67,12 +63,12 @@ def record_calls(con: duckdb.DuckDBPyConnection, calls: list[CallRecord], *, sta
     stage's, the session stages' and the project stage's (``session_id`` None) alike."""
     if not calls:
         return
-    dbmod.insert_arrow(con, "call_batch", _calls_table(calls, _CALL_COLUMNS, run_id=run_id, stage_run_id=stage_run_id,
-                                                       session_id=session_id, stage=stage), "insert_model_calls")
+    con.execute(query("insert_model_calls"), call_columns(calls, CALL_COLUMNS, run_id=run_id,
+                                                          stage_run_id=stage_run_id, session_id=session_id,
+                                                          stage=stage))
     texts = [c for c in calls if c.request is not None]
     if texts:
-        dbmod.insert_arrow(con, "text_batch", _calls_table(texts, _TEXT_COLUMNS, run_id=run_id),
-                           "insert_model_call_texts")
+        con.execute(query("insert_model_call_texts"), call_columns(texts, TEXT_COLUMNS, run_id=run_id))
 
 
 def record_outcome(con: duckdb.DuckDBPyConnection, outcome: StageOutcome, payload: Any, run_id: str | None,

@@ -30,12 +30,17 @@ VALUES ($stage_run_id, $run_id, $session_id, $stage, $stage_key, $tip_entry_id, 
         $started_at);
 
 -- name: insert_model_calls
+-- Model calls, one row per element of the column lists (all of one length): one statement for any
+-- number of calls, with no Arrow table registered per call (that cost more than the insert).
 INSERT INTO om_internal.llm_calls (call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens,
                          output_tokens, cached_tokens, cost, latency_ms, status, error_kind, error, attempt,
                          started_at, fallback)
-SELECT call_id, run_id, stage_run_id, session_id, stage, model, turn, input_tokens, output_tokens,
-       cached_tokens, cost, latency_ms, status, error_kind, error, attempt, started_at, fallback
-FROM call_batch;
+SELECT unnest($call_id::VARCHAR[]), unnest($run_id::VARCHAR[]), unnest($stage_run_id::VARCHAR[]),
+       unnest($session_id::VARCHAR[]), unnest($stage::VARCHAR[]), unnest($model::VARCHAR[]),
+       unnest($turn::INTEGER[]), unnest($input_tokens::INTEGER[]), unnest($output_tokens::INTEGER[]),
+       unnest($cached_tokens::INTEGER[]), unnest($cost::DOUBLE[]), unnest($latency_ms::DOUBLE[]),
+       unnest($status::VARCHAR[]), unnest($error_kind::VARCHAR[]), unnest($error::VARCHAR[]),
+       unnest($attempt::INTEGER[]), unnest($started_at::TIMESTAMPTZ[]), unnest($fallback::BOOLEAN[]);
 
 -- name: empty_runs
 -- Where the observer (and the reflector) gave a deliberate empty result on this branch, for their
@@ -149,8 +154,10 @@ SELECT g.c_pos, g.reach, g.gap_messages, g.gap_tokens,
 FROM compaction_gap($session_id, $leaf, $compaction_pos, $seq, $simulated, $f_pos) g;
 
 -- name: insert_model_call_texts
+-- The texts of model calls, as insert_model_calls takes its rows (column lists of one length).
 INSERT OR IGNORE INTO om_internal.llm_call_texts (call_id, run_id, request, response)
-SELECT call_id, run_id, request, response FROM text_batch;
+SELECT unnest($call_id::VARCHAR[]), unnest($run_id::VARCHAR[]), unnest($request::VARCHAR[]),
+       unnest($response::VARCHAR[]);
 
 -- name: observer_context
 -- The last $n source entries on the branch at or before a position (the observer's context: the
