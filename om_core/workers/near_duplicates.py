@@ -32,6 +32,7 @@ import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from difflib import SequenceMatcher
+from functools import lru_cache
 
 NEAR_DUPLICATE_RATIO = 0.9
 SAME_SENTENCE_MIN_WORDS = 4  # "User wrote: token X" after "… token Y": too little left to call it one note
@@ -71,12 +72,15 @@ _NAME_WITH_DIGITS = re.compile(r"^[a-z][a-z-]*\d+[a-z]*$")  # wp4, s3, e2e, h264
 _VERSION = re.compile(r"^v?\d+(\.\d+)+$")
 
 
+@lru_cache(maxsize=16384)
 def normalised_words(content: str) -> tuple[str, ...]:
-    """A note's words for comparison: lower case, punctuation around words dropped."""
+    """A note's words for comparison: lower case, punctuation around words dropped. Cached: every
+    stage's checks read the branch's memory notes again (the same texts)."""
     words = (w.strip(".:-#/+@") for w in _WORDS.findall(content.lower().replace("\u2019", "'")))
     return tuple(w for w in words if w)
 
 
+@lru_cache(maxsize=65536)
 def _identifier(word: str) -> bool:
     return any(c.isdigit() or c in "./:@#_+" for c in word)
 
@@ -93,12 +97,19 @@ def is_subject(word: str, before: str | None, ids: frozenset[str] | None = None,
     what a note is about, not a state of it."""
     if ids is not None and (word in ids or word in cited):
         return True
+    return _shaped_subject(word, before, ids is None)
+
+
+@lru_cache(maxsize=65536)
+def _shaped_subject(word: str, before: str | None, guess_ids: bool) -> bool:
+    """``is_subject`` by the word's shape and the word before it, the known ids aside: the same for a
+    word wherever it recurs, so cached (each stage's checks mark the branch's memory notes again)."""
     if before in ITEM_LABELS and _identifier(word) and not _VERSION.match(word.lstrip("#")):
         return True
     if _VERSION.match(word):
         return False
     return ("/" in word or _FILE_NAME.match(word) is not None or _HASH.match(word) is not None
-            or (ids is None and ID_SHAPE.match(word) is not None) or _NAME_WITH_DIGITS.match(word) is not None)
+            or (guess_ids and ID_SHAPE.match(word) is not None) or _NAME_WITH_DIGITS.match(word) is not None)
 
 
 @dataclass(frozen=True)
