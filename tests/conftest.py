@@ -104,10 +104,21 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "om.duckdb"
 
 
+def _test_run_folder(tmp_path_factory) -> Path:
+    """A folder every process of this test run shares (each xdist worker's basetemp is a child of it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
-def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
+def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str, Path]:
     """before-compaction.jsonl ingested and replayed with the offline baseline on om's defaults: the
-    same replay several tests read, made once per test session (half a minute under load)."""
+    same replay several tests read, made once per test run, by whichever xdist worker asks first (the
+    others wait on a file lock: half a minute under load). The file replayed is a copy whose header's
+    cwd is a folder that exists, as the real Pi needs to open it (tests/test_migration.py)."""
+    import fcntl
+    import json
+
     from om_core.store import db as dbmod
     from om_core.ingest import ingest
     from om_core.replay.engine import replay_session
@@ -115,27 +126,52 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
     from om_core.workers.run_config import ModelConfig, make_brain
     from om_core.store.workspace import Workspace
 
-    db = tmp_path_factory.mktemp("before-compaction-offline") / "om.duckdb"
-    session_id = ingest(workspace(db), [shared_session("before-compaction.jsonl")]).files[0].session_id
-    settings = Settings()
-    con = dbmod.connect(db)
-    try:
-        replay_session(Workspace.on_connection(con, settings), session_id,
-                          make_brain(ModelConfig(model="offline"), settings))
-    finally:
-        con.close()
-    return db, session_id
+    source = shared_session("before-compaction.jsonl")
+    folder = _test_run_folder(tmp_path_factory) / "before-compaction-offline"
+    path, db, done = folder / source.name, folder / "om.duckdb", folder / "session-id"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            (folder / "cwd").mkdir(parents=True)
+            lines = source.read_bytes().split(b"\n")
+            header = json.loads(lines[0])
+            header["cwd"] = str(folder / "cwd")
+            path.write_bytes(b"\n".join([json.dumps(header).encode(), *lines[1:]]))
+            session_id = ingest(workspace(db), [path]).files[0].session_id
+            settings = Settings()
+            con = dbmod.connect(db)
+            try:
+                replay_session(Workspace.on_connection(con, settings), session_id,
+                               make_brain(ModelConfig(model="offline"), settings))
+            finally:
+                con.close()
+            done.write_text(session_id)
+    return db, done.read_text(), path
 
 
 @pytest.fixture
 def before_compaction_offline(_before_compaction_offline, tmp_path) -> tuple[Path, str]:
     """(this test's own copy of that database, the session id): a test may write to its copy."""
-    import shutil
-
-    source, session_id = _before_compaction_offline
+    source, session_id, _ = _before_compaction_offline
     copy = tmp_path / "om.duckdb"
     shutil.copyfile(source, copy)
     return copy, session_id
+
+
+@pytest.fixture
+def before_compaction_maintained(before_compaction_offline, _before_compaction_offline, tmp_path) -> tuple[Path, Path, str]:
+    """(a copy of the replayed file in this test's folder, its copy of the database, the session id): the
+    database names the copy, as if om had maintained the file where it is (a test may rewrite both)."""
+    from om_core.store import db as dbmod
+
+    db, session_id = before_compaction_offline
+    path = tmp_path / _before_compaction_offline[2].name
+    shutil.copyfile(_before_compaction_offline[2], path)
+    with dbmod.writing(db) as con:
+        for table in ("session_files", "sessions"):
+            con.execute(f"UPDATE om_internal.{table} SET file_path = ?", [str(path.resolve())])
+    return path, db, session_id
 
 # Prefect: quiet, no telemetry (no network here), one ephemeral API for the whole test session.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -268,9 +304,6 @@ XDIST_GROUPS = {
     "tests/test_serve.py::test_served_": "om-serve",
     # Pi's live conversation, whose scenarios run in order on one Pi process
     "tests/test_pi_live.py::": "pi-live",
-    # the offline replay of before-compaction.jsonl (half a minute under load)
-    "tests/test_gaps.py::": "before-compaction-offline",
-    "tests/test_export.py::": "before-compaction-offline",
     # module fixtures of several seconds: a replay, a report, an uninterrupted om run
     "tests/test_compact_worlds.py::": "compact-worlds",
     "tests/test_report.py::": "report",
