@@ -310,7 +310,43 @@ XDIST_GROUPS = {
     "tests/test_flows.py::test_kill_9_then_resume": "flows-clean-run",
     "tests/test_flows.py::test_max_cost_stops_om_run_and_a_rerun_resumes_it": "flows-clean-run",
     "tests/test_faults.py::test_a_provider_down_for_good": "faults-reference-ledger",
+    # module fixtures of a minute or more under load, built once per worker that runs one of their tests
+    "tests/test_bounded_memory.py::": "bounded-memory-weeks",
+    **{f"tests/test_first_hour.py::{name}": "first-hour-demo" for name in (
+        "test_the_run_summary_", "test_om_run_piped_", "test_a_run_leaves_no_lock_file", "test_om_view_",
+        "test_om_compact_", "test_the_report_", "test_om_export_out_dash", "test_the_offline_baseline_ends",
+        "test_om_status_without_a_session", "test_om_search_")},
 }
+
+# The work units (a group above, or one test) that take longest, longest first, from a run's --durations
+# (relative: seconds on a loaded 2-core machine). xdist hands out units in its own order (units with
+# more tests first, then collection order), so a long unit reached late keeps one worker busy while the
+# other has nothing left; handed out first, the short ones fill in around them and both end together.
+LONGEST_FIRST = (
+    "faults-reference-ledger",
+    "tests/test_first_hour.py::test_the_offline_memory_of_the_five_sample_files",
+    "flows-clean-run",
+    "prefect-server",
+    "pi-live",
+    "first-hour-demo",
+    "bounded-memory-weeks",
+    "tests/test_faults.py::test_a_kill_9_after_the_prefect_server_started",
+    "tests/test_ledger_properties.py::test_sql_matches_oracle",  # six shards; 300 examples in CI
+    "tests/test_flows.py::test_om_run_on_a_real_session_with_the_offline_baseline",
+    "tests/test_run_command.py::test_two_runs_started_at_once",
+    "tests/test_run_command.py::test_sigint_mid_run",
+    "tests/test_flows.py::test_same_flow_on_a_local_dask_cluster",
+    "tests/test_faults.py::test_a_full_disk_stops_the_model_calls_at_once",
+    "tests/test_flows.py::test_pipeline_with_429s_then_a_rerun_changes_nothing",
+    "om-serve",
+    "tests/test_serve.py::test_ctrl_c_of_om_serve_during_a_tick",
+    "tests/test_demo.py::",
+    "tests/test_flows.py::test_om_run_on_a_full_disk_ends_with_one_line",
+    "tests/test_db.py::test_migration_00",
+    "tests/test_circuit.py::test_om_run_stops_every_stage_on_a_rejected_key",
+    "tests/test_faults.py::test_sigterm_in_a_retry_storm",
+    "tests/test_project_fold_properties.py::",
+)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -318,10 +354,23 @@ def pytest_xdist_make_scheduler(config, log):
     """xdist's default distribution (--dist load, which -n implies) with XDIST_GROUPS kept together."""
     if config.getvalue("dist") != "load":
         return None
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
+    def rank(scope: str) -> int:
+        return next((n for n, prefix in enumerate(LONGEST_FIRST) if scope.startswith(prefix)), len(LONGEST_FIRST))
+
     class SharedFixtureScheduling(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return next((group for prefix, group in XDIST_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete before the first unit is handed out
+                self.ordered = True
+                self.workqueue = OrderedDict(sorted(self.workqueue.items(), key=lambda unit: rank(unit[0])))
+            super()._assign_work_unit(node)
 
     return SharedFixtureScheduling(config, log)
