@@ -104,10 +104,21 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "om.duckdb"
 
 
+def _test_run_folder(tmp_path_factory) -> Path:
+    """A folder every process of this test run shares (each xdist worker's basetemp is a child of it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
-def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
+def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str, Path]:
     """before-compaction.jsonl ingested and replayed with the offline baseline on om's defaults: the
-    same replay several tests read, made once per test session (half a minute under load)."""
+    same replay several tests read, made once per test run, by whichever xdist worker asks first (the
+    others wait on a file lock: half a minute under load). The file replayed is a copy whose header's
+    cwd is a folder that exists, as the real Pi needs to open it (tests/test_migration.py)."""
+    import fcntl
+    import json
+
     from om_core.store import db as dbmod
     from om_core.ingest import ingest
     from om_core.replay.engine import replay_session
@@ -115,27 +126,52 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str]:
     from om_core.workers.run_config import ModelConfig, make_brain
     from om_core.store.workspace import Workspace
 
-    db = tmp_path_factory.mktemp("before-compaction-offline") / "om.duckdb"
-    session_id = ingest(workspace(db), [shared_session("before-compaction.jsonl")]).files[0].session_id
-    settings = Settings()
-    con = dbmod.connect(db)
-    try:
-        replay_session(Workspace.on_connection(con, settings), session_id,
-                          make_brain(ModelConfig(model="offline"), settings))
-    finally:
-        con.close()
-    return db, session_id
+    source = shared_session("before-compaction.jsonl")
+    folder = _test_run_folder(tmp_path_factory) / "before-compaction-offline"
+    path, db, done = folder / source.name, folder / "om.duckdb", folder / "session-id"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            (folder / "cwd").mkdir(parents=True)
+            lines = source.read_bytes().split(b"\n")
+            header = json.loads(lines[0])
+            header["cwd"] = str(folder / "cwd")
+            path.write_bytes(b"\n".join([json.dumps(header).encode(), *lines[1:]]))
+            session_id = ingest(workspace(db), [path]).files[0].session_id
+            settings = Settings()
+            con = dbmod.connect(db)
+            try:
+                replay_session(Workspace.on_connection(con, settings), session_id,
+                               make_brain(ModelConfig(model="offline"), settings))
+            finally:
+                con.close()
+            done.write_text(session_id)
+    return db, done.read_text(), path
 
 
 @pytest.fixture
 def before_compaction_offline(_before_compaction_offline, tmp_path) -> tuple[Path, str]:
     """(this test's own copy of that database, the session id): a test may write to its copy."""
-    import shutil
-
-    source, session_id = _before_compaction_offline
+    source, session_id, _ = _before_compaction_offline
     copy = tmp_path / "om.duckdb"
     shutil.copyfile(source, copy)
     return copy, session_id
+
+
+@pytest.fixture
+def before_compaction_maintained(before_compaction_offline, _before_compaction_offline, tmp_path) -> tuple[Path, Path, str]:
+    """(a copy of the replayed file in this test's folder, its copy of the database, the session id): the
+    database names the copy, as if om had maintained the file where it is (a test may rewrite both)."""
+    from om_core.store import db as dbmod
+
+    db, session_id = before_compaction_offline
+    path = tmp_path / _before_compaction_offline[2].name
+    shutil.copyfile(_before_compaction_offline[2], path)
+    with dbmod.writing(db) as con:
+        for table in ("session_files", "sessions"):
+            con.execute(f"UPDATE om_internal.{table} SET file_path = ?", [str(path.resolve())])
+    return path, db, session_id
 
 # Prefect: quiet, no telemetry (no network here), one ephemeral API for the whole test session.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -268,16 +304,49 @@ XDIST_GROUPS = {
     "tests/test_serve.py::test_served_": "om-serve",
     # Pi's live conversation, whose scenarios run in order on one Pi process
     "tests/test_pi_live.py::": "pi-live",
-    # the offline replay of before-compaction.jsonl (half a minute under load)
-    "tests/test_gaps.py::": "before-compaction-offline",
-    "tests/test_export.py::": "before-compaction-offline",
     # module fixtures of several seconds: a replay, a report, an uninterrupted om run
     "tests/test_compact_worlds.py::": "compact-worlds",
     "tests/test_report.py::": "report",
     "tests/test_flows.py::test_kill_9_then_resume": "flows-clean-run",
     "tests/test_flows.py::test_max_cost_stops_om_run_and_a_rerun_resumes_it": "flows-clean-run",
     "tests/test_faults.py::test_a_provider_down_for_good": "faults-reference-ledger",
+    # module fixtures of a minute or more under load, built once per worker that runs one of their tests
+    "tests/test_bounded_memory.py::": "bounded-memory-weeks",
+    **{f"tests/test_first_hour.py::{name}": "first-hour-demo" for name in (
+        "test_the_run_summary_", "test_om_run_piped_", "test_a_run_leaves_no_lock_file", "test_om_view_",
+        "test_om_compact_", "test_the_report_", "test_om_export_out_dash", "test_the_offline_baseline_ends",
+        "test_om_status_without_a_session", "test_om_search_")},
 }
+
+# The work units (a group above, or one test) that take longest, longest first, from a run's --durations
+# (relative: seconds on a loaded 2-core machine). xdist hands out units in its own order (units with
+# more tests first, then collection order), so a long unit reached late keeps one worker busy while the
+# other has nothing left; handed out first, the short ones fill in around them and both end together.
+LONGEST_FIRST = (
+    "faults-reference-ledger",
+    "tests/test_first_hour.py::test_the_offline_memory_of_the_five_sample_files",
+    "flows-clean-run",
+    "prefect-server",
+    "pi-live",
+    "first-hour-demo",
+    "bounded-memory-weeks",
+    "tests/test_faults.py::test_a_kill_9_after_the_prefect_server_started",
+    "tests/test_ledger_properties.py::test_sql_matches_oracle",  # six shards; 300 examples in CI
+    "tests/test_flows.py::test_om_run_on_a_real_session_with_the_offline_baseline",
+    "tests/test_run_command.py::test_two_runs_started_at_once",
+    "tests/test_run_command.py::test_sigint_mid_run",
+    "tests/test_flows.py::test_same_flow_on_a_local_dask_cluster",
+    "tests/test_faults.py::test_a_full_disk_stops_the_model_calls_at_once",
+    "tests/test_flows.py::test_pipeline_with_429s_then_a_rerun_changes_nothing",
+    "om-serve",
+    "tests/test_serve.py::test_ctrl_c_of_om_serve_during_a_tick",
+    "tests/test_demo.py::",
+    "tests/test_flows.py::test_om_run_on_a_full_disk_ends_with_one_line",
+    "tests/test_db.py::test_migration_00",
+    "tests/test_circuit.py::test_om_run_stops_every_stage_on_a_rejected_key",
+    "tests/test_faults.py::test_sigterm_in_a_retry_storm",
+    "tests/test_project_fold_properties.py::",
+)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -285,10 +354,23 @@ def pytest_xdist_make_scheduler(config, log):
     """xdist's default distribution (--dist load, which -n implies) with XDIST_GROUPS kept together."""
     if config.getvalue("dist") != "load":
         return None
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
+    def rank(scope: str) -> int:
+        return next((n for n, prefix in enumerate(LONGEST_FIRST) if scope.startswith(prefix)), len(LONGEST_FIRST))
+
     class SharedFixtureScheduling(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return next((group for prefix, group in XDIST_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete before the first unit is handed out
+                self.ordered = True
+                self.workqueue = OrderedDict(sorted(self.workqueue.items(), key=lambda unit: rank(unit[0])))
+            super()._assign_work_unit(node)
 
     return SharedFixtureScheduling(config, log)

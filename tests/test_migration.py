@@ -334,8 +334,7 @@ def test_om_ingest_and_om_run_say_what_they_reanchored(maintained_once, tmp_path
 
 # ------------------------------------------------------------------ the real sessions, the real Pi
 
-REAL_SETTINGS = Settings(observeAfterTokens=3000, reflectAfterTokens=6000, compactAfterTokens=30000,
-                         keepRecentTokens=4000, observationsPoolMaxTokens=6000, observationsPoolTargetTokens=3000)
+REAL_SETTINGS = Settings()  # om's defaults, as the shared replay of before-compaction (conftest) has them
 
 
 def real_pi_opens(path: Path, home: Path) -> None:
@@ -369,23 +368,28 @@ def real_copy(name: str, folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", ["before-compaction.jsonl", "large-session.jsonl"])
-def test_a_real_session_om_maintained_then_opened_in_the_real_pi_keeps_every_record(name, tmp_path):
+def test_a_real_session_om_maintained_then_opened_in_the_real_pi_keeps_every_record(name, tmp_path, request):
     """A real v1 session, maintained by om (the offline baseline), opened by the real Pi 1.6.0 (which
     migrates it in place), read again: every record and simulated compaction re-anchored, none orphaned,
-    the fold, projections, compactions and clocks equal at every 25th point and at the tip, recall equal."""
+    the fold, projections, compactions and clocks equal at every 25th point and at the tip, recall equal.
+    before-compaction's replay is the one the test run shares (conftest: before_compaction_maintained)."""
     import pi_rpc
 
     why = pi_rpc.missing()  # before om's half a minute of work on the session, not after it
     if why:
         pytest.skip(why)
-    path = real_copy(name, tmp_path)
-    db = tmp_path / "om.duckdb"
-    ingest(workspace(db), [path])
+    if name == "before-compaction.jsonl":
+        path, db, _ = request.getfixturevalue("before_compaction_maintained")
+    else:
+        path = real_copy(name, tmp_path)
+        db = tmp_path / "om.duckdb"
+        ingest(workspace(db), [path])
     con = dbmod.connect(db)
     try:
         [sid] = [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
-        replay_session(Workspace.on_connection(con, REAL_SETTINGS), sid,
-                       make_brain(ModelConfig(model="offline"), REAL_SETTINGS))
+        if name != "before-compaction.jsonl":
+            replay_session(Workspace.on_connection(con, REAL_SETTINGS), sid,
+                           make_brain(ModelConfig(model="offline"), REAL_SETTINGS))
         [(_, printed)] = fingerprints(con, [sid], REAL_SETTINGS, "offline", True).items()
         record_replay(con, sid, printed.now, "run-1")  # as om run records a complete replay
         before = memory_at_every_point(con, sid, REAL_SETTINGS, every=25), recalls(con, sid)

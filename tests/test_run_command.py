@@ -75,6 +75,14 @@ def om(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: f
                           cwd=tmp_path, env=env or env_for(tmp_path), capture_output=True, text=True, timeout=timeout)
 
 
+def om_here(tmp_path: Path, *args: str, env: dict[str, str]):
+    """`om --db tmp_path/om.duckdb ARGS` in this process (tests/om_cli.py), for tests whose point is what the
+    run does and says, not the process: no new interpreter's start and Prefect import (4-5 CPU-s a run)."""
+    from om_cli import run_om
+
+    return run_om(["--db", str(tmp_path / "om.duckdb"), *args], tmp_path, env)
+
+
 def db_rows(db: Path, sql: str):
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -150,8 +158,8 @@ def test_sigint_mid_run_stops_cleanly_and_a_rerun_resumes(tmp_path, prefect_api)
 def test_a_missing_path_fails_in_one_line_before_anything_starts(tmp_path):
     (tmp_path / "home").mkdir()
     sessions(tmp_path / "sessions", count=1)
-    result = om(tmp_path, "run", str(tmp_path / "sessions"), str(tmp_path / "nope" / "gone.jsonl"),
-                env=env_for(tmp_path, **NO_API), timeout=60)
+    result = om_here(tmp_path, "run", str(tmp_path / "sessions"), str(tmp_path / "nope" / "gone.jsonl"),
+                     env=env_for(tmp_path, **NO_API))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     # one line: not the offline baseline's banner first
@@ -164,18 +172,18 @@ def test_om_run_notes_a_stray_file_in_a_folder_and_takes_exclude(tmp_path):
     folder = sessions(tmp_path / "sessions", count=1)
     (folder / "tool.log.jsonl").write_text('{"level": "info"}\n')
     env = env_for(tmp_path, OM_PASSIVE="true", **NO_API)  # ingest only: no orchestrator
-    done = om(tmp_path, "run", str(folder), env=env, timeout=60)
+    done = om_here(tmp_path, "run", str(folder), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     notes = [line for line in done.stderr.splitlines() if "tool.log.jsonl" in line]
     assert len(notes) == 1 and "not a Pi session file" in notes[0]
-    done = om(tmp_path, "run", str(folder), "--exclude", "*.log.jsonl", env=env, timeout=60)
+    done = om_here(tmp_path, "run", str(folder), "--exclude", "*.log.jsonl", env=env)
     assert done.returncode == 0 and "tool.log.jsonl" not in done.stderr, done.stderr[-2000:]
 
 
 def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path, prefect_api):
     folder = sessions(tmp_path / "sessions", count=2)
     api = env_for(tmp_path, PREFECT_API_URL=prefect_api)
-    first = om(tmp_path, "run", str(folder), "--json", env=api)  # the offline baseline
+    first = om_here(tmp_path, "run", str(folder), "--json", env=api)  # the offline baseline
     assert first.returncode == 0, first.stderr[-2000:]
     again = om(tmp_path, "run", str(folder), "--json", env=env_for(tmp_path, **NO_API), timeout=60)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -189,7 +197,7 @@ def test_a_rerun_with_nothing_to_do_starts_no_orchestrator(tmp_path, prefect_api
                                                     "timestamp": "2026-04-01T12:00:00.000Z",
                                                     "message": {"role": "user", "content": "One more thing.",
                                                                 "timestamp": 1775044800000}})]) + "\n")
-    third = om(tmp_path, "run", str(folder), "--json", env=api)
+    third = om_here(tmp_path, "run", str(folder), "--json", env=api)
     assert third.returncode == 0, third.stderr[-2000:]
     body = json.loads(third.stdout)
     assert [s["session_id"] for s in body["sessions"]] == ["00000000-cccc-bbbb-cccc-dddddddddddd"]
@@ -206,14 +214,14 @@ def test_failed_stages_are_listed_and_the_exit_code_is_1(tmp_path, prefect_api):
         return script(body)
 
     with FakeOpenAI(responder=responder) as server:
-        result = om(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
-                    "--api-base", server.base_url, env=api)
+        result = om_here(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
+                         "--api-base", server.base_url, env=api)
         assert result.returncode == 1, result.stderr[-2000:]
         body = json.loads(result.stdout)
         assert body["failures"] and {f["session_id"] for f in body["failures"]} == {"00000001-cccc-bbbb-cccc-dddddddddddd"}
         assert all("BadRequestError" in f["error"] for f in body["failures"])
-        table = om(tmp_path, "run", str(folder), "--model", "openai/fake-model", "--api-base", server.base_url,
-                   env=api)
+        table = om_here(tmp_path, "run", str(folder), "--model", "openai/fake-model", "--api-base", server.base_url,
+                        env=api)
     assert "failed stages" in table.stderr  # the failed session is still due: it runs (and fails) again
 
 
@@ -233,8 +241,8 @@ def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tm
         return http_error(429, "rate limited") if first else script(body)
 
     with FakeOpenAI(responder=responder) as server:
-        result = om(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
-                    "--api-base", server.base_url, env=env_for(tmp_path, PREFECT_API_URL=prefect_api))
+        result = om_here(tmp_path, "run", str(folder), "--json", "--model", "openai/fake-model",
+                         "--api-base", server.base_url, env=env_for(tmp_path, PREFECT_API_URL=prefect_api))
     assert result.returncode == 0, result.stderr[-2000:]
     body = json.loads(result.stdout)
     assert body["failures"] == [] and body["errors"] == [] and all(s["error"] is None for s in body["sessions"])
@@ -250,8 +258,8 @@ def test_a_run_whose_429s_were_retried_exits_0_with_the_ledger_of_a_clean_run(tm
     clean = tmp_path / "clean"
     clean.mkdir()
     with FakeOpenAI(responder=ScriptedWorkers()) as server:
-        again = om(clean, "run", str(folder), "--json", "--model", "openai/fake-model", "--api-base", server.base_url,
-                   env=env_for(clean, PREFECT_API_URL=prefect_api))
+        again = om_here(clean, "run", str(folder), "--json", "--model", "openai/fake-model", "--api-base",
+                        server.base_url, env=env_for(clean, PREFECT_API_URL=prefect_api))
     assert again.returncode == 0, again.stderr[-2000:]
     assert db_rows(db, LEDGER) == db_rows(clean / "om.duckdb", LEDGER)  # the ledger of a run without 429s
 
@@ -271,8 +279,8 @@ def test_a_run_row_left_running_by_a_killed_process_is_marked(tmp_path, prefect_
         with ws.write() as con:
             start_run(con, "killed-run", "run", {})
             con.execute("UPDATE om_internal.runs SET pid = 999999, child_pids = [?] WHERE run_id = 'killed-run'", [helper.pid])
-        assert om(tmp_path, "run", str(folder), "--json",
-                  env=env_for(tmp_path, PREFECT_API_URL=prefect_api)).returncode == 0
+        assert om_here(tmp_path, "run", str(folder), "--json",
+                       env=env_for(tmp_path, PREFECT_API_URL=prefect_api)).returncode == 0
         helper.wait(timeout=10)  # ended: its command line names what the run started (prefect)
     finally:
         if helper.poll() is None:
