@@ -6,9 +6,13 @@ append that resolves an old dangling parent (that one derives the tree whole aga
 from __future__ import annotations
 
 import shutil
+import tempfile
+from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from builders import SessionBuilder
 from conftest import workspace
@@ -117,3 +121,35 @@ def test_an_append_that_resolves_a_dangling_parent_derives_the_tree_whole(tmp_pa
     ingest(workspace(tmp_path / "fresh.duckdb"), [fresh_dir / live.name])
     assert stored(db) == stored(tmp_path / "fresh.duckdb")
     assert next(depth for entry_id, depth, *_ in stored(db)["tree"] if entry_id == orphan) == 1  # no longer a root
+
+
+# Each example is a few ingests of a small file (~0.1 s of CPU each): at most this many examples, also in
+# CI's profile, keep the property a few seconds of the suite.
+APPEND_EXAMPLES = 30
+
+
+@settings(max_examples=min(settings.default.max_examples, APPEND_EXAMPLES))
+@given(rounds=st.lists(st.lists(st.integers(min_value=-1, max_value=40), min_size=1, max_size=6), min_size=1,
+                       max_size=3))
+def test_any_appends_extend_the_tree_as_a_fresh_ingest_derives_it(rounds):
+    """Rounds of appended entries, each hanging from an entry drawn from those written so far (-1: a new
+    root): after every round the stored tree, notes and session row equal a fresh ingest's."""
+    sb = SessionBuilder()
+    ids = [sb.user("Set up the invoices table."), sb.assistant("Created invoices with an amount.")]
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        live, fresh_dir = tmp / "live.jsonl", tmp / "fresh"
+        fresh_dir.mkdir()
+        sb.write(live)
+        ws = workspace(tmp / "live.duckdb")
+        ingest(ws, [live])
+        for n, parents in enumerate(rounds):
+            for k, drawn in enumerate(parents):
+                sb.go(None if drawn < 0 else ids[drawn % len(ids)])
+                ids.append(sb.user(f"Round {n}, entry {k}."))
+            sb.write(live)
+            assert ingest(ws, [live]).files[0].status == "appended"
+            shutil.copy(live, fresh_dir / live.name)
+            fresh = tmp / f"fresh-{n}.duckdb"
+            ingest(workspace(fresh), [fresh_dir / live.name])
+            assert stored(tmp / "live.duckdb") == stored(fresh)
