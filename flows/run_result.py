@@ -8,41 +8,15 @@ read back from the text of a message.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from om_core.errors import StopReason
+from om_core.replay.branch import BranchReport
 
-if TYPE_CHECKING:  # the replay's modules are the run's to import, not every reader's of a result
+if TYPE_CHECKING:
     from om_core.replay.engine import ReplayResult
-
-
-class BranchOutcome(BaseModel):
-    """One branch's replay as the flow reports it (om_core.replay.branch.BranchReport's fields)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    session_id: str
-    leaf: str
-    entries: int
-    events: int = 0
-    stages: dict[str, int] = Field(default_factory=dict)  # "observer:recorded" -> count
-    compactions: int = 0
-    native_fallbacks: int = 0
-    failures: list[str] = Field(default_factory=list)
-    drained: bool = False
-    drain_first_kept: str | None = None
-
-    def stages_run(self) -> dict[str, int]:
-        """Stage runs by stage (observer, reflector, …), the skipped ones left out."""
-        per_stage: dict[str, int] = {}
-        for key, n in self.stages.items():
-            stage, _, outcome = key.partition(":")
-            if outcome != "skipped":
-                per_stage[stage] = per_stage.get(stage, 0) + n
-        return per_stage
 
 
 class SessionOutcome(BaseModel):
@@ -54,7 +28,7 @@ class SessionOutcome(BaseModel):
     error: str | None = None
     stop: StopReason | None = None
     stop_detail: str | None = None
-    branches: list[BranchOutcome] = Field(default_factory=list)
+    branches: list[BranchReport] = Field(default_factory=list)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -72,7 +46,7 @@ class SessionOutcome(BaseModel):
     def of(cls, result: ReplayResult) -> SessionOutcome:
         """From a replay's result."""
         return cls(session_id=result.session_id, error=result.error, stop=result.stop, stop_detail=result.stop_detail,
-                   branches=[BranchOutcome(**asdict(b)) for b in result.branches])
+                   branches=result.branches)
 
     def stages(self, *, recorded_only: bool = False) -> int:
         """Stages its branches ran (not those skipped), or only those that recorded memory."""

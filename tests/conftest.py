@@ -104,6 +104,27 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "om.duckdb"
 
 
+def replayed_offline(db: Path, path: Path, settings=None) -> tuple[Path, str]:
+    """``path`` ingested into ``db`` and replayed in this process with the offline baseline (om's
+    defaults unless ``settings``): (db, the session id)."""
+    from om_core.store import db as dbmod
+    from om_core.ingest import ingest
+    from om_core.replay.engine import replay_session
+    from om_core.settings import Settings
+    from om_core.workers.run_config import ModelConfig, make_brain
+    from om_core.store.workspace import Workspace
+
+    settings = settings or Settings()
+    session_id = ingest(workspace(db), [path]).files[0].session_id
+    con = dbmod.connect(db)
+    try:
+        replay_session(Workspace.on_connection(con, settings), session_id,
+                       make_brain(ModelConfig(model="offline"), settings))
+    finally:
+        con.close()
+    return db, session_id
+
+
 def _test_run_folder(tmp_path_factory) -> Path:
     """A folder every process of this test run shares (each xdist worker's basetemp is a child of it)."""
     base = tmp_path_factory.getbasetemp()
@@ -119,13 +140,6 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str, Path]:
     import fcntl
     import json
 
-    from om_core.store import db as dbmod
-    from om_core.ingest import ingest
-    from om_core.replay.engine import replay_session
-    from om_core.settings import Settings
-    from om_core.workers.run_config import ModelConfig, make_brain
-    from om_core.store.workspace import Workspace
-
     source = shared_session("before-compaction.jsonl")
     folder = _test_run_folder(tmp_path_factory) / "before-compaction-offline"
     path, db, done = folder / source.name, folder / "om.duckdb", folder / "session-id"
@@ -138,15 +152,7 @@ def _before_compaction_offline(tmp_path_factory) -> tuple[Path, str, Path]:
             header = json.loads(lines[0])
             header["cwd"] = str(folder / "cwd")
             path.write_bytes(b"\n".join([json.dumps(header).encode(), *lines[1:]]))
-            session_id = ingest(workspace(db), [path]).files[0].session_id
-            settings = Settings()
-            con = dbmod.connect(db)
-            try:
-                replay_session(Workspace.on_connection(con, settings), session_id,
-                               make_brain(ModelConfig(model="offline"), settings))
-            finally:
-                con.close()
-            done.write_text(session_id)
+            done.write_text(replayed_offline(db, path)[1])
     return db, done.read_text(), path
 
 

@@ -11,7 +11,7 @@ import pytest
 from builders import SessionBuilder
 from typer.testing import CliRunner
 
-from conftest import workspace
+from conftest import replayed_offline, workspace
 from om_core.store import db as dbmod
 from flows.cli.main import app
 from om_core.errors import InvalidArgument
@@ -52,15 +52,7 @@ def run(cli_args: list[str]) -> str:
 
 def replayed_db(tmp_path, path, settings=SETTINGS):
     """The file ingested and replayed in this process with the offline baseline."""
-    db_path = tmp_path / "om.duckdb"
-    session_id = ingest(workspace(db_path), [path]).files[0].session_id
-    con = dbmod.connect(db_path)
-    try:
-        replay_session(Workspace.on_connection(con, settings), session_id,
-                          make_brain(ModelConfig(model="offline"), settings))
-    finally:
-        con.close()
-    return db_path, session_id
+    return replayed_offline(tmp_path / "om.duckdb", path, settings)
 
 
 @pytest.mark.parametrize("version", [3, None], ids=["v3", "v1"])

@@ -113,6 +113,15 @@ class BranchReport:
     failures: list[str] = field(default_factory=list)
     drained: bool = False
     drain_first_kept: str | None = None  # drained: where Pi cuts the finished branch (F), where it would compact
+    def stages_run(self) -> dict[str, int]:
+        """Stage runs by stage (observer, reflector, …), the skipped ones left out."""
+        per_stage: dict[str, int] = {}
+        for key, n in self.stages.items():
+            stage, _, outcome = key.partition(":")
+            if outcome != "skipped":
+                per_stage[stage] = per_stage.get(stage, 0) + n
+        return per_stage
+
     def count(self, outcome: StageOutcome) -> None:
         key = f"{outcome.stage}:{outcome.outcome}"
         self.stages[key] = self.stages.get(key, 0) + 1
